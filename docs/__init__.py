@@ -1,0 +1,1 @@
+"""Docs pages shipped with torchdoctor: one Markdown page per check under `checks/`."""

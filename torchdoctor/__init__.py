@@ -1,0 +1,27 @@
+"""torchdoctor: finds the mistakes PyTorch users make again and again, says where, and how to fix them.
+
+Importing this package does not import torch; the front doors that need it import it lazily.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+from torchdoctor.findings import Finding, Location, Severity  # noqa: E402
+from torchdoctor.registry import Scope, check  # noqa: E402
+
+_LAZY = {
+    "diagnose_env": "torchdoctor.env.doctor",
+}
+
+__all__ = ["Finding", "Location", "Severity", "Scope", "check", "__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the heavier front doors only when they are used."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'torchdoctor' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""`torchdoctor env`: fact collectors (no torch import in this process) and the environment doctor."""

@@ -1,0 +1,134 @@
+"""Rendering of a diagnosis: the rich console report, the JSON document, and the exit code."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from rich.console import Console, Group, RenderableType
+from rich.markup import escape
+from rich.padding import Padding
+from rich.text import Text
+
+from torchdoctor import __version__
+from torchdoctor.findings import Finding, Severity
+
+FAIL_ON_CHOICES = ("error", "warning", "info", "never")
+
+_STYLE = {
+    Severity.ERROR: ("✗", "bold red", "error", "errors"),
+    Severity.WARNING: ("!", "bold yellow", "warning", "warnings"),
+    Severity.INFO: ("i", "bold cyan", "note", "notes"),
+}
+
+
+@dataclass
+class Report:
+    """Everything one front door found: the facts it looked at and the findings."""
+
+    scope: str
+    findings: list[Finding]
+    facts: dict[str, Any] = field(default_factory=dict)
+    subject: str = ""  # what was examined: "this machine", a checkpoint path, ...
+
+    def sorted_findings(self) -> list[Finding]:
+        return sorted(self.findings, key=lambda f: (-int(f.severity or 0), f.code))
+
+    def counts(self) -> dict[Severity, int]:
+        out = {s: 0 for s in Severity}
+        for f in self.findings:
+            out[f.severity or Severity.INFO] += 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tool": "torchdoctor",
+            "version": __version__,
+            "scope": self.scope,
+            "facts": self.facts,
+            "findings": [f.to_dict() for f in self.sorted_findings()],
+        }
+
+
+def exit_code(findings: list[Finding], fail_on: str = "error") -> int:
+    """0 when no finding is at or above `fail_on`, else 1 (2 is reserved for usage/input errors)."""
+    if fail_on == "never":
+        return 0
+    threshold = Severity.parse(fail_on)
+    return 1 if any((f.severity or Severity.INFO) >= threshold for f in findings) else 0
+
+
+def to_json(report: Report) -> str:
+    """The `--format json` document (DESIGN.md schema); non-JSON values are stringified."""
+    return json.dumps(report.to_dict(), indent=2, default=str, ensure_ascii=False)
+
+
+def make_console(stderr: bool = False) -> Console:
+    """A console that honours NO_COLOR and drops colours when not writing to a terminal."""
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def render_finding(f: Finding) -> RenderableType:
+    """One finding: marker, code and name, the message, where, and the indented fix."""
+    mark, style, _, _ = _STYLE[f.severity or Severity.INFO]
+    head = Text.assemble((f" {mark} ", style), (f"{f.code} ", "dim"), (f.name, "bold"))
+    if f.count > 1:
+        head.append(f"  (×{f.count})", style="dim")
+    parts: list[RenderableType] = [head, Padding(Text(f.message), (0, 0, 0, 5))]
+    if f.location is not None and str(f.location):
+        parts.append(Padding(Text.assemble(("where: ", "dim"), str(f.location)), (0, 0, 0, 5)))
+    if f.fix:
+        fix_lines = f.fix.splitlines() or [""]
+        fix = Text.assemble(("fix: ", "green"), fix_lines[0])
+        for line in fix_lines[1:]:
+            fix.append("\n     " + line)
+        parts.append(Padding(fix, (0, 0, 0, 5)))
+    return Group(*parts)
+
+
+def summary_line(report: Report, fail_on: str) -> Text:
+    counts = report.counts()
+    if not report.findings:
+        return Text("✓ No problems found.", style="bold green")
+    bits = []
+    for sev in (Severity.ERROR, Severity.WARNING, Severity.INFO):
+        n = counts[sev]
+        if n:
+            _, style, one, many = _STYLE[sev]
+            bits.append((f"{n} {one if n == 1 else many}", style))
+    text = Text("Found ")
+    for i, (label, style) in enumerate(bits):
+        if i:
+            text.append(", ")
+        text.append(label, style=style)
+    text.append(".")
+    if exit_code(report.findings, fail_on):
+        text.append(f" Failing because of findings at or above '{fail_on}'.", style="dim")
+    return text
+
+
+def render_console(
+    report: Report,
+    console: Console,
+    *,
+    fail_on: str = "error",
+    facts_view: Optional[Callable[[dict[str, Any]], RenderableType]] = None,
+) -> None:
+    """Print the doctor's report: facts (if a view is given), findings by severity, a summary."""
+    title = f"torchdoctor {report.scope}"
+    if report.subject:
+        title += f" · {escape(report.subject)}"
+    console.print(Text(title, style="bold"), Text(f"(torchdoctor {__version__})", style="dim"))
+    if facts_view is not None:
+        console.print(facts_view(report.facts))
+    for sev in (Severity.ERROR, Severity.WARNING, Severity.INFO):
+        group = [f for f in report.sorted_findings() if (f.severity or Severity.INFO) == sev]
+        if not group:
+            continue
+        _, style, one, many = _STYLE[sev]
+        console.print()
+        console.print(Text(f"{len(group)} {one if len(group) == 1 else many}", style=style))
+        for f in group:
+            console.print(render_finding(f))
+    console.print()
+    console.print(summary_line(report, fail_on))
