@@ -97,8 +97,9 @@ def list_checks(scope: Optional[str], fmt: str) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     table = Table(box=None, pad_edge=False)
-    for column in ("code", "name", "scope", "severity", "origin", "summary"):
-        table.add_column(column, overflow="fold")
+    for column in ("code", "name", "scope", "severity", "origin"):
+        table.add_column(column, no_wrap=True)
+    table.add_column("summary", overflow="fold")
     for c in checks:
         table.add_row(c.code, c.name, ",".join(str(s) for s in c.scopes), str(c.severity), c.origin, c.summary)
     make_console().print(table)

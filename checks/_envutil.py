@@ -1,0 +1,68 @@
+"""Small helpers shared by the environment checks (versions, sizes, wheel indexes)."""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from torchdoctor.env.facts import EnvFacts
+
+GiB = 1024 ** 3
+MiB = 1024 ** 2
+# CUDA variants PyTorch has published wheels for (download.pytorch.org/whl/<tag>).
+WHEEL_CUDA = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
+INDEX_URL = "https://download.pytorch.org/whl/{tag}"
+
+
+def major_minor(version: Optional[str]) -> Optional[tuple[int, int]]:
+    """'12.1' / '12.1.105' / '2.13.0+cu121' -> (12, 1); None when it does not parse."""
+    if not version:
+        return None
+    m = re.match(r"(\d+)\.(\d+)", str(version))
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def base_version(version: str) -> str:
+    """Drop the local tag: '2.13.0+cu121' -> '2.13.0'."""
+    return version.split("+", 1)[0]
+
+
+def local_tag(version: Optional[str]) -> Optional[str]:
+    """'2.13.0+cu121' -> 'cu121'; None without a local tag."""
+    return version.split("+", 1)[1] if version and "+" in version else None
+
+
+def cuda_tag(cuda: tuple[int, int]) -> str:
+    return f"cu{cuda[0]}{cuda[1]}"
+
+
+def best_wheel_cuda(max_cuda: Optional[tuple[int, int]], min_cuda: tuple[int, int] = (0, 0)) -> Optional[tuple[int, int]]:
+    """The newest published CUDA variant from `min_cuda` up to what the driver supports; failing that,
+    one of the driver's major version (minor-version compatibility lets it run those)."""
+    fits = [c for c in WHEEL_CUDA if c >= min_cuda]
+    if max_cuda is None:
+        return max(fits, default=None)
+    return max((c for c in fits if c <= max_cuda), default=None) or \
+        max((c for c in fits if c[0] == max_cuda[0]), default=None)
+
+
+def pip_install(facts: EnvFacts, cuda: Optional[tuple[int, int]], force: bool = True) -> str:
+    """The exact pip command that installs this torch version for `cuda` (None: the CPU build)."""
+    version = facts.torch_version
+    pin = f"torch=={base_version(version)}" if version else "torch"
+    tag = cuda_tag(cuda) if cuda else "cpu"
+    return f"pip install {'--force-reinstall ' if force else ''}{pin} --index-url {INDEX_URL.format(tag=tag)}"
+
+
+def gib(n: Optional[float]) -> str:
+    return "?" if n is None else f"{n / GiB:.1f} GiB"
+
+
+def size(n: Optional[float]) -> str:
+    if n is None:
+        return "?"
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
+
+
+def has_nvidia(facts: EnvFacts) -> bool:
+    """An NVIDIA GPU or kernel driver is present."""
+    return bool(facts.nvidia.gpus) or facts.nvidia.proc_driver or facts.nvidia.driver_version is not None

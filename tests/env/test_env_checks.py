@@ -1,0 +1,335 @@
+"""Every env check fires on a synthetic fact set that has its problem, and stays quiet on healthy ones."""
+import dataclasses
+
+import pytest
+
+from env_fixtures import healthy_cpu_facts, healthy_gpu_facts, run_check
+from torchdoctor import registry
+from torchdoctor.env.facts import GpuFacts, GpuProcess, PathEntry
+from torchdoctor.findings import Severity
+
+GiB = 1024 ** 3
+ENV_CHECKS = [c.name for c in registry.all_checks(registry.Scope.ENV)]
+
+
+@pytest.mark.parametrize("name", ENV_CHECKS)
+@pytest.mark.parametrize("facts", [healthy_gpu_facts, healthy_cpu_facts], ids=["gpu-box", "cpu-box"])
+def test_quiet_on_healthy_machines(name, facts):
+    assert run_check(name, facts()) == []
+
+
+def one(name, facts, severity=None):
+    findings = run_check(name, facts)
+    assert len(findings) == 1, findings
+    f = findings[0]
+    assert f.name == name and f.code == registry.get(name).code
+    assert f.fix, "every finding says what to do"
+    if severity is not None:
+        assert f.severity == severity
+    return f
+
+
+# torch-import-failure ---------------------------------------------------------------------------
+
+def test_import_failure_shadowed_by_a_folder(cpu_facts):
+    cpu_facts.torch = dataclasses.replace(
+        cpu_facts.torch, ok=False, error_type="ImportError", error="fake torch: broken on purpose",
+        torch_file="/home/me/project/torch/__init__.py", version=None)
+    f = one("torch-import-failure", cpu_facts, Severity.ERROR)
+    assert "/home/me/project/torch/__init__.py" in f.message and "/site-packages/torch" in f.message
+    assert "fake torch: broken on purpose" in f.message
+
+
+def test_import_failure_missing_cuda_library(gpu_facts):
+    gpu_facts.torch = dataclasses.replace(
+        gpu_facts.torch, ok=False, error_type="ImportError",
+        error="libcudnn.so.9: cannot open shared object file: No such file or directory")
+    f = one("torch-import-failure", gpu_facts)
+    assert "libcudnn.so.9" in f.message
+    assert "pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124" in f.fix
+
+
+def test_import_failure_undefined_symbol(gpu_facts):
+    gpu_facts.torch = dataclasses.replace(
+        gpu_facts.torch, ok=False, error_type="ImportError",
+        error="/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: ncclCommRegister")
+    assert "mixed" in one("torch-import-failure", gpu_facts).message
+
+
+def test_import_failure_hang(cpu_facts):
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, timed_out=True, error_type="Timeout",
+                                          error="`import torch` did not finish within 60 s")
+    f = one("torch-import-failure", cpu_facts)
+    assert "hung" in f.message and "importtime" in f.fix
+
+
+def test_import_failure_not_installed(cpu_facts):
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="ModuleNotFoundError",
+                                          error="No module named 'torch'", torch_file=None, version=None)
+    cpu_facts.torch_dist_version = cpu_facts.torch_dist_location = None
+    f = one("torch-import-failure", cpu_facts)
+    assert "not installed" in f.message and "pip install torch " in f.fix
+
+
+# cpu-only-build ---------------------------------------------------------------------------------
+
+def test_cpu_build_with_driver_present(gpu_facts):
+    gpu_facts.torch = dataclasses.replace(gpu_facts.torch, version="2.5.1+cpu", cuda=None, arch_list=[])
+    f = one("cpu-only-build", gpu_facts, Severity.ERROR)
+    assert "GPU0 NVIDIA A100-SXM4-80GB" in f.message and "550.54.15" in f.message
+    assert f.fix.endswith("torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124")
+
+
+def test_cpu_build_with_only_a_toolkit_is_info(cpu_facts):
+    cpu_facts.toolkit = dataclasses.replace(cpu_facts.toolkit, nvcc_path="/usr/local/bin/nvcc", nvcc_version="13.0")
+    f = one("cpu-only-build", cpu_facts, Severity.INFO)
+    assert "nvcc 13.0" in f.message
+
+
+# gpu-arch-unsupported ---------------------------------------------------------------------------
+
+def test_blackwell_gpu_against_an_arch_list_without_it(gpu_facts):
+    gpu_facts.nvidia.gpus = [GpuFacts(index=0, name="NVIDIA GeForce RTX 5090", capability=(12, 0))]
+    gpu_facts.nvidia.driver_cuda = "12.8"
+    f = one("gpu-arch-unsupported", gpu_facts, Severity.ERROR)
+    assert "sm_120" in f.message and "no kernel image is available" in f.message
+    assert "CUDA ≥ 12.8" in f.fix and "whl/cu128" in f.fix
+
+
+@pytest.mark.parametrize("cc, archs", [
+    ((8, 6), ["sm_80"]),                 # same major, higher minor runs sm_80 SASS
+    ((12, 0), ["sm_90", "compute_90"]),  # PTX JIT from compute_90
+])
+def test_covered_architectures_are_quiet(gpu_facts, cc, archs):
+    gpu_facts.torch.arch_list = archs
+    for gpu in gpu_facts.nvidia.gpus:
+        gpu.capability = cc
+    assert run_check("gpu-arch-unsupported", gpu_facts) == []
+
+
+def test_arch_specific_sass_does_not_cover_newer_minor(gpu_facts):
+    gpu_facts.torch.arch_list = ["sm_90a"]
+    gpu_facts.nvidia.gpus = [GpuFacts(index=0, name="H100", capability=(9, 0))]
+    assert len(run_check("gpu-arch-unsupported", gpu_facts)) == 1
+
+
+# driver-too-old ---------------------------------------------------------------------------------
+
+def test_470_driver_under_a_cuda_12_build(gpu_facts):
+    gpu_facts.nvidia.driver_version, gpu_facts.nvidia.driver_cuda = "470.182.03", "11.4"
+    f = one("driver-too-old", gpu_facts, Severity.ERROR)
+    assert "470.182.03" in f.message and "525.60.13" in f.message and "11.4" in f.message
+    assert "whl/cu118" in f.fix
+
+
+def test_driver_version_alone_when_nvml_lacks_the_cuda_version(gpu_facts):
+    gpu_facts.nvidia.driver_version, gpu_facts.nvidia.driver_cuda = "470.182.03", None
+    assert len(run_check("driver-too-old", gpu_facts)) == 1
+
+
+def test_minor_version_compatibility_is_fine(gpu_facts):
+    gpu_facts.nvidia.driver_version, gpu_facts.nvidia.driver_cuda = "535.104.05", "12.2"  # runs cu124
+    assert run_check("driver-too-old", gpu_facts) == []
+
+
+# cuda-toolkit-mismatch --------------------------------------------------------------------------
+
+def test_toolkit_major_differs_is_info(gpu_facts):
+    gpu_facts.toolkit.nvcc_version = "11.8"
+    f = one("cuda-toolkit-mismatch", gpu_facts, Severity.INFO)
+    assert "nvcc 11.8" in f.message and "CUDA 12.4" in f.message
+
+
+def test_toolkit_mismatch_is_a_warning_when_cuda_home_points_at_it(gpu_facts):
+    gpu_facts.toolkit.nvcc_version, gpu_facts.toolkit.cuda_home_from_env = "13.0", True
+    one("cuda-toolkit-mismatch", gpu_facts, Severity.WARNING)
+
+
+# companion-version-mismatch ---------------------------------------------------------------------
+
+def test_torchvision_for_another_torch(cpu_facts):
+    cpu_facts.packages["torchvision"] = "0.29.2"
+    cpu_facts.torch_requirements["torchvision"] = ">=2.14.0"
+    f = one("companion-version-mismatch", cpu_facts, Severity.ERROR)
+    assert "torchvision 0.29.2 requires torch>=2.14.0" in f.message
+    assert "torchvision::nms does not exist" in f.message
+    assert 'pip install "torchvision==0.28.*" --index-url https://download.pytorch.org/whl/cpu' in f.fix
+
+
+def test_cuda_variant_mismatch(gpu_facts):
+    gpu_facts.packages["torchaudio"] = "2.5.1+cu121"
+    f = one("companion-version-mismatch", gpu_facts)
+    assert "+cu121 build while torch is +cu124" in f.message
+
+
+# numpy-problem ----------------------------------------------------------------------------------
+
+def test_numpy_missing(cpu_facts):
+    del cpu_facts.packages["numpy"]
+    assert "Failed to initialize NumPy" in one("numpy-problem", cpu_facts, Severity.WARNING).message
+
+
+def test_numpy_2_with_packages_pinned_below_2(cpu_facts):
+    cpu_facts.numpy1_only = ["opencv-python"]
+    f = one("numpy-problem", cpu_facts)
+    assert "opencv-python" in f.message and "NumPy 1.x" in f.message
+
+
+def test_numpy_bridge_broken(cpu_facts):
+    cpu_facts.torch.numpy_error = "RuntimeError: Numpy is not available"
+    assert "Numpy is not available" in one("numpy-problem", cpu_facts).message
+
+
+# module-shadowing -------------------------------------------------------------------------------
+
+def test_numpy_py_in_the_working_directory(cpu_facts):
+    cpu_facts.shadowing = [PathEntry(name="numpy", path="/work/numpy.py", origin_dir="/work")]
+    f = one("module-shadowing", cpu_facts, Severity.ERROR)
+    assert "/work/numpy.py" in f.message and f.location.file == "/work/numpy.py"
+
+
+# cuda-visible-devices ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("value, words", [
+    ("0,x,1", "invalid entry 'x'"),
+    ("0,0", "twice"),
+    ("1,5", "names 5"),
+    ("GPU-ffffffff", "names GPU-ffffffff"),
+])
+def test_bad_cuda_visible_devices(gpu_facts, value, words):
+    gpu_facts.env_vars["CUDA_VISIBLE_DEVICES"] = value
+    assert words in one("cuda-visible-devices", gpu_facts, Severity.WARNING).message
+
+
+def test_uuid_prefixes_are_valid(gpu_facts):
+    gpu_facts.env_vars["CUDA_VISIBLE_DEVICES"] = "GPU-00000001"
+    assert run_check("cuda-visible-devices", gpu_facts) == []
+
+
+def test_all_gpus_hidden_is_only_info(gpu_facts):
+    gpu_facts.env_vars["CUDA_VISIBLE_DEVICES"] = ""
+    one("cuda-visible-devices", gpu_facts, Severity.INFO)
+
+
+def test_mixed_gpu_models_without_pci_order(gpu_facts):
+    gpu_facts.nvidia.gpus[1].name = "NVIDIA GeForce RTX 3090"
+    f = one("cuda-visible-devices", gpu_facts)
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in f.fix
+    gpu_facts.env_vars["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    assert run_check("cuda-visible-devices", gpu_facts) == []
+
+
+# gpu-memory-held --------------------------------------------------------------------------------
+
+def test_dead_pid_holding_gpu_memory(gpu_facts):
+    gpu_facts.nvidia.gpus[0].processes = [GpuProcess(pid=4242, used_bytes=3 * GiB, alive=False)]
+    f = one("gpu-memory-held", gpu_facts, Severity.WARNING)
+    assert "pid 4242" in f.message and "3.0 GiB" in f.message and "no longer exists" in f.message
+    assert "fuser" in f.fix and f.location.device == "GPU0"
+
+
+def test_zombie_and_orphan(gpu_facts):
+    gpu_facts.nvidia.gpus[0].processes = [
+        GpuProcess(pid=10, used_bytes=GiB, alive=False, status="zombie", parent_pid=9),
+        GpuProcess(pid=11, used_bytes=GiB, alive=True, status="sleeping", parent_pid=1,
+                   command="/usr/bin/python train.py", user="me"),
+    ]
+    findings = run_check("gpu-memory-held", gpu_facts)
+    assert [("zombie" in f.message, "orphaned" in f.message) for f in findings] == [(True, False), (False, True)]
+    assert "kill 9" in findings[0].fix and "kill 11" in findings[1].fix
+
+
+def test_other_live_processes_are_info(gpu_facts):
+    gpu_facts.nvidia.gpus[1].processes = [GpuProcess(pid=77, used_bytes=10 * GiB, alive=True, parent_pid=70,
+                                                     user="alice", command="python serve.py")]
+    f = one("gpu-memory-held", gpu_facts, Severity.INFO)
+    assert "alice" in f.message and "10.0 GiB" in f.message
+
+
+def test_pids_of_another_namespace_are_not_called_dead(gpu_facts):
+    gpu_facts.nvidia.gpus[0].processes = [GpuProcess(pid=31337, used_bytes=GiB, alive=None)]
+    assert "no longer exists" not in one("gpu-memory-held", gpu_facts, Severity.INFO).message
+
+
+# shm-too-small ----------------------------------------------------------------------------------
+
+def test_docker_default_64_mib_shm(cpu_facts):
+    cpu_facts.system.shm_total = 64 * 1024 ** 2
+    f = one("shm-too-small", cpu_facts, Severity.WARNING)
+    assert "64 MiB" in f.message and "Bus error" in f.message and "--shm-size" in f.fix
+
+
+# thread-oversubscription ------------------------------------------------------------------------
+
+def test_threads_times_local_processes_exceed_cores(cpu_facts):
+    cpu_facts.torch.num_threads = 2
+    cpu_facts.env_vars.update(LOCAL_WORLD_SIZE="4", OMP_NUM_THREADS="2")
+    f = one("thread-oversubscription", cpu_facts, Severity.WARNING)
+    assert "8 threads on 2 usable CPU(s)" in f.message
+
+
+def test_container_quota_smaller_than_host_cores(gpu_facts):
+    gpu_facts.system.cgroup_cpu_limit = 4.0
+    f = one("thread-oversubscription", gpu_facts)
+    assert "container quota of 4 CPUs" in f.message and "OMP_NUM_THREADS=4" in f.fix
+
+
+def test_omp_unset_with_several_local_processes(gpu_facts):
+    gpu_facts.torch.num_threads = 1
+    gpu_facts.env_vars["LOCAL_WORLD_SIZE"] = "8"
+    assert "OMP_NUM_THREADS is unset" in one("thread-oversubscription", gpu_facts).message
+
+
+# duplicate-openmp -------------------------------------------------------------------------------
+
+def test_two_openmp_runtimes(cpu_facts):
+    cpu_facts.torch.openmp_runtimes = ["/site-packages/torch/lib/libgomp.so.1", "/conda/lib/libiomp5.so"]
+    f = one("duplicate-openmp", cpu_facts, Severity.WARNING)
+    assert "libiomp5.so" in f.message and "OMP: Error #15" in f.message
+
+
+# gpu-health -------------------------------------------------------------------------------------
+
+def test_gpu_health_problems(gpu_facts):
+    g0, g1 = gpu_facts.nvidia.gpus
+    g0.ecc_uncorrected = 3
+    g0.throttle_reasons = ["hardware thermal slowdown"]
+    g1.persistence_mode = False
+    g1.utilization = 100
+    g1.processes = [GpuProcess(pid=5, used_bytes=GiB, alive=True, parent_pid=4, user="bob", command="python x.py")]
+    findings = run_check("gpu-health", gpu_facts)
+    messages = " | ".join(f.message for f in findings)
+    assert "3 uncorrected ECC" in messages and "thermal slowdown" in messages
+    assert "100% busy" in messages and "persistence mode off" in messages
+    assert [f.severity for f in findings] == [Severity.WARNING] * 3 + [Severity.INFO]
+
+
+# low-resources ----------------------------------------------------------------------------------
+
+def test_little_ram_and_disk(cpu_facts):
+    cpu_facts.system.memory_available = 512 * 1024 ** 2
+    cpu_facts.system.disk_free = 287 * 1024 ** 2
+    findings = run_check("low-resources", cpu_facts)
+    assert len(findings) == 2
+    assert "512 MiB" in findings[0].message and "287 MiB" in findings[1].message
+
+
+# determinism-settings ---------------------------------------------------------------------------
+
+def test_malformed_cublas_workspace_config(gpu_facts):
+    gpu_facts.env_vars["CUBLAS_WORKSPACE_CONFIG"] = "4096:8"
+    one("determinism-settings", gpu_facts, Severity.WARNING)
+
+
+def test_reproducibility_intent_without_cublas_config(gpu_facts):
+    gpu_facts.env_vars["PYTHONHASHSEED"] = "0"
+    f = one("determinism-settings", gpu_facts, Severity.INFO)
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in f.fix
+    gpu_facts.env_vars["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
+    assert run_check("determinism-settings", gpu_facts) == []
+
+
+def test_a_crashing_check_becomes_one_internal_error(cpu_facts):
+    cpu_facts.system = None  # a collector bug: the checks that read system facts must not take env down
+    findings = run_check("shm-too-small", cpu_facts)
+    assert len(findings) == 1 and "failed internally" in findings[0].message

@@ -1,0 +1,162 @@
+"""The facts `torchdoctor env` collects, as plain dataclasses.
+
+Environment checks are pure functions of `EnvFacts`, so tests build synthetic facts (a GPU of compute
+capability 12.0, a 470 driver, a 64 MiB /dev/shm) without the hardware. Every field has a neutral default:
+`None` means "not known", never "absent".
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class TorchProbe:
+    """What a subprocess that imported torch saw (`ok` is False when the import failed or hung)."""
+
+    ok: bool = False
+    timed_out: bool = False
+    seconds: Optional[float] = None
+    error_type: Optional[str] = None
+    error: Optional[str] = None  # the exception text, or the last lines of stderr
+    traceback_tail: list[str] = field(default_factory=list)
+    stderr_tail: list[str] = field(default_factory=list)  # warnings printed while importing torch
+    torch_file: Optional[str] = None  # the torch/__init__.py that was imported (or attempted)
+    version: Optional[str] = None
+    cuda: Optional[str] = None  # torch.version.cuda
+    hip: Optional[str] = None
+    debug: Optional[bool] = None
+    cudnn: Optional[int] = None
+    nccl: Optional[str] = None
+    arch_list: list[str] = field(default_factory=list)
+    blas: Optional[str] = None
+    openmp: Optional[str] = None
+    cpu_capability: Optional[str] = None
+    num_threads: Optional[int] = None
+    interop_threads: Optional[int] = None
+    cuda_available: Optional[bool] = None
+    cuda_device_count: Optional[int] = None
+    cuda_devices: list[dict[str, Any]] = field(default_factory=list)  # name, capability per ordinal
+    cuda_error: Optional[str] = None  # text of the error a tiny CUDA op raised
+    openmp_runtimes: list[str] = field(default_factory=list)  # distinct OpenMP libraries mapped
+    numpy_version: Optional[str] = None
+    numpy_error: Optional[str] = None  # the torch<->numpy bridge failing, with its message
+
+
+@dataclass
+class GpuProcess:
+    """A process NVML says holds memory on a GPU, with what the OS knows about it."""
+
+    pid: int
+    used_bytes: Optional[int] = None
+    alive: Optional[bool] = None  # None: cannot tell (another PID namespace)
+    status: Optional[str] = None  # psutil status: running, sleeping, zombie, ...
+    user: Optional[str] = None
+    command: Optional[str] = None
+    parent_pid: Optional[int] = None
+
+
+@dataclass
+class GpuFacts:
+    """One GPU as NVML sees it (PCI order, like nvidia-smi)."""
+
+    index: int
+    name: str = ""
+    uuid: Optional[str] = None
+    pci_bus_id: Optional[str] = None
+    capability: Optional[tuple[int, int]] = None
+    memory_total: Optional[int] = None
+    memory_used: Optional[int] = None
+    utilization: Optional[int] = None  # percent
+    temperature: Optional[int] = None  # °C
+    power_watts: Optional[float] = None
+    power_limit_watts: Optional[float] = None
+    throttle_reasons: list[str] = field(default_factory=list)  # only the ones that slow work down
+    ecc_enabled: Optional[bool] = None
+    ecc_uncorrected: Optional[int] = None  # volatile uncorrected errors since the driver loaded
+    persistence_mode: Optional[bool] = None
+    processes: list[GpuProcess] = field(default_factory=list)
+
+
+@dataclass
+class NvidiaFacts:
+    """The NVIDIA driver and GPUs, from NVML (or why they are unknown)."""
+
+    driver_version: Optional[str] = None
+    driver_cuda: Optional[str] = None  # the newest CUDA the driver supports, e.g. "12.4"
+    proc_driver: bool = False  # /proc/driver/nvidia exists: a kernel driver is loaded
+    gpus: list[GpuFacts] = field(default_factory=list)
+    unavailable_reason: Optional[str] = None
+
+
+@dataclass
+class ToolkitFacts:
+    """A CUDA toolkit on this machine (only matters for building extensions)."""
+
+    nvcc_path: Optional[str] = None
+    nvcc_version: Optional[str] = None
+    cuda_home: Optional[str] = None
+    cuda_home_from_env: bool = False
+
+
+@dataclass
+class SystemFacts:
+    """The OS, CPU, memory and disks, from the standard library and psutil."""
+
+    python: str = ""
+    python_executable: str = ""
+    platform: str = ""
+    machine: str = ""
+    cpu_model: Optional[str] = None
+    cpu_logical: Optional[int] = None
+    cpu_physical: Optional[int] = None
+    cpu_affinity: Optional[int] = None  # CPUs this process may run on
+    cgroup_cpu_limit: Optional[float] = None  # CPUs allowed by a container quota
+    memory_total: Optional[int] = None
+    memory_available: Optional[int] = None
+    disk_path: str = "."
+    disk_total: Optional[int] = None
+    disk_free: Optional[int] = None
+    shm_total: Optional[int] = None  # /dev/shm size, None where there is none
+    container: Optional[str] = None  # "docker", "kubernetes", "container" or None
+
+
+@dataclass
+class PathEntry:
+    """A module file or package found where Python looks before site-packages."""
+
+    name: str
+    path: str
+    origin_dir: str  # the sys.path / PYTHONPATH / working directory entry it sits in
+
+
+@dataclass
+class EnvFacts:
+    """Everything `torchdoctor env` knows about this machine; the input of every env check."""
+
+    torch: TorchProbe = field(default_factory=TorchProbe)
+    torch_dist_version: Optional[str] = None  # from package metadata, without importing torch
+    torch_dist_cuda: Optional[str] = None  # torch/version.py `cuda = ...`, read as text
+    torch_dist_location: Optional[str] = None  # the installed torch package folder
+    nvidia: NvidiaFacts = field(default_factory=NvidiaFacts)
+    toolkit: ToolkitFacts = field(default_factory=ToolkitFacts)
+    system: SystemFacts = field(default_factory=SystemFacts)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    packages: dict[str, str] = field(default_factory=dict)  # companion distribution -> version
+    torch_requirements: dict[str, str] = field(default_factory=dict)  # distribution -> its torch requirement
+    numpy1_only: list[str] = field(default_factory=list)  # distributions requiring numpy<2
+    shadowing: list[PathEntry] = field(default_factory=list)
+    cwd: str = "."
+
+    @property
+    def torch_cuda(self) -> Optional[str]:
+        """torch.version.cuda from the probe, else as read from the installed files."""
+        return self.torch.cuda if self.torch.ok else self.torch_dist_cuda
+
+    @property
+    def torch_version(self) -> Optional[str]:
+        return self.torch.version or self.torch_dist_version
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

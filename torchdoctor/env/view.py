@@ -1,0 +1,96 @@
+"""The compact facts section of the `torchdoctor env` console report."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from rich.table import Table
+from rich.text import Text
+
+GiB = 1024 ** 3
+
+
+def _gib(n: Optional[float]) -> str:
+    return "?" if n is None else f"{n / GiB:.1f} GiB"
+
+
+def _torch_row(torch: dict[str, Any], dist_version: Optional[str]) -> Text:
+    if not torch.get("ok"):
+        what = "hung" if torch.get("timed_out") else "failed"
+        return Text(f"{dist_version or 'not installed'} · import {what}", style="red")
+    cuda = torch.get("cuda")
+    build = f"CUDA {cuda}" if cuda else f"ROCm {torch['hip']}" if torch.get("hip") else "CPU-only build"
+    if cuda and torch.get("cudnn"):
+        build += f", cuDNN {torch['cudnn']}"
+    if torch.get("nccl"):
+        build += f", NCCL {torch['nccl']}"
+    parts = [f"{torch.get('version')} ({build})", f"import {torch.get('seconds', 0):.1f} s"]
+    blas = torch.get("blas") or ""
+    parts.append("BLAS " + ("MKL" if "Math Kernel" in blas else blas or "?"))
+    if torch.get("cpu_capability"):
+        parts.append(torch["cpu_capability"])
+    if torch.get("num_threads"):
+        parts.append(f"{torch['num_threads']} threads")
+    if torch.get("debug"):
+        parts.append("debug build")
+    if torch.get("arch_list"):
+        parts.append("archs " + " ".join(torch["arch_list"]))
+    return Text(" · ".join(parts))
+
+
+def _gpu_rows(nvidia: dict[str, Any], torch: dict[str, Any]) -> list[tuple[str, Text]]:
+    if not nvidia.get("gpus"):
+        return [("GPUs", Text(f"none: {nvidia.get('unavailable_reason') or 'NVML reported none'}", style="dim"))]
+    rows = [("Driver", Text(f"{nvidia.get('driver_version')} (supports CUDA ≤ {nvidia.get('driver_cuda')})"))]
+    for gpu in nvidia["gpus"]:
+        cc = gpu.get("capability")
+        bits = [gpu.get("name") or "?"]
+        if cc:
+            bits[0] += f" (sm_{cc[0]}{cc[1]})"
+        bits.append(f"{_gib(gpu.get('memory_used'))} / {_gib(gpu.get('memory_total'))}")
+        if gpu.get("utilization") is not None:
+            bits.append(f"{gpu['utilization']}% busy")
+        if gpu.get("temperature") is not None:
+            bits.append(f"{gpu['temperature']}°C")
+        if gpu.get("power_watts") is not None and gpu.get("power_limit_watts"):
+            bits.append(f"{gpu['power_watts']:.0f}/{gpu['power_limit_watts']:.0f} W")
+        procs = gpu.get("processes") or []
+        if procs:
+            bits.append(f"{len(procs)} process(es)")
+        rows.append((f"GPU{gpu['index']}", Text(" · ".join(bits))))
+    if torch.get("cuda_error"):
+        rows.append(("CUDA op", Text(torch["cuda_error"], style="red")))
+    elif torch.get("cuda_available"):
+        rows.append(("CUDA op", Text(f"ok on {torch.get('cuda_device_count')} device(s)", style="green")))
+    return rows
+
+
+def facts_view(facts: dict[str, Any]) -> Table:
+    """Key facts, one line each: torch, Python, CPU, memory, shm, GPUs, toolkit, packages, variables."""
+    sysf, torch, tk = facts["system"], facts["torch"], facts["toolkit"]
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2))
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("torch", _torch_row(torch, facts.get("torch_dist_version")))
+    table.add_row("Python", f"{sysf['python']} ({sysf['python_executable']}) on {sysf['platform']}")
+    cpu = f"{sysf.get('cpu_model') or sysf.get('machine')} · {sysf.get('cpu_logical')} logical / " \
+          f"{sysf.get('cpu_physical')} physical cores"
+    if sysf.get("cpu_affinity") and sysf["cpu_affinity"] != sysf.get("cpu_logical"):
+        cpu += f" · {sysf['cpu_affinity']} usable"
+    if sysf.get("cgroup_cpu_limit"):
+        cpu += f" · container quota {sysf['cgroup_cpu_limit']:g} CPUs"
+    table.add_row("CPU", cpu)
+    table.add_row("Memory", f"{_gib(sysf.get('memory_available'))} available of {_gib(sysf.get('memory_total'))}"
+                            f" · disk {_gib(sysf.get('disk_free'))} free at {sysf.get('disk_path')}")
+    shm = _gib(sysf["shm_total"]) if sysf.get("shm_total") is not None else "none"
+    table.add_row("/dev/shm", shm + (f" · in {sysf['container']}" if sysf.get("container") else ""))
+    for label, value in _gpu_rows(facts["nvidia"], torch):
+        table.add_row(label, value)
+    if tk.get("nvcc_path") or tk.get("cuda_home_from_env"):
+        table.add_row("Toolkit", f"nvcc {tk.get('nvcc_version') or '?'} at {tk.get('nvcc_path')} · "
+                                 f"CUDA_HOME {tk.get('cuda_home')}{' (from env)' if tk.get('cuda_home_from_env') else ''}")
+    packages = {k: v for k, v in facts["packages"].items() if k != "torch"}
+    if packages:
+        table.add_row("Packages", ", ".join(f"{k} {v}" for k, v in packages.items()))
+    if facts["env_vars"]:
+        table.add_row("Variables", " ".join(f"{k}={v}" for k, v in facts["env_vars"].items()))
+    return table
