@@ -25,11 +25,6 @@ def _who(p: GpuProcess) -> str:
     return ", ".join(bits)
 
 
-def _is_orphan(p: GpuProcess) -> bool:
-    """A Python process re-parented to init: typically DataLoader workers left behind by Ctrl-C."""
-    return bool(p.alive and p.parent_pid == 1 and p.command and "python" in p.command.split()[0])
-
-
 @check(code="TD110", name="gpu-memory-held", scope=Scope.ENV, severity="warning",
        summary="GPU memory held by other processes, especially dead, zombie or orphaned ones.")
 def gpu_memory_held(facts: EnvFacts) -> Iterator[Finding]:
@@ -53,10 +48,10 @@ def gpu_memory_held(facts: EnvFacts) -> Iterator[Finding]:
                     fix=f"kill the parent: `kill {p.parent_pid}` (then `kill -9 {p.parent_pid}` if it ignores it)",
                     location=where,
                 )
-            elif _is_orphan(p):
+            elif p.alive and p.orphaned:
                 yield Finding(
-                    f"GPU{gpu.index} ({gpu.name}): {_who(p)} is an orphaned Python process (its parent exited) "
-                    "still holding GPU memory, typically a DataLoader worker or DDP rank left behind by Ctrl-C.",
+                    f"GPU{gpu.index} ({gpu.name}): {_who(p)} is orphaned (its parent and the leader of its "
+                    "process group are gone) and still holds GPU memory, typically a DataLoader worker or DDP rank left behind by Ctrl-C.",
                     fix=f"kill {p.pid}  (or `pkill -f <your script>` to get all leftovers)",
                     location=where,
                 )

@@ -17,7 +17,7 @@ from ._envutil import GiB, has_nvidia, size
 SHM_MIN = 1 * GiB
 LOW_RAM = 1 * GiB
 LOW_DISK = 2 * GiB
-_VISIBLE_TOKEN = re.compile(r"^(\d+|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+)$")
+_VISIBLE_TOKEN = re.compile(r"^(\s*\d+\s*|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+)$")  # CUDA skips blanks around indices only
 _CUBLAS_OK = (":4096:8", ":16:8")
 
 
@@ -34,11 +34,12 @@ def module_shadowing(facts: EnvFacts) -> Iterator[Finding]:
             "numpy": "\"AttributeError: module 'numpy' has no attribute ...\" and 'Failed to initialize NumPy'",
         }.get(entry.name, f"\"AttributeError: module '{entry.name}' has no attribute ...\" deep inside `import torch`")
         yield Finding(
-            f"The {kind} {entry.path} shadows {what} `{entry.name}`: scripts run from {entry.origin_dir} "
-            f"import it instead, which shows up as {symptom}.",
+            f"The {kind} {entry.path} shadows {what} `{entry.name}`: Python searches {entry.origin_dir} "
+            f"({entry.via}) before site-packages, so `import {entry.name}` loads it instead, which shows up "
+            f"as {symptom}.",
             fix=f"Rename {entry.path} (e.g. to my_{entry.name}{'.py' if kind == 'file' else ''}) and delete "
-                f"{os.path.join(os.path.dirname(entry.path), '__pycache__')}, or take {entry.origin_dir} "
-                "off PYTHONPATH.",
+                f"{os.path.join(os.path.dirname(entry.path), '__pycache__')}"
+                + (f", or take {entry.origin_dir} off PYTHONPATH." if entry.via == "PYTHONPATH" else "."),
             location=Location(file=entry.path),
         )
 
@@ -49,7 +50,7 @@ def cuda_visible_devices(facts: EnvFacts) -> Iterator[Finding]:
     gpus = facts.nvidia.gpus
     value = facts.env_vars.get("CUDA_VISIBLE_DEVICES")
     if value is not None:
-        tokens = [t.strip() for t in value.split(",")]
+        tokens = value.split(",")
         if value.strip() in ("", "-1"):
             if gpus:
                 yield Finding(
@@ -59,17 +60,18 @@ def cuda_visible_devices(facts: EnvFacts) -> Iterator[Finding]:
                 )
         else:
             bad = next((t for t in tokens if not _VISIBLE_TOKEN.match(t)), None)
-            dupes = sorted({t for t in tokens if tokens.count(t) > 1})
+            stripped = [t.strip() for t in tokens]
+            dupes = sorted({t for t in stripped if stripped.count(t) > 1})
             if bad is not None or dupes:
                 reason = (f"CUDA stops reading at the invalid entry {bad!r}, so the GPUs after it are hidden"
                           if bad is not None else f"it lists {', '.join(dupes)} twice, which makes CUDA see no GPU at all")
                 yield Finding(
                     f"CUDA_VISIBLE_DEVICES={value!r} is malformed: {reason}.",
-                    fix="Use comma-separated indices or UUIDs without spaces, e.g. CUDA_VISIBLE_DEVICES=0,1",
+                    fix="List GPU indices or full UUIDs (`nvidia-smi -L`), comma-separated, e.g. CUDA_VISIBLE_DEVICES=0,1",
                 )
             elif gpus:
                 uuids = {g.uuid for g in gpus if g.uuid}
-                absent = [t for t in tokens if (t.isdigit() and int(t) >= len(gpus))
+                absent = [t for t in stripped if (t.isdigit() and int(t) >= len(gpus))
                           or (t.startswith("GPU-") and uuids and not any(u.startswith(t) for u in uuids))]
                 if absent:
                     yield Finding(

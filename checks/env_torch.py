@@ -2,6 +2,7 @@
 GPUs and driver, do its companions and NumPy match it."""
 from __future__ import annotations
 
+import os
 import re
 from typing import Iterator, Optional
 
@@ -44,8 +45,8 @@ def torch_import_failure(facts: EnvFacts) -> Iterator[Finding]:
                "filesystem, a sitecustomize/usercustomize doing I/O, a stale lock in ~/.cache.")
     elif probe.torch_file and installed and not probe.torch_file.startswith(installed.rstrip("/") + "/"):
         cause = f"Python found {probe.torch_file} first, not the installed torch in {installed}"
-        fix = (f"Rename or move the folder holding {probe.torch_file}, or take it off PYTHONPATH, "
-               "and delete its __pycache__.")
+        found = os.path.dirname(probe.torch_file) if probe.torch_file.endswith("__init__.py") else probe.torch_file
+        fix = f"Rename or move {found} (or take its folder off PYTHONPATH), and delete the __pycache__ beside it."
     elif facts.torch_dist_version is None and ("No module named 'torch'" in text or probe.torch_file):
         cause = f"torch is not installed for {facts.system.python_executable or 'this Python'}"
         cuda = best_wheel_cuda(major_minor(facts.nvidia.driver_cuda)) if has_nvidia(facts) else None

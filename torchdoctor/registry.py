@@ -13,8 +13,6 @@ import pkgutil
 import re
 import sys
 from dataclasses import dataclass, field, replace
-from importlib import metadata
-from importlib import resources
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from torchdoctor.findings import Finding, Severity
@@ -78,6 +76,8 @@ class CheckInfo:
         """The check's docs page as Markdown (why it matters, how to fix, bad/good example)."""
         if self.docs is not None:
             return self.docs
+        from importlib import resources
+
         page = resources.files("torchdoctor.docs").joinpath("checks", f"{self.name}.md")
         try:
             return page.read_text(encoding="utf-8")
@@ -167,6 +167,8 @@ def _load_builtins() -> None:
 
 
 def _load_plugins() -> None:
+    from importlib import metadata
+
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = getattr(ep, "dist", None)
         origin = dist.name if dist is not None else ep.value.split(":")[0]

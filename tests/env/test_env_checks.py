@@ -192,6 +192,7 @@ def test_numpy_py_in_the_working_directory(cpu_facts):
 
 @pytest.mark.parametrize("value, words", [
     ("0,x,1", "invalid entry 'x'"),
+    ("GPU-00000001, GPU-00000000", "invalid entry ' GPU-00000000'"),
     ("0,0", "twice"),
     ("1,5", "names 5"),
     ("GPU-ffffffff", "names GPU-ffffffff"),
@@ -201,8 +202,9 @@ def test_bad_cuda_visible_devices(gpu_facts, value, words):
     assert words in one("cuda-visible-devices", gpu_facts, Severity.WARNING).message
 
 
-def test_uuid_prefixes_are_valid(gpu_facts):
-    gpu_facts.env_vars["CUDA_VISIBLE_DEVICES"] = "GPU-00000001"
+@pytest.mark.parametrize("value", ["GPU-00000001", "1, 0", "0,1"])
+def test_valid_cuda_visible_devices(gpu_facts, value):
+    gpu_facts.env_vars["CUDA_VISIBLE_DEVICES"] = value
     assert run_check("cuda-visible-devices", gpu_facts) == []
 
 
@@ -231,11 +233,15 @@ def test_dead_pid_holding_gpu_memory(gpu_facts):
 def test_zombie_and_orphan(gpu_facts):
     gpu_facts.nvidia.gpus[0].processes = [
         GpuProcess(pid=10, used_bytes=GiB, alive=False, status="zombie", parent_pid=9),
-        GpuProcess(pid=11, used_bytes=GiB, alive=True, status="sleeping", parent_pid=1,
+        GpuProcess(pid=11, used_bytes=GiB, alive=True, status="sleeping", parent_pid=1, orphaned=True,
                    command="/usr/bin/python train.py", user="me"),
+        GpuProcess(pid=12, used_bytes=GiB, alive=True, status="sleeping", parent_pid=1, orphaned=False,
+                   command="nohup python serve.py", user="me"),
     ]
     findings = run_check("gpu-memory-held", gpu_facts)
-    assert [("zombie" in f.message, "orphaned" in f.message) for f in findings] == [(True, False), (False, True)]
+    assert [("zombie" in f.message, "orphaned" in f.message) for f in findings] == [
+        (True, False), (False, True), (False, False)]  # the nohup job is only listed, as info
+    assert findings[2].severity == Severity.INFO and "pid 12" in findings[2].message
     assert "kill 9" in findings[0].fix and "kill 11" in findings[1].fix
 
 

@@ -40,31 +40,53 @@ def _nvidia_with_timeout(timeout: float) -> NvidiaFacts:
     return NvidiaFacts(unavailable_reason=f"NVML did not answer within {timeout:g} s (is the driver wedged?)")
 
 
+class FactCollection:
+    """Collects the env facts: the torch probe subprocess and NVML start at construction and run while
+    the torch-free facts are gathered in `finish()`. As a context manager it kills a probe left running
+    when the body fails (e.g. a bad --select)."""
+
+    def __init__(self, probe_timeout: float = 60.0, cwd: Optional[str] = None) -> None:
+        self.cwd = os.path.abspath(cwd or os.getcwd())
+        self.probe = RunningProbe(probe_timeout, cwd=self.cwd)
+        self._nvidia: list[NvidiaFacts] = []
+        self._nvml = threading.Thread(target=lambda: self._nvidia.append(_nvidia_with_timeout(NVML_TIMEOUT_S)),
+                                      name="torchdoctor-nvml-wait", daemon=True)
+        self._nvml.start()
+
+    def __enter__(self) -> "FactCollection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.probe.proc.poll() is None:
+            self.probe.proc.kill()
+            self.probe.proc.wait()
+
+    def finish(self) -> EnvFacts:
+        """Gather the torch-free facts, then wait for NVML and the probe."""
+        packages = collect_packages()
+        facts = EnvFacts(
+            cwd=self.cwd,
+            system=collect_system(self.cwd),
+            env_vars=relevant_env(),
+            packages=packages.versions,
+            torch_requirements=packages.torch_requirements,
+            numpy1_only=packages.numpy1_only,
+            torch_dist_version=packages.versions.get("torch"),
+            torch_dist_location=packages.torch_location,
+            torch_dist_cuda=packages.torch_cuda,
+            toolkit=collect_toolkit(),
+            shadowing=find_shadowing(search_dirs(self.cwd), installed_modules(packages.torch_location)),
+        )
+        self._nvml.join(NVML_TIMEOUT_S + 1)
+        facts.nvidia = self._nvidia[0] if self._nvidia else NvidiaFacts(unavailable_reason="NVML did not answer")
+        facts.torch = self.probe.result()
+        return facts
+
+
 def collect_facts(probe_timeout: float = 60.0, cwd: Optional[str] = None) -> EnvFacts:
-    """All env facts; the torch probe subprocess runs while the torch-free facts are gathered."""
-    cwd = os.path.abspath(cwd or os.getcwd())
-    probe = RunningProbe(probe_timeout, cwd=cwd)
-    nvidia_box: list[NvidiaFacts] = []
-    nvml = threading.Thread(target=lambda: nvidia_box.append(_nvidia_with_timeout(NVML_TIMEOUT_S)), daemon=True)
-    nvml.start()
-    packages = collect_packages()
-    facts = EnvFacts(
-        cwd=cwd,
-        system=collect_system(cwd),
-        env_vars=relevant_env(),
-        packages=packages.versions,
-        torch_requirements=packages.torch_requirements,
-        numpy1_only=packages.numpy1_only,
-        torch_dist_version=packages.versions.get("torch"),
-        torch_dist_location=packages.torch_location,
-        torch_dist_cuda=packages.torch_cuda,
-        toolkit=collect_toolkit(),
-    )
-    facts.shadowing = find_shadowing(search_dirs(cwd), installed_modules(packages.torch_location))
-    nvml.join(NVML_TIMEOUT_S + 1)
-    facts.nvidia = nvidia_box[0] if nvidia_box else NvidiaFacts(unavailable_reason="NVML did not answer")
-    facts.torch = probe.result()
-    return facts
+    """All env facts (see `FactCollection`)."""
+    with FactCollection(probe_timeout, cwd) as collection:
+        return collection.finish()
 
 
 def diagnose_env(

@@ -55,6 +55,7 @@ class GpuProcess:
     user: Optional[str] = None
     command: Optional[str] = None
     parent_pid: Optional[int] = None
+    orphaned: bool = False  # the leader of its process group (its main process or launcher) is gone
 
 
 @dataclass
@@ -128,7 +129,8 @@ class PathEntry:
 
     name: str
     path: str
-    origin_dir: str  # the sys.path / PYTHONPATH / working directory entry it sits in
+    origin_dir: str  # the folder on Python's search path it sits in
+    via: str = "the working directory"  # why that folder is searched: the working directory or PYTHONPATH
 
 
 @dataclass

@@ -22,8 +22,7 @@ _SLOWDOWNS = {
     "nvmlClocksThrottleReasonHwThermalSlowdown": "hardware thermal slowdown",
     "nvmlClocksThrottleReasonHwPowerBrakeSlowdown": "power brake slowdown (external power supply)",
     "nvmlClocksThrottleReasonSwThermalSlowdown": "software thermal slowdown",
-    "nvmlClocksThrottleReasonSwPowerCap": "power cap",
-}
+}  # the software power cap is left out: a GPU under full load normally runs at its power limit
 
 
 def _text(value: Any) -> str:
@@ -48,6 +47,7 @@ def describe_process(pid: int, used_bytes: Optional[int], same_pid_namespace: bo
             proc.status = p.status()
             proc.alive = proc.status != psutil.STATUS_ZOMBIE
             proc.parent_pid = p.ppid()
+            proc.orphaned = _orphaned(pid)
             proc.user = _try_psutil(p.username)
             cmd = _try_psutil(p.cmdline)
             proc.command = " ".join(cmd) if cmd else _try_psutil(p.name)
@@ -57,6 +57,16 @@ def describe_process(pid: int, used_bytes: Optional[int], same_pid_namespace: bo
     except psutil.AccessDenied:
         proc.alive = True
     return proc
+
+
+def _orphaned(pid: int) -> bool:
+    """The leader of its process group is gone: a DataLoader worker or DDP rank whose main process or
+    launcher died (it was re-parented to init or a subreaper). A `nohup` job leads its own group."""
+    try:
+        group = os.getpgid(pid)
+    except OSError:
+        return False
+    return group != pid and not psutil.pid_exists(group)
 
 
 def _try_psutil(fn: Callable[[], T]) -> Optional[T]:

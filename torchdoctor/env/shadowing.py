@@ -48,30 +48,33 @@ def protected_dirs() -> set[str]:
     return {os.path.realpath(d) for d in dirs if d}
 
 
-def search_dirs(cwd: str, environ: "dict[str, str] | None" = None) -> list[str]:
-    """Where a user's `python script.py` run from `cwd` looks first: the working dir, then PYTHONPATH."""
+def search_dirs(cwd: str, environ: "dict[str, str] | None" = None) -> list[tuple[str, str]]:
+    """Where a user's `python script.py` run from `cwd` looks first, with why: the working directory,
+    then the PYTHONPATH entries (empty entries mean the working directory too)."""
     environ = os.environ if environ is None else environ
-    dirs = [cwd] + [p or cwd for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p is not None]
-    seen: list[str] = []
-    for d in dirs:
+    dirs = [(cwd, "the working directory")] + [
+        (p or cwd, "PYTHONPATH") for p in environ.get("PYTHONPATH", "").split(os.pathsep)]
+    seen: dict[str, str] = {}
+    for d, via in dirs:
         real = os.path.realpath(d)
         if d and real not in seen and os.path.isdir(real):
-            seen.append(real)
-    return seen
+            seen[real] = via
+    return list(seen.items())
 
 
 def find_shadowing(
-    dirs: Iterable[str],
+    dirs: Iterable[tuple[str, str]],
     installed: "dict[str, str | None]",
     names: Iterable[str] = THIRD_PARTY,
 ) -> list[PathEntry]:
     """Modules in `dirs` that hide an installed package (`installed`: name -> its real folder) or a
-    standard module torch imports. The first folder that has a name wins, as in Python's import."""
+    standard module torch imports. `dirs` are (folder, why it is searched) pairs in search order; the
+    first folder that has a name wins, as in Python's import."""
     protected = protected_dirs()
     found: list[PathEntry] = []
     wanted = [n for n in names if n in installed] + sorted(STDLIB_USED_BY_TORCH)
     claimed: set[str] = set()
-    for folder in dirs:
+    for folder, via in dirs:
         if os.path.realpath(folder) in protected:
             continue
         for name in wanted:
@@ -84,7 +87,7 @@ def find_shadowing(
             real = installed.get(name)
             if real and os.path.realpath(hit) == os.path.realpath(real):
                 continue  # an editable/develop install of that very package
-            found.append(PathEntry(name=name, path=str(hit), origin_dir=folder))
+            found.append(PathEntry(name=name, path=str(hit), origin_dir=folder, via=via))
     return found
 
 

@@ -1,0 +1,52 @@
+"""Benchmark: `torchdoctor env` against `python -m torch.utils.collect_env` and a bare `import torch`.
+
+Run: python tests/benchmarks/bench_env.py [--rounds N]
+The three commands are interleaved round by round in one run, so they share the machine's state;
+medians and the ratios against both baselines are printed. Targets: env <= 0.9x collect_env and
+<= 1.15x the bare import.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+COMMANDS = {
+    "torchdoctor env": [sys.executable, "-m", "torchdoctor", "env", "--format", "json"],
+    "collect_env": [sys.executable, "-m", "torch.utils.collect_env"],
+    "import torch": [sys.executable, "-c", "import torch"],
+}
+
+
+def timed(cmd: list[str], cwd: str) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
+                   env={**os.environ, "NO_COLOR": "1"})
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    with tempfile.TemporaryDirectory() as cwd:
+        for name, cmd in COMMANDS.items():  # warm the page cache once
+            timed(cmd, cwd)
+        for _ in range(args.rounds):
+            for name, cmd in COMMANDS.items():
+                samples[name].append(timed(cmd, cwd))
+    med = {name: statistics.median(v) for name, v in samples.items()}
+    for name, values in samples.items():
+        print(f"{name:16s} median {med[name]:.3f} s  (min {min(values):.3f}, max {max(values):.3f}, n={len(values)})")
+    env = med["torchdoctor env"]
+    print(f"env / collect_env  = {env / med['collect_env']:.2f}x  (target <= 0.90x)")
+    print(f"env / import torch = {env / med['import torch']:.2f}x  (target <= 1.15x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The torch-free collectors on this machine, and the probe's parsing of whatever a subprocess left."""
+import json
+import os
+from pathlib import Path
+
+from torchdoctor.env import packages, probe, shadowing, system, toolkit
+from torchdoctor.env.nvidia import collect_nvidia, describe_process
+
+
+def test_probe_output_with_build_and_cuda_lines():
+    out = "noise\n" + probe.MARKER + json.dumps({"kind": "build", "ok": True, "version": "2.5.1+cu124",
+                                                  "cuda": "12.4", "unknown_key": 1}) + "\n" + probe.MARKER + \
+        json.dumps({"kind": "cuda", "cuda_devices": [{"name": "A100", "capability": [8, 0]}]}) + "\n"
+    p = probe.parse_probe_output(out, "", timed_out=False, timeout=60, returncode=0)
+    assert p.ok and p.version == "2.5.1+cu124" and p.cuda_devices[0]["capability"] == (8, 0)
+
+
+def test_probe_hang_during_cuda_init_keeps_the_build_facts():
+    out = probe.MARKER + json.dumps({"kind": "build", "ok": True, "version": "2.5.1+cu124", "cuda": "12.4"}) + "\n"
+    p = probe.parse_probe_output(out, "", timed_out=True, timeout=5, returncode=-9)
+    assert p.ok and p.timed_out and "CUDA initialisation did not finish within 5 s" in p.cuda_error
+
+
+def test_probe_that_died_without_output():
+    p = probe.parse_probe_output("", "Segmentation fault\n", timed_out=False, timeout=60, returncode=-11)
+    assert not p.ok and p.error_type == "ProbeFailed" and "Segmentation fault" in p.error and "-11" in p.error
+
+
+def test_probe_subprocess_times_out_on_a_hanging_import(tmp_path, monkeypatch):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    result = probe.RunningProbe(timeout=1.5, cwd=str(tmp_path)).result()
+    assert not result.ok and result.timed_out and "did not finish within 1.5 s" in result.error
+
+
+def test_shadowing_finds_stdlib_and_torch_copies_but_not_editable_installs(tmp_path):
+    (tmp_path / "random.py").write_text("")
+    (tmp_path / "numpy.py").write_text("")
+    (tmp_path / "test.py").write_text("")  # not imported by torch: not a problem
+    pkg = tmp_path / "torch"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    installed = {"torch": "/site-packages/torch", "numpy": str(tmp_path / "numpy.py")}
+    found = shadowing.find_shadowing([(str(tmp_path), "the working directory")], installed)
+    assert sorted((e.name, Path(e.path).name) for e in found) == [("random", "random.py"), ("torch", "torch")]
+
+
+def test_first_folder_on_the_path_wins(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for d in (first, second):
+        d.mkdir()
+        (d / "copy.py").write_text("")
+    found = shadowing.find_shadowing([(str(first), "PYTHONPATH"), (str(second), "PYTHONPATH")], {})
+    assert [e.origin_dir for e in found] == [str(first)]
+
+
+def test_search_dirs_are_cwd_then_pythonpath(tmp_path):
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    dirs = shadowing.search_dirs(str(tmp_path), {"PYTHONPATH": f"{extra}{os.pathsep}/does/not/exist"})
+    assert dirs == [(str(tmp_path), "the working directory"), (str(extra), "PYTHONPATH")]
+
+
+def test_relevant_env_keeps_only_what_matters():
+    env = system.relevant_env({"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "HOME": "/root",
+                               "OMP_NUM_THREADS": "4", "AWS_SECRET": "x"})
+    assert env == {"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4"}
+
+
+def test_cgroup_quota_v2_and_unlimited(tmp_path):
+    (tmp_path / "cpu.max").write_text("400000 100000\n")
+    assert system.cgroup_cpu_limit(tmp_path) == 4.0
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert system.cgroup_cpu_limit(tmp_path) is None
+
+
+def test_system_facts_on_this_machine(tmp_path):
+    facts = system.collect_system(str(tmp_path))
+    assert facts.cpu_logical and facts.memory_total and facts.disk_free is not None
+    assert facts.python.count(".") == 2
+
+
+def test_packages_read_from_metadata_without_importing():
+    facts = packages.collect_packages()
+    assert facts.versions["torch"].startswith("2.")
+    assert facts.torch_location and Path(facts.torch_location, "__init__.py").is_file()
+
+
+def test_torch_cuda_read_as_text(tmp_path):
+    v = tmp_path / "version.py"
+    v.write_text("__version__ = '2.5.1+cu124'\ndebug = False\ncuda: Optional[str] = '12.4'\n")
+    assert packages.read_torch_cuda(v) == "12.4"
+    v.write_text("cuda: Optional[str] = None\n")
+    assert packages.read_torch_cuda(v) is None
+
+
+def test_toolkit_from_cuda_home_version_json(tmp_path):
+    (tmp_path / "version.json").write_text(json.dumps({"cuda": {"version": "12.4.131"}}))
+    facts = toolkit.collect_toolkit({"CUDA_HOME": str(tmp_path), "PATH": ""})
+    assert facts.nvcc_version == "12.4" and facts.cuda_home_from_env
+
+
+def test_nvml_reports_gpus_or_says_why_there_are_none():
+    facts = collect_nvidia()
+    assert bool(facts.gpus) != bool(facts.unavailable_reason)
+
+
+def test_describe_process_for_a_live_and_a_dead_pid():
+    me = describe_process(os.getpid(), 1024, same_pid_namespace=True)
+    assert me.alive and "python" in (me.command or "") and me.user
+    dead = describe_process(2 ** 22 + 12345, 1024, same_pid_namespace=True)
+    assert dead.alive is False
+    unknown = describe_process(2 ** 22 + 12345, 1024, same_pid_namespace=False)
+    assert unknown.alive is None
+
+
+def test_a_worker_whose_group_leader_died_is_orphaned():
+    import subprocess
+    import time
+
+    leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!"], stdout=subprocess.PIPE, text=True,
+                              start_new_session=True)
+    worker = int(leader.stdout.readline())
+    leader.wait()
+    try:
+        for _ in range(50):  # the shell is reaped; the sleep lives on in the shell's process group
+            if describe_process(worker, 1, same_pid_namespace=True).orphaned:
+                break
+            time.sleep(0.05)
+        assert describe_process(worker, 1, same_pid_namespace=True).orphaned
+        nohup_job = subprocess.Popen(["sleep", "30"], start_new_session=True)  # leads its own group
+        assert not describe_process(nohup_job.pid, 1, same_pid_namespace=True).orphaned
+        nohup_job.kill()
+        nohup_job.wait()
+    finally:
+        os.kill(worker, 9)
