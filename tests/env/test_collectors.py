@@ -7,23 +7,27 @@ from torchdoctor.env import packages, probe, shadowing, system, toolkit
 from torchdoctor.env.nvidia import collect_nvidia, describe_process
 
 
-def test_probe_output_with_build_and_cuda_lines():
-    out = "noise\n" + probe.MARKER + json.dumps({"kind": "build", "ok": True, "version": "2.5.1+cu124",
-                                                  "cuda": "12.4", "unknown_key": 1}) + "\n" + probe.MARKER + \
-        json.dumps({"kind": "cuda", "cuda_devices": [{"name": "A100", "capability": [8, 0]}]}) + "\n"
-    p = probe.parse_probe_output(out, "", timed_out=False, timeout=60, returncode=0)
+def test_probe_payloads_with_build_and_cuda_facts():
+    payloads = [{"kind": "build", "ok": True, "version": "2.5.1+cu124", "cuda": "12.4", "unknown_key": 1},
+                {"kind": "cuda", "cuda_devices": [{"name": "A100", "capability": [8, 0]}]}]
+    p = probe.build_probe(payloads, [], timed_out=False, timeout=60, returncode=0)
     assert p.ok and p.version == "2.5.1+cu124" and p.cuda_devices[0]["capability"] == (8, 0)
 
 
 def test_probe_hang_during_cuda_init_keeps_the_build_facts():
-    out = probe.MARKER + json.dumps({"kind": "build", "ok": True, "version": "2.5.1+cu124", "cuda": "12.4"}) + "\n"
-    p = probe.parse_probe_output(out, "", timed_out=True, timeout=5, returncode=-9)
+    payloads = [{"kind": "build", "ok": True, "version": "2.5.1+cu124", "cuda": "12.4"}]
+    p = probe.build_probe(payloads, [], timed_out=True, timeout=5, returncode=-9)
     assert p.ok and p.timed_out and "CUDA initialisation did not finish within 5 s" in p.cuda_error
 
 
 def test_probe_that_died_without_output():
-    p = probe.parse_probe_output("", "Segmentation fault\n", timed_out=False, timeout=60, returncode=-11)
+    p = probe.build_probe([], ["Segmentation fault\n"], timed_out=False, timeout=60, returncode=-11)
     assert not p.ok and p.error_type == "ProbeFailed" and "Segmentation fault" in p.error and "-11" in p.error
+
+
+def test_probe_on_this_machine():
+    p = probe.RunningProbe(timeout=120).result()
+    assert p.ok and p.version.startswith("2.") and p.num_threads >= 1 and p.seconds > 0
 
 
 def test_probe_subprocess_times_out_on_a_hanging_import(tmp_path, monkeypatch):

@@ -10,9 +10,15 @@ from click.testing import CliRunner
 from torchdoctor.cli import cli, main
 
 
+# Runs the CLI like the console script does, and tells on stderr whether torch ended up imported.
+ENTRY = ("import atexit, sys; "
+         "atexit.register(lambda: sys.stderr.write('torch-imported=%s' % ('torch' in sys.modules))); "
+         "from torchdoctor.cli import main; main()")
+
+
 def run_env(*args, cwd, extra_env=None):
     env = {**os.environ, **(extra_env or {}), "NO_COLOR": "1", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "torchdoctor", "env", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-c", ENTRY, "env", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -24,6 +30,7 @@ def test_healthy_machine_exits_0_with_no_warning_or_error(tmp_path):
     assert report["facts"]["torch"]["ok"] is True
     assert report["facts"]["system"]["cpu_logical"] >= 1
     assert [f for f in report["findings"] if f["severity"] != "info"] == []
+    assert result.stderr == "torch-imported=False"  # torch is only imported by the probe subprocess
 
 
 def test_broken_torch_first_on_pythonpath(tmp_path):
@@ -37,7 +44,7 @@ def test_broken_torch_first_on_pythonpath(tmp_path):
     assert "this torch is broken on purpose" in out
     assert out.count(str(fake / "torch")) >= 2  # both findings name the folder
     assert "Python" in out and "Memory" in out  # the facts section is still there
-    assert result.stderr == ""
+    assert result.stderr == "torch-imported=False"
 
 
 @pytest.mark.parametrize("args, words", [

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import threading
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.env.facts import EnvFacts, NvidiaFacts
@@ -45,9 +45,11 @@ class FactCollection:
     the torch-free facts are gathered in `finish()`. As a context manager it kills a probe left running
     when the body fails (e.g. a bad --select)."""
 
-    def __init__(self, probe_timeout: float = 60.0, cwd: Optional[str] = None) -> None:
+    def __init__(self, probe_timeout: float = 60.0, cwd: Optional[str] = None,
+                 exchange_timeout: Optional[float] = None) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
-        self.probe = RunningProbe(probe_timeout, cwd=self.cwd)
+        self.exchange_timeout = exchange_timeout
+        self.probe = RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout)
         self._nvidia: list[NvidiaFacts] = []
         self._nvml = threading.Thread(target=lambda: self._nvidia.append(_nvidia_with_timeout(NVML_TIMEOUT_S)),
                                       name="torchdoctor-nvml-wait", daemon=True)
@@ -81,6 +83,11 @@ class FactCollection:
         facts.nvidia = self._nvidia[0] if self._nvidia else NvidiaFacts(unavailable_reason="NVML did not answer")
         facts.torch = self.probe.result()
         return facts
+
+    def exchange(self, payload: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """Under torchrun: send this rank's summary; rank 0 gets every rank's (see `RunningProbe.exchange`)."""
+        assert self.exchange_timeout is not None, "FactCollection was not started for an exchange"
+        return self.probe.exchange(payload, self.exchange_timeout)
 
 
 def collect_facts(probe_timeout: float = 60.0, cwd: Optional[str] = None) -> EnvFacts:

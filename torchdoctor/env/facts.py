@@ -134,6 +134,38 @@ class PathEntry:
 
 
 @dataclass
+class LaunchFacts:
+    """How this process was launched for torch.distributed (RANK, WORLD_SIZE, ... as the launcher set them)."""
+
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    local_world_size: Optional[int] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[str] = None
+    run_id: Optional[str] = None  # TORCHELASTIC_RUN_ID: set by torchrun
+    local_rank_arg: Optional[str] = None  # "--local-rank" or "--local_rank" when a launcher passed one
+
+
+@dataclass
+class RankFacts:
+    """One rank's summary as gathered on rank 0 by `torchdoctor env` under torchrun."""
+
+    rank: int
+    hostname: str = ""
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    local_world_size: Optional[int] = None
+    master_addr: Optional[str] = None
+    master_port: Optional[str] = None
+    python: str = ""
+    torch: dict[str, Any] = field(default_factory=dict)  # version, cuda, cudnn, nccl, hip
+    gpu: Optional[str] = None  # the model of the GPU this rank uses (LOCAL_RANK-th visible one)
+    env_vars: dict[str, str] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # the rank's own env findings
+
+
+@dataclass
 class EnvFacts:
     """Everything `torchdoctor env` knows about this machine; the input of every env check."""
 
@@ -150,6 +182,9 @@ class EnvFacts:
     numpy1_only: list[str] = field(default_factory=list)  # distributions requiring numpy<2
     shadowing: list[PathEntry] = field(default_factory=list)
     cwd: str = "."
+    launch: Optional[LaunchFacts] = None  # set when launched for torch.distributed
+    ranks: list[RankFacts] = field(default_factory=list)  # every rank's summary (rank 0 under torchrun)
+    missing_ranks: list[int] = field(default_factory=list)  # ranks that did not report in time
 
     @property
     def torch_cuda(self) -> Optional[str]:

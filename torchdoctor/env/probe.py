@@ -4,61 +4,126 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from torchdoctor.env.facts import TorchProbe
 
 PROBE_SOURCE = Path(__file__).with_name("torch_probe.py")
 MARKER = "@@torchdoctor-probe@@"
 _FIELDS = {f.name for f in dataclasses.fields(TorchProbe)}
+_EOF = None
 
 
 class RunningProbe:
-    """A started probe; `result()` waits for it (up to the timeout) and parses what it printed."""
+    """A started probe. `result()` waits (up to the timeout) for its facts; under torchrun,
+    `exchange()` then hands it this rank's payload and, on rank 0, returns every rank's."""
 
-    def __init__(self, timeout: float, cwd: Optional[str] = None, python: str = sys.executable) -> None:
+    def __init__(self, timeout: float, cwd: Optional[str] = None, exchange_timeout: Optional[float] = None) -> None:
         self.timeout = timeout
-        self.started = time.perf_counter()
+        self.started = time.monotonic()
         env = dict(os.environ)
         env.setdefault("PYTHONIOENCODING", "utf-8")
+        if exchange_timeout is not None:
+            env["TORCHDOCTOR_PROBE_EXCHANGE"] = str(exchange_timeout)
         self.proc = subprocess.Popen(
-            [python, "-c", PROBE_SOURCE.read_text(encoding="utf-8")],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            cwd=cwd, env=env, text=True, errors="replace",
+            [sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8")],
+            stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env, text=True, errors="replace",
         )
+        self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self._stderr: list[str] = []
+        self._out = threading.Thread(target=self._read_stdout, daemon=True)
+        self._err = threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True)
+        self._out.start()
+        self._err.start()
+
+    def _read_stdout(self) -> None:
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(_EOF)
+
+    def _next_payload(self, deadline: float) -> "tuple[Optional[dict[str, Any]], bool]":
+        """The next marker line's payload; (None, False) at end of output, (None, True) on timeout."""
+        while True:
+            try:
+                line = self._lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None, True
+            if line is _EOF:
+                return None, False
+            if line.startswith(MARKER):
+                try:
+                    return json.loads(line[len(MARKER):]), False
+                except ValueError:
+                    continue
+
+    def _stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self._err.join(timeout=2)
 
     def result(self) -> TorchProbe:
-        remaining = max(0.1, self.timeout - (time.perf_counter() - self.started))
+        """The torch facts, however the probe ended: finished, failed, or still hanging at the timeout."""
+        deadline = self.started + self.timeout
+        payloads: list[dict[str, Any]] = []
         timed_out = False
+        while True:
+            payload, timed_out = self._next_payload(deadline)
+            if payload is None or payload.get("kind") == "ready":
+                break
+            payloads.append(payload)
+        if timed_out or self.proc.stdin is None:
+            if not timed_out:
+                try:
+                    self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            self._stop()
+        elif payload is None:  # ended before "ready": it crashed, so there is nothing to exchange
+            self._stop()
+        return build_probe(payloads, self._stderr, timed_out, self.timeout, self.proc.returncode)
+
+    def exchange(self, payload: dict[str, Any], timeout: float) -> Optional[dict[str, Any]]:
+        """Send this rank's payload; on rank 0 return {"ranks": [...], "missing": [...]}, else None."""
+        if self.proc.poll() is not None or self.proc.stdin is None:
+            return None
         try:
-            out, err = self.proc.communicate(timeout=remaining)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            self.proc.kill()
-            out, err = self.proc.communicate()
-        return parse_probe_output(out, err, timed_out, self.timeout, self.proc.returncode)
+            self.proc.stdin.write(json.dumps(payload, default=str) + "\n")
+            self.proc.stdin.close()
+        except OSError:
+            self._stop()
+            return None
+        answer = None
+        deadline = time.monotonic() + timeout + 5
+        while True:
+            got, timed_out = self._next_payload(deadline)
+            if got is None:
+                break
+            if got.get("kind") == "ranks":
+                answer = got
+                break
+        self._stop()
+        return answer
 
 
-def parse_probe_output(out: str, err: str, timed_out: bool, timeout: float, returncode: Optional[int]) -> TorchProbe:
-    """Turn the probe's marker lines (and stderr) into a `TorchProbe`, whatever state it died in."""
+def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bool, timeout: float,
+                returncode: Optional[int]) -> TorchProbe:
+    """Turn the probe's marker payloads (and stderr) into a `TorchProbe`, whatever state it died in."""
     probe = TorchProbe()
     got_build = False
-    for line in out.splitlines():
-        if not line.startswith(MARKER):
-            continue
-        try:
-            payload = json.loads(line[len(MARKER):])
-        except ValueError:
-            continue
+    for payload in payloads:
         got_build |= payload.get("kind") == "build"
         for key, value in payload.items():
             if key in _FIELDS:
                 setattr(probe, key, value)
-    err_lines = [l for l in err.splitlines() if l.strip()]
+    err_lines = [line.rstrip("\n") for line in stderr if line.strip()]
     probe.stderr_tail = err_lines[-12:]
     if timed_out:
         probe.timed_out = True
@@ -73,8 +138,7 @@ def parse_probe_output(out: str, err: str, timed_out: bool, timeout: float, retu
         probe.error_type = "ProbeFailed"
         tail = " | ".join(err_lines[-3:]) or "no output"
         probe.error = f"the probe exited with status {returncode}: {tail}"
-    if probe.cuda_devices:
-        for dev in probe.cuda_devices:
-            if isinstance(dev.get("capability"), list):
-                dev["capability"] = tuple(dev["capability"])
+    for dev in probe.cuda_devices:
+        if isinstance(dev.get("capability"), list):
+            dev["capability"] = tuple(dev["capability"])
     return probe

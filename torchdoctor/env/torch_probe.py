@@ -2,7 +2,12 @@
 
 It imports torch the way the user's own scripts would (the working directory first on sys.path) and
 prints JSON lines prefixed with a marker: first the build facts, then the CUDA facts, so a hang in CUDA
-initialisation still leaves the build facts behind. Standard library only; it never imports torchdoctor.
+initialisation still leaves the build facts behind, then a "ready" line. Standard library and torch only;
+it never imports torchdoctor.
+
+Under torchrun (TORCHDOCTOR_PROBE_EXCHANGE=<timeout s> in its environment) it then reads one JSON line
+from stdin, this rank's summary and findings, and shares it through the launcher's TCPStore: every rank
+writes its key, rank 0 collects all of them (waiting at most the timeout) and prints them as "ranks".
 """
 import json
 import os
@@ -109,8 +114,16 @@ def main():
     build["openmp_runtimes"] = openmp_runtimes()
     emit("build", build)
 
-    if not (build["cuda"] or build["hip"]):
-        return
+    cuda = {}
+    if build["cuda"] or build["hip"]:
+        cuda = cuda_facts(torch)
+        emit("cuda", cuda)
+    emit("ready", {})
+    if os.environ.get("TORCHDOCTOR_PROBE_EXCHANGE"):
+        exchange(float(os.environ["TORCHDOCTOR_PROBE_EXCHANGE"]), {**build, **cuda})
+
+
+def cuda_facts(torch):
     cuda = {"cuda_available": False, "cuda_device_count": 0, "cuda_devices": []}
     try:
         cuda["cuda_device_count"] = torch.cuda.device_count()
@@ -129,7 +142,42 @@ def main():
             (x * 2).sum().item()  # a real kernel: "no kernel image is available" shows here
     except Exception as exc:
         cuda["cuda_error"] = f"{type(exc).__name__}: {exc}".strip()
-    emit("cuda", cuda)
+    return cuda
+
+
+def exchange(timeout, build):
+    """Share this rank's payload (stdin) through the launcher's store; rank 0 prints every rank's."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    payload = json.loads(sys.stdin.readline() or "{}")
+    payload["torch"] = {k: build.get(k) for k in ("version", "cuda", "cudnn", "hip", "nccl")}
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=None if agent else world,
+                     is_master=(rank == 0 and not agent), timeout=timedelta(seconds=timeout),
+                     wait_for_workers=False)
+    prefix = "torchdoctor/env/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") + "/"
+    store.set(prefix + str(rank), json.dumps(payload))
+    if rank != 0:
+        try:  # keep a non-agent store's clients alive until rank 0 has read everything
+            store.wait([prefix + "collected"], timedelta(seconds=timeout))
+        except Exception:
+            pass
+        return
+    deadline = time.monotonic() + timeout
+    pending = set(range(world))
+    ranks = []
+    while pending and time.monotonic() < deadline:
+        for r in sorted(pending):
+            if store.check([prefix + str(r)]):
+                ranks.append(json.loads(store.get(prefix + str(r))))
+                pending.discard(r)
+        if pending:
+            time.sleep(0.05)
+    store.set(prefix + "collected", "1")
+    emit("ranks", {"ranks": ranks, "missing": sorted(pending)})
 
 
 if __name__ == "__main__":

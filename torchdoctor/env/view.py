@@ -88,6 +88,12 @@ def facts_view(facts: dict[str, Any]) -> Table:
     if tk.get("nvcc_path") or tk.get("cuda_home_from_env"):
         table.add_row("Toolkit", f"nvcc {tk.get('nvcc_version') or '?'} at {tk.get('nvcc_path')} · "
                                  f"CUDA_HOME {tk.get('cuda_home')}{' (from env)' if tk.get('cuda_home_from_env') else ''}")
+    if facts.get("ranks"):
+        hosts = sorted({r["hostname"] for r in facts["ranks"]})
+        row = f"{len(facts['ranks'])} rank(s) reported from {len(hosts)} host(s): {', '.join(hosts)}"
+        if facts.get("missing_ranks"):
+            row += f" · missing: {', '.join(map(str, facts['missing_ranks']))}"
+        table.add_row("Ranks", row)
     packages = {k: v for k, v in facts["packages"].items() if k != "torch"}
     if packages:
         table.add_row("Packages", ", ".join(f"{k} {v}" for k, v in packages.items()))

@@ -1,0 +1,124 @@
+"""`torchdoctor env` across ranks: the cross-rank checks on synthetic rank facts, the folding of every
+rank's findings, and real launches (torchrun, a missing rank, torch.distributed.launch's --local-rank)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from torchdoctor import registry
+from torchdoctor.env import distributed as dist
+from torchdoctor.env.facts import EnvFacts, LaunchFacts, RankFacts
+from torchdoctor.findings import Finding, Location, Severity
+
+
+def rank(r, **changes):
+    base = dict(rank=r, hostname="node0", local_rank=r, world_size=2, local_world_size=2, master_addr="node0",
+                master_port="29500", python="3.11.7",
+                torch={"version": "2.5.1+cu124", "cuda": "12.4", "cudnn": 90100, "nccl": "2.21.5"},
+                gpu="NVIDIA A100-SXM4-80GB", env_vars={"OMP_NUM_THREADS": "1"})
+    base.update(changes)
+    return RankFacts(**base)
+
+
+def mismatch(ranks, missing=()):
+    facts = EnvFacts(ranks=ranks, missing_ranks=list(missing))
+    return registry.run_fact_checks([registry.get("rank-env-mismatch")], "env", facts)
+
+
+def test_identical_ranks_are_quiet():
+    assert mismatch([rank(0), rank(1)]) == []
+
+
+def test_different_versions_gpus_and_settings_are_named_with_their_ranks():
+    findings = mismatch([rank(0), rank(1, torch={"version": "2.4.0+cu121", "cuda": "12.1", "cudnn": 90100,
+                                                 "nccl": "2.21.5"},
+                                  gpu="NVIDIA GeForce RTX 3090", env_vars={"OMP_NUM_THREADS": "8"})])
+    text = {f.message.split(":")[0]: f for f in findings}
+    assert "2.5.1+cu124 on rank 0; 2.4.0+cu121 on rank 1" in text["Ranks run different torch versions"].message
+    assert "Ranks run different CUDA versions" in text
+    assert text["Ranks use different GPU models"].severity == Severity.WARNING
+    assert "8 on rank 1" in text["OMP_NUM_THREADS differs between ranks"].message
+
+
+def test_inconsistent_launch_variables():
+    findings = mismatch([rank(0), rank(1, world_size=4, local_rank=0, master_port="29501")], missing=[2, 3])
+    messages = " | ".join(f.message for f in findings)
+    assert "Rank(s) 2, 3 did not report" in messages
+    assert "disagree on WORLD_SIZE" in messages and "share LOCAL_RANK=0" in messages
+    assert "disagree on MASTER_ADDR:MASTER_PORT" in messages
+    assert all(f.severity == Severity.ERROR for f in findings)
+
+
+def test_local_rank_argument_only_when_a_launcher_passed_it():
+    check = [registry.get("local-rank-argument")]
+    assert registry.run_fact_checks(check, "env", EnvFacts(launch=LaunchFacts(rank=0, world_size=2))) == []
+    [f] = registry.run_fact_checks(check, "env", EnvFacts(launch=LaunchFacts(local_rank_arg="--local-rank")))
+    assert "--local-rank=N" in f.message and 'os.environ["LOCAL_RANK"]' in f.fix
+
+
+def test_fold_ranks_says_which_ranks_saw_what():
+    shared = Finding("shm small", fix="f", code="TD111", name="shm-too-small", severity=Severity.WARNING)
+    own = [shared]
+    gpu = Finding("GPU1 hot", fix="f", code="TD114", name="gpu-health", severity=Severity.WARNING,
+                  location=Location(device="GPU1"))
+    others = [rank(0), rank(1, findings=[shared.to_dict(), gpu.to_dict()])]
+    folded = {f.name: f for f in dist.fold_ranks(own, others)}
+    assert folded["shm-too-small"].message == "[all 2 ranks] shm small"
+    assert folded["gpu-health"].message == "[rank 1] GPU1 hot" and folded["gpu-health"].location.rank == 1
+
+
+def test_launch_facts_and_why_ranks_cannot_be_compared():
+    assert dist.launch_facts({}) is None
+    launch = dist.launch_facts({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
+    assert dist.multi_rank_problem(launch) is None
+    assert "MASTER_PORT" in dist.multi_rank_problem(dist.launch_facts({"RANK": "0", "WORLD_SIZE": "2",
+                                                                        "MASTER_ADDR": "h"}))
+    assert "torchrun" in dist.multi_rank_problem(None)
+
+
+def run(cmd, env=None, timeout=120):
+    full_env = {**os.environ, "NO_COLOR": "1", **(env or {})}
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        if env is None or var not in env:
+            full_env.pop(var, None)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_report_once(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                str(free_port()), "-m", "torchdoctor", "env", "--format", "json"]
+    result = run(torchrun)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)  # exactly one JSON document: rank 1 stayed quiet
+    assert sorted(r["rank"] for r in report["facts"]["ranks"]) == [0, 1]
+    assert report["facts"]["missing_ranks"] == []
+    assert [f for f in report["findings"] if f["severity"] != "info"] == []
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_rank_that_never_comes_does_not_hang_rank_0():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    result = run([sys.executable, "-m", "torchdoctor", "env", "--timeout", "4", "--format", "json"], env=env)
+    assert result.returncode == 1, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["facts"]["missing_ranks"] == [1]
+    assert any(f["name"] == "rank-env-mismatch" and "Rank(s) 1 did not report" in f["message"]
+               for f in report["findings"])
+
+
+def test_distributed_flag_without_a_launcher_is_a_usage_error():
+    result = run([sys.executable, "-m", "torchdoctor", "env", "--distributed"])
+    assert result.returncode == 2
+    assert result.stderr.startswith("torchdoctor: error: --distributed: no RANK/WORLD_SIZE")
+    assert result.stderr.count("\n") == 1
