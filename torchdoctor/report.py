@@ -74,15 +74,15 @@ def render_finding(f: Finding) -> RenderableType:
     head = Text.assemble((f" {mark} ", style), (f"{f.code} ", "dim"), (f.name, "bold"))
     if f.count > 1:
         head.append(f"  (×{f.count})", style="dim")
-    parts: list[RenderableType] = [head, Padding(Text(f.message), (0, 0, 0, 5))]
+    parts: list[RenderableType] = [head, Padding(Text(f.message), (0, 0, 0, 5), expand=False)]
     if f.location is not None and str(f.location):
-        parts.append(Padding(Text.assemble(("where: ", "dim"), str(f.location)), (0, 0, 0, 5)))
+        parts.append(Padding(Text.assemble(("where: ", "dim"), str(f.location)), (0, 0, 0, 5), expand=False))
     if f.fix:
         fix_lines = f.fix.splitlines() or [""]
         fix = Text.assemble(("fix: ", "green"), fix_lines[0])
         for line in fix_lines[1:]:
             fix.append("\n     " + line)
-        parts.append(Padding(fix, (0, 0, 0, 5)))
+        parts.append(Padding(fix, (0, 0, 0, 5), expand=False))
     return Group(*parts)
 
 
@@ -103,7 +103,7 @@ def summary_line(report: Report, fail_on: str) -> Text:
         text.append(label, style=style)
     text.append(".")
     if exit_code(report.findings, fail_on):
-        text.append(f" Failing because of findings at or above '{fail_on}'.", style="dim")
+        text.append(f" Exit 1: --fail-on {fail_on}.", style="dim")
     return text
 
 
