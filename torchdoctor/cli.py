@@ -23,18 +23,20 @@ class InputError(click.ClickException):
 
 
 def report_options(func: Optional[Callable[..., Any]] = None, *,
-                   formats: tuple[str, ...] = ("console", "json")) -> Any:
+                   formats: tuple[str, ...] = ("console", "json"),
+                   format_help: str = "Rich console report or one JSON document on stdout.") -> Any:
     """The options every front door shares: --format, --select, --ignore, --fail-on.
 
-    Use bare (`@report_options`) or with the formats a front door adds (`@report_options(formats=...)`).
+    Use bare (`@report_options`) or with the formats a front door adds
+    (`@report_options(formats=..., format_help=...)`).
     Defaults for --select/--ignore/--fail-on come from `[tool.torchdoctor]` in pyproject.toml
     (see `selected_checks` and `emit`).
     """
     if func is None:
-        return functools.partial(report_options, formats=formats)
+        return functools.partial(report_options, formats=formats, format_help=format_help)
 
     @click.option("--format", "fmt", type=click.Choice(list(formats)), default="console",
-                  show_default=True, help="Rich console report or one JSON document on stdout.")
+                  show_default=True, help=format_help)
     @click.option("--select", multiple=True, metavar="NAME|CODE",
                   help="Run only these checks (repeatable or comma-separated).")
     @click.option("--ignore", multiple=True, metavar="NAME|CODE",
@@ -145,7 +147,9 @@ def env(obj: dict[str, Any], fmt: str, select: tuple[str, ...], ignore: tuple[st
 
 
 @cli.command()
-@report_options(formats=("console", "json", "text", "sarif"))
+@report_options(formats=("console", "json", "text", "sarif"),
+                format_help="Rich console report, one JSON document, one `path:line:col: CODE name message` "
+                            "line per finding (text), or SARIF 2.1.0 for code-scanning UIs.")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--exclude", multiple=True, metavar="PATTERN",
               help="Skip files and folders matching this gitignore-style pattern (repeatable).")
@@ -157,8 +161,7 @@ def lint(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: st
          exclude: tuple[str, ...], fix: bool, diff: bool) -> None:
     """Find training-loop pitfalls in Python source (files or folders; default: the current folder).
 
-    --format text prints one `path:line:col: CODE name message` line per finding; sarif is for code-scanning UIs.
-    Silence one line with `# torchdoctor: ignore[name]`.
+    Silence one line with `# torchdoctor: ignore[name]`; project defaults go in `[tool.torchdoctor]`.
     """
     from torchdoctor.lint.command import run_lint
 
@@ -176,8 +179,7 @@ def lint(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: st
 def check_ckpt(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, files: tuple[str, ...],
                model_spec: Optional[str], fix_out: Optional[str], scan_values: bool) -> None:
     """Explain checkpoint FILEs without executing them: structure, safety, keys, devices, size."""
-    from torchdoctor.ckpt.cli import run_check_ckpt
-    from torchdoctor.ckpt.view import facts_view
+    from torchdoctor.ckpt.cli import facts_view, run_check_ckpt
 
     checks = selected_checks(registry.Scope.CHECKPOINT, select, ignore)
     try:

@@ -1,0 +1,79 @@
+"""Deprecated PyTorch APIs in source: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp, distributed.launch."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Iterator, Optional
+
+from torchdoctor.findings import Finding, Severity
+from torchdoctor.lint.flow import literal
+from torchdoctor.lint.source import SourceFile
+from torchdoctor.registry import Scope, check
+
+# qualified name -> (what changed, what to use instead)
+_CALLS = {
+    "torch.autograd.Variable": ("Variable has been a no-op wrapper since PyTorch 0.4; it returns a plain tensor",
+                                "use the tensor itself (`x.requires_grad_()` where gradients are needed)"),
+    "torch.autograd.variable.Variable": ("Variable has been a no-op wrapper since PyTorch 0.4",
+                                         "use the tensor itself"),
+    "torch.set_default_tensor_type": ("torch.set_default_tensor_type is deprecated since PyTorch 2.1",
+                                      "torch.set_default_dtype(torch.float64) and/or torch.set_default_device('cuda')"),
+    "torch.cuda.amp.autocast": ("torch.cuda.amp.autocast is deprecated since PyTorch 2.4",
+                                'torch.amp.autocast("cuda", ...)'),
+    "torch.cuda.amp.GradScaler": ("torch.cuda.amp.GradScaler is deprecated since PyTorch 2.4",
+                                  'torch.amp.GradScaler("cuda", ...)'),
+}
+_LAUNCH = "torch.distributed.launch"
+# Calls that run a command line: only their arguments can launch `python -m torch.distributed.launch`.
+_PROCESS_STARTERS = ("subprocess.", "os.system", "os.popen", "os.exec", "os.spawn", "asyncio.create_subprocess")
+_MENTIONS = re.compile(r"Variable|set_default_tensor_type|\bamp\b|torch\.distributed\.launch")
+
+
+@check(code="TD506", name="deprecated-api", scope=Scope.SOURCE, severity="info",
+       summary="Deprecated PyTorch APIs: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp, torch.distributed.launch.")
+def deprecated_api(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or not _MENTIONS.search(src.text):
+        return
+    launch_text = f"-m {_LAUNCH}" in src.text or f'"{_LAUNCH}"' in src.text or f"'{_LAUNCH}'" in src.text
+    for call in src.index.all_calls():
+        known = _CALLS.get(call.qualname)
+        if known is not None:
+            volatile = call.kwarg("volatile")
+            if volatile is not None and literal(volatile) is not False:
+                yield Finding(
+                    f"`{src.snippet(call.node)}`: volatile=True has had no effect since PyTorch 0.4, so this "
+                    "inference records a full autograd graph.",
+                    fix="Run inference under `with torch.no_grad():` and drop Variable(..., volatile=True).",
+                    location=src.location(call.node), severity=Severity.WARNING)
+                continue
+            yield Finding(f"`{src.snippet(call.node)}`: {known[0]}.", fix=f"Use {known[1]}.",
+                          location=src.location(call.node))
+        elif call.qualname.startswith("apex.amp."):
+            yield Finding(
+                f"`{src.snippet(call.node)}`: NVIDIA apex.amp is deprecated and unmaintained; its features are in "
+                "PyTorch itself.",
+                fix='Use torch.amp: `with torch.autocast("cuda"):` for the forward and '
+                    '`scaler = torch.amp.GradScaler("cuda")` around backward/step.',
+                location=src.location(call.node), severity=Severity.WARNING)
+        elif launch_text and call.qualname.startswith(_PROCESS_STARTERS):
+            command = _launch_command(call.node)
+            if command is not None:
+                yield Finding(
+                    f"`{src.snippet(call.node)}` starts `python -m {_LAUNCH}`, which is deprecated in favour of "
+                    "torchrun (and passes --local-rank, not --local_rank, since 2.0).",
+                    fix='Launch with `torchrun --nproc_per_node=N train.py` and read int(os.environ["LOCAL_RANK"]).',
+                    location=src.location(command))
+
+
+def _launch_command(call: ast.Call) -> Optional[ast.AST]:
+    """The string of a command line in the call's arguments that runs `-m torch.distributed.launch`."""
+    for arg in call.args:
+        for node in ast.walk(arg):
+            if isinstance(node, (ast.List, ast.Tuple)):
+                words = [literal(e) for e in node.elts]
+                for i in range(1, len(words)):
+                    if words[i] == _LAUNCH and words[i - 1] == "-m":
+                        return node.elts[i]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and f"-m {_LAUNCH}" in node.value:
+                return node
+    return None

@@ -1,0 +1,142 @@
+"""Data and device rules in source: shuffle with a sampler, samplers never re-seeded, `.to()` results thrown away."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Iterator, Optional
+
+from torchdoctor.findings import Finding
+from torchdoctor.lint.flow import TENSOR_FACTORIES, iter_names, literal, qualname
+from torchdoctor.lint.index import Binding, CallSite, FunctionScope, ModuleIndex, last, ref
+from torchdoctor.lint.source import SourceFile
+from torchdoctor.registry import Scope, check
+
+
+def _is_loader_call(call: CallSite) -> bool:
+    return last(call.qualname).endswith("DataLoader")
+
+
+@check(code="TD502", name="shuffle-with-sampler", scope=Scope.SOURCE, severity="error",
+       summary="DataLoader(shuffle=True) with a sampler or batch_sampler: PyTorch raises 'sampler option is mutually exclusive with shuffle'.")
+def shuffle_with_sampler(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or "shuffle" not in src.text or "ampler" not in src.text:
+        return
+    for call in src.index.all_calls():
+        if not _is_loader_call(call) or literal(call.kwarg("shuffle")) is not True:
+            continue
+        for option in ("sampler", "batch_sampler"):
+            value = call.kwarg(option)
+            if value is not None and literal(value) is not None:
+                yield Finding(
+                    f"`{src.snippet(call.node)}` passes shuffle=True together with {option}=: DataLoader raises "
+                    f"'{option} option is mutually exclusive with shuffle'. The sampler decides the order.",
+                    fix=f"Drop shuffle=True and let the sampler shuffle (DistributedSampler(dataset, shuffle=True)), "
+                        f"e.g. `DataLoader(dataset, {option}=..., shuffle=False)`.",
+                    location=src.location(call.node),
+                )
+                break
+
+
+def _samplers(index: ModuleIndex) -> Iterator[tuple[FunctionScope, CallSite, Optional[str]]]:
+    """DistributedSampler(...) calls that shuffle, with the name they are bound to (None when inline)."""
+    for scope in index.scopes:
+        bound = {id(b.value): b.target for b in scope.bindings if isinstance(b.value, ast.Call)}
+        for call in scope.calls:
+            if last(call.qualname).endswith("DistributedSampler") and literal(call.kwarg("shuffle")) is not False:
+                yield scope, call, bound.get(id(call.node))
+
+
+def _loaders_of(scope: FunctionScope, sampler: CallSite, name: Optional[str]) -> list[str]:
+    """Names of the DataLoaders fed by this sampler (passed by name or built inline)."""
+    out = []
+    for b in scope.bindings:
+        if isinstance(b.value, ast.Call) and last(ref(b.value.func) or "").endswith("DataLoader"):
+            for kw in b.value.keywords:
+                if kw.arg in ("sampler", "batch_sampler") and (
+                        kw.value is sampler.node or name is not None and ref(kw.value) == name):
+                    out.append(b.target)
+    return out
+
+
+def _epoch_loop_line(scope: FunctionScope, loader: str) -> Optional[int]:
+    """Line of a loop that goes over `loader` more than once (a nested loop, or a call passing it inside a loop)."""
+    for loop in scope.loops:
+        node = loop.node
+        if isinstance(node, (ast.For, ast.AsyncFor)) and loader in iter_names(node.iter) and loop.parent is not None:
+            return loop.parent.node.lineno
+    for call in scope.calls:
+        if call.loop is not None and any(ref(a) == loader for a in call.node.args) and not _is_loader_call(call):
+            return call.loop.node.lineno
+    return None
+
+
+@check(code="TD311", name="sampler-epoch-not-set", scope=Scope.SOURCE, severity="warning",
+       summary="A DistributedSampler is used for several epochs without set_epoch(epoch): every epoch sees the same order.")
+def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or "DistributedSampler" not in src.text:
+        return
+    index = src.index
+    if any(c.attr == "set_epoch" for c in index.all_calls()):
+        return
+    elsewhere = src.project.files_calling_set_epoch - {src.path}
+    if elsewhere:
+        return  # the project calls set_epoch in another module; the runtime check confirms it per epoch
+    for scope, sampler, name in _samplers(index):
+        for loader in _loaders_of(scope, sampler, name):
+            line = _epoch_loop_line(scope, loader)
+            if line is None:
+                continue
+            yield Finding(
+                f"`{src.snippet(sampler.node)}` feeds `{loader}`, which is read once per epoch (loop at line {line}), "
+                "but set_epoch is never called in the linted files: DistributedSampler seeds its shuffle with the "
+                "epoch, so every epoch sees the same order.",
+                fix=f"At the start of every epoch call `{name or loader + '.sampler'}.set_epoch(epoch)`.",
+                location=src.location(sampler.node),
+            )
+            break
+
+
+_MOVES = frozenset({"to", "cuda", "cpu", "float", "half", "double", "long", "int", "bfloat16", "bool",
+                    "contiguous", "pin_memory"})
+_MOVE_STATEMENT = re.compile(rf"^[ \t]*[A-Za-z_]\w*\.(?:{'|'.join(sorted(_MOVES))})\(", re.MULTILINE)
+
+
+def _is_tensor(binding: Binding, index: ModuleIndex) -> bool:
+    value = binding.value
+    if isinstance(binding.node, ast.arg):
+        ann = binding.node.annotation
+        return ann is not None and last(ref(ann) or "") == "Tensor"
+    if isinstance(binding.node, (ast.For, ast.AsyncFor)):
+        target = binding.node.target
+        elements = target.elts if isinstance(target, ast.Tuple) else []
+        if isinstance(target, ast.Tuple) and len(elements) == 2 and isinstance(elements[1], ast.Tuple):
+            elements = elements[1].elts  # for i, (x, y) in enumerate(loader)
+        names = {ref(e) for e in elements}
+        iterable = binding.node.iter
+        if isinstance(iterable, ast.Call) and last(ref(iterable.func)) == "zip":
+            return False  # zip(loader_a, loader_b) unpacks whole batches, which may move in place
+        return binding.target in names and any("loader" in n.lower() for n in iter_names(iterable))
+    if isinstance(value, ast.Call):
+        qual = qualname(value.func, index)
+        return qual.startswith("torch.") and last(qual) in TENSOR_FACTORIES
+    return False
+
+
+@check(code="TD501", name="to-result-discarded", scope=Scope.SOURCE, severity="error",
+       summary="`tensor.to(device)` (or .cuda(), .float(), ...) as a statement: tensors are not moved in place, the result is lost.")
+def to_result_discarded(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or not _MOVE_STATEMENT.search(src.text):
+        return
+    index = src.index
+    for scope in index.scopes:
+        for call in scope.calls:
+            if not call.discarded or call.attr not in _MOVES or not call.receiver or "." in call.receiver:
+                continue
+            bindings = [b for b in scope.bindings if b.target == call.receiver and b.pos <= call.pos]
+            if bindings and all(_is_tensor(b, index) for b in bindings):
+                yield Finding(
+                    f"`{src.snippet(call.node)}` throws its result away: unlike a module's .to(), a tensor's "
+                    f".{call.attr}() returns a new tensor and leaves `{call.receiver}` where it was.",
+                    fix=f"{call.receiver} = {src.segment(call.node)}",
+                    location=src.location(call.node),
+                )

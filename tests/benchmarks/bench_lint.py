@@ -1,0 +1,291 @@
+"""Benchmark `torchdoctor lint` on a generated corpus of training scripts, against TorchFix on the same files.
+
+Run:  pip install torchfix   # benchmark-only dependency
+      python tests/benchmarks/bench_lint.py [--files 1200] [--torchfix-sample 60]
+
+The corpus mixes classifier, GAN, fine-tuning, DDP, gradient-accumulation, RNN, Lightning and evaluation
+scripts (40-150 lines each, some with planted pitfalls). Throughput is measured in files per second:
+torchdoctor in-process and through its CLI on the whole corpus, TorchFix through its CLI (`--select ALL`,
+default jobs) on a random sample of the same corpus, since it needs minutes for the whole of it.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEADER = """import argparse
+import os
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+"""
+
+MODEL = """
+
+class {cls}(nn.Module):
+    def __init__(self, in_dim={d}, hidden={h}, classes={c}):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(in_dim, hidden),
+            nn.ReLU(),
+            nn.Dropout({p}),
+            nn.Linear(hidden, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(),
+        )
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return self.head(self.net(x.flatten(1)))
+"""
+
+DATASET = """
+
+class {cls}Data(Dataset):
+    def __init__(self, n={n}, dim={d}):
+        self.x = torch.randn(n, dim)
+        self.y = torch.randint(0, {c}, (n,))
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+"""
+
+TRAIN = """
+
+def train_one_epoch(model, loader, optimizer, criterion, device, log_every={k}):
+    model.train()
+    running = 0.0
+    for step, (inputs, targets) in enumerate(loader):
+        inputs, targets = inputs.to(device), targets.to(device)
+        {zero}
+        outputs = model(inputs)
+        loss = criterion(outputs, targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), {clip})
+        optimizer.step()
+        running += {acc}
+        if step % log_every == 0:
+            print(f"step {{step}} loss {{loss.item():.4f}}")
+    return running / max(1, len(loader))
+"""
+
+EVALUATE = """
+
+{deco}def evaluate(model, loader, device):
+    model.eval()
+    correct, total = 0, 0
+    for inputs, targets in loader:
+        inputs, targets = inputs.to(device), targets.to(device)
+        preds = model(inputs).argmax(dim=1)
+        correct += (preds == targets).sum().item()
+        total += targets.numel()
+    return correct / max(1, total)
+"""
+
+ACCUM = """
+
+def train_accumulated(model, loader, optimizer, scaler, accum={k}):
+    optimizer.zero_grad(set_to_none=True)
+    for i, (x, y) in enumerate(loader):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y) / accum
+        scaler.scale(loss).backward()
+        if (i + 1) % accum == 0:
+            scaler.step(optimizer)
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+"""
+
+GAN = """
+
+def train_gan(netG, netD, loader, epochs={e}, nz={nz}):
+    optD = torch.optim.Adam(netD.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    optG = torch.optim.Adam(netG.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    bce = nn.BCEWithLogitsLoss()
+    for epoch in range(epochs):
+        for real, _ in loader:
+            optD.zero_grad()
+            noise = torch.randn(real.size(0), nz)
+            fake = netG(noise)
+            lossD = bce(netD(real), torch.ones(real.size(0), 1)) + bce(netD(fake.detach()), torch.zeros(real.size(0), 1))
+            lossD.backward()
+            optD.step()
+            {gzero}
+            lossG = bce(netD(fake), torch.ones(real.size(0), 1))
+            lossG.backward()
+            optG.step()
+"""
+
+LIGHTNING = """
+
+class Lit{cls}:
+    def __init__(self, model, lr={lr}):
+        self.model = model
+        self.lr = lr
+        self.epoch_loss = 0.0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.cross_entropy(self.model(x), y)
+        self.epoch_loss += {acc}
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.model.parameters(), lr=self.lr)
+"""
+
+MAIN = """
+
+def main():
+    parser = argparse.ArgumentParser(description="{desc}")
+    parser.add_argument("--epochs", type=int, default={e})
+    parser.add_argument("--lr", type=float, default={lr})
+    parser.add_argument("--batch-size", type=int, default={bs})
+    {rank}
+    args = parser.parse_args()
+    torch.manual_seed({seed})
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    data = {cls}Data()
+    loader = DataLoader(data, batch_size=args.batch_size, shuffle=True, num_workers={w})
+    model = {cls}().to(device)
+    optimizer = torch.optim.{opt}(model.parameters(), lr=args.lr)
+    criterion = nn.CrossEntropyLoss()
+    {resume}
+    for epoch in range(args.epochs):
+        loss = train_one_epoch(model, loader, optimizer, criterion, device)
+        acc = evaluate(model, loader, device)
+        print(f"epoch {{epoch}}: loss {{loss:.3f}} acc {{acc:.3f}}")
+    torch.save(model.state_dict(), "{cls}.pt")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def script(rng: random.Random, i: int) -> str:
+    """One realistic training script; about one in five carries a planted pitfall."""
+    cls = rng.choice(["Net", "MLP", "Classifier", "TabularNet", "Encoder"]) + str(i)
+    planted = rng.random() < 0.2
+    parts = [HEADER, MODEL.format(cls=cls, d=rng.choice([32, 64, 784]), h=rng.choice([128, 256]), c=10,
+                                  p=rng.choice([0.1, 0.2, 0.5])),
+             DATASET.format(cls=cls, n=rng.choice([512, 1024]), d=rng.choice([32, 64, 784]), c=10)]
+    parts.append(TRAIN.format(k=rng.choice([10, 50]), clip=rng.choice([1.0, 5.0]),
+                              zero="" if planted and rng.random() < 0.5 else "optimizer.zero_grad(set_to_none=True)",
+                              acc="loss" if planted and rng.random() < 0.5 else "loss.item()"))
+    parts.append(EVALUATE.format(deco="" if planted else "@torch.no_grad()\n"))
+    for extra in rng.sample([ACCUM, GAN, LIGHTNING], k=rng.randint(0, 2)):
+        parts.append(extra.format(k=rng.choice([2, 4, 8]), e=rng.choice([5, 25]), nz=rng.choice([64, 100]),
+                                  gzero="optG.zero_grad()" if not planted else "", cls=cls, lr=1e-3,
+                                  acc="loss.detach()" if not planted else "loss"))
+    parts.append(MAIN.format(desc=f"train {cls}", e=rng.choice([10, 30]), lr=rng.choice([1e-3, 3e-4]),
+                             bs=rng.choice([32, 64, 128]), seed=i, cls=cls, w=rng.choice([0, 2, 4]),
+                             opt=rng.choice(["SGD", "Adam", "AdamW"]),
+                             rank='parser.add_argument("--local_rank", type=int, default=0)' if planted else "",
+                             resume='optimizer.load_state_dict(torch.load("opt.pt"))' if rng.random() < 0.3 else ""))
+    return "".join(parts)
+
+
+def make_corpus(root: Path, count: int, seed: int = 0) -> list[Path]:
+    rng = random.Random(seed)
+    paths = []
+    for i in range(count):
+        path = root / f"project{i % 20}" / f"train_{i}.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(script(rng, i), encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def run_cli(cmd: list[str]) -> tuple[float, float, subprocess.CompletedProcess]:
+    """Wall seconds, CPU seconds (the command and every process it waited for) and the result of `cmd`."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
+
+
+def measured(fn) -> tuple[float, float]:
+    """Best wall and CPU seconds of `fn` over three runs in this process."""
+    runs = []
+    for _ in range(3):
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        runs.append((time.perf_counter() - wall, time.process_time() - cpu))
+    return min(r[0] for r in runs), min(r[1] for r in runs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", type=int, default=1200)
+    parser.add_argument("--torchfix-sample", type=int, default=60)
+    args = parser.parse_args()
+
+    from torchdoctor import registry
+    from torchdoctor.lint.runner import lint_paths, usable_cpus
+
+    root = Path(tempfile.mkdtemp(prefix="td-lint-bench-"))
+    try:
+        paths = make_corpus(root / "corpus", args.files)
+        texts = [p.read_text() for p in paths]
+        lines = sum(t.count("\n") for t in texts)
+        n = len(paths)
+        print(f"corpus: {n} files, {lines} lines ({lines / n:.0f} lines/file); {usable_cpus()} CPUs")
+        checks = registry.all_checks(registry.Scope.SOURCE)
+        corpus = [str(root / "corpus")]
+        lint_cmd = [sys.executable, "-m", "torchdoctor", "lint", "--format", "text", "--fail-on", "never"]
+
+        wall, cpu, proc = run_cli(lint_cmd + corpus)
+        ours_cli = n / wall
+        print(f"torchdoctor lint CLI (start-up included): {wall:.2f} s wall = {ours_cli:.0f} files/s; "
+              f"{n / cpu:.0f} files per CPU-second; {len(proc.stdout.splitlines())} findings")
+        wall, _ = measured(lambda: lint_paths(corpus, checks))
+        print(f"torchdoctor lint in-process, {usable_cpus()} workers: {n / wall:.0f} files/s, {lines / wall:.0f} lines/s")
+        wall, cpu = measured(lambda: lint_paths(corpus, checks, jobs=1))
+        ours_cpu = n / cpu
+        print(f"torchdoctor lint in-process, one process: {n / wall:.0f} files/s; {ours_cpu:.0f} files per CPU-second")
+        _, cpu = measured(lambda: [ast.parse(t) for t in texts])
+        print(f"ast.parse alone: {n / cpu:.0f} files per CPU-second (the ceiling of any ast-based linter here)")
+
+        torchfix = shutil.which("torchfix")
+        if torchfix is None:
+            print("torchfix is not installed (pip install torchfix): no baseline")
+            return
+        sample = random.Random(1).sample(paths, min(args.torchfix_sample, n))
+        sample_dir = root / "sample"
+        for p in sample:
+            target = sample_dir / p.parent.name / p.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(p, target)
+        tf_wall, tf_cpu, tf_proc = run_cli([torchfix, "--select", "ALL", str(sample_dir)])
+        tf_findings = sum(1 for line in tf_proc.stdout.splitlines() if ": TOR" in line)
+        theirs, theirs_cpu = len(sample) / tf_wall, len(sample) / tf_cpu
+        print(f"torchfix --select ALL CLI on a {len(sample)}-file sample: {tf_wall:.1f} s wall = {theirs:.2f} files/s; "
+              f"{theirs_cpu:.2f} files per CPU-second; {tf_findings} findings")
+        wall, cpu, _ = run_cli(lint_cmd + [str(sample_dir)])
+        print(f"torchdoctor lint CLI on the same sample: {wall:.2f} s wall, {cpu:.2f} CPU-s "
+              f"({tf_wall / wall:.0f}x faster wall, {tf_cpu / cpu:.0f}x less CPU, start-up included)")
+        print(f"throughput ratio: {ours_cli / theirs:.0f}x TorchFix (files/s, CLI, wall); "
+              f"{ours_cpu / theirs_cpu:.0f}x (files per CPU-second)")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

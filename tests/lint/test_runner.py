@@ -1,0 +1,48 @@
+"""The lint engine: worker processes give the same findings as a serial run; a crashing check is contained."""
+import textwrap
+
+from torchdoctor import registry
+from torchdoctor.findings import Severity
+from torchdoctor.lint.runner import check_source, lint_paths, read_source
+
+LEAKY = textwrap.dedent("""
+    def train(model, loader, optimizer, criterion):
+        total = 0
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss
+        return total
+""")
+
+
+def test_workers_find_what_a_serial_run_finds(tmp_path):
+    for i in range(220):
+        (tmp_path / f"t{i}.py").write_text(LEAKY if i % 2 else "x = 1\n", encoding="utf-8")
+    checks = registry.all_checks(registry.Scope.SOURCE)
+    serial = lint_paths([str(tmp_path)], checks, cwd=str(tmp_path), jobs=1)
+    parallel = lint_paths([str(tmp_path)], checks, cwd=str(tmp_path), jobs=2)
+    assert len(serial.findings) == 220 and serial.findings == parallel.findings
+
+
+def test_a_crashing_check_becomes_one_finding_for_that_file(tmp_path):
+    path = tmp_path / "t.py"
+    path.write_text(LEAKY, encoding="utf-8")
+
+    def broken(src):
+        raise RuntimeError("boom")
+
+    info = registry.CheckInfo(code="TD999", name="broken-check", severity=Severity.ERROR, summary="x",
+                              impls={registry.Scope.SOURCE: broken})
+    [f] = check_source(read_source(str(path), "t.py"), [info])
+    assert "boom" in f.message and f.location.file == "t.py" and f.severity == Severity.INFO
+
+
+def test_columns_count_characters_in_crlf_files(tmp_path):
+    path = tmp_path / "t.py"
+    path.write_bytes("for x, y in loader:\r\n    loss = crit(model(x), y)\r\n    loss.backward()\r\n"
+                     "    é = 1; optimizer.step()  # torchdoctor: ignore[graph-retention-leak]\r\n".encode("utf-8"))
+    [f] = check_source(read_source(str(path), "t.py"), registry.all_checks(registry.Scope.SOURCE))
+    assert (f.name, f.location.line, f.location.column) == ("missing-zero-grad", 4, 12)
+    assert f.message.startswith("`optimizer.step()`")

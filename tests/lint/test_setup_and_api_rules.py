@@ -1,0 +1,119 @@
+"""local-rank-argument, nondeterministic-settings, unsafe-torch-load, prefix-strip-by-slicing, deprecated-api."""
+import pytest
+
+from torchdoctor.findings import Severity
+
+
+def test_local_rank_only_fires(lint, fired):
+    code = """
+    import argparse
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--local_rank", type=int, default=-1)
+    args = parser.parse_args()
+    """
+    [f] = fired(lint(code), "local-rank-argument")
+    assert f.code == "TD406" and f.location.line == 4 and f.edits
+
+
+@pytest.mark.parametrize("code", [
+    'parser.add_argument("--local_rank", "--local-rank", type=int)\n',
+    'parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))\n',
+    '# we used to take --local_rank\nlocal_rank = int(os.environ["LOCAL_RANK"])\n',
+])
+def test_local_rank_handled_is_quiet(lint, code):
+    assert lint(code) == []
+
+
+def test_benchmark_with_determinism_fires(lint, fired):
+    code = """
+    import torch
+    torch.manual_seed(0)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = True
+    """
+    [f] = fired(lint(code), "nondeterministic-settings")
+    assert f.code == "TD310" and f.severity == Severity.WARNING and f.location.line == 5
+
+
+def test_benchmark_in_the_other_branch_is_quiet(lint):
+    code = """
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+    else:
+        torch.backends.cudnn.benchmark = True
+    """
+    assert lint(code) == []
+
+
+def test_torch_load_weights_only_false_is_a_warning(lint, fired):
+    [f] = fired(lint('import torch\nckpt = torch.load("x.pt", weights_only=False)\n'), "unsafe-torch-load")
+    assert f.code == "TD503" and f.severity == Severity.WARNING
+
+
+def test_torch_load_without_weights_only_is_a_note_fixable_only_for_state_dicts(lint, fired):
+    code = """
+    import torch
+    model.load_state_dict(torch.load("a.pt"))
+    sd = torch.load("b.pt", map_location="cpu")
+    model.load_state_dict(sd["model"])
+    other = torch.load("c.pt")
+    print(other.epoch)
+    """
+    found = fired(lint(code), "unsafe-torch-load")
+    assert [f.severity for f in found] == [Severity.INFO] * 3
+    assert [bool(f.edits) for f in found] == [True, True, False]
+
+
+def test_torch_load_with_weights_only_true_is_quiet(lint):
+    assert lint('import torch\nsd = torch.load("x.pt", weights_only=True)\n') == []
+
+
+def test_prefix_slicing_fires(lint, fired):
+    code = """
+    import torch
+    from collections import OrderedDict
+    ckpt = torch.load("dp.pt", weights_only=True)
+    state = {k[7:]: v for k, v in ckpt.items()}
+    fixed = OrderedDict()
+    for k, v in ckpt["model"].items():
+        name = k[len("module."):]
+        fixed[name] = v
+    """
+    found = fired(lint(code), "prefix-strip-by-slicing")
+    assert [f.location.line for f in found] == [5, 8] and "'module.'" in found[0].message
+    assert found[0].edits and found[1].edits
+    # the loop variable is read after the loop: rewriting the loop away would leave it unbound
+    assert not fired(lint(code + "print(name)\n"), "prefix-strip-by-slicing")[1].edits
+
+
+@pytest.mark.parametrize("code", [
+    "state = {(k[7:] if k.startswith('module.') else k): v for k, v in sd.items()}\n",
+    "state = {k.replace('module.', '', 1): v for k, v in sd.items()}\n",
+    "names = [n[3:] for n in files]\n",
+    "state = {k[8:]: v for k, v in sd.items()}\n",
+])
+def test_prefix_look_alikes_are_quiet(lint, code):
+    assert lint(code) == []
+
+
+def test_deprecated_apis_fire_with_resolved_imports(lint, fired):
+    code = """
+    import torch
+    from torch.autograd import Variable
+    from apex import amp
+    x = Variable(images)
+    y = Variable(images, volatile=True)
+    torch.set_default_tensor_type(torch.cuda.FloatTensor)
+    scaler = torch.cuda.amp.GradScaler()
+    model, optimizer = amp.initialize(model, optimizer, opt_level="O1")
+    subprocess.run(["python", "-m", "torch.distributed.launch", "--nproc_per_node=2", "train.py"])
+    """
+    found = fired(lint(code), "deprecated-api")
+    assert [f.location.line for f in found] == [5, 6, 7, 8, 9, 10]
+    assert found[1].severity == Severity.WARNING and "volatile" in found[1].message
+
+
+def test_local_class_named_variable_is_quiet(lint):
+    code = ('"""Do not use torch.distributed.launch."""\nclass Variable:\n    pass\nv = Variable()\n'
+            'warnings.warn("python -m torch.distributed.launch is deprecated, use torchrun")\n')
+    assert lint(code) == []

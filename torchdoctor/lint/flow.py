@@ -1,0 +1,163 @@
+"""What names hold (optimizers, models, tensors, loaders) and where values flow, inside one function.
+
+Every question here answers "yes" only when the code shows it; an unknown is a "no", so that the
+rules built on top stay quiet when they cannot decide.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Iterable, Iterator, Optional
+
+from torchdoctor.lint.index import CallSite, FunctionScope, Loop, ModuleIndex, last, ref
+
+OPTIMIZER_CLASSES = frozenset({
+    "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "Adafactor", "ASGD", "LBFGS", "NAdam", "RAdam",
+    "RMSprop", "Rprop", "SparseAdam", "Lion", "LAMB", "Lamb", "FusedAdam", "FusedLAMB", "AdamW8bit", "Adam8bit",
+})
+_OPTIMIZER_NAME = re.compile(r"^(optim|optimi[sz]er|opt)(_?[A-Za-z0-9]+)?$|^[A-Za-z0-9]+_(optim|optimi[sz]er|opt)$", re.I)
+TENSOR_FACTORIES = frozenset({
+    "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
+    "linspace", "logspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
+    "stack", "cat", "Tensor", "FloatTensor", "LongTensor",
+})
+# Calls and attributes through which a value leaves autograd (its history is not kept).
+_DETACHING_METHODS = frozenset({"item", "detach", "tolist", "numpy", "detach_"})
+_DETACHING_FUNCTIONS = frozenset({"float", "int", "bool", "len", "round", "str", "repr", "format", "isinstance"})
+
+
+def is_optimizer_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
+    """`torch.optim.Adam(...)`, `optim.SGD(...)`, `self.optimizers()` (Lightning) and the like."""
+    if not isinstance(value, ast.Call):
+        if isinstance(value, ast.Subscript):
+            return is_optimizer_ctor(value.value, index)
+        return False
+    func = value.func
+    if isinstance(func, ast.Attribute) and func.attr == "optimizers":
+        return True
+    qual = qualname(func, index)
+    return last(qual) in OPTIMIZER_CLASSES or qual.startswith("torch.optim.") and last(qual)[:1].isupper()
+
+
+def is_optimizer(key: Optional[str], scope: FunctionScope, index: ModuleIndex) -> bool:
+    """`key` was bound to an optimizer in this function or as an attribute anywhere, or is named like one."""
+    if key is None:
+        return False
+    name = key.rsplit(".", 1)[-1]
+    if "sched" in name.lower():
+        return False
+    if _OPTIMIZER_NAME.match(name):
+        return True
+    candidates = scope.bindings_of(key) if "." not in key else [b for s in index.scopes for b in s.bindings_of(key)]
+    return any(is_optimizer_ctor(b.value, index) for b in candidates)
+
+
+def qualname(func: ast.expr, index: ModuleIndex) -> str:
+    """The dotted name of a callee with import aliases resolved (`nn.Linear` -> `torch.nn.Linear`)."""
+    parts: list[str] = []
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        parts.append(index.aliases.get(func.id, func.id))
+    return ".".join(reversed(parts))
+
+
+def is_module_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
+    """A call that builds a new `nn.Module`/`nn.Parameter`: `nn.Linear(...)`, a local Module subclass, torchvision models."""
+    if not isinstance(value, ast.Call):
+        return False
+    qual = qualname(value.func, index)
+    name = last(qual)
+    if qual.startswith(("torch.nn.", "torchvision.models.", "timm.create_model")) and (name[:1].isupper() or "models" in qual):
+        return not qual.startswith("torch.nn.functional.")
+    bases = index.classes.get(qual)
+    return bases is not None and any(b.endswith("Module") for b in bases)
+
+
+def graph_refs(expr: Optional[ast.AST]) -> set[str]:
+    """Names read by `expr` outside `.item()`/`.detach()`/`float()`/`.data`: the values whose history it keeps."""
+    out: set[str] = set()
+    stack = [expr] if expr is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Attribute) and func.attr in _DETACHING_METHODS:
+                continue
+            if isinstance(func, ast.Name) and func.id in _DETACHING_FUNCTIONS:
+                continue
+        elif isinstance(node, ast.Attribute):
+            if node.attr in ("data", "shape", "grad", "device", "dtype"):
+                continue
+            key = ref(node)
+            if key is not None:
+                out.add(key)
+        elif isinstance(node, ast.Name):
+            out.add(node.id)
+            continue
+        elif isinstance(node, (ast.Lambda, ast.JoinedStr)):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def backward_targets(call: CallSite) -> list[ast.expr]:
+    """The expressions a backward call differentiates: `loss` in `loss.backward()`, `scaler.scale(loss).backward()`,
+    `self.manual_backward(loss)`, `accelerator.backward(loss)`, `torch.autograd.backward(loss)`."""
+    func = call.node.func
+    if isinstance(func, ast.Attribute):
+        return [func.value, *call.node.args[:1]]
+    return list(call.node.args[:1])
+
+
+def is_backward(call: CallSite) -> bool:
+    if call.attr == "manual_backward":
+        return True
+    if call.attr != "backward":
+        return False
+    return "dist_autograd" not in call.qualname and "distributed.autograd" not in call.qualname
+
+
+def backprop_names(scope: FunctionScope) -> set[str]:
+    """Names whose value reaches a backward call in `scope` (directly or through assignments)."""
+    names: set[str] = set()
+    for call in scope.calls:
+        if is_backward(call):
+            for target in backward_targets(call):
+                names |= graph_refs(target)
+    if scope.class_name and getattr(scope.node, "name", "") == "training_step":
+        for ret in scope.returns:
+            names |= graph_refs(ret.value)
+    changed = True
+    while changed:
+        changed = False
+        for b in scope.bindings:
+            if b.target in names and b.value is not None:
+                new = graph_refs(b.value) - names
+                if new:
+                    names |= new
+                    changed = True
+    return names
+
+
+def calls_in(scope: FunctionScope, loop: Loop) -> Iterator[CallSite]:
+    """Calls of `scope` inside `loop` (at any depth)."""
+    return (c for c in scope.calls if loop.encloses(c.loop))
+
+
+def inner_scopes(index: ModuleIndex, loop: Loop) -> Iterator[FunctionScope]:
+    """Functions (closures) defined inside `loop`."""
+    return (s for s in index.scopes if s.outer_loop is not None and loop.encloses(s.outer_loop))
+
+
+def literal(expr: Optional[ast.expr]) -> object:
+    """The value of a constant expression, or `...` (Ellipsis) when it is not a literal."""
+    if isinstance(expr, ast.Constant):
+        return expr.value
+    return ...
+
+
+def iter_names(iterable: ast.expr) -> Iterable[str]:
+    """Keys read by a loop's iterable: `loader` in `enumerate(tqdm(loader))`."""
+    return (k for k in (ref(n) for n in ast.walk(iterable) if isinstance(n, (ast.Name, ast.Attribute))) if k)

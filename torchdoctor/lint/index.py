@@ -1,0 +1,317 @@
+"""One pass over a module's `ast` that records, per function, the calls, assignments and loops.
+
+Every record carries its context (enclosing loops, whether autograd is off there, source position),
+which is all the intra-procedural data flow the lint rules need: statement order inside a function
+or loop body, and which names were bound to what.
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+Pos = tuple  # (line, col): source order stands in for statement order inside one function
+
+_GRAD_OFF = ("no_grad", "inference_mode")
+
+
+def ref(node: ast.AST) -> Optional[str]:
+    """A stable key for a name, an attribute chain or a constant subscript (`self.opt`, `opts['g']`)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = ref(node.value)
+        return f"{base}.{node.attr}" if base is not None else None
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        base = ref(node.value)
+        return f"{base}[{node.slice.value!r}]" if base is not None else None
+    return None
+
+
+def last(dotted: Optional[str]) -> str:
+    """The last segment of a dotted name (`torch.optim.SGD` -> `SGD`)."""
+    return dotted.rsplit(".", 1)[-1] if dotted else ""
+
+
+@dataclass
+class Loop:
+    """A `for`/`while` loop (or a framework step method that runs once per batch)."""
+
+    node: ast.AST
+    parent: Optional["Loop"]
+
+    def encloses(self, other: Optional["Loop"]) -> bool:
+        while other is not None:
+            if other is self:
+                return True
+            other = other.parent
+        return False
+
+
+@dataclass
+class CallSite:
+    """A call with its context: `qualname` resolves import aliases (`nn.Linear` -> `torch.nn.Linear`)."""
+
+    node: ast.Call
+    qualname: str
+    attr: str
+    receiver: Optional[str]
+    loop: Optional[Loop]
+    grad_off: bool
+    pos: Pos
+    discarded: bool = False  # the call is a whole expression statement: its result is thrown away
+
+    def kwarg(self, name: str) -> Optional[ast.expr]:
+        for kw in self.node.keywords:
+            if kw.arg == name:
+                return kw.value
+        return None
+
+    @property
+    def has_star_kwargs(self) -> bool:
+        return any(kw.arg is None for kw in self.node.keywords)
+
+
+@dataclass
+class Binding:
+    """`target = value` (also `target += value`, `for target in ...` and `with ... as target`)."""
+
+    target: str
+    value: Optional[ast.expr]
+    node: ast.AST
+    loop: Optional[Loop]
+    grad_off: bool
+    pos: Pos
+    augmented: bool = False
+
+
+@dataclass
+class FunctionScope:
+    """A function body (or the module body): its calls, bindings and loops in source order."""
+
+    node: ast.AST
+    name: str
+    class_name: Optional[str] = None
+    grad_off: bool = False
+    outer_loop: Optional[Loop] = None  # the loop a nested function (a closure) is defined in
+    calls: list[CallSite] = field(default_factory=list)
+    bindings: list[Binding] = field(default_factory=list)
+    loops: list[Loop] = field(default_factory=list)
+    returns: list[ast.Return] = field(default_factory=list)
+
+    def bindings_of(self, target: str) -> list[Binding]:
+        return [b for b in self.bindings if b.target == target]
+
+
+@dataclass
+class ModuleIndex:
+    """Everything recorded about one module."""
+
+    aliases: dict[str, str]
+    scopes: list[FunctionScope]
+    classes: dict[str, list[str]]  # class name -> dotted base names
+    functions: dict[str, list[FunctionScope]]
+
+    def all_calls(self) -> Iterator[CallSite]:
+        for scope in self.scopes:
+            yield from scope.calls
+
+
+class _Indexer:
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}
+        self.scopes: list[FunctionScope] = []
+        self.classes: dict[str, list[str]] = {}
+
+    def qualname(self, node: ast.AST) -> str:
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return ".".join(reversed(parts))
+        parts.append(self.aliases.get(node.id, node.id))
+        return ".".join(reversed(parts))
+
+    def is_grad_off(self, expr: ast.expr) -> bool:
+        """`torch.no_grad()`, `torch.inference_mode()`, or `set_grad_enabled(x)` unless x is literally True."""
+        if not isinstance(expr, ast.Call):
+            return False
+        name = last(self.qualname(expr.func))
+        if name in _GRAD_OFF:
+            return True
+        if name == "set_grad_enabled":
+            arg = expr.args[0] if expr.args else None
+            return not (isinstance(arg, ast.Constant) and arg.value is True)
+        return False
+
+    def run(self, tree: ast.Module) -> ModuleIndex:
+        module_scope = FunctionScope(tree, "<module>")
+        self.scopes.append(module_scope)
+        self.body(tree.body, module_scope, None, False, None)
+        functions: dict[str, list[FunctionScope]] = {}
+        for scope in self.scopes:
+            scope.calls.sort(key=lambda c: c.pos)
+            if scope is not module_scope:
+                functions.setdefault(scope.name, []).append(scope)
+        return ModuleIndex(self.aliases, self.scopes, self.classes, functions)
+
+    def body(self, stmts: list, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        for stmt in stmts:
+            self.stmt(stmt, scope, loop, off, cls)
+
+    def stmt(self, node: ast.stmt, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        t = type(node)
+        if t is ast.Import:
+            for a in node.names:
+                if a.asname:
+                    self.aliases[a.asname] = a.name
+            return
+        if t is ast.ImportFrom:
+            if node.module and not node.level:
+                for a in node.names:
+                    self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+            return
+        if t is ast.FunctionDef or t is ast.AsyncFunctionDef:
+            for d in node.decorator_list:
+                self.expr(d, scope, loop, off)
+            decorated_off = any(self.is_grad_off(d) or last(self.qualname(d)) in _GRAD_OFF for d in node.decorator_list)
+            inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop)
+            self.scopes.append(inner)
+            for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+                inner.bindings.append(Binding(a.arg, None, a, None, decorated_off, (node.lineno, node.col_offset)))
+            # A Lightning-style step method runs once per batch: its body is a loop body.
+            step_loop = Loop(node, None) if cls and node.name == "training_step" else None
+            if step_loop:
+                inner.loops.append(step_loop)
+            self.body(node.body, inner, step_loop, decorated_off, None)
+            return
+        if t is ast.ClassDef:
+            self.classes[node.name] = [self.qualname(b) for b in node.bases]
+            for d in node.decorator_list:
+                self.expr(d, scope, loop, off)
+            self.body(node.body, scope, loop, off, node.name)
+            return
+        if t is ast.For or t is ast.AsyncFor or t is ast.While:
+            if t is ast.While:
+                self.expr(node.test, scope, loop, off)
+            else:
+                self.expr(node.iter, scope, loop, off)
+            inner_loop = Loop(node, loop)
+            scope.loops.append(inner_loop)
+            if t is not ast.While:
+                for name in _target_names(node.target):
+                    scope.bindings.append(Binding(name, node.iter, node, inner_loop, off, (node.lineno, node.col_offset)))
+            self.body(node.body, scope, inner_loop, off, cls)
+            self.body(node.orelse, scope, loop, off, cls)
+            return
+        if t is ast.With or t is ast.AsyncWith:
+            inner_off = off
+            for item in node.items:
+                self.expr(item.context_expr, scope, loop, off)
+                if self.is_grad_off(item.context_expr):
+                    inner_off = True
+                if item.optional_vars is not None:
+                    for name in _target_names(item.optional_vars):
+                        scope.bindings.append(Binding(name, item.context_expr, node, loop, off, (node.lineno, node.col_offset)))
+            self.body(node.body, scope, loop, inner_off, cls)
+            return
+        if t is ast.Assign:
+            self.expr(node.value, scope, loop, off)
+            for target in node.targets:
+                self.target(target, node.value, node, scope, loop, off)
+            return
+        if t is ast.AnnAssign:
+            if node.value is not None:
+                self.expr(node.value, scope, loop, off)
+                self.target(node.target, node.value, node, scope, loop, off)
+            return
+        if t is ast.AugAssign:
+            self.expr(node.value, scope, loop, off)
+            key = ref(node.target)
+            if key is not None:
+                scope.bindings.append(Binding(key, node.value, node, loop, off, (node.lineno, node.col_offset), augmented=True))
+            else:
+                self.expr(node.target, scope, loop, off)
+            return
+        if t is ast.Return:
+            scope.returns.append(node)
+        if t is ast.Expr and type(node.value) is ast.Call:
+            first = len(scope.calls)
+            self.expr(node.value, scope, loop, off)
+            scope.calls[first].discarded = True
+            return
+        fields = _CHILD_FIELDS.get(t)
+        if fields is None:
+            fields = _CHILD_FIELDS[t] = tuple(f for f in t._fields if f not in _SCALAR_FIELDS)
+        for f in fields:
+            value = getattr(node, f, None)
+            for child in value if type(value) is list else (value,):
+                if isinstance(child, ast.stmt):
+                    self.stmt(child, scope, loop, off, cls)
+                elif isinstance(child, ast.expr):
+                    self.expr(child, scope, loop, off)
+                elif isinstance(child, _BLOCKS):
+                    self.body(child.body, scope, loop, off, cls)
+
+    def target(self, target: ast.expr, value: ast.expr, node: ast.stmt, scope: FunctionScope,
+               loop: Optional[Loop], off: bool) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            values = value.elts if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) else None
+            for i, elt in enumerate(target.elts):
+                self.target(elt, values[i] if values else None, node, scope, loop, off)
+            return
+        key = ref(target)
+        if key is not None:
+            scope.bindings.append(Binding(key, value, node, loop, off, (node.lineno, node.col_offset)))
+        if not isinstance(target, ast.Name):
+            self.expr(target, scope, loop, off)
+
+    def expr(self, node: ast.expr, scope: FunctionScope, loop: Optional[Loop], off: bool) -> None:
+        stack: list = [node]
+        while stack:
+            n = stack.pop()
+            t = type(n)
+            if t is ast.Name or t is ast.Constant or n is None or t is ast.Lambda:
+                continue
+            if t is ast.Call:
+                func = n.func
+                qual = self.qualname(func)
+                receiver = ref(func.value) if isinstance(func, ast.Attribute) else None
+                scope.calls.append(CallSite(n, qual, func.attr if isinstance(func, ast.Attribute) else last(qual),
+                                            receiver, loop, off, (n.lineno, n.col_offset)))
+            fields = _CHILD_FIELDS.get(t)
+            if fields is None:
+                fields = _CHILD_FIELDS[t] = tuple(f for f in t._fields if f not in _SCALAR_FIELDS)
+            for f in fields:
+                v = getattr(n, f, None)
+                if v is None:
+                    continue
+                if type(v) is list:
+                    stack.extend(v)
+                else:
+                    stack.append(v)
+
+
+# Clauses with a statement body of their own (`match` exists from Python 3.10).
+_BLOCKS = (ast.excepthandler, ast.match_case) if hasattr(ast, "match_case") else (ast.excepthandler,)
+# Expression fields that never hold a sub-expression (walking them, or `ctx`/operator nodes, is wasted time).
+_SCALAR_FIELDS = frozenset({"ctx", "op", "ops", "id", "attr", "arg", "kind", "conversion", "is_async"})
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _target_names(target: ast.expr) -> Iterator[str]:
+    if isinstance(target, (ast.Tuple, ast.List)):
+        for elt in target.elts:
+            yield from _target_names(elt)
+    elif isinstance(target, ast.Starred):
+        yield from _target_names(target.value)
+    else:
+        key = ref(target)
+        if key is not None:
+            yield key
+
+
+def build_index(tree: ast.Module) -> ModuleIndex:
+    """Index `tree` (one pass); see `ModuleIndex`."""
+    return _Indexer().run(tree)

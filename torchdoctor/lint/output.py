@@ -1,0 +1,63 @@
+"""The lint-only output formats: `path:line:col: CODE name message` lines and SARIF 2.1.0 for code-scanning UIs."""
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable
+
+from torchdoctor import __version__
+from torchdoctor.findings import Finding, Severity
+from torchdoctor.registry import CheckInfo
+
+_SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+def text_line(f: Finding) -> str:
+    """One clickable line, as flake8 and ruff print them."""
+    loc = f.location
+    where = f"{loc.file}:{loc.line or 1}:{loc.column or 1}" if loc and loc.file else "<unknown>:1:1"
+    message = " ".join(f.message.split())
+    return f"{where}: {f.code} {f.name} {message}"
+
+
+def to_sarif(findings: Iterable[Finding], checks: Iterable[CheckInfo]) -> str:
+    """A SARIF 2.1.0 log with one run; rules are the checks that ran."""
+    rules = [
+        {
+            "id": c.code,
+            "name": c.name,
+            "shortDescription": {"text": c.summary},
+            "help": {"text": f"torchdoctor explain {c.name}"},
+            "defaultConfiguration": {"level": _SARIF_LEVEL[c.severity]},
+        }
+        for c in checks
+    ]
+    position = {r["id"]: i for i, r in enumerate(rules)}
+    results: list[dict[str, Any]] = []
+    for f in findings:
+        result: dict[str, Any] = {
+            "ruleId": f.code,
+            "level": _SARIF_LEVEL[f.severity or Severity.INFO],
+            "message": {"text": f"{f.message}\nFix: {f.fix}" if f.fix else f.message},
+        }
+        if f.code in position:
+            result["ruleIndex"] = position[f.code]
+        if f.location is not None and f.location.file:
+            region = {"startLine": f.location.line or 1}
+            if f.location.column:
+                region["startColumn"] = f.location.column
+            result["locations"] = [{"physicalLocation": {
+                "artifactLocation": {"uri": f.location.file.replace("\\", "/")},
+                "region": region,
+            }}]
+        results.append(result)
+    log = {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "torchdoctor", "version": __version__,
+                                "informationUri": "https://pypi.org/project/torchdoctor/", "rules": rules}},
+            "results": results,
+        }],
+    }
+    return json.dumps(log, indent=2, ensure_ascii=False)

@@ -1,0 +1,179 @@
+"""Read, parse and check files: the engine behind `torchdoctor lint` (no pitfall-specific logic here)."""
+from __future__ import annotations
+
+import ast
+import io
+import multiprocessing
+import os
+import re
+import time
+import tokenize
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+from torchdoctor import registry
+from torchdoctor.findings import Finding, Location, fold
+from torchdoctor.lint.files import Pattern, discover, display_path
+from torchdoctor.lint.source import ProjectFacts, SourceFile
+
+_IGNORE = re.compile(r"#\s*torchdoctor:\s*ignore(?:\[([^\]]*)\])?")
+_ALL = "*"
+
+
+@dataclass
+class LintResult:
+    """What one lint run read and found."""
+
+    findings: list[Finding]
+    files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def facts(self) -> dict:
+        unreadable = sorted({f.location.file for f in self.findings if f.name == "source-unreadable" and f.location})
+        return {"files": len(self.files), "unreadable": unreadable, "seconds": round(self.seconds, 3)}
+
+
+def read_source(path: str, display: str, project: Optional[ProjectFacts] = None) -> SourceFile:
+    """Read and parse one file; a file that cannot be read, decoded or parsed carries a `problem` instead of a tree."""
+    project = project if project is not None else ProjectFacts()
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        return SourceFile(display, "", problem=f"could not be read: {exc.strerror or exc}", project=project)
+    text, problem, line = _decode(data)
+    if problem:
+        return SourceFile(display, "", problem=problem, problem_line=line, project=project)
+    try:
+        tree = ast.parse(text, filename=display)
+    except SyntaxError as exc:
+        line = exc.lineno or 1
+        return SourceFile(display, text, problem=f"not valid Python: {exc.msg}", problem_line=line,
+                          project=project)
+    except (ValueError, RecursionError, MemoryError) as exc:
+        return SourceFile(display, text, problem=f"cannot be parsed: {type(exc).__name__}: {exc}", problem_line=1,
+                          project=project)
+    return SourceFile(display, text, tree, project=project)
+
+
+def _decode(data: bytes) -> tuple[str, Optional[str], int]:
+    """UTF-8 (Python's default), or the encoding a PEP 263 `coding:` line declares."""
+    try:
+        return data.decode("utf-8-sig"), None, 0
+    except UnicodeDecodeError as exc:
+        utf8_error = exc
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError:
+        encoding = "utf-8"
+    if encoding in ("utf-8", "utf-8-sig"):
+        line = data[: utf8_error.start].count(b"\n") + 1
+        return "", f"not UTF-8 and declares no other encoding (byte 0x{data[utf8_error.start]:02x})", line
+    try:
+        return data.decode(encoding), None, 0
+    except (UnicodeDecodeError, LookupError) as exc:
+        return "", f"not readable as its declared encoding {encoding}: {exc}", 1
+
+
+def suppressed_lines(src: SourceFile) -> dict[int, set[str]]:
+    """line -> names/codes silenced there by `# torchdoctor: ignore[name, ...]` (`*` for a bare ignore)."""
+    if "torchdoctor:" not in src.text:
+        return {}
+    out: dict[int, set[str]] = {}
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(src.text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return out
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT:
+            m = _IGNORE.search(tok.string)
+            if m:
+                names = {n.strip() for n in (m.group(1) or _ALL).split(",") if n.strip()}
+                out.setdefault(tok.start[0], set()).update(names or {_ALL})
+    return out
+
+
+def _is_silenced(f: Finding, silenced: dict[int, set[str]]) -> bool:
+    names = silenced.get(f.location.line if f.location and f.location.line else -1)
+    return bool(names) and (_ALL in names or f.name in names or f.code in names or f.code.lower() in names)
+
+
+def check_source(src: SourceFile, checks: Sequence[registry.CheckInfo]) -> list[Finding]:
+    """Run the source checks on one file; a crashing check becomes one internal-error finding for this file."""
+    findings: list[Finding] = []
+    for info in checks:
+        try:
+            findings.extend(info.complete(f) for f in info.impl(registry.Scope.SOURCE)(src))
+        except Exception as exc:
+            failed = registry.internal_error(info, exc)
+            failed.location = Location(file=src.path)
+            findings.append(failed)
+    silenced = suppressed_lines(src) if findings else {}
+    return sorted(fold([f for f in findings if not _is_silenced(f, silenced)]), key=location_order)
+
+
+def lint_paths(paths: Iterable[str], checks: Sequence[registry.CheckInfo], exclude: Iterable["str | Pattern"] = (),
+               cwd: Optional[str] = None, jobs: Optional[int] = None) -> LintResult:
+    """Lint every Python file under `paths`; raises FileNotFoundError for a path that does not exist.
+
+    Large runs are spread over `jobs` forked worker processes (default: the usable CPUs).
+    """
+    started = time.perf_counter()
+    cwd = cwd or os.getcwd()
+    files = [(path, display_path(path, cwd)) for path in discover(paths, exclude, cwd)]
+    project = ProjectFacts()
+    for path, display in files:
+        try:
+            with open(path, "rb") as fh:
+                project.texts[display] = fh.read().decode("utf-8", "replace")
+        except OSError:
+            project.texts[display] = ""
+    jobs = jobs or usable_cpus()
+    if jobs > 1 and len(files) >= _POOL_MIN_FILES and "fork" in multiprocessing.get_all_start_methods():
+        findings = _lint_in_workers(files, checks, project, jobs)
+    else:
+        findings = _lint_files(files, checks, project)
+    findings.sort(key=location_order)
+    return LintResult(findings, [display for _, display in files], time.perf_counter() - started)
+
+
+_POOL_MIN_FILES = 200
+_WORKER_STATE: dict = {}
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.CheckInfo],
+                project: ProjectFacts) -> list[Finding]:
+    findings: list[Finding] = []
+    for path, display in files:
+        findings.extend(check_source(read_source(path, display, project), checks))
+    return findings
+
+
+def _worker_lint(files: Sequence[tuple[str, str]]) -> list[Finding]:
+    return _lint_files(files, _WORKER_STATE["checks"], _WORKER_STATE["project"])
+
+
+def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry.CheckInfo],
+                     project: ProjectFacts, jobs: int) -> list[Finding]:
+    """Forked workers inherit the checks and project facts; each lints a slice of the files."""
+    _WORKER_STATE.update(checks=list(checks), project=project)
+    size = max(16, len(files) // (jobs * 4))
+    chunks = [files[i:i + size] for i in range(0, len(files), size)]
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            return [f for part in pool.map(_worker_lint, chunks) for f in part]
+    finally:
+        _WORKER_STATE.clear()
+
+
+def location_order(f: Finding) -> tuple:
+    loc = f.location or Location()
+    return (loc.file or "", loc.line or 0, loc.column or 0, f.code)
