@@ -1,0 +1,117 @@
+"""Benchmark: `torchdoctor check-ckpt` against `torch.load(weights_only=True)` on a ~1 GiB state_dict.
+
+Run: python tests/benchmarks/bench_check_ckpt.py [--rounds N] [--mib SIZE] [--scan-values]
+Both commands run as fresh processes (what a user types), interleaved round by round in one run so
+they share the machine's state and page cache, with bytecode cached as after an install (even when
+PYTHONDONTWRITEBYTECODE is set here); wall time (median) and peak RSS (of that process alone, from
+wait4) are printed with the ratios, plus the same work in-process without interpreter start-up. Targets: <= 0.1x torch.load's wall time, <= 150 MB RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def build(path: str, mib: int) -> int:
+    """A state_dict of 4 MiB fp32 tensors totalling `mib` MiB, written by torch.save (in a child process)."""
+    code = (
+        "import sys, torch\n"
+        "n = int(sys.argv[2]) // 4\n"
+        "sd = {f'layers.{i}.weight': torch.randn(1024, 1024) for i in range(n)}\n"
+        "torch.save(sd, sys.argv[1])\n"
+    )
+    subprocess.run([sys.executable, "-c", code, path, str(mib)], check=True, timeout=600)
+    return os.path.getsize(path)
+
+
+def child_env(pycache: str) -> dict[str, str]:
+    """As after a normal install: bytecode cached (in a temp dir here, so the checkout stays clean)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "NO_COLOR": "1", "PYTHONPYCACHEPREFIX": pycache}
+
+
+def measure(cmd: list[str], env: dict[str, str]) -> tuple[float, float, int]:
+    """(wall seconds, peak RSS in MiB, exit code) of one fresh process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_maxrss / 1024, proc.returncode
+
+
+OP_SCRIPTS = {
+    # the same work without interpreter start-up and imports: reading + checks vs the load itself
+    "check-ckpt (in-process)": (
+        "import sys, time\n"
+        "from torchdoctor import registry\n"
+        "from torchdoctor.ckpt.api import diagnose_checkpoints\n"
+        "import torchdoctor.ckpt.reader, torchdoctor.ckpt.structure  # imports outside the timed part\n"
+        "checks = registry.select('checkpoint')\n"
+        "t = time.perf_counter(); diagnose_checkpoints([sys.argv[1]], checks); print(time.perf_counter() - t)\n"),
+    "torch.load (in-process)": (
+        "import sys, time, torch\n"
+        "t = time.perf_counter(); torch.load(sys.argv[1], weights_only=True); print(time.perf_counter() - t)\n"),
+}
+
+
+def op_time(script: str, path: str, env: dict[str, str]) -> float:
+    out = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, check=True,
+                         timeout=600, env=env)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--mib", type=int, default=1024, help="size of the state_dict in MiB")
+    parser.add_argument("--scan-values", action="store_true", help="also time check-ckpt --scan-values")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "big.pt")
+        size = build(path, args.mib)
+        commands = {
+            "check-ckpt": [sys.executable, "-m", "torchdoctor", "check-ckpt", "--format", "json", path],
+            "torch.load": [sys.executable, "-c",
+                           f"import torch; torch.load({path!r}, weights_only=True)"],
+        }
+        if args.scan_values:
+            commands["check-ckpt --scan-values"] = [*commands["check-ckpt"], "--scan-values"]
+        env = child_env(os.path.join(tmp, "pycache"))
+        for cmd in commands.values():  # warm the page cache and bytecode once
+            measure(cmd, env)
+        walls: dict[str, list[float]] = {k: [] for k in commands}
+        rss: dict[str, list[float]] = {k: [] for k in commands}
+        ops: dict[str, list[float]] = {k: [] for k in OP_SCRIPTS}
+        for _ in range(args.rounds):
+            for name, cmd in commands.items():
+                wall, peak, code = measure(cmd, env)
+                if code not in (0, 1):
+                    raise SystemExit(f"{name} failed with exit code {code}")
+                walls[name].append(wall)
+                rss[name].append(peak)
+            for name, script in OP_SCRIPTS.items():
+                ops[name].append(op_time(script, path, env))
+    print(f"file: {size / 2**30:.2f} GiB state_dict ({args.mib // 4} fp32 tensors), {args.rounds} rounds, "
+          f"python {sys.version.split()[0]}")
+    med = {k: statistics.median(v) for k, v in walls.items()}
+    for name in commands:
+        print(f"{name:26s} wall median {med[name]:.3f} s (min {min(walls[name]):.3f}, max {max(walls[name]):.3f})"
+              f"  peak RSS {max(rss[name]):.1f} MiB")
+    op_med = {k: statistics.median(v) for k, v in ops.items()}
+    for name, value in op_med.items():
+        print(f"{name:26s} median {value * 1000:.1f} ms (imports excluded)")
+    ratio = med["check-ckpt"] / med["torch.load"]
+    print(f"check-ckpt / torch.load wall = {ratio:.3f}x  (target <= 0.1x)")
+    print(f"in-process ratio = {op_med['check-ckpt (in-process)'] / op_med['torch.load (in-process)']:.4f}x")
+    print(f"check-ckpt peak RSS = {max(rss['check-ckpt']):.1f} MiB  (target <= 150 MB); "
+          f"torch.load {max(rss['torch.load']):.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

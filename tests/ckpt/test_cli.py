@@ -1,0 +1,107 @@
+"""`torchdoctor check-ckpt`: report, JSON, exit codes, bad input, and no torch import without --model/--fix."""
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+import ckpt_builders as b
+from torchdoctor.cli import main
+
+
+def run(capsys, *args):
+    with pytest.raises(SystemExit) as exc:
+        main(["check-ckpt", *args])
+    out, err = capsys.readouterr()
+    return exc.value.code, out, err
+
+
+def test_console_report_shows_structure_and_findings(capsys, files):
+    code, out, err = run(capsys, files["training"])
+    assert code == 0 and err == ""
+    for text in ("training checkpoint", "epoch=7", "float32", "Tensors by location", "optimizer",
+                 "needs-code-to-load", "argparse.Namespace"):
+        assert text in out, text
+
+
+def test_json_document(capsys, files):
+    code, out, _ = run(capsys, "--format", "json", files["dataparallel"], files["view"])
+    doc = json.loads(out)
+    assert doc["tool"] == "torchdoctor" and doc["scope"] == "checkpoint" and code == 0
+    first, second = doc["facts"]["checkpoints"]
+    assert first["format"] == "zip" and first["tensors"]["count"] == 9
+    assert second["tensors"]["largest"][0]["key"] == "small"
+    names = {f["name"] for f in doc["findings"]}
+    assert names == {"wrapper-prefix", "storage-bloat"}
+    assert {f["location"]["file"] for f in doc["findings"]} == {files["dataparallel"], files["view"]}
+
+
+def test_exit_1_on_errors_and_fail_on(capsys, files, tmp_path, canary):
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(b.dumps(b.reduce_payloads(canary)["os.system"]))
+    assert run(capsys, str(evil))[0] == 1
+    assert run(capsys, "--fail-on", "warning", files["dataparallel"])[0] == 1
+    assert run(capsys, "--ignore", "wrapper-prefix", "--fail-on", "warning", files["dataparallel"])[0] == 0
+    assert run(capsys, "--scan-values", files["nan"])[0] == 1
+
+
+def _bad_inputs(tmp_path, files):
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "text.pt").write_text("epoch=3\nlr=0.1\n")
+    (tmp_path / "random.bin").write_bytes(random.Random(0).randbytes(4096))
+    data = open(files["plain"], "rb").read()
+    (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
+    return {"missing": str(tmp_path / "nope.pt"), "directory": str(tmp_path), "empty": str(tmp_path / "empty.pt"),
+            "text": str(tmp_path / "text.pt"), "random": str(tmp_path / "random.bin"),
+            "truncated zip": str(tmp_path / "truncated.pt")}
+
+
+def test_bad_input_is_exit_2_and_one_line(capsys, tmp_path, files):
+    for what, path in _bad_inputs(tmp_path, files).items():
+        code, out, err = run(capsys, path)
+        assert code == 2, what
+        assert out == "" and err.count("\n") == 1 and err.startswith("torchdoctor: error: "), (what, err)
+
+
+def test_usage_errors(capsys, files, tmp_path):
+    assert run(capsys, "--fix", str(tmp_path / "o.pt"), files["plain"], files["legacy"])[0] == 2
+    code, _, err = run(capsys, "--model", "no_colon_here", files["plain"])
+    assert code == 2 and "FILE.py:FACTORY" in err
+
+
+def test_check_ckpt_does_not_import_torch(files, tmp_path):
+    """A real process: reading, checks and scanning values never import torch (it costs seconds)."""
+    script = (
+        "import sys\n"
+        "from torchdoctor.cli import main\n"
+        "try:\n"
+        "    main(['check-ckpt', '--scan-values', '--format', 'json', *sys.argv[1:]])\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', code, file=sys.stderr)\n"
+    )
+    paths = [files[n] for n in ("training", "whole-module", "legacy", "torchscript", "safetensors", "nan")]
+    proc = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True, timeout=120)
+    assert proc.stderr.strip().splitlines()[-1] == "NO-TORCH 1", proc.stderr
+    assert len(json.loads(proc.stdout)["facts"]["checkpoints"]) == len(paths)
+
+
+def test_zip_with_crc_damage_still_reads(files, tmp_path):
+    """torch ignores CRCs; a scanner that crashes on them is bypassed (CVE-2025-10156)."""
+    data = bytearray(open(files["plain"], "rb").read())
+    name = next(n for n in zipfile.ZipFile(files["plain"]).namelist() if n.endswith("data.pkl")).encode()
+    central = data.index(b"PK\x01\x02")
+    while data[central + 46: central + 46 + len(name)] != name:
+        central = data.index(b"PK\x01\x02", central + 4)
+    data[central + 16] ^= 0xFF  # CRC-32 in the central directory
+    damaged = tmp_path / "crc.pt"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(zipfile.BadZipFile):
+        zipfile.ZipFile(damaged).read(name.decode())
+    from torchdoctor.ckpt import read_checkpoint
+
+    assert len(read_checkpoint(str(damaged)).tensors) == 9

@@ -1,0 +1,220 @@
+"""`CheckpointInfo`: what the checkpoint checks see, plus its JSON-ready summary (the report's facts)."""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+from torchdoctor.ckpt.objects import TensorMeta
+
+if TYPE_CHECKING:
+    from torchdoctor.ckpt.policy import Verdict
+    from torchdoctor.ckpt.reader import Archive
+    from torchdoctor.ckpt.unpickler import Event
+
+Path = tuple[str, ...]
+
+
+def show_path(path: Path) -> str:
+    """How a nesting path is printed: components joined by '/', the root as '(root)'."""
+    return "/".join(path) if path else "(root)"
+
+
+@dataclass
+class TensorEntry:
+    """One tensor and where it sits in the checkpoint."""
+
+    path: Path
+    tensor: TensorMeta
+    in_optimizer: bool = False
+
+
+@dataclass
+class StateDict:
+    """A mapping of parameter names to tensors found in the file (or derived from a pickled module)."""
+
+    path: Path
+    tensors: dict[str, TensorMeta]
+    other_keys: list[str] = field(default_factory=list)
+    source: str = "dict"  # dict, or module (rebuilt from a pickled nn.Module's _parameters/_buffers)
+
+
+@dataclass
+class PickledObject:
+    """A whole nn.Module or optimizer object pickled into the file."""
+
+    path: Path
+    qualname: str
+    kind: str  # module or optimizer
+
+
+@dataclass
+class GlobalUse:
+    """A global the file names, how it was used, and its verdict."""
+
+    qualname: str
+    verdict: Verdict
+    count: int
+    called: bool
+    pickles: list[str]
+
+
+@dataclass
+class ModelKeys:
+    """The `state_dict()` of the model given with `--model`: key -> (shape, dtype)."""
+
+    spec: str
+    entries: dict[str, tuple[tuple[int, ...], str]]
+
+
+@dataclass
+class NonFinite:
+    """NaN/Inf counts of one scanned tensor."""
+
+    path: Path
+    nan: int
+    inf: int
+    numel: int
+
+
+@dataclass
+class ValueScan:
+    """The result of `--scan-values`."""
+
+    tensors: int = 0
+    bytes: int = 0
+    nonfinite: list[NonFinite] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckpointInfo:
+    """Everything known about one checkpoint file, read without executing it."""
+
+    archive: Archive
+    tensors: list[TensorEntry]
+    state_dicts: list[StateDict]
+    objects: list[PickledObject]
+    optimizer_states: list[Path]
+    globals: list[GlobalUse]
+    events: list[tuple[str, Event]]
+    unsupported_opcodes: set[str]
+    top_level: list[dict[str, Any]]
+    walk_problems: list[str] = field(default_factory=list)
+    model: Optional[ModelKeys] = None
+    values: Optional[ValueScan] = None
+
+    @property
+    def path(self) -> str:
+        return self.archive.path
+
+    @property
+    def format(self) -> str:
+        return self.archive.format
+
+    @property
+    def problems(self) -> list[str]:
+        return self.archive.problems + self.walk_problems
+
+    @property
+    def kind(self) -> str:
+        """state_dict, training checkpoint, pickled module, torchscript module, tensor, or other."""
+        root = self.archive.root
+        if self.format == "torchscript":
+            return "torchscript module"
+        if any(o.path == () for o in self.objects):
+            return "pickled module"
+        if any(sd.path == () and sd.source == "dict" for sd in self.state_dicts):
+            return "state_dict"
+        if isinstance(root, TensorMeta):
+            return "tensor"
+        if isinstance(root, dict) and self.tensors:
+            return "training checkpoint"
+        return "other"
+
+    def unique_tensors(self) -> list[TensorEntry]:
+        seen: set[int] = set()
+        out = []
+        for e in self.tensors:
+            if id(e.tensor) not in seen:
+                seen.add(id(e.tensor))
+                out.append(e)
+        return out
+
+    def facts(self) -> dict[str, Any]:
+        """The JSON-ready structure report."""
+        unique = self.unique_tensors()
+        by_dtype: Counter[str] = Counter()
+        by_device: Counter[str] = Counter()
+        counted: set[str] = set()
+        for e in unique:
+            s = e.tensor.storage
+            if s is None or s.key in counted:
+                continue
+            counted.add(s.key)
+            by_dtype[e.tensor.dtype] += s.nbytes
+            by_device[s.location] += s.nbytes
+        groups: dict[Path, list[TensorEntry]] = defaultdict(list)
+        anchors = sorted({sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states),
+                         key=len, reverse=True)
+        for e in self.tensors:
+            anchor = next((a for a in anchors if e.path[: len(a)] == a), None)
+            groups[anchor if anchor is not None else _group_of(e.path)].append(e)
+        largest = sorted(unique, key=lambda e: e.tensor.nbytes, reverse=True)[:10]
+        facts: dict[str, Any] = {
+            "path": self.path,
+            "format": self.format,
+            "file_size": self.archive.file_size,
+            "details": self.archive.details,
+            "kind": self.kind,
+            "top_level": self.top_level,
+            "tensors": {
+                "count": len(self.tensors),
+                "unique": len(unique),
+                "parameters": sum(e.tensor.numel for e in unique if not e.in_optimizer),
+                "optimizer_state_elements": sum(e.tensor.numel for e in unique if e.in_optimizer),
+                "stored_bytes": sum(by_dtype.values()),
+                "bytes_by_dtype": dict(by_dtype.most_common()),
+                "bytes_by_device": dict(by_device.most_common()),
+                "groups": [
+                    {"path": show_path(p), "tensors": len(es), "elements": sum(e.tensor.numel for e in es),
+                     "bytes": sum(e.tensor.nbytes for e in es)}
+                    for p, es in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:30]
+                ],
+                "largest": [
+                    {"key": show_path(e.path), "shape": list(e.tensor.shape), "dtype": e.tensor.dtype,
+                     "device": e.tensor.device, "bytes": e.tensor.nbytes}
+                    for e in largest
+                ],
+            },
+            "state_dicts": [
+                {"path": show_path(sd.path), "tensors": len(sd.tensors), "source": sd.source} for sd in self.state_dicts
+            ],
+            "optimizer_states": [show_path(p) for p in self.optimizer_states],
+            "pickled_objects": [{"path": show_path(o.path), "class": o.qualname, "kind": o.kind} for o in self.objects],
+            "globals": [
+                {"name": g.qualname, "verdict": str(g.verdict), "count": g.count, "called": g.called}
+                for g in self.globals
+            ],
+            "problems": self.problems,
+        }
+        if self.values is not None:
+            facts["values"] = {
+                "tensors_scanned": self.values.tensors,
+                "bytes_scanned": self.values.bytes,
+                "nonfinite": [{"key": show_path(n.path), "nan": n.nan, "inf": n.inf, "numel": n.numel}
+                              for n in self.values.nonfinite[:50]],
+                "skipped": self.values.skipped[:20],
+            }
+        if self.model is not None:
+            facts["model"] = {"spec": self.model.spec, "keys": len(self.model.entries)}
+        return facts
+
+
+def _group_of(path: Path) -> Path:
+    """Group tensors outside state dicts by their container, folding module attribute plumbing."""
+    parent = path[:-1]
+    while parent and parent[-1] in ("_parameters", "_buffers"):
+        parent = parent[:-1]
+    cut = [i for i, part in enumerate(parent) if part == "_modules"]
+    return parent[: cut[0]] if cut else parent

@@ -1,0 +1,118 @@
+"""State-dict key matching: wrapper prefixes (DataParallel, torch.compile, Lightning) and model comparison."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Iterable, Optional
+
+if TYPE_CHECKING:
+    from torchdoctor.ckpt.info import ModelKeys, StateDict
+
+# Prefixes added by wrappers: DataParallel/DDP, torch.compile, Lightning modules and common wrappers.
+STRICT_PREFIXES = ("module.", "_orig_mod.")
+LOOSE_PREFIXES = ("model.", "net.")
+MOST = 0.9
+
+
+def share(keys: list[str], prefix: str) -> int:
+    return sum(1 for k in keys if k.startswith(prefix))
+
+
+def wrapper_prefix(keys: Iterable[str], prefixes: tuple[str, ...] = STRICT_PREFIXES + LOOSE_PREFIXES) -> str:
+    """The (possibly stacked, e.g. 'module._orig_mod.') wrapper prefix most keys carry, or ''.
+
+    Strict prefixes count when at least 90% of keys carry them, loose ones (model., net.) only when all do.
+    """
+    keys = list(keys)
+    found = ""
+    while keys:
+        for p in prefixes:
+            n = share(keys, p)
+            if n == len(keys) or (p in STRICT_PREFIXES and n >= MOST * len(keys)):
+                found += p
+                keys = [k[len(p):] if k.startswith(p) else k for k in keys]
+                break
+        else:
+            break
+    return found
+
+
+def strip(key: str, prefix: str) -> str:
+    """Remove a stacked prefix part by part (keys lacking part of it keep the rest)."""
+    for part in _parts(prefix):
+        if key.startswith(part):
+            key = key[len(part):]
+    return key
+
+
+def _parts(prefix: str) -> list[str]:
+    return [p + "." for p in prefix.split(".") if p]
+
+
+@dataclass
+class Match:
+    """How a checkpoint state dict lines up with a model's state_dict after the best key remap."""
+
+    state_dict: StateDict
+    strip: str = ""  # prefix removed from checkpoint keys
+    add: str = ""  # prefix added to checkpoint keys
+    matched: list[str] = field(default_factory=list)  # model keys found in the checkpoint
+    missing: list[str] = field(default_factory=list)  # model keys absent from the checkpoint
+    unexpected: list[str] = field(default_factory=list)  # checkpoint keys (remapped) the model lacks
+    shape: list[tuple[str, tuple, tuple]] = field(default_factory=list)  # key, checkpoint shape, model shape
+    dtype: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def remap(self, key: str) -> str:
+        return self.add + strip(key, self.strip)
+
+    @property
+    def clean(self) -> bool:
+        return not (self.missing or self.unexpected or self.shape)
+
+
+def _common_first(keys: list[str]) -> str:
+    firsts = {k.split(".", 1)[0] + "." for k in keys if "." in k}
+    if len(firsts) == 1 and all("." in k for k in keys):
+        return firsts.pop()
+    return ""
+
+
+def compare(sd: StateDict, model: ModelKeys) -> Match:
+    """Try no remap, stripping wrapper prefixes, and adding the model's own prefix; keep the best."""
+    keys = list(sd.tensors)
+    model_keys = list(model.entries)
+    strips = {"", wrapper_prefix(keys), _common_first(keys)}
+    adds = {"", wrapper_prefix(model_keys), _common_first(model_keys)}
+    best: Optional[Match] = None
+    for s in strips:
+        for a in adds:
+            m = _match(sd, model, s, a)
+            if best is None or (len(m.matched), -len(m.unexpected), -len(s + a)) > (
+                    len(best.matched), -len(best.unexpected), -len(best.strip + best.add)):
+                best = m
+    assert best is not None
+    return best
+
+
+def _match(sd: StateDict, model: ModelKeys, strip_prefix: str, add_prefix: str) -> Match:
+    m = Match(sd, strip_prefix, add_prefix)
+    remapped = {m.remap(k): t for k, t in sd.tensors.items()}
+    for key, (shape, dtype) in model.entries.items():
+        t = remapped.get(key)
+        if t is None:
+            m.missing.append(key)
+            continue
+        m.matched.append(key)
+        if tuple(t.shape) != tuple(shape):
+            m.shape.append((key, tuple(t.shape), tuple(shape)))
+        elif t.dtype != dtype:
+            m.dtype.append((key, t.dtype, dtype))
+    m.unexpected = [k for k in remapped if k not in model.entries]
+    return m
+
+
+def best_match(state_dicts: list[StateDict], model: ModelKeys) -> Optional[Match]:
+    """The state dict in the file that best fits the model, with its remap."""
+    matches = [compare(sd, model) for sd in state_dicts if sd.tensors]
+    if not matches:
+        return None
+    return max(matches, key=lambda m: (len(m.matched), -len(m.unexpected) - len(m.missing)))

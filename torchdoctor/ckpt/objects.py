@@ -1,0 +1,187 @@
+"""Inert placeholders the safe unpickler builds instead of the objects a pickle names.
+
+Nothing here imports or calls what a checkpoint refers to: a global is just its dotted name, a call
+is the callable's placeholder plus its (inert) arguments, and a tensor is metadata about where its
+bytes would be. Placeholders hash by identity so hostile nesting can never trigger deep hashing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+class Inert:
+    """Base of all placeholders: identity hash and equality, shallow repr."""
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+class GlobalRef(Inert):
+    """A module-level name the pickle asks the loader to import (`GLOBAL`, `STACK_GLOBAL`, `INST`)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module = module
+        self.name = name
+        self.qualname = f"{module}.{name}"
+
+    def __repr__(self) -> str:
+        return f"<global {self.qualname}>"
+
+
+class Instance(Inert):
+    """An object the loader would create and fill: `NEWOBJ`/`OBJ`/`INST` (cls), or `REDUCE` (func(*args)).
+
+    `state` is what `BUILD` would pass to `__setstate__`; `items`/`setitems` are what `APPEND(S)`/
+    `SETITEM(S)` would add to it.
+    """
+
+    def __init__(self, callable_: Any, args: Any, how: str) -> None:
+        self.callable = callable_
+        self.args = args
+        self.how = how
+        self.state: Any = None
+        self.items: list[Any] = []
+        self.setitems: list[tuple[Any, Any]] = []
+
+    @property
+    def qualname(self) -> str:
+        return self.callable.qualname if isinstance(self.callable, GlobalRef) else "<dynamic>"
+
+    def state_dict_attr(self) -> dict:
+        """The instance's `__dict__` as BUILD would set it (a `(dict, slots)` pair is merged)."""
+        state = self.state
+        if isinstance(state, tuple) and len(state) == 2:
+            merged: dict = {}
+            for part in state:
+                if isinstance(part, dict):
+                    merged.update(part)
+            return merged
+        return state if isinstance(state, dict) else {}
+
+    def __repr__(self) -> str:
+        return f"<{self.how} {self.qualname}>"
+
+
+class PickledDict(dict):
+    """A dict subclass instance rebuilt by `REDUCE` (OrderedDict, defaultdict, …); keeps the class name."""
+
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def __init__(self, qualname: str) -> None:
+        super().__init__()
+        self.qualname = qualname
+        self.state: Any = None
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+class Key(Inert):
+    """A dict key or set member that is itself a container; kept by identity."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"<key {type(self.value).__name__}>"
+
+
+class Blob(Inert):
+    """A string or bytes value too large to keep in memory; only its size is recorded."""
+
+    def __init__(self, kind: str, size: int) -> None:
+        self.kind = kind
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"<{self.kind} of {self.size} bytes>"
+
+
+class Opaque(Inert):
+    """Something the reader cannot know without running code (an extension code, an out-of-band buffer)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<{self.what}>"
+
+
+@dataclass(eq=False)
+class StorageRef:
+    """A tensor storage named by a persistent id: where its bytes are and how many there are."""
+
+    key: str
+    dtype: str
+    itemsize: int
+    location: str
+    numel: int  # in elements of `itemsize` bytes
+    record: Optional[str] = None  # zip member name, when the storage lives in a zip record
+
+    __hash__ = object.__hash__
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+
+@dataclass(eq=False)
+class TensorMeta:
+    """A tensor as metadata only: shape, dtype, strides and which part of which storage it views."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage: Optional[StorageRef]
+    storage_offset: int = 0  # in elements of dtype
+    requires_grad: bool = False
+    is_parameter: bool = False
+    kind: str = "tensor"  # tensor, quantized, meta, subclass:<name>
+    extra: dict = field(default_factory=dict)
+
+    __hash__ = object.__hash__
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        from torchdoctor.ckpt.dtypes import itemsize
+
+        return itemsize(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def device(self) -> str:
+        if self.storage is None:
+            return "meta" if self.kind == "meta" else "unknown"
+        return self.storage.location
+
+    def byte_span(self) -> tuple[int, int]:
+        """[start, end) byte range of the storage this tensor can touch (empty tensors touch nothing)."""
+        size = self.itemsize
+        start = self.storage_offset * size
+        if self.numel == 0:
+            return start, start
+        last = self.storage_offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride) if s > 0)
+        return start, (last + 1) * size
+
+    def is_dense(self) -> bool:
+        """True when the tensor covers exactly `numel` consecutive elements (contiguous or permuted)."""
+        dims = sorted((s, d) for d, s in zip(self.shape, self.stride) if d != 1)
+        expected = 1
+        for s, d in dims:
+            if s != expected:
+                return False
+            expected *= d
+        return True

@@ -1,0 +1,473 @@
+"""Open a checkpoint of any common format and interpret its pickles safely (no torch, no code execution).
+
+Formats, sniffed by content as torch does (never by extension): the zip written by `torch.save`
+(`<prefix>/data.pkl` + `data/<key>` records), TorchScript archives (zip with `constants.pkl`/`code/`),
+the pre-1.6 stacked-pickle format (magic number, protocol, sys_info, object, storage keys, raw
+storages), the ancient tar format, plain pickle files, and safetensors (header only).
+Tensor bytes are never read here; `Locator`s say where they are for `--scan-values` and `--fix`.
+"""
+from __future__ import annotations
+
+import io
+import os
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from typing import IO, Any, Optional
+
+from torchdoctor.ckpt.dtypes import SAFETENSORS_DTYPES, STORAGE_DTYPES, itemsize
+from torchdoctor.ckpt.errors import CheckpointError
+from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta
+from torchdoctor.ckpt.unpickler import Limits, PickleParseError, PickleScan, Source, scan_pickle, short
+
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_PROTO0_STARTS = frozenset(b"(}])cNKJIFSVXUTGld")
+_MAX_SAFETENSORS_HEADER = 100 << 20
+_MAX_EXTRA_PICKLES = 32
+
+
+@dataclass
+class Locator:
+    """Where a storage's bytes are: a byte range of the file, or a (compressed) zip member."""
+
+    offset: int  # file offset of the first byte (of the compressed data for zip members)
+    size: int  # bytes available (uncompressed)
+    compressed_size: int = 0
+    method: int = 0  # zip compression method; 0 = stored / plain file range
+
+
+@dataclass
+class Archive:
+    """The raw result of reading a file: format, container details, pickles and where storages live."""
+
+    path: str
+    format: str  # zip, torchscript, legacy, legacy-tar, pickle, safetensors
+    file_size: int
+    details: dict[str, Any] = field(default_factory=dict)
+    pickles: list[tuple[str, PickleScan]] = field(default_factory=list)
+    root: Any = None
+    storages: dict[str, StorageRef] = field(default_factory=dict)
+    locators: dict[str, Locator] = field(default_factory=dict)
+    zip_records: dict[str, zipfile.ZipInfo] = field(default_factory=dict)  # located on first use
+    problems: list[str] = field(default_factory=list)
+
+    def locator(self, key: str) -> Optional[Locator]:
+        """Where storage `key`'s bytes are, or None when the file does not hold them."""
+        loc = self.locators.get(key)
+        if loc is None and key in self.zip_records:
+            with open(self.path, "rb") as f:
+                loc = self.locators[key] = _locator(f, self.zip_records[key])
+        return loc
+
+
+class _Range(io.RawIOBase):
+    """A read-only window [offset, offset+length) of an open file."""
+
+    def __init__(self, f: IO[bytes], offset: int, length: int) -> None:
+        self.f, self.pos, self.end = f, offset, offset + length
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0 or self.pos + n > self.end:
+            n = self.end - self.pos
+        if n <= 0:
+            return b""
+        self.f.seek(self.pos)
+        data = self.f.read(n)
+        self.pos += len(data)
+        return data
+
+
+class _Inflate(io.RawIOBase):
+    """Streaming raw-deflate decompression of a zip member (CRC not checked, as torch does not)."""
+
+    def __init__(self, f: IO[bytes], offset: int, length: int) -> None:
+        self.raw = _Range(f, offset, length)
+        self.z = zlib.decompressobj(-15)
+        self.pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = 1 << 20 if n < 0 else n
+        try:
+            while len(self.pending) < n and not self.z.eof:
+                chunk = self.z.unconsumed_tail or self.raw.read(1 << 16)
+                if not chunk:
+                    break
+                self.pending += self.z.decompress(chunk, max(n - len(self.pending), 1 << 16))
+        except zlib.error as exc:
+            raise CheckpointError(f"corrupt compressed zip record ({exc})") from None
+        data, self.pending = self.pending[:n], self.pending[n:]
+        return data
+
+
+def open_located(f: IO[bytes], loc: Locator) -> IO[bytes]:
+    """A stream over the bytes a `Locator` points to."""
+    if loc.method == 8:
+        return _Inflate(f, loc.offset, loc.compressed_size)
+    return _Range(f, loc.offset, loc.size)
+
+
+def read_archive(path: str, limits: Limits = Limits()) -> Archive:
+    """Read `path` without executing it; raises `CheckpointError` when it is not a readable checkpoint."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(512)
+            if not head:
+                raise CheckpointError(f"{path}: empty file")
+            return _dispatch(path, f, head, size, limits)
+    except CheckpointError:
+        raise
+    except (PickleParseError, OSError, EOFError, ValueError, struct.error, zlib.error, zipfile.BadZipFile,
+            zipfile.LargeZipFile, NotImplementedError, UnicodeDecodeError, OverflowError, KeyError,
+            RecursionError, MemoryError) as exc:
+        raise CheckpointError(f"{path}: cannot read the file: {type(exc).__name__}: {exc}"[:400]) from None
+
+
+def _dispatch(path: str, f: IO[bytes], head: bytes, size: int, limits: Limits) -> Archive:
+    if head[:4] == b"PK\x03\x04":
+        return _read_zip(path, f, size, limits)
+    if len(head) >= 262 and head[257:262] == b"ustar":
+        return _read_tar(path, f, size, limits)
+    if _looks_like_safetensors(head, size):
+        return _read_safetensors(path, f, size)
+    if head[0] == 0x80 and len(head) > 1 and head[1] <= 5:
+        return _read_stacked(path, f, size, limits)
+    if head[0] in _PROTO0_STARTS:
+        return _read_stacked(path, f, size, limits, strict=True)
+    raise CheckpointError(f"{path}: not a PyTorch checkpoint (unrecognised format, starts with {head[:8]!r})")
+
+
+# -- zip ------------------------------------------------------------------------------------------
+def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
+    try:
+        zf = zipfile.ZipFile(f)
+    except zipfile.BadZipFile as exc:
+        raise CheckpointError(f"{path}: truncated or corrupt zip archive ({exc})") from None
+    infos = zf.infolist()
+    if not infos:
+        raise CheckpointError(f"{path}: empty zip archive")
+    prefix = infos[0].filename.split("/", 1)[0]
+    by_name = {i.filename: i for i in infos}
+    is_script = f"{prefix}/constants.pkl" in by_name or any(n.startswith(f"{prefix}/code/") for n in by_name)
+    archive = Archive(path, "torchscript" if is_script else "zip", size)
+    archive.details["prefix"] = prefix
+    archive.details["records"] = len(infos)
+    for name, key in (("format_version", ".format_version"), ("storage_alignment", ".storage_alignment"),
+                      ("byteorder", "byteorder"), ("version", "version")):
+        info = by_name.get(f"{prefix}/{key}")
+        if info is not None and info.file_size < 64:
+            archive.details[name] = _read_member(f, info, limits).decode("ascii", "replace").strip()
+    archive.details.setdefault("byteorder", "little (no byteorder record)")
+    compressed = [i.filename for i in infos if i.compress_type != zipfile.ZIP_STORED]
+    if compressed:
+        archive.details["compressed_records"] = len(compressed)
+    encrypted = [i.filename for i in infos if i.flag_bits & 0x1]
+    if encrypted:
+        archive.problems.append(f"{len(encrypted)} zip record(s) are marked encrypted (e.g. {encrypted[0]})")
+    if is_script:
+        archive.details["code_files"] = sum(1 for n in by_name if n.startswith(f"{prefix}/code/") and n.endswith(".py"))
+
+    main = by_name.get(f"{prefix}/data.pkl")
+    if main is None:
+        others = [n for n in by_name if n.endswith("/data.pkl")]
+        if not others:
+            raise CheckpointError(f"{path}: a zip archive without a data.pkl record, not a torch.save checkpoint")
+        main = by_name[others[0]]
+        prefix = main.filename[: -len("/data.pkl")]
+        archive.details["prefix"] = prefix
+    loader = _ZipStorages(archive, by_name, prefix)
+    scan = _scan_member(f, main, loader.load_for("data"), limits, archive)
+    archive.pickles.append(("data.pkl", scan))
+    archive.root = scan.value
+    extra = [i for i in infos if i.filename.endswith(".pkl") and i is not main][:_MAX_EXTRA_PICKLES]
+    for info in extra:
+        # scanned for safety; only TorchScript's constants.pkl holds model tensors (in constants/)
+        load = loader.load_for("constants") if info.filename == f"{prefix}/constants.pkl" else None
+        archive.pickles.append((info.filename.split("/", 1)[-1], _scan_member(f, info, load, limits, archive)))
+    known = {"data.pkl", ".format_version", ".storage_alignment", "byteorder", "version", ".data/serialization_id"}
+    odd = [n for n in by_name if n.split("/", 1)[-1] not in known and not n.startswith(f"{prefix}/data/")
+           and not n.endswith(".pkl")]
+    if odd and not is_script:
+        archive.details["extra_records"] = odd[:10]
+    return archive
+
+
+def _local_data_offset(f: IO[bytes], info: zipfile.ZipInfo) -> int:
+    if info.header_offset < 0:
+        raise CheckpointError(f"corrupt zip: negative offset for {info.filename}")
+    f.seek(info.header_offset)
+    header = f.read(30)
+    if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        raise CheckpointError(f"corrupt zip: bad local header for {info.filename}")
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def _locator(f: IO[bytes], info: zipfile.ZipInfo) -> Locator:
+    return Locator(_local_data_offset(f, info), info.file_size, info.compress_size, info.compress_type)
+
+
+def _member_stream(f: IO[bytes], info: zipfile.ZipInfo) -> IO[bytes]:
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise CheckpointError(f"zip record {info.filename} uses unsupported compression {info.compress_type}")
+    return open_located(f, _locator(f, info))
+
+
+def _read_member(f: IO[bytes], info: zipfile.ZipInfo, limits: Limits) -> bytes:
+    return _member_stream(f, info).read(min(info.file_size, limits.max_inline_bytes))
+
+
+def _scan_member(f: IO[bytes], info: zipfile.ZipInfo, persistent_load: Any, limits: Limits,
+                 archive: Archive) -> PickleScan:
+    try:
+        stream = _member_stream(f, info)
+    except CheckpointError as exc:
+        archive.problems.append(str(exc))
+        return PickleScan(error=str(exc))
+    scan = scan_pickle(Source(stream, info.file_size), persistent_load, limits)
+    if scan.error:
+        archive.problems.append(f"{info.filename}: {scan.error}")
+    return scan
+
+
+class _ZipStorages:
+    """persistent_load for torch zip pickles: ('storage', StorageType, key, location, numel)."""
+
+    def __init__(self, archive: Archive, by_name: dict[str, zipfile.ZipInfo], prefix: str) -> None:
+        self.archive, self.by_name, self.prefix = archive, by_name, prefix
+
+    def load_for(self, folder: str) -> Any:
+        def persistent_load(pid: Any) -> Any:
+            return self.storage(pid, folder)
+
+        return persistent_load
+
+    def storage(self, pid: Any, folder: str) -> Any:
+        ref = _storage_from_pid(pid, 5)
+        if ref is None:
+            return Opaque(f"persistent id {short(pid)}")
+        record = f"{self.prefix}/{folder}/{ref.key}"
+        cache_key = f"{folder}/{ref.key}"
+        known = self.archive.storages.get(cache_key)
+        if known is not None:
+            return known
+        ref.record = record
+        self.archive.storages[cache_key] = ref
+        info = self.by_name.get(record)
+        if info is None:
+            self.archive.problems.append(f"storage record {record} is missing (tensor data lost)")
+        else:
+            self.archive.zip_records[cache_key] = info
+            if info.file_size < ref.nbytes:
+                self.archive.problems.append(
+                    f"storage record {record} holds {info.file_size:,} bytes but {ref.nbytes:,} are declared "
+                    "(truncated file or forged size)")
+        ref.key = cache_key
+        return ref
+
+
+def _storage_from_pid(pid: Any, width: int) -> Optional[StorageRef]:
+    if not isinstance(pid, tuple) or len(pid) < width or pid[0] != "storage":
+        return None
+    stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
+    if not isinstance(stype, GlobalRef) or not isinstance(location, str) or type(numel) is not int or numel < 0:
+        return None
+    if not isinstance(key, (str, int)):
+        return None
+    dtype = STORAGE_DTYPES.get(stype.name, "uint8")
+    return StorageRef(key=str(key), dtype=dtype, itemsize=itemsize(dtype), location=location, numel=numel)
+
+
+# -- stacked pickles: legacy format and plain pickle files ------------------------------------------
+def _read_stacked(path: str, f: IO[bytes], size: int, limits: Limits, *, strict: bool = False) -> Archive:
+    """Pickles one after another: the legacy format when the first is torch's magic number, else plain pickle."""
+    f.seek(0)
+    src = Source(f)
+    archive = Archive(path, "pickle", size)
+    first = scan_pickle(src, None, limits)
+    if first.error and strict:
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint (neither a zip archive nor a pickle)")
+    if first.error and not first.globals and not first.events:
+        raise CheckpointError(f"{path}: not a readable checkpoint: corrupt pickle ({first.error})")
+    archive.pickles.append(("pickle 1", first))
+    if first.error:
+        archive.problems.append(f"pickle 1: {first.error}")
+        return archive
+    archive.format = "legacy" if type(first.value) is int and first.value == LEGACY_MAGIC else "pickle"
+    if archive.format == "legacy":
+        _read_legacy_rest(archive, src, limits)
+    else:
+        archive.root = first.value
+        archive.details["protocol"] = first.protocol
+        _scan_trailing_pickles(archive, src, limits, 2)
+    return archive
+
+
+def _scan_trailing_pickles(archive: Archive, src: Source, limits: Limits, number: int) -> None:
+    """Scan pickles stacked after the first one: `torch.load` reads (and would execute) several."""
+    while number <= _MAX_EXTRA_PICKLES and not src.at_eof():
+        head = src.peek(2)
+        if len(head) < 2 or head[0] != 0x80 or head[1] > 5:
+            archive.details["trailing_bytes"] = True
+            return
+        scan = scan_pickle(src, None, limits)
+        archive.pickles.append((f"pickle {number}", scan))
+        if scan.error:
+            archive.problems.append(f"pickle {number}: {scan.error}")
+            return
+        number += 1
+
+
+def _read_legacy_rest(archive: Archive, src: Source, limits: Limits) -> None:
+    names = ("protocol version", "sys_info")
+    for i, name in enumerate(names, start=2):
+        scan = scan_pickle(src, None, limits)
+        archive.pickles.append((name, scan))
+        if scan.error:
+            archive.problems.append(f"{name}: {scan.error}")
+            return
+        if name == "sys_info" and isinstance(scan.value, dict):
+            little = scan.value.get("little_endian")
+            archive.details["byteorder"] = "little" if little is not False else "big"
+            archive.details["legacy_protocol"] = archive.pickles[1][1].value
+    modules: list[str] = []
+
+    def persistent_load(pid: Any) -> Any:
+        if isinstance(pid, tuple) and pid and pid[0] == "module":
+            if len(pid) > 2 and isinstance(pid[2], str):
+                modules.append(pid[2])
+            return Opaque("module source")
+        ref = _storage_from_pid(pid, 6)
+        if ref is None:
+            return Opaque(f"persistent id {short(pid)}")
+        return archive.storages.setdefault(ref.key, ref)
+
+    main = scan_pickle(src, persistent_load, limits)
+    archive.pickles.append(("object", main))
+    archive.root = main.value
+    archive.details["protocol"] = main.protocol
+    if modules:
+        archive.details["embedded_module_sources"] = sorted(set(modules))[:20]
+    if main.error:
+        archive.problems.append(f"object pickle: {main.error}")
+        return
+    keys_scan = scan_pickle(src, None, limits)
+    archive.pickles.append(("storage keys", keys_scan))
+    keys = keys_scan.value
+    if keys_scan.error or not isinstance(keys, list):
+        archive.problems.append(f"storage key list unreadable: {keys_scan.error or 'not a list'}")
+        return
+    for key in keys:
+        ref = archive.storages.get(str(key))
+        head = src.peek(8)
+        src.skip(len(head))
+        if ref is None or len(head) < 8:
+            archive.problems.append(f"storage {key!r}: data missing or not declared (truncated file?)")
+            return
+        numel = struct.unpack("<q", head)[0]
+        nbytes = numel * ref.itemsize
+        offset = src.tell()
+        if numel < 0 or offset + nbytes > archive.file_size:
+            archive.problems.append(f"storage {key!r}: declares {nbytes:,} bytes but the file ends first (truncated)")
+            return
+        archive.locators[ref.key] = Locator(offset, nbytes)
+        src.skip(nbytes)
+
+
+# -- tar (torch <= 0.1.x) -----------------------------------------------------------------------------
+def _read_tar(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
+    import tarfile
+
+    f.seek(0)
+    archive = Archive(path, "legacy-tar", size)
+    try:
+        with tarfile.open(fileobj=f, mode="r:") as tar:
+            members = {}
+            for member in tar:
+                if member.isfile() and member.name in ("sys_info", "pickle", "tensors", "storages"):
+                    members[member.name] = member
+                if len(members) == 4:
+                    break
+            archive.details["records"] = sorted(members)
+            for name, member in sorted(members.items()):
+                stream = tar.extractfile(member)
+                if stream is None:
+                    continue
+                # the first pickle of each record; `tensors`/`storages` continue with raw data
+                scan = scan_pickle(Source(stream, member.size), None, limits)
+                archive.pickles.append((name, scan))
+                if scan.error and name in ("sys_info", "pickle"):
+                    archive.problems.append(f"tar record {name}: {scan.error}")
+                if name == "pickle":
+                    archive.root = scan.value
+    except tarfile.TarError as exc:
+        raise CheckpointError(f"{path}: corrupt tar archive ({exc})") from None
+    if not archive.pickles:
+        raise CheckpointError(f"{path}: a tar archive without torch records, not a checkpoint")
+    return archive
+
+
+# -- safetensors ------------------------------------------------------------------------------------
+def _looks_like_safetensors(head: bytes, size: int) -> bool:
+    if len(head) < 10:
+        return False
+    n = struct.unpack("<Q", head[:8])[0]
+    return 2 <= n <= min(size - 8, _MAX_SAFETENSORS_HEADER) and head[8:9] == b"{"
+
+
+def _read_safetensors(path: str, f: IO[bytes], size: int) -> Archive:
+    import json
+
+    f.seek(0)
+    n = struct.unpack("<Q", f.read(8))[0]
+    try:
+        header = json.loads(f.read(n).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: corrupt safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
+    archive = Archive(path, "safetensors", size)
+    meta = header.pop("__metadata__", None)
+    if isinstance(meta, dict):
+        archive.details["metadata"] = {str(k): str(v)[:200] for k, v in list(meta.items())[:50]}
+    base = 8 + n
+    root: dict[str, Any] = {}
+    for name, spec in header.items():
+        t = _safetensors_tensor(archive, str(name), spec, base)
+        if t is not None:
+            root[str(name)] = t
+    archive.root = root
+    return archive
+
+
+def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Optional[TensorMeta]:
+    try:
+        dtype = SAFETENSORS_DTYPES[spec["dtype"]]
+        shape = tuple(int(d) for d in spec["shape"])
+        begin, end = (int(x) for x in spec["data_offsets"])
+    except (KeyError, TypeError, ValueError):
+        archive.problems.append(f"safetensors entry {name!r} is malformed")
+        return None
+    size = itemsize(dtype)
+    if begin < 0 or end < begin or base + end > archive.file_size:
+        archive.problems.append(f"safetensors entry {name!r} points past the end of the file (truncated)")
+        return None
+    stride, acc = [], 1
+    for d in reversed(shape):
+        stride.append(acc)
+        acc *= d
+    storage = StorageRef(key=name, dtype=dtype, itemsize=size, location="cpu", numel=(end - begin) // size)
+    archive.storages[name] = storage
+    archive.locators[name] = Locator(base + begin, end - begin)
+    return TensorMeta(dtype=dtype, shape=shape, stride=tuple(reversed(stride)), storage=storage)

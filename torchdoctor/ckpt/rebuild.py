@@ -1,0 +1,103 @@
+"""Turn calls to torch's tensor rebuild functions into `TensorMeta`, reading only their (inert) arguments."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from torchdoctor.ckpt.dtypes import is_dtype_name
+from torchdoctor.ckpt.objects import GlobalRef, StorageRef, TensorMeta
+
+
+def _ints(value: Any) -> Optional[tuple[int, ...]]:
+    if isinstance(value, (tuple, list)) and all(type(v) is int for v in value):
+        return tuple(value)
+    if hasattr(value, "args") and hasattr(value, "qualname") and value.qualname == "torch.Size":
+        return _ints(value.args[0] if isinstance(value.args, tuple) and value.args else None)
+    return None
+
+
+def _dtype(value: Any) -> Optional[str]:
+    if isinstance(value, GlobalRef) and value.module == "torch" and is_dtype_name(value.name):
+        return value.name
+    return None
+
+
+def _strided(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
+             dtype: Optional[str] = None) -> Optional[TensorMeta]:
+    shape, strides = _ints(size), _ints(stride)
+    if not isinstance(storage, StorageRef) or type(offset) is not int or shape is None or strides is None:
+        return None
+    if len(shape) != len(strides) or any(d < 0 for d in shape + strides) or offset < 0:
+        return None
+    return TensorMeta(dtype=dtype or storage.dtype, shape=shape, stride=strides, storage=storage,
+                      storage_offset=offset, requires_grad=requires_grad is True)
+
+
+def _v2(args: tuple) -> Optional[TensorMeta]:
+    if len(args) < 4:
+        return None
+    return _strided(args[0], args[1], args[2], args[3], args[4] if len(args) > 4 else False)
+
+
+def _v3(args: tuple) -> Optional[TensorMeta]:
+    if len(args) < 7:
+        return None
+    return _strided(args[0], args[1], args[2], args[3], args[4], dtype=_dtype(args[6]))
+
+
+def _parameter(args: tuple) -> Optional[TensorMeta]:
+    if not args or not isinstance(args[0], TensorMeta):
+        return None
+    t = args[0]
+    t.is_parameter = True
+    t.requires_grad = bool(args[1]) if len(args) > 1 and isinstance(args[1], bool) else True
+    return t
+
+
+def _from_type(args: tuple) -> Optional[TensorMeta]:
+    # _rebuild_from_type_v2(func, new_type, args, state): func(*args) then cast to new_type
+    if len(args) < 3 or not isinstance(args[0], GlobalRef) or not isinstance(args[2], tuple):
+        return None
+    inner = rebuild(args[0].qualname, args[2])
+    if inner is not None and isinstance(args[1], GlobalRef) and args[1].qualname != "torch.Tensor":
+        if args[1].qualname == "torch.nn.parameter.Parameter":
+            inner.is_parameter = True
+        else:
+            inner.kind = f"subclass:{args[1].qualname}"
+    return inner
+
+
+def _qtensor(args: tuple) -> Optional[TensorMeta]:
+    t = _strided(*args[:4], args[5] if len(args) > 5 else False) if len(args) >= 4 else None
+    if t is not None:
+        t.kind = "quantized"
+    return t
+
+
+def _meta(args: tuple) -> Optional[TensorMeta]:
+    # _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad)
+    if len(args) < 3:
+        return None
+    dtype, shape, strides = _dtype(args[0]), _ints(args[1]), _ints(args[2])
+    if dtype is None or shape is None or strides is None:
+        return None
+    return TensorMeta(dtype=dtype, shape=shape, stride=strides, storage=None, kind="meta")
+
+
+_REBUILDERS = {
+    "torch._utils._rebuild_tensor": _v2,
+    "torch._utils._rebuild_tensor_v2": _v2,
+    "torch._utils._rebuild_tensor_v3": _v3,
+    "torch._utils._rebuild_parameter": _parameter,
+    "torch._utils._rebuild_parameter_with_state": _parameter,
+    "torch._tensor._rebuild_from_type_v2": _from_type,
+    "torch._utils._rebuild_qtensor": _qtensor,
+    "torch._utils._rebuild_meta_tensor_no_storage": _meta,
+}
+
+
+def rebuild(qualname: str, args: Any) -> Optional[TensorMeta]:
+    """The tensor a known rebuild call would produce, or None (then the call stays an inert `Instance`)."""
+    fn = _REBUILDERS.get(qualname)
+    if fn is None or not isinstance(args, tuple):
+        return None
+    return fn(args)

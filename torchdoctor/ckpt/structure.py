@@ -1,0 +1,233 @@
+"""Walk the inert object tree of a checkpoint: tensors with their paths, state dicts, pickled modules, globals.
+
+The walk is iterative, enters each container once (a memo-sharing pickle bomb describes a graph
+that would expand exponentially as a tree) and is bounded in depth and visits, so hostile files end
+with a recorded problem, never a hang or a recursion error.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Any, Iterator
+
+from torchdoctor.ckpt.info import CheckpointInfo, GlobalUse, Path, PickledObject, StateDict, TensorEntry
+from torchdoctor.ckpt.objects import Blob, GlobalRef, Instance, Key, PickledDict, TensorMeta
+from torchdoctor.ckpt.policy import classify
+from torchdoctor.ckpt.reader import Archive
+from torchdoctor.ckpt.unpickler import WEIGHTS_ONLY_OPCODES, short
+
+MAX_VISITS = 5_000_000
+MAX_DEPTH = 400
+_LEAF_TYPES = (int, float, bool, str, type(None), bytes, bytearray, GlobalRef, Blob)
+
+
+def analyze(archive: Archive) -> CheckpointInfo:
+    """Build the `CheckpointInfo` the checks look at from a freshly read archive."""
+    walker = _Walker()
+    walker.walk(archive.root)
+    if archive.format == "torchscript":
+        for name, scan in archive.pickles[1:]:
+            if name.endswith("constants.pkl"):
+                walker.walk(scan.value, ("constants",))
+    return CheckpointInfo(
+        archive=archive,
+        tensors=walker.tensors,
+        state_dicts=walker.state_dicts,
+        objects=walker.objects,
+        optimizer_states=walker.optimizer_states,
+        globals=_globals(archive),
+        events=[(name, ev) for name, scan in archive.pickles for ev in scan.events],
+        unsupported_opcodes=_unsupported_opcodes(archive),
+        top_level=_top_level(archive.root),
+        walk_problems=walker.problems,
+    )
+
+
+def _globals(archive: Archive) -> list[GlobalUse]:
+    counts: dict[str, int] = defaultdict(int)
+    called: set[str] = set()
+    where: dict[str, list[str]] = defaultdict(list)
+    for name, scan in archive.pickles:
+        for qualname, count in scan.globals.items():
+            counts[qualname] += count
+            where[qualname].append(name)
+        called.update(scan.calls)
+    return [GlobalUse(q, classify(q), counts[q], q in called, where[q]) for q in sorted(counts)]
+
+
+def _unsupported_opcodes(archive: Archive) -> set[str]:
+    """Opcodes of the pickles `torch.load(weights_only=True)` interprets that its unpickler rejects."""
+    if archive.format not in ("zip", "legacy"):
+        return set()
+    names = {"data.pkl", "object"}
+    out: set[str] = set()
+    for name, scan in archive.pickles:
+        if name in names:
+            out |= scan.opcodes - WEIGHTS_ONLY_OPCODES
+    return out
+
+
+def _describe(value: Any) -> dict[str, Any]:
+    if isinstance(value, TensorMeta):
+        return {"type": "tensor", "shape": list(value.shape), "dtype": value.dtype}
+    if isinstance(value, bool) or value is None:
+        return {"type": type(value).__name__, "value": value}
+    if isinstance(value, int):
+        return {"type": "int", "value": value if abs(value) < 1 << 63 else str(value)}
+    if isinstance(value, float):  # NaN/Inf are not JSON
+        return {"type": "float", "value": value if math.isfinite(value) else str(value)}
+    if isinstance(value, str):
+        return {"type": "str", "value": value if len(value) <= 80 else value[:77] + "..."}
+    if isinstance(value, dict):
+        tensors = sum(1 for v in value.values() if isinstance(v, TensorMeta))
+        out: dict[str, Any] = {"type": getattr(value, "qualname", "dict"), "len": len(value)}
+        if tensors:
+            out["tensors"] = tensors
+        return out
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return {"type": type(value).__name__, "len": len(value)}
+    if isinstance(value, Instance):
+        return {"type": value.qualname}
+    if isinstance(value, Blob):
+        return {"type": value.kind, "len": value.size}
+    return {"type": type(value).__name__}
+
+
+def _top_level(root: Any) -> list[dict[str, Any]]:
+    if not isinstance(root, dict):
+        return [{"key": "(root)", **_describe(root)}]
+    return [{"key": _name(k), **_describe(v)} for k, v in list(root.items())[:60]]
+
+
+def _name(key: Any) -> str:
+    if isinstance(key, Key):
+        key = key.value
+    return key if isinstance(key, str) else short(key)
+
+
+def _is_module_state(state: dict) -> bool:
+    return "_parameters" in state and "_modules" in state
+
+
+def _is_optimizer_state_dict(value: Any) -> bool:
+    return isinstance(value, dict) and "state" in value and "param_groups" in value
+
+
+class _Walker:
+    def __init__(self) -> None:
+        self.tensors: list[TensorEntry] = []
+        self.state_dicts: list[StateDict] = []
+        self.objects: list[PickledObject] = []
+        self.optimizer_states: list[Path] = []
+        self.problems: list[str] = []
+        self.visits = 0
+        self.entered: dict[int, Any] = {}  # id -> object (kept alive so ids stay unique)
+
+    def walk(self, root: Any, base: Path = ()) -> None:
+        """Depth-first over the object graph; each container is entered once (shared ones are not re-walked)."""
+        stack: list[tuple[Any, Path, bool, bool]] = [(root, base, False, False)]
+        entered = self.entered
+        while stack:
+            obj, path, in_opt, in_module = stack.pop()
+            self.visits += 1
+            if self.visits > MAX_VISITS:
+                self.problems.append(f"the object graph has more than {MAX_VISITS:,} nodes; "
+                                     "the structure report is incomplete")
+                return
+            if isinstance(obj, TensorMeta):
+                self.tensors.append(TensorEntry(path, obj, in_opt))
+                continue
+            if id(obj) in entered:
+                continue
+            entered[id(obj)] = obj
+            if len(path) > MAX_DEPTH:
+                self.problems.append(f"objects nested more than {MAX_DEPTH} levels deep at "
+                                     f"{'/'.join(path[:5])}/...; the structure report is incomplete")
+                return
+            if isinstance(obj, dict):
+                if _is_optimizer_state_dict(obj):
+                    in_opt = True
+                    self.optimizer_states.append(path)
+                elif not in_opt and not in_module:
+                    self.maybe_state_dict(obj, path)
+            elif isinstance(obj, Instance):
+                in_opt, in_module = self.note_object(obj, path, in_opt, in_module)
+            children = [(k, v) for k, v in self.children(obj) if not isinstance(v, _LEAF_TYPES)]
+            for key, child in reversed(children):
+                stack.append((child, path + (key,), in_opt, in_module))
+
+    def children(self, obj: Any) -> Iterator[tuple[str, Any]]:
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield _name(k), v
+            if isinstance(obj, PickledDict) and obj.state is not None:
+                yield "__state__", obj.state
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                yield str(i), v
+        elif isinstance(obj, (set, frozenset)):
+            for i, v in enumerate(obj):
+                yield str(i), v.value if isinstance(v, Key) else v
+        elif isinstance(obj, Instance):
+            state = obj.state_dict_attr()
+            if state:
+                for k, v in state.items():
+                    yield _name(k), v
+            elif obj.state is not None:
+                yield "__state__", obj.state
+            if obj.args not in ((), None):
+                yield "__args__", obj.args
+            for i, v in enumerate(obj.items):
+                yield str(i), v
+            for k, v in obj.setitems:
+                yield _name(k), v
+        elif isinstance(obj, Key):
+            yield "__key__", obj.value
+
+    def maybe_state_dict(self, obj: dict, path: Path) -> None:
+        if not obj or not all(isinstance(k, str) for k in obj):
+            return
+        tensors = {k: v for k, v in obj.items() if isinstance(v, TensorMeta)}
+        if tensors and len(tensors) * 2 >= len(obj):
+            others = [k for k in obj if k not in tensors]
+            self.state_dicts.append(StateDict(path, tensors, others, "dict"))
+
+    def note_object(self, obj: Instance, path: Path, in_opt: bool, in_module: bool) -> tuple[bool, bool]:
+        state = obj.state_dict_attr()
+        qualname = obj.qualname
+        if _is_module_state(state):
+            if not in_module:
+                self.objects.append(PickledObject(path, qualname, "module"))
+                self.state_dicts.append(StateDict(path, _module_state_dict(obj), [], "module"))
+            return in_opt, True
+        if qualname.startswith("torch.optim.") and "param_groups" in state:
+            self.objects.append(PickledObject(path, qualname, "optimizer"))
+            return True, in_module
+        return in_opt, in_module
+
+
+def _module_state_dict(module: Instance) -> dict[str, TensorMeta]:
+    """The keys `module.state_dict()` would produce, from the pickled `_parameters`/`_buffers`/`_modules`."""
+    out: dict[str, TensorMeta] = {}
+    todo: list[tuple[str, Instance, int]] = [("", module, 0)]
+    seen = 0
+    while todo and seen < 200_000:
+        prefix, mod, depth = todo.pop()
+        seen += 1
+        state = mod.state_dict_attr()
+        skip = state.get("_non_persistent_buffers_set")
+        skip_names = {_name(x) for x in skip} if isinstance(skip, (set, frozenset)) else set()
+        if isinstance(skip, Instance):
+            skip_names = {_name(x) for x in skip.args[0]} if skip.args and isinstance(skip.args[0], list) else set()
+        for attr in ("_parameters", "_buffers"):
+            table = state.get(attr)
+            if isinstance(table, dict):
+                for name, t in table.items():
+                    if isinstance(t, TensorMeta) and not (attr == "_buffers" and _name(name) in skip_names):
+                        out[prefix + _name(name)] = t
+        children = state.get("_modules")
+        if isinstance(children, dict) and depth < MAX_DEPTH:
+            for name, child in reversed(list(children.items())):
+                if isinstance(child, Instance):
+                    todo.append((f"{prefix}{_name(name)}.", child, depth + 1))
+    return out
