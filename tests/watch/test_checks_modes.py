@@ -1,0 +1,94 @@
+"""eval-without-no-grad and train-mode-in-eval on real validation loops."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from conftest import batches, mlp, names, session, train_step
+
+
+def _bn_net() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
+
+
+def test_eval_without_no_grad_fires_when_outputs_are_dropped():
+    model = _bn_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = batches(4)
+    with session(model, opt) as s:
+        for x, y in data:
+            train_step(model, opt, x, y)
+        model.eval()
+        val = 0.0
+        for x, y in data:
+            val += nn.functional.cross_entropy(model(x), y).item()  # graph built, then dropped
+    [f] = s.findings
+    assert (f.name, f.code, str(f.severity)) == ("eval-without-no-grad", "TD306", "warning")
+    assert f.location.module == "Sequential" and "inference_mode" in f.fix
+    assert "KiB per forward" in f.message or "bytes per forward" in f.message
+
+
+def test_eval_without_no_grad_fires_when_graphs_are_accumulated():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session(model, opt) as s:
+        model.eval()
+        val = 0
+        for x, y in batches(3):
+            val = val + nn.functional.cross_entropy(model(x), y)  # every graph stays alive
+        assert names(s) == ["eval-without-no-grad"]
+        assert "2 such graph(s) are alive now" in s.findings[0].message  # reported at the second
+
+
+def test_eval_mode_forward_that_is_back_propagated_is_not_flagged():
+    model = _bn_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.eval()  # fine-tuning with frozen BatchNorm statistics
+    with session(model, opt) as s:
+        for x, y in batches(4):
+            train_step(model, opt, x, y)
+    assert s.findings == []
+
+
+def test_backprop_through_an_unfrozen_teacher_is_an_info_note():
+    student, teacher = mlp(), mlp()
+    teacher.eval()
+    opt = torch.optim.SGD(student.parameters(), lr=0.1)
+    with session([student, teacher], opt) as s:
+        for x, _ in batches(3):
+            opt.zero_grad()
+            loss = (student(x) - teacher(x)).pow(2).mean()  # teacher params still require grad
+            loss.backward()
+            opt.step()
+    [f] = s.findings
+    assert (f.name, str(f.severity)) == ("eval-without-no-grad", "info")
+    assert "Sequential#2" in f.message and "requires_grad_(False)" in f.fix
+
+
+def test_train_mode_in_eval_fires_for_validation_without_eval():
+    model = _bn_net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = batches(4)
+    with session(model, opt) as s:
+        for x, y in data:
+            train_step(model, opt, x, y)
+        with torch.no_grad():  # forgot model.eval()
+            for x, _ in data:
+                model(x)
+    [f] = s.findings
+    assert (f.name, f.code) == ("train-mode-in-eval", "TD307")
+    assert "BatchNorm1d, Dropout" in f.message and "model.eval()" in f.fix
+
+
+def test_train_mode_in_eval_ignores_models_without_mode_layers_and_momentum_encoders():
+    plain, key_encoder = mlp(), _bn_net()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    with session([plain, key_encoder], opt) as s:
+        for x, y in batches(4):
+            with torch.no_grad():
+                key_encoder(x)   # MoCo-style: train mode under no_grad, never trained with gradients
+            train_step(plain, opt, x, y)
+        with torch.no_grad():
+            for x, _ in batches(3):
+                plain(x)         # train mode, but no Dropout/BatchNorm: same result as eval()
+    assert s.findings == []

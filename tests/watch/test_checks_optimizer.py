@@ -1,0 +1,135 @@
+"""The optimizer-wiring checks fire on real tiny loops with the mistake, and name where."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from conftest import batches, mlp, names, session, train_step
+
+
+def test_missing_zero_grad_fires_at_the_second_step_and_counts_repeats():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with session(model, opt) as s:
+        for x, y in batches(5):
+            train_step(model, opt, x, y, zero=False)
+    [f] = [f for f in s.findings if f.name == "missing-zero-grad"]
+    assert (f.code, str(f.severity)) == ("TD301", "error")
+    assert f.location.step == 1 and f.location.param == "2.bias"  # smallest parameter with a gradient
+    assert f.count == 4
+    assert "zero_grad()" in f.fix
+
+
+def test_missing_zero_grad_in_an_accumulation_loop_that_never_clears():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with session(model, opt) as s:
+        data = batches(8)
+        for i in range(0, 8, 2):
+            for x, y in data[i:i + 2]:
+                nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert "missing-zero-grad" in names(s)
+
+
+def test_stale_optimizer_params_after_rebinding_a_layer_names_the_new_one():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model[2] = nn.Linear(16, 3)  # re-bound after the optimizer was built
+    with session(model, opt, every=1) as s:
+        for x, y in batches(2):
+            train_step(model, opt, x, y)
+    stale = [f for f in s.findings if f.name == "stale-optimizer-params"]
+    assert len(stale) == 1 and stale[0].code == "TD302"
+    assert "2 of its 4 parameters" in stale[0].message and "`2.weight`" in stale[0].message
+    missing = [f for f in s.findings if f.name == "param-not-in-optimizer"]
+    assert missing and missing[0].location.param == "2.weight"
+
+
+def test_stale_optimizer_params_when_the_whole_model_was_rebuilt():
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters())
+    model = mlp()  # e.g. re-created after loading a config
+    with session(model, opt) as s:
+        pass
+    assert names(s) == ["stale-optimizer-params"]
+
+
+def test_stale_params_are_not_claimed_for_an_optimizer_of_another_model():
+    g, d = mlp(), mlp()
+    opt_g, opt_d = torch.optim.SGD(g.parameters(), lr=0.1), torch.optim.SGD(d.parameters(), lr=0.1)
+    with session(g, [opt_g, opt_d]) as s:  # d itself was not given to watch()
+        pass
+    assert s.findings == []
+
+
+def test_param_not_in_optimizer_for_a_head_added_later():
+    model = mlp()
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)  # forgot the rest
+    with session(model, opt, every=1) as s:
+        for x, y in batches(3):
+            train_step(model, opt, x, y)
+    [f] = [f for f in s.findings if f.name == "param-not-in-optimizer"]
+    assert (f.code, str(f.severity)) == ("TD303", "warning")
+    assert "`2.weight`, `2.bias`" in f.message
+
+
+def test_optimizer_state_dtype_mismatch_after_casting_the_model():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = batches(1)[0]
+    train_step(model, opt, x, y)  # momentum buffers are float32 now
+    model.double()                # same Parameter objects, new dtype: the state is stranded
+    with session(model, opt) as s:
+        pass
+    [f] = s.findings
+    assert (f.name, f.code) == ("optimizer-state-device", "TD304")
+    assert "torch.float32" in f.message and "torch.float64" in f.message
+    assert f.location.key == "momentum_buffer"
+
+
+def test_optimizer_state_cast_after_loading_inside_the_session_is_found_before_the_next_step():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = batches(1)[0]
+    train_step(model, opt, x, y)
+    saved = opt.state_dict()
+    with session(model, opt, every=1) as s:
+        opt.load_state_dict(saved)  # casts the state to the parameters as they are now: fine
+        assert s.findings == []
+        model.double()              # ...but the model is cast afterwards
+        train_step(model, opt, x.double(), y)
+    [f] = s.findings
+    assert f.name == "optimizer-state-device" and f.location.step == 0
+
+
+def test_optimizer_state_on_another_device_is_found_at_start():
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters())
+    x, y = batches(1)[0]
+    train_step(model, opt, x, y)
+    for st in opt.state.values():
+        st["exp_avg"] = st["exp_avg"].to("meta")  # stands in for state left on another device
+    with session(model, opt) as s:
+        pass
+    [f] = s.findings
+    assert f.name == "optimizer-state-device" and "on meta but the parameter is on cpu" in f.message
+
+
+def test_unused_parameters_after_three_checked_steps():
+    class TwoHeads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.aux = nn.Linear(8, 3), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.body(x)
+
+    model = TwoHeads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session(model, opt, every=1) as s:
+        for x, y in batches(4):
+            train_step(model, opt, x, y)
+    [f] = s.findings
+    assert (f.name, f.code, str(f.severity)) == ("unused-parameters", "TD305", "info")
+    assert "`aux.weight`, `aux.bias`" in f.message and f.location.step == 2

@@ -1,0 +1,160 @@
+"""Exception diagnosis: known PyTorch errors propagate unchanged and the report says what the session saw."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import batches, mlp, session, train_step
+
+
+def _raises_through(model, opt, body):
+    s = session(model, opt)
+    with pytest.raises(Exception) as info:
+        with s:
+            body()
+    return s, info.value
+
+
+def test_dtype_mismatch_lists_where_parameters_and_state_live():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = batches(1)[0]
+    raised = []
+
+    def body():
+        train_step(model, opt, x, y)
+        try:
+            model(x.double())
+        except RuntimeError as exc:
+            raised.append(exc)
+            raise
+
+    s, exc = _raises_through(model, opt, body)
+    assert exc is raised[0]  # the very same exception object
+    d = s.diagnosis
+    assert d["kind"] == "dtype-mismatch" and d["error"].startswith("RuntimeError: ")
+    assert "the error came at step 1 (completed steps: SGD 1)" in d["seen"]
+    assert "Sequential parameters: 4 on cpu/torch.float32" in d["seen"]
+    assert "SGD state: 4 on cpu/torch.float32" in d["seen"]
+    assert s.facts["exception"] == d
+
+
+def test_backward_twice_and_the_live_graph_count():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batches(1)[0]
+
+    def body():
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        loss.backward()
+
+    s, exc = _raises_through(model, opt, body)
+    assert "a second time" in str(exc)
+    assert s.diagnosis["kind"] == "backward-twice" and "detach" in s.diagnosis["advice"]
+    assert "autograd graphs of watched forwards still alive: 1" in s.diagnosis["seen"]
+
+
+def test_inplace_modification_advises_anomaly_mode():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sigmoid())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body():
+        out = model(torch.randn(4, 8))
+        out.mul_(2)  # sigmoid saved its output
+        out.sum().backward()
+
+    s, _ = _raises_through(model, opt, body)
+    assert s.diagnosis["kind"] == "inplace-modified" and "set_detect_anomaly" in s.diagnosis["advice"]
+
+
+def test_backward_of_a_loss_computed_under_no_grad():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batches(1)[0]
+
+    def body():
+        with torch.no_grad():
+            loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+
+    s, _ = _raises_through(model, opt, body)
+    assert s.diagnosis["kind"] == "no-grad"
+    assert "the last forward of Sequential ran in train() mode under torch.no_grad()" in s.diagnosis["seen"]
+    assert "Sequential has 4 parameter tensor(s) with requires_grad=True" in s.diagnosis["seen"]
+
+
+def test_load_state_dict_with_a_wrapper_prefix():
+    model = mlp()
+    wrapped = {f"module.{k}": v for k, v in model.state_dict().items()}
+
+    def body():
+        model.load_state_dict(wrapped)
+
+    s, _ = _raises_through(model, None, body)
+    assert s.diagnosis["kind"] == "state-dict-keys"
+    assert "4 missing key(s), 4 unexpected key(s)" in s.diagnosis["seen"]
+    assert "the checkpoint's keys carry the prefix 'module.' that the other side lacks" in s.diagnosis["seen"]
+
+
+def test_findings_before_the_error_are_part_of_the_diagnosis_and_the_report(capsys):
+    import torchdoctor
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batches(1)[0]
+    with pytest.raises(RuntimeError):
+        with torchdoctor.watch(model, opt, on_finding=lambda f: None) as s:
+            for _ in range(2):
+                train_step(model, opt, x, y, zero=False)
+            model(x.double())
+    assert "findings before the error: TD301 missing-zero-grad" in s.diagnosis["seen"]
+    err = capsys.readouterr().err
+    assert "The watched code raised RuntimeError" in err and "fix:" in err
+
+
+def test_raise_mode_never_replaces_the_users_exception(monkeypatch):
+    import torchdoctor
+    from torchdoctor.checks.runtime_graph import GraphRetentionLeak
+    from torchdoctor.findings import Finding
+
+    monkeypatch.setattr(GraphRetentionLeak, "on_stop", lambda self: iter([Finding("an error found at exit")]))
+    model = mlp()
+    with pytest.raises(RuntimeError) as info, pytest.warns(torchdoctor.TorchDoctorWarning, match="at exit"):
+        with torchdoctor.watch(model, on_finding="raise", report=False) as s:  # the finding is warned instead
+            model(torch.zeros(2, 8, dtype=torch.float64))
+    assert type(info.value) is RuntimeError and "dtype" in str(info.value)
+    assert [f.name for f in s.findings] == ["graph-retention-leak"]
+    with pytest.raises(torchdoctor.TorchDoctorError, match="an error found at exit"):
+        with torchdoctor.watch(model, on_finding="raise", report=False):
+            pass  # without a user exception, "raise" applies at exit too
+
+
+def test_unknown_errors_get_no_diagnosis():
+    s, _ = _raises_through(mlp(), None, lambda: (_ for _ in ()).throw(KeyError("x")))
+    assert s.diagnosis is None and "exception" not in s.facts
+
+
+def test_device_mismatch_lists_where_parameters_live():
+    model = mlp()
+    s, exc = _raises_through(model, None, lambda: model(torch.randn(2, 8, device="meta")))
+    assert "expected device" in str(exc)
+    assert s.diagnosis["kind"] == "device-mismatch"
+    assert "Sequential parameters: 4 on cpu/torch.float32" in s.diagnosis["seen"]
+    assert "x = x.to(device)" in s.diagnosis["advice"]
+
+
+def test_out_of_memory_reports_the_live_graphs():
+    model = mlp()
+    kept = []
+
+    def body():
+        for x, y in batches(3):
+            kept.append(nn.functional.cross_entropy(model(x), y))  # validation without no_grad, kept
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")  # as the next one would
+
+    s, exc = _raises_through(model, None, body)
+    assert isinstance(exc, torch.cuda.OutOfMemoryError)
+    assert s.diagnosis["kind"] == "out-of-memory"
+    assert "autograd graphs of watched forwards still alive: 3" in s.diagnosis["seen"]

@@ -1,0 +1,152 @@
+"""What a watch session knows about the training loop, handed to every runtime check as ``ctx``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+
+import torch
+from torch import nn
+
+from torchdoctor.watch.handles import HookSet
+
+if TYPE_CHECKING:
+    from torchdoctor.findings import Finding
+    from torchdoctor.watch.contract import RuntimeCheck
+    from torchdoctor.watch.graphs import GraphTracker
+
+_MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+
+
+def unwrap(module: nn.Module) -> tuple[nn.Module, list[str]]:
+    """See through DataParallel, DistributedDataParallel and torch.compile wrappers."""
+    wrappers: list[str] = []
+    while True:
+        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            wrappers.append(type(module).__name__)
+            module = module.module
+        elif type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
+            wrappers.append("torch.compile")
+            module = module._orig_mod
+        else:
+            return module, wrappers
+
+
+class WatchedModel:
+    """A model given to `watch`: `module` is what the user calls, `inner` the unwrapped model."""
+
+    def __init__(self, module: nn.Module, label: str) -> None:
+        self.module = module
+        self.inner, self.wrappers = unwrap(module)
+        self.label = label
+        self._mode_layers: Optional[list[str]] = None
+        self._footprint: Optional[tuple[int, int]] = None
+
+    def mode_dependent_layers(self) -> list[str]:
+        """Type names of the layers whose behaviour depends on train()/eval() (BatchNorm, Dropout)."""
+        if self._mode_layers is None:
+            self._mode_layers = sorted({type(m).__name__ for m in self.inner.modules() if isinstance(m, _MODE_DEPENDENT)})
+        return self._mode_layers
+
+    def graph_footprint(self, output: Optional[torch.Tensor]) -> tuple[int, int]:
+        """(nodes, bytes saved for backward) of one forward's graph, measured on the first `output` given
+        and cached; (0, 0) while nothing was measured."""
+        if self._footprint is None:
+            if output is None:
+                return (0, 0)
+            from torchdoctor.watch.graphs import footprint
+
+            self._footprint = footprint(output, [*self.inner.parameters(), *self.inner.buffers()])
+        return self._footprint
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        return self.inner.named_parameters()
+
+
+class WatchedOptimizer:
+    """An optimizer given to `watch`, with the count of its completed steps."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, label: str) -> None:
+        self.optimizer = optimizer
+        self.label = label
+        self.steps = 0
+
+    def params(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+
+@dataclass
+class LastForward:
+    """Mode of the most recent watched forward, for the exception diagnosis."""
+
+    label: str
+    training: bool
+    grad_enabled: bool
+    inference_mode: bool
+
+
+@dataclass
+class WatchContext:
+    """The session's view of the loop, shared by all checks of one session."""
+
+    models: list[WatchedModel]
+    optimizers: list[WatchedOptimizer]
+    loaders: list[Any]
+    every: int
+    deterministic: bool
+    graphs: "GraphTracker"
+    emit: Callable[["RuntimeCheck", "Finding"], None]
+    fault: Callable[["RuntimeCheck", BaseException], None]
+    hooks: HookSet = field(default_factory=HookSet)
+    last_forward: Optional[LastForward] = None
+    rank: int = 0
+    world_size: int = 1
+    _names: Optional[dict[int, str]] = None
+
+    @property
+    def step(self) -> int:
+        """Completed steps of the first optimizer (0 without one): the step findings are located at."""
+        return self.optimizers[0].steps if self.optimizers else 0
+
+    def param_name(self, param: torch.Tensor) -> Optional[str]:
+        """The parameter's name in its model (prefixed with the model's label when several are watched)."""
+        if self._names is None:
+            self._names = {}
+            for wm in self.models:
+                prefix = f"{wm.label}." if len(self.models) > 1 else ""
+                for name, p in wm.named_parameters():
+                    self._names.setdefault(id(p), prefix + name)
+        return self._names.get(id(param))
+
+    def forget_names(self) -> None:
+        """Drop the name cache (parameters may have been re-bound since it was built)."""
+        self._names = None
+
+    def model_param_ids(self) -> set[int]:
+        return {id(p) for wm in self.models for p in wm.inner.parameters()}
+
+    def optimizer_param_ids(self) -> set[int]:
+        return {id(p) for wo in self.optimizers for p in wo.params()}
+
+    def release(self) -> None:
+        """Forget models, optimizers and loaders so that a finished session keeps nothing alive."""
+        self.models, self.optimizers, self.loaders = [], [], []
+        self._names = None
+
+
+def first_graph_tensor(output: Any, depth: int = 0) -> Optional[torch.Tensor]:
+    """The first tensor with a ``grad_fn`` in a forward's output (tensor, tuple/list, dict, ModelOutput)."""
+    if isinstance(output, torch.Tensor):
+        return output if output.grad_fn is not None else None
+    if depth > 2:
+        return None
+    if isinstance(output, dict):
+        items = output.values()
+    elif isinstance(output, (tuple, list)):
+        items = output
+    else:
+        return None
+    for item in items:
+        found = first_graph_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None

@@ -1,0 +1,154 @@
+"""The runtime check contract: the events a watch session delivers and the base class of runtime checks.
+
+This module is torch-free: `checks/runtime_*.py` import it when the registry loads.
+
+A runtime check is a class registered with ``@check(..., scope=Scope.RUNTIME)`` that subclasses
+`RuntimeCheck`. Each session builds one instance per enabled check, ``Check(ctx)`` (`ctx` is the
+session's `torchdoctor.watch.context.WatchContext`), and calls its ``on_<event>`` methods. Which events
+a check receives is derived from the ``on_<event>`` methods it overrides, and the session installs only
+the hooks that the union of those events needs. A handler returns ``None`` or an iterable of `Finding`
+(usually it is a generator); the session fills in code, name and default severity (and the step, when
+the location has none), folds repeats (same code, message and location apart from the step) into one
+finding with a count that keeps the first step, and applies ``on_finding`` to each new one.
+
+What ``ctx`` offers: ``models`` (`WatchedModel`: ``module`` as called, ``inner`` unwrapped, ``label``,
+``wrappers``), ``optimizers`` (`WatchedOptimizer`: ``optimizer``, ``label``, ``steps``, ``params()``),
+``loaders`` (those passed with ``loader=``), ``step`` (completed steps of the first optimizer), ``every``,
+``deterministic``, ``rank``/``world_size``, ``param_name(p)``, ``model_param_ids()``,
+``optimizer_param_ids()`` and ``last_forward``.
+
+Events, in the order of a training step (payload types below):
+
+===============  ====================================================================================
+``START``        the session was entered; ``ctx`` lists models, optimizers and loaders. ``on_start()``
+``FORWARD``      a watched model's (outermost wrapper's) forward returned. `ForwardEvent`
+``ZERO_GRAD``    ``zero_grad()`` was called on a watched optimizer. `ZeroGradEvent`
+``STEP_PRE``     a watched optimizer's ``step()`` is about to run (``GradScaler`` may skip it). `StepEvent`
+``PERIODIC``     right after ``STEP_PRE`` when that optimizer's completed-step count is a multiple of
+                 ``every`` (steps 0, every, 2*every, ...). The schedule depends only on the step count,
+                 so it is the same on every rank: a cross-rank check may call collectives here. `StepEvent`
+``STEP_POST``    a watched optimizer's ``step()`` returned. `StepEvent`
+``LOADER_ITER``  any ``DataLoader`` started a pass (``iter(loader)``, i.e. usually a new epoch). `LoaderEvent`
+``STOP``         the session is ending, also when the body raised. ``on_stop()``
+===============  ====================================================================================
+
+Rules for handlers:
+
+- Be cheap on per-step events: no ``.item()`` or other host sync in ``on_forward``; at most one sync per
+  step elsewhere; anything heavier belongs in ``on_periodic``.
+- Never keep a tensor from a payload beyond the handler: keep numbers, ids or ``weakref``s. The session
+  must hold no strong reference to a tensor between steps.
+- Code that runs from a finaliser or GC callback (e.g. `GraphTracker` callbacks) only updates counters;
+  the check yields the finding from its next event.
+- A handler that raises is disabled for the rest of the session and reported once as an internal error;
+  training goes on.
+- Services on ``ctx``: ``ctx.graphs`` (sentinels on autograd graphs, `torchdoctor.watch.graphs`),
+  ``ctx.hooks`` (add any extra handle, e.g. a tensor hook; it is removed at exit), ``ctx.emit(self, finding)``
+  for findings that a check's own instrumentation (a wrapper it installed) produces outside an event, and
+  ``ctx.fault(self, exc)`` for an exception such instrumentation caught: it must never raise into the
+  user's forward, backward or data loading.
+
+Extending (distributed checks, issue 5): a ``checks/ddp_*.py`` module registers `RuntimeCheck`
+subclasses with ``scope=Scope.DISTRIBUTED``; a session also runs those (subject to ``checks=``/``ignore=``)
+when ``torch.distributed`` is initialised, and prints its report on rank 0 only (see ``WatchSession.start``).
+They use the same events (``PERIODIC`` for collectives, ``FORWARD`` and ``LOADER_ITER`` for data
+fingerprints) and ``ctx.rank``/``ctx.world_size``. A new kind of event (e.g. a forward pre-hook on the
+inner module, after DDP's buffer broadcast, for buffer fingerprints) is added as an `Event` member, a
+``on_<event>`` default here, a payload dataclass here and an installer in `torchdoctor.watch.events`.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Optional
+
+from torchdoctor.findings import Finding
+
+if TYPE_CHECKING:
+    from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
+
+
+class Event(str, enum.Enum):
+    """What happened in the training loop; ``RuntimeCheck.on_<value>`` receives it."""
+
+    START = "start"
+    FORWARD = "forward"
+    ZERO_GRAD = "zero_grad"
+    STEP_PRE = "step_pre"
+    PERIODIC = "periodic"
+    STEP_POST = "step_post"
+    LOADER_ITER = "loader_iter"
+    STOP = "stop"
+
+
+@dataclass
+class ForwardEvent:
+    """A watched model's forward returned. `output` is only valid during the handler."""
+
+    model: "WatchedModel"
+    output: Any
+    training: bool
+    grad_enabled: bool
+    inference_mode: bool
+
+
+@dataclass
+class ZeroGradEvent:
+    """``zero_grad()`` ran on a watched optimizer (models are not wrapped: that would reach pickles)."""
+
+    optimizer: "WatchedOptimizer"
+
+
+@dataclass
+class StepEvent:
+    """An optimizer step; `step` counts that optimizer's completed steps before this one."""
+
+    optimizer: "WatchedOptimizer"
+    step: int
+
+
+@dataclass
+class LoaderEvent:
+    """A ``DataLoader`` started a pass; `iterator` is the iterator it returned."""
+
+    loader: Any
+    iterator: Any
+
+
+Findings = Optional[Iterable[Finding]]
+
+
+class RuntimeCheck:
+    """Base class of runtime checks: override the ``on_<event>`` handlers the check needs."""
+
+    def __init__(self, ctx: "WatchContext") -> None:
+        self.ctx = ctx
+
+    @classmethod
+    def subscribed_events(cls) -> list[Event]:
+        """The events whose handler this class overrides (the hooks it makes the session install)."""
+        return [e for e in Event if getattr(cls, f"on_{e.value}") is not getattr(RuntimeCheck, f"on_{e.value}")]
+
+    def on_start(self) -> Findings:
+        return None
+
+    def on_forward(self, event: ForwardEvent) -> Findings:
+        return None
+
+    def on_zero_grad(self, event: ZeroGradEvent) -> Findings:
+        return None
+
+    def on_step_pre(self, event: StepEvent) -> Findings:
+        return None
+
+    def on_periodic(self, event: StepEvent) -> Findings:
+        return None
+
+    def on_step_post(self, event: StepEvent) -> Findings:
+        return None
+
+    def on_loader_iter(self, event: LoaderEvent) -> Findings:
+        return None
+
+    def on_stop(self) -> Findings:
+        return None

@@ -1,0 +1,133 @@
+"""The event layer: turns PyTorch's own hooks into `Event`s and delivers them to the checks that want them.
+
+Only the hooks that the subscribed events need are installed, and every one of them goes into the
+session's `HookSet`, which removes them all when the session stops (also after an exception):
+
+==============================  ============================================================
+FORWARD                         one global ``register_module_forward_hook``, filtered to the watched
+                                models as the user calls them (the outermost wrapper)
+ZERO_GRAD                       per-instance wrappers of the optimizers' ``zero_grad``
+STEP_PRE, PERIODIC, STEP_POST   ``Optimizer.register_step_pre_hook``/``register_step_post_hook``
+LOADER_ITER                     a class-level patch of ``DataLoader.__iter__`` (`patches`)
+START, STOP                     called by the session itself
+==============================  ============================================================
+
+A handler that raises is unsubscribed from every event and reported once (``on_fault``). Findings are
+handed to the sink outside that guard, so ``on_finding="raise"`` and user callbacks reach the user.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.nn.modules.module import register_module_forward_hook
+
+from torchdoctor.findings import Finding
+from torchdoctor.watch.context import LastForward, WatchContext, WatchedModel, WatchedOptimizer
+from torchdoctor.watch.handles import Restore, WarningFilter
+from torchdoctor.watch.contract import (
+    Event,
+    ForwardEvent,
+    LoaderEvent,
+    RuntimeCheck,
+    StepEvent,
+    ZeroGradEvent,
+)
+from torchdoctor.watch.patches import LoaderPatch
+
+Sink = Callable[[RuntimeCheck, Finding], None]
+Fault = Callable[[RuntimeCheck, BaseException], None]
+
+
+class EventHub:
+    """Subscriptions of one session's checks, the hooks behind them, and dispatch."""
+
+    def __init__(self, ctx: WatchContext, checks: Iterable[RuntimeCheck], sink: Sink, on_fault: Fault) -> None:
+        self.ctx = ctx
+        self.sink = sink
+        self.on_fault = on_fault
+        self.subs: dict[Event, list[tuple[RuntimeCheck, Callable[..., Any]]]] = {e: [] for e in Event}
+        self._watched: dict[int, WatchedModel] = {}
+        for chk in checks:
+            for event in type(chk).subscribed_events():
+                self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
+
+    def dispatch(self, event: Event, *payload: Any) -> None:
+        """Call every subscriber; pass its findings to the sink; contain its faults."""
+        for chk, handler in list(self.subs[event]):
+            try:
+                found = handler(*payload)
+                found = list(found) if found is not None else []
+            except Exception as exc:
+                self.disable(chk)
+                self.on_fault(chk, exc)
+                continue
+            for finding in found:  # outside the try: on_finding="raise" and user callbacks may raise
+                self.sink(chk, finding)
+
+    def disable(self, chk: RuntimeCheck) -> None:
+        for subs in self.subs.values():
+            subs[:] = [(c, h) for c, h in subs if c is not chk]
+
+    def install(self) -> None:
+        """Install the hooks behind every event that has at least one subscriber."""
+        wanted = {e for e, subs in self.subs.items() if subs}
+        hooks = self.ctx.hooks
+        if Event.FORWARD in wanted:
+            # global, not per module: nothing of ours lands in the user's modules, so torch.save(model)
+            # and copy.deepcopy(model) (EMA) work unchanged during the session
+            self._watched = {id(wm.module): wm for wm in self.ctx.models}
+            hooks.add(register_module_forward_hook(self._forward))
+            # torch warns that global hooks also fire for an OptimizedModule's inner module; the id lookup in
+            # _forward dispatches each watched call once anyway, so that warning would only puzzle the user
+            hooks.add(WarningFilter(r"Using `torch.compile\(module\)` when there are global hooks"))
+        if Event.ZERO_GRAD in wanted:  # optimizers only: their __getstate__ leaves the wrapper out of copies
+            for wo in self.ctx.optimizers:
+                hooks.add(self._wrap_zero_grad(wo))
+        if wanted & {Event.STEP_PRE, Event.PERIODIC}:
+            for wo in self.ctx.optimizers:
+                hooks.add(wo.optimizer.register_step_pre_hook(functools.partial(self._step_pre, wo)))
+        for wo in self.ctx.optimizers:  # always: it keeps the step count that locations and PERIODIC use
+            hooks.add(wo.optimizer.register_step_post_hook(functools.partial(self._step_post, wo)))
+        if Event.LOADER_ITER in wanted:
+            hooks.add(LoaderPatch(self._loader_iter))
+
+    def _forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        wm = self._watched.get(id(module))
+        if wm is None:
+            return
+        grad_enabled = torch.is_grad_enabled()
+        inference = torch.is_inference_mode_enabled()
+        self.ctx.last_forward = LastForward(wm.label, module.training, grad_enabled, inference)
+        self.dispatch(Event.FORWARD, ForwardEvent(wm, output, module.training, grad_enabled, inference))
+
+    def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
+        event = StepEvent(wo, wo.steps)
+        self.dispatch(Event.STEP_PRE, event)
+        if wo.steps % self.ctx.every == 0:
+            self.ctx.forget_names()
+            self.dispatch(Event.PERIODIC, event)
+
+    def _step_post(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.dispatch(Event.STEP_POST, StepEvent(wo, wo.steps))
+        finally:
+            wo.steps += 1
+
+    def _loader_iter(self, loader: Any, iterator: Any) -> None:
+        self.dispatch(Event.LOADER_ITER, LoaderEvent(loader, iterator))
+
+    def _wrap_zero_grad(self, wo: WatchedOptimizer) -> Restore:
+        obj = wo.optimizer
+        had_own = "zero_grad" in obj.__dict__
+        original = obj.zero_grad
+
+        @functools.wraps(original)
+        def zero_grad(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            self.dispatch(Event.ZERO_GRAD, ZeroGradEvent(wo))
+            return result
+
+        obj.zero_grad = zero_grad
+        return Restore(obj, "zero_grad", zero_grad, original if had_own else Restore._MISSING)

@@ -1,0 +1,70 @@
+"""Removable handles, torch-free: the session's `HookSet`, `Restore` for per-instance monkeypatches, and
+`WarningFilter` for a warning filter that lives as long as the session."""
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+
+class HookSet:
+    """Every removable thing the session (or a check through ``ctx.hooks``) installed; removed at exit."""
+
+    def __init__(self) -> None:
+        self._handles: list[Any] = []
+
+    def add(self, handle: Any) -> Any:
+        """Keep `handle` (anything with ``.remove()``) to remove it when the session ends."""
+        self._handles.append(handle)
+        return handle
+
+    def remove(self, handle: Any) -> None:
+        """Remove one handle now."""
+        if handle in self._handles:
+            self._handles.remove(handle)
+        handle.remove()
+
+    def remove_all(self) -> list[BaseException]:
+        """Remove everything, newest first; returns the errors instead of raising them."""
+        errors: list[BaseException] = []
+        while self._handles:
+            try:
+                self._handles.pop().remove()
+            except Exception as exc:
+                errors.append(exc)
+        return errors
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+
+class Restore:
+    """A handle that undoes a monkeypatch: puts `original` back as `obj.attr` (or deletes the attribute)."""
+
+    _MISSING = object()
+
+    def __init__(self, obj: Any, attr: str, patched: Any, original: Any = _MISSING) -> None:
+        self.obj, self.attr, self.patched, self.original = obj, attr, patched, original
+
+    def remove(self) -> None:
+        if self.obj.__dict__.get(self.attr) is not self.patched:
+            return  # someone else replaced it since; leave theirs alone
+        if self.original is Restore._MISSING:
+            delattr(self.obj, self.attr)
+        else:
+            setattr(self.obj, self.attr, self.original)
+
+
+class WarningFilter:
+    """An "ignore" filter for one warning message while the session runs; `remove()` takes it out again."""
+
+    def __init__(self, message: str, category: type[Warning] = UserWarning) -> None:
+        warnings.filterwarnings("ignore", message=message, category=category)
+        self.entry = warnings.filters[0]
+
+    def remove(self) -> None:
+        if self.entry in warnings.filters:
+            warnings.filters.remove(self.entry)
+            # invalidate the per-module "already warned" caches (the name differs across Python versions)
+            mutated = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held", None)
+            if mutated is not None:
+                mutated()

@@ -1,0 +1,286 @@
+"""`watch()`: the session that runs the runtime checks around a training loop and reports on exit."""
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
+
+import torch
+from torch import nn
+
+from torchdoctor import registry
+from torchdoctor.errors import TorchDoctorError, TorchDoctorWarning
+from torchdoctor.findings import Finding, Location, Severity
+from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer, unwrap
+from torchdoctor.watch.contract import Event, RuntimeCheck
+from torchdoctor.watch.diagnose import diagnose_exception
+from torchdoctor.watch.events import EventHub
+from torchdoctor.watch.graphs import GraphTracker
+
+if TYPE_CHECKING:
+    from torchdoctor.report import Report
+
+logger = logging.getLogger("torchdoctor")
+
+OnFinding = Union[str, Callable[[Finding], Any]]
+F = TypeVar("F", bound=Callable[..., Any])
+_MODES = ("warn", "raise", "log")
+_LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.ERROR: logging.ERROR}
+
+
+def _as_list(value: Any, kind: type, what: str, allow_none: bool = False) -> list[Any]:
+    """One object or a list of them, type-checked with a one-line error."""
+    if value is None:
+        if allow_none:
+            return []
+        raise TypeError(f"watch() needs a {what}")
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    for item in items:
+        if isinstance(item, nn.DataParallel) and what == "optimizer":
+            raise TypeError("watch(): the optimizer is wrapped in nn.DataParallel; wrap the model, not the optimizer")
+        if not isinstance(item, kind):
+            raise TypeError(f"watch(): {what} must be a {kind.__name__} (or a list of them), got {type(item).__name__}")
+    return items
+
+
+def _labels(names: list[str]) -> list[str]:
+    """Type names, numbered where two objects share one (GAN: ``Adam#1``, ``Adam#2``)."""
+    return [f"{n}#{names[:i].count(n) + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
+class WatchSession:
+    """Runs the enabled runtime checks while active: a context manager, a decorator, or start()/stop()."""
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        *,
+        loader: Any = None,
+        checks: Any = None,
+        ignore: Any = None,
+        every: int = 10,
+        on_finding: OnFinding = "warn",
+        deterministic: bool = False,
+        report: bool = True,
+    ) -> None:
+        from torch.utils.data import DataLoader
+
+        self._models = _as_list(model, nn.Module, "model")
+        self._optimizers = _as_list(optimizer, torch.optim.Optimizer, "optimizer", allow_none=True)
+        self._loaders = _as_list(loader, DataLoader, "loader", allow_none=True)
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"watch(): every must be a positive number of steps, got {every!r}")
+        if not callable(on_finding) and on_finding not in _MODES:
+            raise ValueError(f"watch(): on_finding must be one of {', '.join(_MODES)} or a callable, got {on_finding!r}")
+        self._select = [checks] if isinstance(checks, str) else list(checks or [])
+        self._ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
+        self._infos = registry.select(registry.Scope.RUNTIME, self._select, self._ignore)  # unknown name: ValueError
+        self.every = every
+        self.on_finding = on_finding
+        self.deterministic = deterministic
+        self.print_report = report
+        self._found: dict[tuple, Finding] = {}
+        self._info_of: dict[int, registry.CheckInfo] = {}
+        self._ctx: Optional[WatchContext] = None
+        self._hub: Optional[EventHub] = None
+        self._quiet_raise = False
+        self.diagnosis: Optional[dict[str, Any]] = None
+        self.facts: dict[str, Any] = {}
+        self._enabled: list[str] = []
+
+    # -- public API --------------------------------------------------------------------------------
+
+    @property
+    def findings(self) -> list[Finding]:
+        """What the session found so far; repeats are folded into one finding with a count."""
+        return list(self._found.values())
+
+    @property
+    def active(self) -> bool:
+        return self._hub is not None
+
+    def start(self) -> "WatchSession":
+        """Install the hooks the enabled checks need (a no-op when already started)."""
+        if self._hub is not None:
+            return self
+        model_labels = _labels([type(unwrap(m)[0]).__name__ for m in self._models])
+        optimizer_labels = _labels([type(o).__name__ for o in self._optimizers])
+        ctx = WatchContext(
+            models=[WatchedModel(m, label) for m, label in zip(self._models, model_labels)],
+            optimizers=[WatchedOptimizer(o, label) for o, label in zip(self._optimizers, optimizer_labels)],
+            loaders=list(self._loaders),
+            every=self.every,
+            deterministic=self.deterministic,
+            graphs=GraphTracker(),
+            emit=self._sink,
+            fault=self._fault,
+        )
+        infos = list(self._infos)
+        self._info_of = {}
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            ctx.rank, ctx.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+            infos += [i for i in registry.select(registry.Scope.DISTRIBUTED, self._select, self._ignore)
+                      if isinstance(i.impl(registry.Scope.DISTRIBUTED), type)
+                      and issubclass(i.impl(registry.Scope.DISTRIBUTED), RuntimeCheck)]
+        self._ctx = ctx
+        checks: list[RuntimeCheck] = []
+        for info in infos:
+            impl = info.impls.get(registry.Scope.RUNTIME) or info.impls[registry.Scope.DISTRIBUTED]
+            try:
+                chk = impl(ctx)
+            except Exception as exc:
+                self._record(registry.internal_error(info, exc))
+                continue
+            self._info_of[id(chk)] = info
+            checks.append(chk)
+        self._enabled = sorted(self._info_of[id(c)].name for c in checks)
+        self._hub = EventHub(ctx, checks, self._sink, self._fault)
+        try:
+            self._hub.install()
+        except Exception as exc:  # never break training: run without hooks and say why
+            ctx.hooks.remove_all()
+            self._hub = EventHub(ctx, [], self._sink, self._fault)
+            warnings.warn(TorchDoctorWarning(f"torchdoctor.watch could not install its hooks and watches nothing: "
+                                             f"{type(exc).__name__}: {exc}"), stacklevel=2)
+        self._hub.dispatch(Event.START)
+        return self
+
+    def stop(self, exc: Optional[BaseException] = None) -> None:
+        """Run the end-of-session checks, remove every hook, and print the report."""
+        hub, ctx = self._hub, self._ctx
+        if hub is None or ctx is None:
+            return
+        self._quiet_raise = exc is not None  # the user's exception must propagate unchanged
+        try:
+            hub.dispatch(Event.STOP)
+        finally:
+            self._hub = None
+            if exc is not None and not isinstance(exc, TorchDoctorError):
+                try:
+                    self.diagnosis = diagnose_exception(exc, ctx, self.findings)
+                except Exception:  # diagnosing must never replace the user's error
+                    self.diagnosis = None
+            ctx.hooks.remove_all()
+            ctx.graphs.stop()
+            self.facts = self._facts(ctx)
+            ctx.release()
+            self._quiet_raise = False
+            if self.print_report and ctx.rank == 0:
+                self._print_report()
+
+    def report(self) -> "Report":
+        """The session's findings and facts (after the session ended) as a `torchdoctor.report.Report`."""
+        from torchdoctor.report import Report
+
+        subject = ", ".join(m.get("label", "") for m in self.facts.get("models", []))
+        return Report(scope="runtime", findings=self.findings, facts=self.facts, subject=subject)
+
+    def __enter__(self) -> "WatchSession":
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+        self.stop(exc)
+        return False
+
+    def __call__(self, fn: F) -> F:
+        """Use the session as a decorator: every call of `fn` runs inside it."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _sink(self, chk: RuntimeCheck, finding: Finding) -> None:
+        info = self._info_of.get(id(chk))
+        if info is None:
+            return
+        finding = info.complete(finding)
+        if self._ctx is not None and (finding.location is None or finding.location.step is None):
+            finding = replace(finding, location=replace(finding.location or Location(), step=self._ctx.step))
+        self._record(finding)
+
+    def _record(self, finding: Finding) -> None:
+        key = (finding.code, finding.message, replace(finding.location, step=None) if finding.location else None)
+        if key in self._found:
+            self._found[key].count += finding.count
+            return
+        self._found[key] = finding
+        self._notify(finding)
+
+    def _fault(self, chk: RuntimeCheck, exc: BaseException) -> None:
+        info = self._info_of.get(id(chk))
+        if info is not None:
+            self._record(registry.internal_error(info, exc))
+
+    def _notify(self, finding: Finding) -> None:
+        severity = finding.severity or Severity.INFO
+        mode = self.on_finding
+        if callable(mode):
+            mode(finding)
+        elif mode == "log":
+            logger.log(_LOG_LEVEL[severity], _one_line(finding))
+        elif mode == "raise" and severity >= Severity.ERROR and not self._quiet_raise:
+            raise TorchDoctorError(_one_line(finding), finding)
+        elif severity >= Severity.WARNING:
+            warnings.warn(TorchDoctorWarning(_one_line(finding)), stacklevel=3)
+
+    def _facts(self, ctx: WatchContext) -> dict[str, Any]:
+        facts: dict[str, Any] = {
+            "models": [{"label": wm.label, "wrappers": wm.wrappers,
+                        "parameters": sum(p.numel() for p in wm.inner.parameters())} for wm in ctx.models],
+            "optimizers": [{"label": wo.label, "steps": wo.steps} for wo in ctx.optimizers],
+            "checks": self._enabled,
+        }
+        if self.diagnosis is not None:
+            facts["exception"] = self.diagnosis
+        return facts
+
+    def _print_report(self) -> None:
+        from torchdoctor.report import make_console, render_console
+        from torchdoctor.watch.view import facts_view
+
+        try:
+            render_console(self.report(), make_console(stderr=True), fail_on="never", facts_view=facts_view)
+        except Exception as exc:  # printing must not break the user's program
+            logger.warning("torchdoctor could not print its report: %s: %s", type(exc).__name__, exc)
+
+
+def _one_line(finding: Finding) -> str:
+    text = f"{finding.code} {finding.name}: {finding.message}"
+    if finding.location is not None and str(finding.location):
+        text += f" [{finding.location}]"
+    if finding.fix:
+        text += f"\n  fix: {finding.fix.splitlines()[0]}"
+    return text
+
+
+def watch(
+    model: Any,
+    optimizer: Any = None,
+    *,
+    loader: Any = None,
+    checks: Any = None,
+    ignore: Any = None,
+    every: int = 10,
+    on_finding: OnFinding = "warn",
+    deterministic: bool = False,
+    report: bool = True,
+) -> WatchSession:
+    """Watch a training loop for the runtime pitfalls: ``with torchdoctor.watch(model, optimizer): ...``.
+
+    `model`/`optimizer`/`loader` may each be one object or a list; wrappers (DataParallel, DDP,
+    torch.compile) are seen through. `checks`/`ignore` select checks by name or code. Expensive checks
+    run every `every` steps. `on_finding`: "warn" (a `TorchDoctorWarning` per new warning/error),
+    "raise" (a `TorchDoctorError` at the first error), "log" (the ``torchdoctor`` logger, every finding)
+    or a callable given every new finding. `deterministic=True` says the run must be reproducible.
+    `report=False` skips the report printed (to stderr) when the session ends.
+    """
+    return WatchSession(model, optimizer, loader=loader, checks=checks, ignore=ignore, every=every,
+                        on_finding=on_finding, deterministic=deterministic, report=report)
