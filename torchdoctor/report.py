@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
-
-from rich.console import Console, Group, RenderableType
-from rich.markup import escape
-from rich.padding import Padding
-from rich.text import Text
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torchdoctor import __version__
 from torchdoctor.findings import Finding, Severity
+
+if TYPE_CHECKING:  # rich is imported when a console report is rendered, not on the way to the torch probe
+    from rich.console import Console, RenderableType
+    from rich.text import Text
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
 
@@ -63,18 +62,24 @@ def to_json(report: Report) -> str:
     return json.dumps(report.to_dict(), indent=2, default=str, ensure_ascii=False)
 
 
-def make_console(stderr: bool = False) -> Console:
+def make_console(stderr: bool = False) -> "Console":
     """A console that honours NO_COLOR and drops colours when not writing to a terminal."""
+    from rich.console import Console
+
     return Console(stderr=stderr, highlight=False, soft_wrap=False)
 
 
-def render_finding(f: Finding) -> RenderableType:
+def render_finding(f: Finding) -> "RenderableType":
     """One finding: marker, code and name, the message, where, and the indented fix."""
+    from rich.console import Group
+    from rich.padding import Padding
+    from rich.text import Text
+
     mark, style, _, _ = _STYLE[f.severity or Severity.INFO]
     head = Text.assemble((f" {mark} ", style), (f"{f.code} ", "dim"), (f.name, "bold"))
     if f.count > 1:
         head.append(f"  (×{f.count})", style="dim")
-    parts: list[RenderableType] = [head, Padding(Text(f.message), (0, 0, 0, 5), expand=False)]
+    parts: list["RenderableType"] = [head, Padding(Text(f.message), (0, 0, 0, 5), expand=False)]
     if f.location is not None and str(f.location):
         parts.append(Padding(Text.assemble(("where: ", "dim"), str(f.location)), (0, 0, 0, 5), expand=False))
     if f.fix:
@@ -86,7 +91,9 @@ def render_finding(f: Finding) -> RenderableType:
     return Group(*parts)
 
 
-def summary_line(report: Report, fail_on: str) -> Text:
+def summary_line(report: Report, fail_on: str) -> "Text":
+    from rich.text import Text
+
     counts = report.counts()
     if not report.findings:
         return Text("✓ No problems found.", style="bold green")
@@ -109,12 +116,15 @@ def summary_line(report: Report, fail_on: str) -> Text:
 
 def render_console(
     report: Report,
-    console: Console,
+    console: "Console",
     *,
     fail_on: str = "error",
-    facts_view: Optional[Callable[[dict[str, Any]], RenderableType]] = None,
+    facts_view: Optional[Callable[[dict[str, Any]], "RenderableType"]] = None,
 ) -> None:
     """Print the doctor's report: facts (if a view is given), findings by severity, a summary."""
+    from rich.markup import escape
+    from rich.text import Text
+
     title = f"torchdoctor {report.scope}"
     if report.subject:
         title += f" · {escape(report.subject)}"
