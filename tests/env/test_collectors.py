@@ -140,3 +140,20 @@ def test_a_worker_whose_group_leader_died_is_orphaned():
         nohup_job.wait()
     finally:
         os.kill(worker, 9)
+
+
+def test_packages_pinned_to_another_torch_or_to_numpy_1(tmp_path, monkeypatch):
+    info = tmp_path / "torchvision-0.29.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.29.2\n"
+                                   "Requires-Dist: numpy\nRequires-Dist: torch (>=2.14.0)\n"
+                                   "Requires-Dist: scipy ; extra == 'scipy'\n")
+    old = tmp_path / "oldcv-4.0.dist-info"
+    old.mkdir()
+    (old / "METADATA").write_text("Metadata-Version: 2.1\nName: OldCV\nVersion: 4.0\n"
+                                  "Requires-Dist: numpy<2,>=1.21\nRequires-Dist: torch; extra == 'torch'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    facts = packages.collect_packages()
+    assert facts.versions["torchvision"] == "0.29.2"
+    assert facts.torch_requirements["torchvision"] == ">=2.14.0" and "oldcv" not in facts.torch_requirements
+    assert facts.numpy1_only == ["oldcv"]

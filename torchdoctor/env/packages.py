@@ -30,26 +30,31 @@ class PackageFacts:
     torch_cuda: Optional[str] = None
 
 
-def _torch_requirement(requires: list[str]) -> Optional[Requirement]:
-    for line in requires:
-        try:
-            req = Requirement(line)
-        except InvalidRequirement:
-            continue
-        if canonicalize_name(req.name) == "torch" and (req.marker is None or req.marker.evaluate({"extra": ""})):
-            return req
-    return None
+_NAME = re.compile(r"^Name:\s*(\S+)", re.M)
+_VERSION = re.compile(r"^Version:\s*(\S+)", re.M)
+# Only the requirements on torch and numpy matter; the rest of the metadata is never parsed.
+_REQUIRES = re.compile(r"^Requires-Dist:\s*((?:torch|numpy)\b.*)$", re.M | re.I)
 
 
-def _numpy_below_2(requires: list[str]) -> bool:
-    for line in requires:
+def _applies(req: Requirement) -> bool:
+    return req.marker is None or req.marker.evaluate({"extra": ""})
+
+
+def _requirements(metadata_text: str) -> list[Requirement]:
+    out = []
+    for line in _REQUIRES.findall(metadata_text):
         try:
-            req = Requirement(line)
+            req = Requirement(line.strip())
         except InvalidRequirement:
             continue
-        if canonicalize_name(req.name) == "numpy" and req.specifier and (req.marker is None or req.marker.evaluate({"extra": ""})):
-            return not req.specifier.contains("2.0.0", prereleases=True) and req.specifier.contains("1.26.4")
-    return False
+        if canonicalize_name(req.name) in ("torch", "numpy") and _applies(req):
+            out.append(req)
+    return out
+
+
+def _numpy_below_2(req: Requirement) -> bool:
+    return bool(req.specifier) and not req.specifier.contains("2.0.0", prereleases=True) \
+        and req.specifier.contains("1.26.4")
 
 
 def read_torch_cuda(version_py: Path) -> Optional[str]:
@@ -62,22 +67,25 @@ def read_torch_cuda(version_py: Path) -> Optional[str]:
 
 
 def collect_packages() -> PackageFacts:
-    """One pass over installed distributions: companion versions, their torch pins, numpy<2 pins."""
+    """One pass over installed distributions (their METADATA read as text, never imported): companion
+    versions, every torch requirement, and numpy<2 pins."""
     facts = PackageFacts()
     seen: set[str] = set()
     for dist in metadata.distributions():
-        name = canonicalize_name(dist.metadata.get("Name") or "")
+        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        m = _NAME.search(text)
+        name = canonicalize_name(m.group(1)) if m else ""
         if not name or name in seen:
             continue  # the first one on sys.path wins, as it does for imports
         seen.add(name)
-        requires = dist.requires or []
         if name in COMPANIONS:
-            facts.versions[name] = dist.version
-        req = _torch_requirement(requires) if name != "torch" else None
-        if req is not None and str(req.specifier):
-            facts.torch_requirements[name] = str(req.specifier)
-        if _numpy_below_2(requires):
-            facts.numpy1_only.append(name)
+            v = _VERSION.search(text)
+            facts.versions[name] = v.group(1) if v else dist.version
+        for req in _requirements(text):
+            if canonicalize_name(req.name) == "torch" and name != "torch" and str(req.specifier):
+                facts.torch_requirements[name] = str(req.specifier)
+            elif canonicalize_name(req.name) == "numpy" and _numpy_below_2(req):
+                facts.numpy1_only.append(name)
         if name == "torch":
             init = Path(str(dist.locate_file("torch/__init__.py")))
             if init.is_file():
