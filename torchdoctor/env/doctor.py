@@ -8,13 +8,11 @@ from typing import Any, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.env.facts import EnvFacts, NvidiaFacts
-from torchdoctor.env.nvidia import collect_nvidia
-from torchdoctor.env.packages import collect_packages
 from torchdoctor.env.probe import RunningProbe
-from torchdoctor.env.shadowing import find_shadowing, installed_modules, search_dirs
-from torchdoctor.env.system import collect_system, relevant_env
-from torchdoctor.env.toolkit import collect_toolkit
 from torchdoctor.report import Report
+
+# The collectors (psutil, packaging, NVML bindings) are imported after the probe has been started: the
+# probe's `import torch` is the critical path of `torchdoctor env`.
 
 NVML_TIMEOUT_S = 15.0
 
@@ -26,6 +24,8 @@ def _nvidia_with_timeout(timeout: float) -> NvidiaFacts:
 
     def run() -> None:
         try:
+            from torchdoctor.env.nvidia import collect_nvidia
+
             box.append(collect_nvidia())
         except Exception as exc:  # NVML bindings raising something unexpected
             errors.append(exc)
@@ -65,6 +65,11 @@ class FactCollection:
 
     def finish(self) -> EnvFacts:
         """Gather the torch-free facts, then wait for NVML and the probe."""
+        from torchdoctor.env.packages import collect_packages
+        from torchdoctor.env.shadowing import find_shadowing, installed_modules, search_dirs
+        from torchdoctor.env.system import collect_system, relevant_env
+        from torchdoctor.env.toolkit import collect_toolkit
+
         packages = collect_packages()
         facts = EnvFacts(
             cwd=self.cwd,
