@@ -90,6 +90,7 @@ class WatchSession:
         self.diagnosis: Optional[dict[str, Any]] = None
         self.facts: dict[str, Any] = {}
         self._enabled: list[str] = []
+        self.rank_findings: Optional[list[Finding]] = None  # under torch.distributed, on rank 0: every rank's
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -166,6 +167,10 @@ class WatchSession:
             ctx.hooks.remove_all()
             ctx.graphs.stop()
             self.facts = self._facts(ctx)
+            if ctx.world_size > 1:  # every rank's findings go to rank 0's report (torchdoctor.watch.distributed)
+                from torchdoctor.watch.distributed import gather_report
+
+                self.rank_findings, self.facts["ranks"] = gather_report(ctx, self.findings, failed=exc is not None)
             ctx.release()
             self._quiet_raise = False
             if self.print_report and ctx.rank == 0:
@@ -176,7 +181,8 @@ class WatchSession:
         from torchdoctor.report import Report
 
         subject = ", ".join(m.get("label", "") for m in self.facts.get("models", []))
-        return Report(scope="runtime", findings=self.findings, facts=self.facts, subject=subject)
+        findings = self.findings if self.rank_findings is None else self.rank_findings
+        return Report(scope="runtime", findings=findings, facts=self.facts, subject=subject)
 
     def __enter__(self) -> "WatchSession":
         return self.start()
