@@ -132,6 +132,7 @@ def single_rank_group(monkeypatch):
     group.close()
 
 
+@pytest.mark.gloo_in_process
 def test_exchange_splits_large_payloads_into_fixed_size_chunks(single_rank_group):
     payload = bytes(range(256)) * 200  # 51,200 bytes: four chunks
     [msg] = single_rank_group.exchange(wd.STOP, -1, payload)
@@ -140,6 +141,7 @@ def test_exchange_splits_large_payloads_into_fixed_size_chunks(single_rank_group
     assert (msg.kind, msg.step, msg.payload) == (wd.PERIODIC, 7, b"")
 
 
+@pytest.mark.gloo_in_process
 def test_side_group_gives_up_when_no_other_rank_joins(monkeypatch):
     from torch.distributed import HashStore
 

@@ -303,6 +303,37 @@ def test_a_compiled_model_is_seen_through_even_when_compiled_before_watch():
     assert s.facts["models"][0]["wrappers"] == ["torch.compile"]
 
 
+def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(monkeypatch):
+    from torchdoctor.checks import runtime_data, runtime_optimizer
+
+    class Exploding(list):
+        def append(self, item):
+            raise MemoryError("no room")
+
+    original_init = runtime_optimizer._Sentinel.__init__
+
+    def init(self, param):
+        original_init(self, param)
+        self.zero_flags = Exploding()
+
+    monkeypatch.setattr(runtime_optimizer._Sentinel, "__init__", init)
+    monkeypatch.setattr(runtime_data, "_fingerprint", lambda batch: 1 / 0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(torch.arange(24.0).view(24, 1))
+
+    loader = DataLoader(Stream(), batch_size=4, num_workers=2)
+    with session(model, opt) as s:
+        assert sum(len(b) for b in loader) == 48  # data loading went on
+        _no_zero_grad_loop(model, opt, steps=4)   # so did backward, with the sentinel's hook failing
+    faults = {f.name: f for f in s.findings if "failed internally" in f.message}
+    assert "MemoryError: no room" in faults["missing-zero-grad"].message
+    assert "ZeroDivisionError" in faults["iterable-dataset-duplication"].message
+
+
+@pytest.mark.gloo_in_process
 def test_distributed_runtime_checks_join_under_torch_distributed(tmp_path, monkeypatch, capsys):
     import torch.distributed as dist
 
@@ -366,31 +397,3 @@ def test_saving_and_copying_the_model_during_a_session_carries_nothing_of_watch(
 
 
 
-def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(monkeypatch):
-    from torchdoctor.checks import runtime_data, runtime_optimizer
-
-    class Exploding(list):
-        def append(self, item):
-            raise MemoryError("no room")
-
-    original_init = runtime_optimizer._Sentinel.__init__
-
-    def init(self, param):
-        original_init(self, param)
-        self.zero_flags = Exploding()
-
-    monkeypatch.setattr(runtime_optimizer._Sentinel, "__init__", init)
-    monkeypatch.setattr(runtime_data, "_fingerprint", lambda batch: 1 / 0)
-    model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    class Stream(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter(torch.arange(24.0).view(24, 1))
-
-    loader = DataLoader(Stream(), batch_size=4, num_workers=2)
-    with session(model, opt) as s:
-        assert sum(len(b) for b in loader) == 48  # data loading went on
-        _no_zero_grad_loop(model, opt, steps=4)   # so did backward, with the sentinel's hook failing
-    faults = {f.name: f for f in s.findings if "failed internally" in f.message}
-    assert "MemoryError: no room" in faults["missing-zero-grad"].message
-    assert "ZeroDivisionError" in faults["iterable-dataset-duplication"].message
