@@ -214,7 +214,10 @@ def list_checks(scope: Optional[str], fmt: str) -> None:
     table.add_column("summary", overflow="fold")
     for c in checks:
         table.add_row(c.code, c.name, ",".join(str(s) for s in c.scopes), str(c.severity), c.origin, c.summary)
-    make_console().print(table)
+    console = make_console()
+    if not console.is_terminal:
+        console.width = 400  # piped: one line per check, for grep and scripts
+    console.print(table)
 
 
 @cli.command()
