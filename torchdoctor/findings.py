@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, fields, replace
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 
 class Severity(enum.IntEnum):
@@ -89,6 +89,14 @@ class Finding:
     def with_count(self, count: int) -> "Finding":
         return replace(self, count=count)
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Finding":
+        """The inverse of `to_dict` (findings travel between ranks as JSON)."""
+        loc = d.get("location")
+        return cls(message=d["message"], fix=d.get("fix", ""), code=d.get("code", ""), name=d.get("name", ""),
+                   severity=Severity.parse(d["severity"]) if d.get("severity") else None,
+                   count=d.get("count", 1), location=Location(**loc) if loc else None)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "code": self.code,
@@ -114,3 +122,31 @@ def fold(findings: "list[Finding]") -> "list[Finding]":
         else:
             merged[k] = replace(f)
     return list(merged.values())
+
+
+def merge_ranks(received: "dict[int, list[Finding]]", cross_rank: Collection[str] = ()) -> "list[Finding]":
+    """One finding per problem across the ranks of a job, saying which ranks saw it: ``[rank 1] ...``,
+    ``[ranks 1, 3] ...``, ``[all 4 ranks] ...``. Findings of `cross_rank` checks already compare ranks and
+    are kept as they are when every rank made them, or only rank 0 (the one that compares) did."""
+    groups: dict[tuple, tuple[Finding, list[int]]] = {}
+    for rank in sorted(received):
+        for f in received[rank]:
+            loc = replace(f.location, step=None, rank=None) if f.location else None
+            key = (f.code, f.message, loc)
+            if key in groups:
+                groups[key][1].append(rank)
+            else:
+                groups[key] = (f, [rank])
+    reporting = len(received)
+    merged = []
+    for f, seen in groups.values():
+        if reporting < 2 or (f.name in cross_rank and (len(seen) == reporting or seen == [0])):
+            merged.append(f)
+            continue
+        ranks = ", ".join(map(str, seen))
+        where = f"all {reporting} ranks" if len(seen) == reporting else f"rank{'s' if len(seen) > 1 else ''} {ranks}"
+        loc = f.location or Location()
+        if len(seen) == 1:
+            loc = replace(loc, rank=seen[0])
+        merged.append(replace(f, message=f"[{where}] {f.message}", location=loc if str(loc) else None))
+    return merged

@@ -7,7 +7,7 @@ import platform
 from typing import Any, Mapping, Optional
 
 from torchdoctor.env.facts import EnvFacts, LaunchFacts, RankFacts
-from torchdoctor.findings import Finding, Location, Severity
+from torchdoctor.findings import Finding, merge_ranks
 
 # Variables that change collective or numerical behaviour: every rank must see the same value.
 MUST_AGREE = ("TORCH_DISTRIBUTED_DEBUG", "CUBLAS_WORKSPACE_CONFIG", "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF",
@@ -77,34 +77,8 @@ def parse_ranks(answer: Optional[dict[str, Any]], world_size: int) -> "tuple[lis
     return sorted(ranks, key=lambda r: r.rank), sorted(answer.get("missing", []))
 
 
-def _finding_from_dict(d: dict[str, Any]) -> Finding:
-    loc = d.get("location")
-    return Finding(message=d["message"], fix=d.get("fix", ""), code=d["code"], name=d["name"],
-                   severity=Severity.parse(d["severity"]), count=d.get("count", 1),
-                   location=Location(**loc) if loc else None)
-
-
 def fold_ranks(own: list[Finding], ranks: list[RankFacts], own_rank: int = 0) -> list[Finding]:
     """One finding per problem, saying which ranks saw it: rank 0's own findings plus the other ranks'."""
-    groups: dict[tuple, tuple[Finding, list[int]]] = {}
-    sources = [(own_rank, own)] + [(r.rank, [_finding_from_dict(d) for d in r.findings])
-                                   for r in ranks if r.rank != own_rank]
-    for rank, findings in sources:
-        for f in findings:
-            key = (f.code, f.message, dataclasses.replace(f.location, rank=None) if f.location else None)
-            if key in groups:
-                groups[key][1].append(rank)
-            else:
-                groups[key] = (f, [rank])
-    reporting = len(sources)
-    out = []
-    for f, seen in groups.values():
-        if reporting < 2 or f.name == "rank-env-mismatch":
-            out.append(f)
-            continue
-        where = f"all {reporting} ranks" if len(seen) == reporting else "rank " + ", ".join(map(str, sorted(seen)))
-        loc = f.location or Location()
-        if len(seen) == 1:
-            loc = dataclasses.replace(loc, rank=seen[0])
-        out.append(dataclasses.replace(f, message=f"[{where}] {f.message}", location=loc if str(loc) else None))
-    return out
+    received = {own_rank: own}
+    received.update({r.rank: [Finding.from_dict(d) for d in r.findings] for r in ranks if r.rank != own_rank})
+    return merge_ranks(received, cross_rank={"rank-env-mismatch"})

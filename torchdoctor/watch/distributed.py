@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from torchdoctor import registry
-from torchdoctor.findings import Finding, Location, Severity
+from torchdoctor.findings import Finding, merge_ranks as merge_findings
 
 if TYPE_CHECKING:
     from torchdoctor.watch.context import WatchContext
@@ -440,13 +440,7 @@ def _load(payload: bytes) -> dict[str, Any]:
 
 
 def _findings(payload: dict[str, Any]) -> list[Finding]:
-    out = []
-    for d in payload.get("findings", []):
-        loc = d.get("location")
-        out.append(Finding(message=d["message"], fix=d.get("fix", ""), code=d.get("code", ""), name=d.get("name", ""),
-                           severity=Severity.parse(d["severity"]) if d.get("severity") else None,
-                           count=d.get("count", 1), location=Location(**loc) if loc else None))
-    return out
+    return [Finding.from_dict(d) for d in payload.get("findings", [])]
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -454,31 +448,8 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def merge_ranks(received: dict[int, list[Finding]]) -> list[Finding]:
-    """One finding per problem, saying which ranks saw it (``[rank 1]``, ``[all 4 ranks]``). A cross-rank
-    finding (a distributed check) that every rank made is shown as is: it already names the ranks."""
-    cross_rank = {c.name for c in registry.all_checks(registry.Scope.DISTRIBUTED)}
-    groups: dict[tuple, tuple[Finding, list[int]]] = {}
-    for rank in sorted(received):
-        for f in received[rank]:
-            loc = dataclasses.replace(f.location, step=None, rank=None) if f.location else None
-            key = (f.code, f.message, loc)
-            if key in groups:
-                groups[key][1].append(rank)
-            else:
-                groups[key] = (f, [rank])
-    reporting = len(received)
-    merged = []
-    for f, seen in groups.values():
-        if reporting < 2 or (len(seen) == reporting and f.name in cross_rank):
-            merged.append(f)
-            continue
-        where = f"all {reporting} ranks" if len(seen) == reporting else \
-            ("rank " if len(seen) == 1 else "ranks ") + _ranks(seen)
-        loc = f.location or Location()
-        if len(seen) == 1:
-            loc = dataclasses.replace(loc, rank=seen[0])
-        merged.append(dataclasses.replace(f, message=f"[{where}] {f.message}", location=loc if str(loc) else None))
-    return merged
+    """Every rank's findings merged on rank 0 (see `torchdoctor.findings.merge_ranks`)."""
+    return merge_findings(received, cross_rank={c.name for c in registry.all_checks(registry.Scope.DISTRIBUTED)})
 
 
 def exchange_for(ctx: "WatchContext") -> RankExchange:
