@@ -66,24 +66,40 @@ def _batchnorm_buffers(ex: "RankExchange") -> set[str]:
             for b, _ in m.named_buffers(recurse=False)}
 
 
-@check(code="TD401", name="ddp-buffer-desync", scope=Scope.DISTRIBUTED, severity="warning",
-       summary="Buffers (BatchNorm running statistics, masks, counters) differ across DDP ranks.")
-class DDPBufferDesync(RuntimeCheck):
-    """Buffers fingerprinted as the inner module starts a due step's forward (after DDP's broadcast, before
-    BatchNorm updates them), compared at PERIODIC."""
+class _CrossRankCheck(RuntimeCheck):
+    """A check that compares one `part` of the ranks' fingerprints at PERIODIC, and reports once."""
+
+    part = ""
 
     def on_start(self) -> None:
-        self.ex = _exchange(self, "buffers")
+        self.ex = _exchange(self, self.part)
         self.reported = False
+
+    def _round(self, event: StepEvent) -> Optional["Round"]:
+        """This step's exchanged fingerprints, or None (nothing to compare, or already reported)."""
+        if self.ex is None or self.reported:
+            return None
+        return self.ex.round(event)
+
+
+class _FingerprintedInForward(_CrossRankCheck):
+    """Its fingerprint is taken in the next due step's forward, which the exchange arms after each step."""
 
     def on_step_post(self, event: StepEvent) -> None:
         if self.ex is not None and not self.reported:
             self.ex.on_step_post(event)
 
+
+@check(code="TD401", name="ddp-buffer-desync", scope=Scope.DISTRIBUTED, severity="warning",
+       summary="Buffers (BatchNorm running statistics, masks, counters) differ across DDP ranks.")
+class DDPBufferDesync(_FingerprintedInForward):
+    """Buffers fingerprinted as the inner module starts a due step's forward (after DDP's broadcast, before
+    BatchNorm updates them), compared at PERIODIC."""
+
+    part = "buffers"
+
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
-        if self.ex is None or self.reported:
-            return
-        rnd = self.ex.round(event)
+        rnd = self._round(event)
         if rnd is None:
             return
         names, _ = self.ex.names("buffers")
@@ -112,18 +128,14 @@ class DDPBufferDesync(RuntimeCheck):
 
 @check(code="TD402", name="ddp-param-desync", scope=Scope.DISTRIBUTED, severity="error",
        summary="Parameters differ across DDP ranks: something changed them outside DDP's synchronised update.")
-class DDPParamDesync(RuntimeCheck):
+class DDPParamDesync(_CrossRankCheck):
     """Parameters fingerprinted at PERIODIC (before the step: every rank holds the result of the same
     averaged updates there) and compared with rank 0's."""
 
-    def on_start(self) -> None:
-        self.ex = _exchange(self, "params")
-        self.reported = False
+    part = "params"
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
-        if self.ex is None or self.reported:
-            return
-        rnd = self.ex.round(event)
+        rnd = self._round(event)
         if rnd is None:
             return
         names, _ = self.ex.names("params")
@@ -146,23 +158,18 @@ class DDPParamDesync(RuntimeCheck):
 
 @check(code="TD403", name="ddp-same-data", scope=Scope.DISTRIBUTED, severity="error",
        summary="Every rank receives the identical batch: no DistributedSampler, so N ranks do the work of one.")
-class DDPSameData(RuntimeCheck):
+class DDPSameData(_FingerprintedInForward):
     """An 8-byte hash of the first training batch of each due step. Ranks with equal hashes at two
     exchanges whose batches changed in between get the same data (constant inputs prove nothing)."""
 
-    def on_start(self) -> None:
-        self.ex = _exchange(self, "data")
-        self.previous: Optional[tuple[int, list[Any]]] = None  # (step, each rank's hash) of the last exchange
-        self.reported = False
+    part = "data"
 
-    def on_step_post(self, event: StepEvent) -> None:
-        if self.ex is not None and not self.reported:
-            self.ex.on_step_post(event)
+    def on_start(self) -> None:
+        super().on_start()
+        self.previous: Optional[tuple[int, list[Any]]] = None  # (step, each rank's hash) of the last exchange
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
-        if self.ex is None or self.reported:
-            return
-        rnd = self.ex.round(event)
+        rnd = self._round(event)
         if rnd is None:
             return
         hashes = [p.get("data") for p in rnd.payloads]
