@@ -53,10 +53,6 @@ def pip_install(facts: EnvFacts, cuda: Optional[tuple[int, int]], force: bool = 
     return f"pip install {'--force-reinstall ' if force else ''}{pin} --index-url {INDEX_URL.format(tag=tag)}"
 
 
-def gib(n: Optional[float]) -> str:
-    return "?" if n is None else f"{n / GiB:.1f} GiB"
-
-
 def size(n: Optional[float]) -> str:
     if n is None:
         return "?"

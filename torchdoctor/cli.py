@@ -35,19 +35,19 @@ def report_options(func: Optional[Callable[..., Any]] = None, *,
     if func is None:
         return functools.partial(report_options, formats=formats, format_help=format_help)
 
-    @click.option("--format", "fmt", type=click.Choice(list(formats)), default="console",
-                  show_default=True, help=format_help)
-    @click.option("--select", multiple=True, metavar="NAME|CODE",
-                  help="Run only these checks (repeatable or comma-separated).")
-    @click.option("--ignore", multiple=True, metavar="NAME|CODE",
-                  help="Skip these checks (repeatable or comma-separated).")
-    @click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default="error", show_default=True,
-                  help="Exit 1 when a finding is at or above this severity.")
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return func(*args, **kwargs)
-
-    return wrapper
+    options = [
+        click.option("--format", "fmt", type=click.Choice(list(formats)), default="console",
+                     show_default=True, help=format_help),
+        click.option("--select", multiple=True, metavar="NAME|CODE",
+                     help="Run only these checks (repeatable or comma-separated)."),
+        click.option("--ignore", multiple=True, metavar="NAME|CODE",
+                     help="Skip these checks (repeatable or comma-separated)."),
+        click.option("--fail-on", type=click.Choice(FAIL_ON_CHOICES), default="error", show_default=True,
+                     help="Exit 1 when a finding is at or above this severity."),
+    ]
+    for option in reversed(options):  # the same order in --help as written here
+        func = option(func)
+    return func
 
 
 def project_config() -> ProjectConfig:

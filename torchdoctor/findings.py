@@ -86,9 +86,6 @@ class Finding:
         """Identity used to fold repeats of the same finding into one with a count."""
         return (self.code, self.message, self.location)
 
-    def with_count(self, count: int) -> "Finding":
-        return replace(self, count=count)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
         """The inverse of `to_dict` (findings travel between ranks as JSON)."""

@@ -35,7 +35,6 @@ class StateDict:
 
     path: Path
     tensors: dict[str, TensorMeta]
-    other_keys: list[str] = field(default_factory=list)
     source: str = "dict"  # dict, or module (rebuilt from a pickled nn.Module's _parameters/_buffers)
 
 

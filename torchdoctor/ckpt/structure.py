@@ -189,8 +189,7 @@ class _Walker:
             return
         tensors = {k: v for k, v in obj.items() if isinstance(v, TensorMeta)}
         if tensors and len(tensors) * 2 >= len(obj):
-            others = [k for k in obj if k not in tensors]
-            self.state_dicts.append(StateDict(path, tensors, others, "dict"))
+            self.state_dicts.append(StateDict(path, tensors, "dict"))
 
     def note_object(self, obj: Instance, path: Path, in_opt: bool, in_module: bool) -> tuple[bool, bool]:
         state = obj.state_dict_attr()
@@ -198,7 +197,7 @@ class _Walker:
         if _is_module_state(state):
             if not in_module:
                 self.objects.append(PickledObject(path, qualname, "module"))
-                self.state_dicts.append(StateDict(path, _module_state_dict(obj), [], "module"))
+                self.state_dicts.append(StateDict(path, _module_state_dict(obj), "module"))
             return in_opt, True
         if qualname.startswith("torch.optim.") and "param_groups" in state:
             self.objects.append(PickledObject(path, qualname, "optimizer"))
