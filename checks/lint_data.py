@@ -78,8 +78,7 @@ def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
     index = src.index
     if any(c.attr == "set_epoch" for c in index.all_calls()):
         return
-    elsewhere = src.project.files_calling_set_epoch - {src.path}
-    if elsewhere:
+    if src.project.set_epoch_called_elsewhere():
         return  # the project calls set_epoch in another module; the runtime check confirms it per epoch
     for scope, sampler, name in _samplers(index):
         for loader in _loaders_of(scope, sampler, name):

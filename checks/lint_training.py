@@ -221,4 +221,4 @@ def _called_only_with_grad(src: SourceFile, scope: FunctionScope) -> bool:
              and isinstance(c.node.func, ast.Attribute if method else ast.Name)]
     if not sites or any(c.grad_off for c in sites):
         return False
-    return not src.project.mentioned_elsewhere(scope.name, src.path)
+    return not src.project.mentioned_elsewhere(scope.name)

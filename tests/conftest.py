@@ -1,10 +1,18 @@
-"""Suite-wide ordering: tests that create a gloo process group inside the pytest process run last.
+"""Suite-wide set-up.
 
-A gloo group leaves native threads and sockets behind in this process; forking DataLoader workers after
-that is a known source of rare "terminate called ..." crashes in the child, so every test that forks
-workers runs before them.
+Ordering: tests that create a gloo process group inside the pytest process run last. A gloo group leaves
+native threads and sockets behind in this process; forking DataLoader workers after that is a known
+source of rare "terminate called ..." crashes in the child, so every test that forks workers runs before them.
+
+Isolation: every test gets its own lint results cache, so no test reads another's results or the user's.
 """
+import pytest
 
 
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("gloo_in_process") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _private_lint_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("TORCHDOCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("lint-cache")))

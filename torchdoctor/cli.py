@@ -157,15 +157,18 @@ def env(obj: dict[str, Any], fmt: str, select: tuple[str, ...], ignore: tuple[st
               "prefix-strip-by-slicing) in place.")
 @click.option("--diff", is_flag=True,
               help="Print the safe rewrites as a unified diff and change nothing (exit 1 when there is one).")
+@click.option("--no-cache", is_flag=True, help="Check every file, ignoring and not updating the results cache "
+              "(kept in $TORCHDOCTOR_CACHE_DIR, default ~/.cache/torchdoctor).")
 def lint(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str, paths: tuple[str, ...],
-         exclude: tuple[str, ...], fix: bool, diff: bool) -> None:
+         exclude: tuple[str, ...], fix: bool, diff: bool, no_cache: bool) -> None:
     """Find training-loop pitfalls in Python source (files or folders; default: the current folder).
 
     Silence one line with `# torchdoctor: ignore[name]`; project defaults go in `[tool.torchdoctor]`.
+    Unchanged files are not checked again: their results come from a cache (see --no-cache).
     """
     from torchdoctor.lint.command import run_lint
 
-    run_lint(paths, fmt, select, ignore, fail_on, exclude, fix, diff)
+    run_lint(paths, fmt, select, ignore, fail_on, exclude, fix, diff, use_cache=not no_cache)
 
 
 @cli.command("check-ckpt")

@@ -101,7 +101,7 @@ def test_json_and_sarif(project):
 def test_console_report(project):
     write(project, "train.py", LEAKY)
     out = run().output
-    assert "missing-zero-grad" in out and "train.py:7:9" in out and "Checked 1 Python files" in out
+    assert "missing-zero-grad" in out and "train.py:7:9" in out and "Checked 1 Python file in" in out
 
 
 def test_ignore_comments_by_name_or_code_only_on_their_line(project):

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import click
 from rich.text import Text
 
 from torchdoctor import registry
 from torchdoctor.cli import InputError, emit, project_config, resolve_fail_on, selected_checks
+from torchdoctor.lint.cache import LintCache, default_cache_dir
 from torchdoctor.lint.files import Pattern, compile_pattern
 from torchdoctor.lint.fixes import apply_edits, file_edits, unified_diff
 from torchdoctor.lint.output import text_line, to_sarif
@@ -19,22 +20,33 @@ from torchdoctor.report import Report, exit_code
 
 def facts_view(facts: dict[str, Any]) -> Text:
     """The one-line structure view of a lint run for the console report."""
-    text = Text(f"Checked {facts.get('files', 0)} Python files in {facts.get('seconds', 0):.2f} s", style="dim")
+    files = facts.get("files", 0)
+    text = Text(f"Checked {counted(files, 'Python file')} in {facts.get('seconds', 0):.2f} s", style="dim")
+    reused = files - facts.get("checked", files)
+    if reused:
+        text.append(f" ({reused} unchanged, results from the cache)", style="dim")
     if facts.get("unreadable"):
         text.append(f"; {len(facts['unreadable'])} could not be read", style="dim")
     if facts.get("fixed"):
-        text.append(f"; fixed {facts['fixed']} findings", style="dim")
+        text.append(f"; fixed {counted(facts['fixed'], 'finding')}", style="dim")
     return text
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 file`, `2 files`."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def run_lint(paths: Sequence[str], fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str,
-             exclude: tuple[str, ...], fix: bool, diff: bool) -> None:
+             exclude: tuple[str, ...], fix: bool, diff: bool, use_cache: bool = True) -> None:
     """Lint `paths`, apply or show the safe rewrites, print the report and exit with its code."""
     checks = selected_checks(registry.Scope.SOURCE, select, ignore)
     config = project_config()
     root = os.path.dirname(config.path) if config.path else None
     excludes = [*(compile_pattern(e, root) for e in config.exclude), *exclude]  # the table's patterns: from its folder
-    result = _lint(paths or ["."], checks, excludes)
+    cache = LintCache(default_cache_dir(), root or os.getcwd(), checks) if use_cache else None
+    # Cached results carry no rewrites: --fix and --diff check every file afresh.
+    result = _lint(paths or ["."], checks, excludes, None if fix or diff else cache)
     fixed = 0
     if diff or fix:
         changes = _rewrites(result)
@@ -47,8 +59,8 @@ def run_lint(paths: Sequence[str], fmt: str, select: tuple[str, ...], ignore: tu
                 fh.write(after)
             fixed += count
         if changes:
-            click.echo(f"torchdoctor: fixed {fixed} findings in {len(changes)} files", err=True)
-            result = _lint(paths or ["."], checks, excludes)
+            click.echo(f"torchdoctor: fixed {counted(fixed, 'finding')} in {counted(len(changes), 'file')}", err=True)
+            result = _lint(paths or ["."], checks, excludes, cache)
     fail_on = resolve_fail_on(fail_on)
     if fmt == "text":
         for f in result.findings:
@@ -64,9 +76,10 @@ def run_lint(paths: Sequence[str], fmt: str, select: tuple[str, ...], ignore: tu
     emit(Report(scope="source", findings=result.findings, facts=facts, subject=subject), fmt, fail_on, facts_view)
 
 
-def _lint(paths: Sequence[str], checks: list, excludes: Sequence["str | Pattern | None"]) -> LintResult:
+def _lint(paths: Sequence[str], checks: list, excludes: Sequence["str | Pattern | None"],
+          cache: Optional[LintCache]) -> LintResult:
     try:
-        return lint_paths(paths, checks, [e for e in excludes if e is not None])
+        return lint_paths(paths, checks, [e for e in excludes if e is not None], cache=cache)
     except FileNotFoundError as exc:
         raise InputError(f"no such file or directory: {exc.args[0]}") from None
 

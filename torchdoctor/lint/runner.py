@@ -15,7 +15,8 @@ from typing import Iterable, Optional, Sequence
 from torchdoctor import registry
 from torchdoctor.findings import Finding, Location, fold
 from torchdoctor.lint.files import Pattern, discover, display_path
-from torchdoctor.lint.source import ProjectFacts, SourceFile
+from torchdoctor.lint.cache import FileResult, LintCache, digest
+from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
 
 _IGNORE = re.compile(r"#\s*torchdoctor:\s*ignore(?:\[([^\]]*)\])?")
 _ALL = "*"
@@ -28,33 +29,34 @@ class LintResult:
     findings: list[Finding]
     files: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    checked: int = 0  # files checked in this run; the others' results came from the cache
 
     def facts(self) -> dict:
         unreadable = sorted({f.location.file for f in self.findings if f.name == "source-unreadable" and f.location})
-        return {"files": len(self.files), "unreadable": unreadable, "seconds": round(self.seconds, 3)}
+        return {"files": len(self.files), "checked": self.checked, "unreadable": unreadable,
+                "seconds": round(self.seconds, 3)}
 
 
 def read_source(path: str, display: str, project: Optional[ProjectFacts] = None) -> SourceFile:
     """Read and parse one file; a file that cannot be read, decoded or parsed carries a `problem` instead of a tree."""
-    project = project if project is not None else ProjectFacts()
+    view = ProjectView(project if project is not None else ProjectFacts(), display)
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
-        return SourceFile(display, "", problem=f"could not be read: {exc.strerror or exc}", project=project)
+        return SourceFile(display, "", problem=f"could not be read: {exc.strerror or exc}", project=view)
     text, problem, line = _decode(data)
     if problem:
-        return SourceFile(display, "", problem=problem, problem_line=line, project=project)
+        return SourceFile(display, "", problem=problem, problem_line=line, project=view)
     try:
         tree = ast.parse(text, filename=display)
     except SyntaxError as exc:
         line = exc.lineno or 1
-        return SourceFile(display, text, problem=f"not valid Python: {exc.msg}", problem_line=line,
-                          project=project)
+        return SourceFile(display, text, problem=f"not valid Python: {exc.msg}", problem_line=line, project=view)
     except (ValueError, RecursionError, MemoryError) as exc:
         return SourceFile(display, text, problem=f"cannot be parsed: {type(exc).__name__}: {exc}", problem_line=1,
-                          project=project)
-    return SourceFile(display, text, tree, project=project)
+                          project=view)
+    return SourceFile(display, text, tree, project=view)
 
 
 def _decode(data: bytes) -> tuple[str, Optional[str], int]:
@@ -101,7 +103,12 @@ def _is_silenced(f: Finding, silenced: dict[int, set[str]]) -> bool:
 
 def check_source(src: SourceFile, checks: Sequence[registry.CheckInfo]) -> list[Finding]:
     """Run the source checks on one file; a crashing check becomes one internal-error finding for this file."""
+    return _check(src, checks).findings
+
+
+def _check(src: SourceFile, checks: Sequence[registry.CheckInfo]) -> FileResult:
     findings: list[Finding] = []
+    crashed = False
     for info in checks:
         try:
             findings.extend(info.complete(f) for f in info.impl(registry.Scope.SOURCE)(src))
@@ -109,33 +116,55 @@ def check_source(src: SourceFile, checks: Sequence[registry.CheckInfo]) -> list[
             failed = registry.internal_error(info, exc)
             failed.location = Location(file=src.path)
             findings.append(failed)
+            crashed = True
     silenced = suppressed_lines(src) if findings else {}
-    return sorted(fold([f for f in findings if not _is_silenced(f, silenced)]), key=location_order)
+    kept = sorted(fold([f for f in findings if not _is_silenced(f, silenced)]), key=location_order)
+    return FileResult(kept, src.project.asked, cacheable=not crashed)
 
 
 def lint_paths(paths: Iterable[str], checks: Sequence[registry.CheckInfo], exclude: Iterable["str | Pattern"] = (),
-               cwd: Optional[str] = None, jobs: Optional[int] = None) -> LintResult:
+               cwd: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[LintCache] = None) -> LintResult:
     """Lint every Python file under `paths`; raises FileNotFoundError for a path that does not exist.
 
-    Large runs are spread over `jobs` forked worker processes (default: the usable CPUs).
+    Large runs are spread over `jobs` forked worker processes (default: the usable CPUs). With a `cache`,
+    files whose cached result is still valid are not checked again, and the new results are saved to it.
     """
     started = time.perf_counter()
     cwd = cwd or os.getcwd()
     files = [(path, display_path(path, cwd)) for path in discover(paths, exclude, cwd)]
     project = ProjectFacts()
+    digests: dict[str, str] = {}
     for path, display in files:
         try:
             with open(path, "rb") as fh:
-                project.texts[display] = fh.read().decode("utf-8", "replace")
+                data = fh.read()
         except OSError:
             project.texts[display] = ""
+            continue
+        project.texts[display] = data.decode("utf-8", "replace")
+        digests[path] = digest(data)
+    findings: list[Finding] = []
+    todo: list[tuple[str, str]] = []
+    for path, display in files:
+        cached = cache.lookup(path, digests[path], display, project) if cache and path in digests else None
+        if cached is None:
+            todo.append((path, display))
+        else:
+            findings.extend(cached)
     jobs = jobs or usable_cpus()
-    if jobs > 1 and len(files) >= _POOL_MIN_FILES and "fork" in multiprocessing.get_all_start_methods():
-        findings = _lint_in_workers(files, checks, project, jobs)
+    if jobs > 1 and len(todo) >= _POOL_MIN_FILES and "fork" in multiprocessing.get_all_start_methods():
+        results = _lint_in_workers(todo, checks, project, jobs)
     else:
-        findings = _lint_files(files, checks, project)
+        results = _lint_files(todo, checks, project)
+    for (path, _), result in zip(todo, results):
+        findings.extend(result.findings)
+        if cache and path in digests:
+            cache.store(path, digests[path], result)
+    if cache:
+        cache.save()
     findings.sort(key=location_order)
-    return LintResult(findings, [display for _, display in files], time.perf_counter() - started)
+    return LintResult(findings, [display for _, display in files], time.perf_counter() - started,
+                      checked=len(todo))
 
 
 _POOL_MIN_FILES = 200
@@ -150,26 +179,23 @@ def usable_cpus() -> int:
 
 
 def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.CheckInfo],
-                project: ProjectFacts) -> list[Finding]:
-    findings: list[Finding] = []
-    for path, display in files:
-        findings.extend(check_source(read_source(path, display, project), checks))
-    return findings
+                project: ProjectFacts) -> list[FileResult]:
+    return [_check(read_source(path, display, project), checks) for path, display in files]
 
 
-def _worker_lint(files: Sequence[tuple[str, str]]) -> list[Finding]:
+def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:
     return _lint_files(files, _WORKER_STATE["checks"], _WORKER_STATE["project"])
 
 
 def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry.CheckInfo],
-                     project: ProjectFacts, jobs: int) -> list[Finding]:
-    """Forked workers inherit the checks and project facts; each lints a slice of the files."""
+                     project: ProjectFacts, jobs: int) -> list[FileResult]:
+    """Forked workers inherit the checks and project facts; each lints a slice of the files (results in order)."""
     _WORKER_STATE.update(checks=list(checks), project=project)
     size = max(16, len(files) // (jobs * 4))
     chunks = [files[i:i + size] for i in range(0, len(files), size)]
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            return [f for part in pool.map(_worker_lint, chunks) for f in part]
+            return [r for part in pool.map(_worker_lint, chunks) for r in part]
     finally:
         _WORKER_STATE.clear()
 

@@ -1,0 +1,165 @@
+"""The lint results cache: unchanged files are not checked again, and a cached result is never stale."""
+import json
+import os
+import textwrap
+
+from click.testing import CliRunner
+
+from torchdoctor import registry
+from torchdoctor.cli import cli
+from torchdoctor.findings import Severity
+from torchdoctor.lint.cache import LintCache, default_cache_dir
+from torchdoctor.lint.runner import lint_paths
+
+CHECKS = registry.all_checks(registry.Scope.SOURCE)
+LEAKY = textwrap.dedent("""
+    def train(model, loader, optimizer, criterion):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total += loss
+""")
+SAMPLER = textwrap.dedent("""
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    def fit(model, data, epochs):
+        sampler = DistributedSampler(data)
+        loader = DataLoader(data, sampler=sampler)
+        for epoch in range(epochs):
+            for batch in loader:
+                model(batch)
+""")
+
+
+def lint(root, cache_dir, checks=CHECKS):
+    return lint_paths([str(root)], checks, cwd=str(root), jobs=1, cache=LintCache(str(cache_dir), str(root), checks))
+
+
+def found(result):
+    return [(f.location.file, f.location.line, f.name, f.message) for f in result.findings]
+
+
+def test_a_second_run_reuses_every_result_and_finds_the_same(tmp_path):
+    (tmp_path / "src").mkdir()
+    for i in range(5):
+        (tmp_path / "src" / f"t{i}.py").write_text(LEAKY if i % 2 else "x = 1\n", encoding="utf-8")
+    first = lint(tmp_path / "src", tmp_path / "cache")
+    second = lint(tmp_path / "src", tmp_path / "cache")
+    assert (first.checked, second.checked) == (5, 0)
+    assert found(second) == found(first) and len(found(first)) == 2
+    assert [f.severity for f in second.findings] == [f.severity for f in first.findings]
+
+
+def test_an_edited_file_is_checked_again(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text(LEAKY, encoding="utf-8")
+    (src / "b.py").write_text("x = 1\n", encoding="utf-8")
+    assert [f.name for f in lint(src, tmp_path / "cache").findings] == ["graph-retention-leak"]
+    (src / "a.py").write_text(LEAKY.replace("total += loss", "total += loss.item()"), encoding="utf-8")
+    second = lint(src, tmp_path / "cache")
+    assert second.checked == 1 and second.findings == []
+
+
+def test_a_change_in_another_file_that_a_result_depends_on_invalidates_it(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(SAMPLER, encoding="utf-8")
+    assert [f.name for f in lint(src, tmp_path / "cache").findings] == ["sampler-epoch-not-set"]
+    (src / "loop.py").write_text("def each_epoch(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n",
+                                 encoding="utf-8")
+    second = lint(src, tmp_path / "cache")
+    assert second.findings == [] and second.checked == 2  # train.py is unchanged, but its answer changed
+    (src / "loop.py").unlink()
+    third = lint(src, tmp_path / "cache")
+    assert [f.name for f in third.findings] == ["sampler-epoch-not-set"] and third.checked == 1
+
+
+def test_cached_findings_name_the_file_as_this_run_shows_it(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.py").write_text(LEAKY, encoding="utf-8")
+    lint(src, tmp_path / "cache")
+    again = lint_paths([str(src)], CHECKS, cwd=str(tmp_path), jobs=1, cache=LintCache(str(tmp_path / "cache"), str(src), CHECKS))
+    assert again.checked == 0 and again.findings[0].location.file == os.path.join("src", "t.py")
+
+
+def test_another_selection_does_not_reuse_results(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.py").write_text(LEAKY, encoding="utf-8")
+    lint(src, tmp_path / "cache")
+    only_zero_grad = [c for c in CHECKS if c.name == "missing-zero-grad"]
+    result = lint(src, tmp_path / "cache", only_zero_grad)
+    assert result.checked == 1 and result.findings == []
+
+
+def test_a_corrupt_or_unwritable_cache_only_costs_a_fresh_check(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.py").write_text(LEAKY, encoding="utf-8")
+    cache = LintCache(str(tmp_path / "cache"), str(src), CHECKS)
+    os.makedirs(os.path.dirname(cache.path))
+    with open(cache.path, "w") as fh:
+        fh.write('{"format": 1, "fingerprint": "' + cache.fingerprint + '", "files": {"x": ')
+    result = lint(src, tmp_path / "cache")
+    assert result.checked == 1 and [f.name for f in result.findings] == ["graph-retention-leak"]
+    assert json.load(open(cache.path))["files"]  # rewritten whole
+    path = str(src / "t.py")
+    for bad in (5, {"digest": None}, {"digest": "x", "asked": 1, "findings": []}):
+        with open(cache.path, "w") as fh:
+            json.dump({"format": 1, "fingerprint": cache.fingerprint, "files": {path: bad}}, fh)
+        assert lint(src, tmp_path / "cache").checked == 1
+    entry = json.load(open(cache.path))["files"][path]
+    for bad in ({"asked": [["no-such-question", True]]}, {"findings": [{"message": "x", "severity": "??"}]}):
+        with open(cache.path, "w") as fh:
+            json.dump({"format": 1, "fingerprint": cache.fingerprint, "files": {path: {**entry, **bad}}}, fh)
+        result = lint(src, tmp_path / "cache")
+        assert result.checked == 1 and [f.name for f in result.findings] == ["graph-retention-leak"]
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    result = lint(src, blocker)
+    assert result.checked == 1 and [f.name for f in result.findings] == ["graph-retention-leak"]
+
+
+def test_a_result_with_a_crashed_check_is_not_kept(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.py").write_text("x = 1\n", encoding="utf-8")
+
+    def broken(src):
+        raise RuntimeError("boom")
+
+    checks = [registry.CheckInfo(code="TD999", name="broken-check", severity=Severity.ERROR, summary="x",
+                                 impls={registry.Scope.SOURCE: broken})]
+    assert lint(src, tmp_path / "cache", checks).checked == 1
+    assert lint(src, tmp_path / "cache", checks).checked == 1
+
+
+def test_cli_uses_the_cache_and_no_cache_leaves_it_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(LEAKY, encoding="utf-8")
+    runner = CliRunner()
+    cold = runner.invoke(cli, ["lint", "--no-cache", "--format", "json"])
+    assert not os.path.exists(os.path.join(default_cache_dir(), "lint"))
+    first = runner.invoke(cli, ["lint", "--format", "json"])
+    warm = runner.invoke(cli, ["lint", "--format", "json"])
+    facts = [json.loads(r.output)["facts"] for r in (cold, first, warm)]
+    assert [f["checked"] for f in facts] == [1, 1, 0]
+    assert [json.loads(r.output)["findings"] for r in (cold, first)] == [json.loads(warm.output)["findings"]] * 2
+
+
+def test_fix_and_diff_still_rewrite_when_every_result_is_cached(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text('import torch\nstate = torch.load("w.pt")\nmodel.load_state_dict(state)\n',
+                                       encoding="utf-8")
+    runner = CliRunner()
+    warm = runner.invoke(cli, ["lint", "--format", "json"])
+    assert [f["name"] for f in json.loads(warm.output)["findings"]] == ["unsafe-torch-load"]
+    diff = runner.invoke(cli, ["lint", "--diff"])
+    assert diff.exit_code == 1 and "weights_only=True" in diff.output
+    fixed = runner.invoke(cli, ["lint", "--fix", "--format", "json"])
+    assert "weights_only=True" in (tmp_path / "train.py").read_text()
+    assert json.loads(fixed.stdout)["findings"] == []  # the re-check after the rewrite is not served stale

@@ -1,0 +1,135 @@
+"""Lint results kept between runs, so that linting on every save re-checks only the files that changed.
+
+One JSON file per project root holds, for each linted file: a digest of its bytes, the questions it asked
+about the rest of the project (with their answers) and its findings. A result is reused only when the
+bytes are the same, every recorded answer still holds, and the fingerprint (torchdoctor's version and
+lint code, the selected checks and their code, the Python version) is unchanged. The cache is best effort:
+an unreadable, corrupt or unwritable cache only means the files are checked again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from torchdoctor import __version__, registry
+from torchdoctor.findings import Finding
+from torchdoctor.lint.source import ProjectFacts
+
+CACHE_DIR_ENV = "TORCHDOCTOR_CACHE_DIR"
+_FORMAT = 1
+
+
+def default_cache_dir() -> str:
+    """$TORCHDOCTOR_CACHE_DIR, else the platform's per-user cache folder (XDG on Linux) + `torchdoctor`."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return os.environ[CACHE_DIR_ENV]
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser(r"~\AppData\Local")
+    elif sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "torchdoctor")
+
+
+def digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+@dataclass
+class FileResult:
+    """What linting one file produced: its findings and the project questions it asked, with their answers."""
+
+    findings: list[Finding]
+    asked: list[tuple]
+    cacheable: bool = True  # False when a check crashed: such a result is not worth keeping
+
+
+class LintCache:
+    """The cached results of one project root (see the module docstring)."""
+
+    def __init__(self, directory: str, root: str, checks: Sequence[registry.CheckInfo]) -> None:
+        name = digest(os.path.abspath(root).encode("utf-8", "surrogatepass"))
+        self.path = os.path.join(directory, "lint", f"{name}.json")
+        self.fingerprint = _fingerprint(checks)
+        self.entries: dict[str, dict[str, Any]] = self._read()
+        self.changed = False
+
+    def lookup(self, path: str, data_digest: str, display: str, project: ProjectFacts) -> Optional[list[Finding]]:
+        """The findings of the file at absolute `path` (shown as `display`) if its cached result still holds."""
+        entry = self.entries.get(path)
+        if not isinstance(entry, dict) or entry.get("digest") != data_digest:
+            return None
+        try:
+            if any(project.answer(display, *question[:-1]) != question[-1] for question in entry["asked"]):
+                return None
+            return [Finding.from_dict({**d, "location": {**d["location"], "file": display} if d["location"] else None})
+                    for d in entry["findings"]]
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def store(self, path: str, data_digest: str, result: FileResult) -> None:
+        """Remember the result of the file at absolute `path` (unless a check crashed on it)."""
+        if not result.cacheable:
+            return
+        findings = [f.to_dict() for f in result.findings]
+        for d in findings:
+            if d["location"]:
+                d["location"].pop("file", None)
+        self.entries[path] = {"digest": data_digest, "asked": [list(q) for q in result.asked],
+                                               "findings": findings}
+        self.changed = True
+
+    def save(self) -> None:
+        """Write the cache atomically (entries of files that no longer exist are dropped); errors are ignored."""
+        if not self.changed:
+            return
+        entries = {path: entry for path, entry in self.entries.items() if os.path.exists(path)}
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".lint-", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    json.dump({"format": _FORMAT, "fingerprint": self.fingerprint, "files": entries}, fh,
+                              separators=(",", ":"))
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError:
+            pass
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            return {}
+        if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("fingerprint") != self.fingerprint:
+            return {}
+        files = data.get("files")
+        return files if isinstance(files, dict) else {}
+
+
+def _fingerprint(checks: Sequence[registry.CheckInfo]) -> str:
+    """Changes whenever a result could: torchdoctor's lint engine or a selected check's module is edited,
+    the selection changes, or another Python (another `ast`) runs it."""
+    engine = os.path.dirname(os.path.abspath(__file__))
+    files = {os.path.join(engine, name) for name in os.listdir(engine) if name.endswith(".py")}
+    files.update(sys.modules[name].__file__ for name in ("torchdoctor.findings", "torchdoctor.registry"))
+    files.update(getattr(sys.modules.get(info.impl(registry.Scope.SOURCE).__module__), "__file__", None) or ""
+                 for info in checks)
+    parts = [__version__, sys.implementation.name, ".".join(map(str, sys.version_info[:3]))]
+    parts += sorted(f"{info.code} {info.name} {info.severity}" for info in checks)
+    for file in sorted(files):
+        try:
+            st = os.stat(file)
+            parts.append(f"{file} {st.st_mtime_ns} {st.st_size}")
+        except OSError:
+            parts.append(file)
+    return digest("\n".join(parts).encode("utf-8", "surrogatepass"))
