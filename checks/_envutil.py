@@ -1,4 +1,4 @@
-"""Small helpers shared by the environment checks (versions, sizes, wheel indexes)."""
+"""Small helpers shared by the environment checks (versions, wheel indexes)."""
 from __future__ import annotations
 
 import re
@@ -7,7 +7,6 @@ from typing import Optional
 from torchdoctor.env.facts import EnvFacts
 
 GiB = 1024 ** 3
-MiB = 1024 ** 2
 # CUDA variants PyTorch has published wheels for (download.pytorch.org/whl/<tag>).
 WHEEL_CUDA = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
 INDEX_URL = "https://download.pytorch.org/whl/{tag}"
@@ -51,12 +50,6 @@ def pip_install(facts: EnvFacts, cuda: Optional[tuple[int, int]], force: bool = 
     pin = f"torch=={base_version(version)}" if version else "torch"
     tag = cuda_tag(cuda) if cuda else "cpu"
     return f"pip install {'--force-reinstall ' if force else ''}{pin} --index-url {INDEX_URL.format(tag=tag)}"
-
-
-def size(n: Optional[float]) -> str:
-    if n is None:
-        return "?"
-    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.0f} MiB"
 
 
 def has_nvidia(facts: EnvFacts) -> bool:

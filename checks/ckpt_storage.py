@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.registry import Scope, check
+from torchdoctor.units import byte_size
 
 if TYPE_CHECKING:
     from torchdoctor.ckpt.info import CheckpointInfo, TensorEntry
@@ -13,10 +14,6 @@ if TYPE_CHECKING:
 BLOAT_MIN_WASTE = 1 << 20  # bytes
 BLOAT_MIN_RATIO = 2.0
 _MAX_LISTED = 8
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):,.1f} MiB" if n >= 1 << 20 else f"{n:,} bytes"
 
 
 @check(code="TD205", name="cuda-tensors", scope=Scope.CHECKPOINT, severity="warning",
@@ -81,11 +78,11 @@ def storage_bloat(info: CheckpointInfo) -> Iterator[Finding]:
         return
     bloated.sort(key=lambda b: -b[0])
     total = sum(b[0] for b in bloated)
-    rows = "; ".join(f"{show_path(e.path)} {list(e.tensor.shape)} uses {_mib(used)} of a {_mib(size)} storage"
+    rows = "; ".join(f"{show_path(e.path)} {list(e.tensor.shape)} uses {byte_size(used)} of a {byte_size(size)} storage"
                      for _, size, used, e in bloated[:_MAX_LISTED])
     yield Finding(
         f"{len(bloated)} tensor(s) were saved as views of larger tensors, and torch.save writes the whole "
-        f"underlying storage: {_mib(total)} of the file's {_mib(info.archive.file_size)} hold data no tensor "
+        f"underlying storage: {byte_size(total)} of the file's {byte_size(info.archive.file_size)} hold data no tensor "
         f"uses. {rows}.",
         fix="Clone views before saving so each tensor owns a storage of its own size:\n"
             "torch.save({k: v.clone() for k, v in state_dict.items()}, path)\n"

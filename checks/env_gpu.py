@@ -8,7 +8,7 @@ from torchdoctor.env.facts import EnvFacts, GpuProcess
 from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.registry import Scope, check
 
-from ._envutil import size
+from torchdoctor.units import byte_size
 
 BUSY_PERCENT = 90
 
@@ -18,7 +18,7 @@ def _who(p: GpuProcess) -> str:
     if p.user:
         bits.append(p.user)
     if p.used_bytes is not None:
-        bits.append(size(p.used_bytes))
+        bits.append(byte_size(p.used_bytes))
     if p.command:
         cmd = p.command if len(p.command) <= 80 else p.command[:77] + "..."
         bits.append(f"`{cmd}`")
@@ -60,8 +60,8 @@ def gpu_memory_held(facts: EnvFacts) -> Iterator[Finding]:
         if live:
             held = sum(p.used_bytes or 0 for p in live)
             yield Finding(
-                f"GPU{gpu.index} ({gpu.name}): {len(live)} other process(es) hold {size(held)} of "
-                f"{size(gpu.memory_total)}: " + "; ".join(_who(p) for p in live) + ".",
+                f"GPU{gpu.index} ({gpu.name}): {len(live)} other process(es) hold {byte_size(held)} of "
+                f"{byte_size(gpu.memory_total)}: " + "; ".join(_who(p) for p in live) + ".",
                 fix="If they are yours and finished, `kill <pid>`; otherwise pick another GPU with CUDA_VISIBLE_DEVICES.",
                 location=where,
                 severity=Severity.INFO,

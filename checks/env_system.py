@@ -12,7 +12,9 @@ from torchdoctor.env.shadowing import THIRD_PARTY
 from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.registry import Scope, check
 
-from ._envutil import GiB, has_nvidia, size
+from torchdoctor.units import byte_size
+
+from ._envutil import GiB, has_nvidia
 
 SHM_MIN = 1 * GiB
 LOW_RAM = 1 * GiB
@@ -97,7 +99,7 @@ def shm_too_small(facts: EnvFacts) -> Iterator[Finding]:
     if shm is None or shm >= SHM_MIN:
         return
     yield Finding(
-        f"/dev/shm is only {size(shm)}: DataLoader workers pass batches through it and die with "
+        f"/dev/shm is only {byte_size(shm)}: DataLoader workers pass batches through it and die with "
         "'RuntimeError: DataLoader worker (pid N) is killed by signal: Bus error', and NCCL fails with "
         "'No space left on device'.",
         fix="Give the container more shared memory: `docker run --shm-size=8g ...` (or `--ipc=host`); on "
@@ -173,13 +175,13 @@ def low_resources(facts: EnvFacts) -> Iterator[Finding]:
     if s.memory_available is not None and s.memory_total and (
             s.memory_available < LOW_RAM or s.memory_available < 0.05 * s.memory_total):
         yield Finding(
-            f"Only {size(s.memory_available)} of {size(s.memory_total)} RAM is available: DataLoader workers and "
+            f"Only {byte_size(s.memory_available)} of {byte_size(s.memory_total)} RAM is available: DataLoader workers and "
             "torch.load will be OOM-killed ('DataLoader worker ... is killed by signal: Killed').",
             fix="Stop other jobs (`ps aux --sort=-rss | head`), lower num_workers, or load checkpoints with mmap=True.",
         )
     if s.disk_free is not None and s.disk_total and (s.disk_free < LOW_DISK or s.disk_free < 0.02 * s.disk_total):
         yield Finding(
-            f"Only {size(s.disk_free)} free on the disk holding {s.disk_path}: torch.save of a checkpoint can fail "
+            f"Only {byte_size(s.disk_free)} free on the disk holding {s.disk_path}: torch.save of a checkpoint can fail "
             "half-way and leave a truncated file ('PytorchStreamReader failed reading zip archive').",
             fix="Free space (old checkpoints, ~/.cache/torch, ~/.cache/huggingface) or save checkpoints elsewhere.",
             location=Location(file=s.disk_path),

@@ -6,19 +6,11 @@ from typing import TYPE_CHECKING, Iterator, Optional
 
 from torchdoctor.findings import Finding, Location
 from torchdoctor.registry import Scope, check
+from torchdoctor.units import byte_size
 from torchdoctor.watch.contract import ForwardEvent, RuntimeCheck, StepEvent
 
 if TYPE_CHECKING:
     from torchdoctor.watch.context import WatchedModel
-
-
-def size_text(n: float) -> str:
-    """Bytes as '512 bytes', '1.5 KiB', '2.0 MiB'."""
-    for unit in ("bytes", "KiB", "MiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _cuda_allocated() -> Optional[int]:
@@ -88,11 +80,11 @@ class GraphRetentionLeak(RuntimeCheck):
         nodes = self._model(label).graph_footprint(None)[0]
         per_step = (live1 - live0) / self.window
         saved = (saved1 - saved0) / self.window
-        memory = (f"their saved activations grow by about {size_text(saved)} per step" if saved > 0 else
+        memory = (f"their saved activations grow by about {byte_size(saved)} per step" if saved > 0 else
                   f"backward() freed their saved activations, so each costs its ~{nodes} graph nodes, and memory "
                   "grows slowly but without bound")
         if cuda0 is not None and cuda1 is not None:
-            memory += f"; CUDA allocated memory grows by {size_text((cuda1 - cuda0) / self.window)} per step"
+            memory += f"; CUDA allocated memory grows by {byte_size((cuda1 - cuda0) / self.window)} per step"
         yield Finding(
             f"Autograd graphs of {label}'s forward outputs stay alive across steps: {live1} are alive now, "
             f"{per_step:.1f} more per step over the last {self.window} steps ({memory}). Something keeps a "

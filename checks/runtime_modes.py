@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.checks.runtime_graph import size_text
 from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.registry import Scope, check
+from torchdoctor.units import byte_size
 from torchdoctor.watch.contract import ForwardEvent, RuntimeCheck, StepEvent
 
 
@@ -74,7 +74,7 @@ class EvalWithoutNoGrad(RuntimeCheck):
             return
         if st.dropped + st.live >= self.min_forwards and st.backprop == 0:
             self.reported.add(wm.label)
-            per = size_text(self.per_forward.get(wm.label, 0))
+            per = byte_size(self.per_forward.get(wm.label, 0))
             yield Finding(
                 f"{wm.label} ran {st.forwards} forward(s) in eval() mode with gradients enabled and none was "
                 f"back-propagated: each one records the autograd graph and keeps its activations (about {per} "

@@ -63,4 +63,4 @@ def test_cuda_allocator_figure_is_added_when_cuda_is_in_use(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
     kept: list[torch.Tensor] = []
     s = _run(kept.append)
-    assert "CUDA allocated memory grows by 4.0 KiB per step" in s.findings[0].message
+    assert "CUDA allocated memory grows by 4 KiB per step" in s.findings[0].message

@@ -7,13 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return f"{n:,.1f} TiB"
+from torchdoctor.units import byte_size
 
 
 def _pairs(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -46,22 +40,22 @@ def one_view(facts: dict[str, Any]) -> RenderableType:
     optimizer = t["optimizer_state_elements"]
     details = ", ".join(f"{k} {v}" for k, v in facts["details"].items() if not isinstance(v, (list, dict)))
     rows = [
-        ("file", f"{facts['path']} ({human_bytes(facts['file_size'])})"),
+        ("file", f"{facts['path']} ({byte_size(facts['file_size'])})"),
         ("format", f"{facts['format']}" + (f" ({details})" if details else "")),
         ("contents", facts["kind"]),
         ("top level", f"{len(facts['top_level'])} keys, the tensors of a state dict"
          if facts["kind"] == "state_dict" else _top_level(facts["top_level"])),
         ("tensors", f"{t['count']} ({t['unique']} distinct): {t['parameters']:,} elements in weights"
                     + (f", {optimizer:,} in optimizer state" if optimizer else "")),
-        ("bytes by dtype", ", ".join(f"{k} {human_bytes(v)}" for k, v in t["bytes_by_dtype"].items()) or "-"),
-        ("bytes by device", ", ".join(f"{k} {human_bytes(v)}" for k, v in t["bytes_by_device"].items()) or "-"),
+        ("bytes by dtype", ", ".join(f"{k} {byte_size(v)}" for k, v in t["bytes_by_dtype"].items()) or "-"),
+        ("bytes by device", ", ".join(f"{k} {byte_size(v)}" for k, v in t["bytes_by_device"].items()) or "-"),
     ]
     unusual = [g for g in facts["globals"] if g["verdict"] != "allowed"]
     rows.append(("globals", f"{len(facts['globals'])} named, {len(unusual)} outside torch's weights_only allowlist"
                  + (": " + ", ".join(f"{g['name']} ({g['verdict']})" for g in unusual[:12]) if unusual else "")))
     if "values" in facts:
         v = facts["values"]
-        rows.append(("values", f"{v['tensors_scanned']} tensors scanned ({human_bytes(v['bytes_scanned'])}), "
+        rows.append(("values", f"{v['tensors_scanned']} tensors scanned ({byte_size(v['bytes_scanned'])}), "
                                f"{len(v['nonfinite'])} with NaN/Inf"))
     else:
         rows.append(("values", "not read (use --scan-values to look for NaN/Inf)"))
@@ -71,14 +65,14 @@ def one_view(facts: dict[str, Any]) -> RenderableType:
         for col in ("path", "tensors", "elements", "bytes"):
             groups.add_column(col, justify="left" if col == "path" else "right", overflow="fold")
         for g in t["groups"][:15]:
-            groups.add_row(g["path"], str(g["tensors"]), f"{g['elements']:,}", human_bytes(g["bytes"]))
+            groups.add_row(g["path"], str(g["tensors"]), f"{g['elements']:,}", byte_size(g["bytes"]))
         parts += [Text(""), groups]
     if t["largest"]:
         largest = Table(title="Largest tensors", title_justify="left", title_style="bold", box=None, pad_edge=False)
         for col in ("key", "shape", "dtype", "device", "bytes"):
             largest.add_column(col, overflow="fold")
         for e in t["largest"][:5]:
-            largest.add_row(e["key"], str(e["shape"]), e["dtype"], e["device"], human_bytes(e["bytes"]))
+            largest.add_row(e["key"], str(e["shape"]), e["dtype"], e["device"], byte_size(e["bytes"]))
         parts += [Text(""), largest]
     if facts.get("fix"):
         parts += [Text(""), _pairs("--fix", [("", line) for line in facts["fix"]])]

@@ -6,12 +6,7 @@ from typing import Any, Optional
 from rich.table import Table
 from rich.text import Text
 
-GiB = 1024 ** 3
-
-
-def _gib(n: Optional[float]) -> str:
-    return "?" if n is None else f"{n / GiB:.1f} GiB"
-
+from torchdoctor.units import byte_size
 
 def _torch_row(torch: dict[str, Any], dist_version: Optional[str]) -> Text:
     if not torch.get("ok"):
@@ -46,7 +41,7 @@ def _gpu_rows(nvidia: dict[str, Any], torch: dict[str, Any]) -> list[tuple[str, 
         bits = [gpu.get("name") or "?"]
         if cc:
             bits[0] += f" (sm_{cc[0]}{cc[1]})"
-        bits.append(f"{_gib(gpu.get('memory_used'))} / {_gib(gpu.get('memory_total'))}")
+        bits.append(f"{byte_size(gpu.get('memory_used'))} / {byte_size(gpu.get('memory_total'))}")
         if gpu.get("utilization") is not None:
             bits.append(f"{gpu['utilization']}% busy")
         if gpu.get("temperature") is not None:
@@ -79,9 +74,9 @@ def facts_view(facts: dict[str, Any]) -> Table:
     if sysf.get("cgroup_cpu_limit"):
         cpu += f" · container quota {sysf['cgroup_cpu_limit']:g} CPUs"
     table.add_row("CPU", cpu)
-    table.add_row("Memory", f"{_gib(sysf.get('memory_available'))} available of {_gib(sysf.get('memory_total'))}"
-                            f" · disk {_gib(sysf.get('disk_free'))} free at {sysf.get('disk_path')}")
-    shm = _gib(sysf["shm_total"]) if sysf.get("shm_total") is not None else "none"
+    table.add_row("Memory", f"{byte_size(sysf.get('memory_available'))} available of {byte_size(sysf.get('memory_total'))}"
+                            f" · disk {byte_size(sysf.get('disk_free'))} free at {sysf.get('disk_path')}")
+    shm = byte_size(sysf["shm_total"]) if sysf.get("shm_total") is not None else "none"
     table.add_row("/dev/shm", shm + (f" · in {sysf['container']}" if sysf.get("container") else ""))
     for label, value in _gpu_rows(facts["nvidia"], torch):
         table.add_row(label, value)
