@@ -9,7 +9,7 @@ import ast
 import re
 from typing import Iterable, Iterator, Optional
 
-from torchdoctor.lint.index import CallSite, FunctionScope, Loop, ModuleIndex, last, ref
+from torchdoctor.lint.index import CallSite, FunctionScope, Loop, ModuleIndex, child_fields, last, ref
 
 OPTIMIZER_CLASSES = frozenset({
     "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "Adafactor", "ASGD", "LBFGS", "NAdam", "RAdam",
@@ -24,6 +24,7 @@ TENSOR_FACTORIES = frozenset({
 # Calls and attributes through which a value leaves autograd (its history is not kept).
 _DETACHING_METHODS = frozenset({"item", "detach", "tolist", "numpy", "detach_"})
 _DETACHING_FUNCTIONS = frozenset({"float", "int", "bool", "len", "round", "str", "repr", "format", "isinstance"})
+_HISTORYLESS_ATTRS = frozenset({"data", "shape", "grad", "device", "dtype"})
 
 
 def is_optimizer_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
@@ -33,8 +34,10 @@ def is_optimizer_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
             return is_optimizer_ctor(value.value, index)
         return False
     func = value.func
-    if isinstance(func, ast.Attribute) and func.attr == "optimizers":
-        return True
+    if isinstance(func, ast.Attribute):  # the last segment of the callee's name is known without resolving it
+        if func.attr == "optimizers" or func.attr in OPTIMIZER_CLASSES:
+            return True
+        return func.attr[:1].isupper() and qualname(func, index).startswith("torch.optim.")
     qual = qualname(func, index)
     return last(qual) in OPTIMIZER_CLASSES or qual.startswith("torch.optim.") and last(qual)[:1].isupper()
 
@@ -78,27 +81,34 @@ def is_module_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
 def graph_refs(expr: Optional[ast.AST]) -> set[str]:
     """Names read by `expr` outside `.item()`/`.detach()`/`float()`/`.data`: the values whose history it keeps."""
     out: set[str] = set()
-    stack = [expr] if expr is not None else []
+    stack = [expr]
+    pop, push, extend = stack.pop, stack.append, stack.extend
     while stack:
-        node = stack.pop()
-        if isinstance(node, ast.Call):
-            func = node.func
-            if isinstance(func, ast.Attribute) and func.attr in _DETACHING_METHODS:
-                continue
-            if isinstance(func, ast.Name) and func.id in _DETACHING_FUNCTIONS:
-                continue
-        elif isinstance(node, ast.Attribute):
-            if node.attr in ("data", "shape", "grad", "device", "dtype"):
-                continue
-            key = ref(node)
-            if key is not None:
-                out.add(key)
-        elif isinstance(node, ast.Name):
+        node = pop()
+        t = type(node)
+        if t is ast.Name:
             out.add(node.id)
-            continue
-        elif isinstance(node, (ast.Lambda, ast.JoinedStr)):
-            continue
-        stack.extend(ast.iter_child_nodes(node))
+        elif t is ast.Attribute:
+            if node.attr not in _HISTORYLESS_ATTRS:
+                key = ref(node)
+                if key is not None:
+                    out.add(key)
+                push(node.value)
+        elif t is ast.Call:
+            func = node.func
+            if type(func) is ast.Attribute and func.attr in _DETACHING_METHODS \
+                    or type(func) is ast.Name and func.id in _DETACHING_FUNCTIONS:
+                continue
+            push(func)
+            extend(node.args)
+            extend(kw.value for kw in node.keywords)
+        elif node is not None and t is not ast.Constant and t is not ast.Lambda and t is not ast.JoinedStr:
+            for f in child_fields(t):
+                value = getattr(node, f, None)
+                if type(value) is list:
+                    extend(value)
+                else:
+                    push(value)
     return out
 
 
@@ -129,15 +139,16 @@ def backprop_names(scope: FunctionScope) -> set[str]:
     if scope.class_name and getattr(scope.node, "name", "") == "training_step":
         for ret in scope.returns:
             names |= graph_refs(ret.value)
-    changed = True
-    while changed:
-        changed = False
-        for b in scope.bindings:
-            if b.target in names and b.value is not None:
-                new = graph_refs(b.value) - names
-                if new:
-                    names |= new
-                    changed = True
+    values: dict[str, list[ast.expr]] = {}
+    for b in scope.bindings:
+        if b.value is not None:
+            values.setdefault(b.target, []).append(b.value)
+    todo = list(names)
+    while todo:
+        for value in values.pop(todo.pop(), ()):
+            new = graph_refs(value) - names
+            names |= new
+            todo.extend(new)
     return names
 
 

@@ -162,6 +162,24 @@ class _Indexer:
 
     def stmt(self, node: ast.stmt, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
         t = type(node)
+        if t is ast.Assign:
+            self.expr(node.value, scope, loop, off)
+            for target in node.targets:
+                self.target(target, node.value, node, scope, loop, off)
+            return
+        if t is ast.Expr:
+            if type(node.value) is ast.Call:
+                first = len(scope.calls)
+                self.expr(node.value, scope, loop, off)
+                scope.calls[first].discarded = True
+            else:
+                self.expr(node.value, scope, loop, off)
+            return
+        if t is ast.Return:
+            scope.returns.append(node)
+            if node.value is not None:
+                self.expr(node.value, scope, loop, off)
+            return
         if t is ast.Import:
             for a in node.names:
                 if a.asname:
@@ -216,11 +234,6 @@ class _Indexer:
                         scope.bindings.append(Binding(name, item.context_expr, node, loop, off, (node.lineno, node.col_offset)))
             self.body(node.body, scope, loop, inner_off, cls)
             return
-        if t is ast.Assign:
-            self.expr(node.value, scope, loop, off)
-            for target in node.targets:
-                self.target(target, node.value, node, scope, loop, off)
-            return
         if t is ast.AnnAssign:
             if node.value is not None:
                 self.expr(node.value, scope, loop, off)
@@ -234,17 +247,7 @@ class _Indexer:
             else:
                 self.expr(node.target, scope, loop, off)
             return
-        if t is ast.Return:
-            scope.returns.append(node)
-        if t is ast.Expr and type(node.value) is ast.Call:
-            first = len(scope.calls)
-            self.expr(node.value, scope, loop, off)
-            scope.calls[first].discarded = True
-            return
-        fields = _CHILD_FIELDS.get(t)
-        if fields is None:
-            fields = _CHILD_FIELDS[t] = tuple(f for f in t._fields if f not in _SCALAR_FIELDS)
-        for f in fields:
+        for f in child_fields(t):
             value = getattr(node, f, None)
             for child in value if type(value) is list else (value,):
                 if isinstance(child, ast.stmt):
@@ -256,6 +259,9 @@ class _Indexer:
 
     def target(self, target: ast.expr, value: ast.expr, node: ast.stmt, scope: FunctionScope,
                loop: Optional[Loop], off: bool) -> None:
+        if type(target) is ast.Name:
+            scope.bindings.append(Binding(target.id, value, node, loop, off, (node.lineno, node.col_offset)))
+            return
         if isinstance(target, (ast.Tuple, ast.List)):
             values = value.elts if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) else None
             for i, elt in enumerate(target.elts):
@@ -264,33 +270,52 @@ class _Indexer:
         key = ref(target)
         if key is not None:
             scope.bindings.append(Binding(key, value, node, loop, off, (node.lineno, node.col_offset)))
-        if not isinstance(target, ast.Name):
-            self.expr(target, scope, loop, off)
+        self.expr(target, scope, loop, off)
 
     def expr(self, node: ast.expr, scope: FunctionScope, loop: Optional[Loop], off: bool) -> None:
+        """Record the calls in `node`: pre-order, a node's children from its last field to its first."""
+        calls = scope.calls
         stack: list = [node]
+        pop, push, extend = stack.pop, stack.append, stack.extend
         while stack:
-            n = stack.pop()
+            n = pop()
             t = type(n)
-            if t is ast.Name or t is ast.Constant or n is None or t is ast.Lambda:
+            # The commonest nodes first; each pushes exactly the children the generic walk below would.
+            if t is ast.Name or t is ast.Constant:
+                continue
+            if t is ast.Attribute or t is ast.keyword:
+                push(n.value)
                 continue
             if t is ast.Call:
-                func = n.func
-                qual = self.qualname(func)
-                receiver = ref(func.value) if isinstance(func, ast.Attribute) else None
-                scope.calls.append(CallSite(n, qual, func.attr if isinstance(func, ast.Attribute) else last(qual),
-                                            receiver, loop, off, (n.lineno, n.col_offset)))
-            fields = _CHILD_FIELDS.get(t)
-            if fields is None:
-                fields = _CHILD_FIELDS[t] = tuple(f for f in t._fields if f not in _SCALAR_FIELDS)
-            for f in fields:
+                calls.append(self.call_site(n, loop, off))
+                push(n.func)
+                extend(n.args)
+                extend(n.keywords)
+                continue
+            if n is None or t is ast.Lambda:
+                continue
+            for f in child_fields(t):
                 v = getattr(n, f, None)
                 if v is None:
                     continue
                 if type(v) is list:
-                    stack.extend(v)
+                    extend(v)
                 else:
-                    stack.append(v)
+                    push(v)
+
+    def call_site(self, node: ast.Call, loop: Optional[Loop], off: bool) -> CallSite:
+        """The call with its context; `name.attr(...)`, the commonest callee, is resolved without `qualname`."""
+        func = node.func
+        t = type(func)
+        pos = (node.lineno, node.col_offset)
+        if t is ast.Attribute:
+            value = func.value
+            if type(value) is ast.Name:
+                qual = f"{self.aliases.get(value.id, value.id)}.{func.attr}"
+                return CallSite(node, qual, func.attr, value.id, loop, off, pos)
+            return CallSite(node, self.qualname(func), func.attr, ref(value), loop, off, pos)
+        qual = self.aliases.get(func.id, func.id) if t is ast.Name else self.qualname(func)
+        return CallSite(node, qual, last(qual), None, loop, off, pos)
 
 
 # Clauses with a statement body of their own (`match` exists from Python 3.10).
@@ -298,6 +323,14 @@ _BLOCKS = (ast.excepthandler, ast.match_case) if hasattr(ast, "match_case") else
 # Expression fields that never hold a sub-expression (walking them, or `ctx`/operator nodes, is wasted time).
 _SCALAR_FIELDS = frozenset({"ctx", "op", "ops", "id", "attr", "arg", "kind", "conversion", "is_async"})
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def child_fields(t: type) -> tuple[str, ...]:
+    """The fields of node type `t` that may hold sub-nodes (all but `ctx`, operators, names and flags)."""
+    fields = _CHILD_FIELDS.get(t)
+    if fields is None:
+        fields = _CHILD_FIELDS[t] = tuple(f for f in t._fields if f not in _SCALAR_FIELDS)
+    return fields
 
 
 def _target_names(target: ast.expr) -> Iterator[str]:
