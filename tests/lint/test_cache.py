@@ -163,3 +163,20 @@ def test_fix_and_diff_still_rewrite_when_every_result_is_cached(tmp_path, monkey
     fixed = runner.invoke(cli, ["lint", "--fix", "--format", "json"])
     assert "weights_only=True" in (tmp_path / "train.py").read_text()
     assert json.loads(fixed.stdout)["findings"] == []  # the re-check after the rewrite is not served stale
+
+
+def test_editing_a_check_module_invalidates_results(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "t.py").write_text("x = 1\n", encoding="utf-8")
+    plugin = tmp_path / "td_cache_plugin.py"
+    plugin.write_text("def rule(src):\n    return []\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import td_cache_plugin
+
+    checks = [registry.CheckInfo(code="TD998", name="plugin-rule", severity=Severity.INFO, summary="x",
+                                 impls={registry.Scope.SOURCE: td_cache_plugin.rule})]
+    assert lint(src, tmp_path / "cache", checks).checked == 1
+    assert lint(src, tmp_path / "cache", checks).checked == 0
+    plugin.write_text("def rule(src):\n    return []  # edited\n", encoding="utf-8")
+    assert lint(src, tmp_path / "cache", checks).checked == 1

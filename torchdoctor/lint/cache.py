@@ -117,10 +117,13 @@ class LintCache:
 
 
 def _fingerprint(checks: Sequence[registry.CheckInfo]) -> str:
-    """Changes whenever a result could: torchdoctor's lint engine or a selected check's module is edited,
-    the selection changes, or another Python (another `ast`) runs it."""
-    engine = os.path.dirname(os.path.abspath(__file__))
-    files = {os.path.join(engine, name) for name in os.listdir(engine) if name.endswith(".py")}
+    """Changes whenever a result could: torchdoctor's lint engine, a built-in check module or a selected
+    plug-in check's module is edited, the selection changes, or another Python (another `ast`) runs it."""
+    import torchdoctor.checks
+
+    files = {os.path.join(folder, name)
+             for folder in (os.path.dirname(os.path.abspath(__file__)), *torchdoctor.checks.__path__)
+             for name in os.listdir(folder) if name.endswith(".py")}  # the lint engine and every built-in check
     files.update(sys.modules[name].__file__ for name in ("torchdoctor.findings", "torchdoctor.registry"))
     files.update(getattr(sys.modules.get(info.impl(registry.Scope.SOURCE).__module__), "__file__", None) or ""
                  for info in checks)
