@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -89,6 +88,8 @@ class LintCache:
         """Write the cache atomically (entries of files that no longer exist are dropped); errors are ignored."""
         if not self.changed:
             return
+        import tempfile  # only a run that checked something writes
+
         entries = {path: entry for path, entry in self.entries.items() if os.path.exists(path)}
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)

@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import click
-from rich.text import Text
 
 from torchdoctor import registry
 from torchdoctor.cli import InputError, emit, project_config, resolve_fail_on, selected_checks
@@ -17,9 +16,14 @@ from torchdoctor.lint.output import text_line, to_sarif
 from torchdoctor.lint.runner import LintResult, lint_paths, read_source
 from torchdoctor.report import Report, exit_code
 
+if TYPE_CHECKING:
+    from rich.text import Text
 
-def facts_view(facts: dict[str, Any]) -> Text:
+
+def facts_view(facts: dict[str, Any]) -> "Text":
     """The one-line structure view of a lint run for the console report."""
+    from rich.text import Text  # console output only: text, json and sarif runs skip importing rich
+
     files = facts.get("files", 0)
     text = Text(f"Checked {counted(files, 'Python file')} in {facts.get('seconds', 0):.2f} s", style="dim")
     reused = files - facts.get("checked", files)

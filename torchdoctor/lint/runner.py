@@ -3,19 +3,17 @@ from __future__ import annotations
 
 import ast
 import io
-import multiprocessing
 import os
 import re
 import time
 import tokenize
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.findings import Finding, Location, fold
-from torchdoctor.lint.files import Pattern, discover, display_path
 from torchdoctor.lint.cache import FileResult, LintCache, digest
+from torchdoctor.lint.files import Pattern, discover, display_path
 from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
 
 _IGNORE = re.compile(r"#\s*torchdoctor:\s*ignore(?:\[([^\]]*)\])?")
@@ -152,7 +150,7 @@ def lint_paths(paths: Iterable[str], checks: Sequence[registry.CheckInfo], exclu
         else:
             findings.extend(cached)
     jobs = jobs or usable_cpus()
-    if jobs > 1 and len(todo) >= _POOL_MIN_FILES and "fork" in multiprocessing.get_all_start_methods():
+    if jobs > 1 and len(todo) >= _POOL_MIN_FILES and _can_fork():
         results = _lint_in_workers(todo, checks, project, jobs)
     else:
         results = _lint_files(todo, checks, project)
@@ -178,6 +176,12 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def _can_fork() -> bool:
+    import multiprocessing  # here, not at the top: a re-run served from the cache never needs it
+
+    return "fork" in multiprocessing.get_all_start_methods()
+
+
 def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.CheckInfo],
                 project: ProjectFacts) -> list[FileResult]:
     return [_check(read_source(path, display, project), checks) for path, display in files]
@@ -190,6 +194,9 @@ def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:
 def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry.CheckInfo],
                      project: ProjectFacts, jobs: int) -> list[FileResult]:
     """Forked workers inherit the checks and project facts; each lints a slice of the files (results in order)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     _WORKER_STATE.update(checks=list(checks), project=project)
     size = max(16, len(files) // (jobs * 4))
     chunks = [files[i:i + size] for i in range(0, len(files), size)]
