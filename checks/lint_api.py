@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import ast
-import re
 from typing import Iterator, Optional
 
 from torchdoctor.findings import Finding, Severity
 from torchdoctor.lint.flow import literal
-from torchdoctor.lint.source import SourceFile
+from torchdoctor.lint.source import SourceFile, has_word
 from torchdoctor.registry import Scope, check
 
 # qualified name -> (what changed, what to use instead)
@@ -26,22 +25,12 @@ _CALLS = {
 _LAUNCH = "torch.distributed.launch"
 # Calls that run a command line: only their arguments can launch `python -m torch.distributed.launch`.
 _PROCESS_STARTERS = ("subprocess.", "os.system", "os.popen", "os.exec", "os.spawn", "asyncio.create_subprocess")
-_AMP = re.compile(r"\bamp\b")
 
 
 def _mentions(text: str) -> bool:
-    """Whether `text` names Variable, set_default_tensor_type, the word `amp` or torch.distributed.launch.
-
-    Substring tests first: a regex search for the word `amp` scans slowly, so it is only matched where "amp" occurs.
-    """
-    if "Variable" in text or "set_default_tensor_type" in text or _LAUNCH in text:
-        return True
-    i = text.find("amp")
-    while i != -1:
-        if _AMP.match(text, i):
-            return True
-        i = text.find("amp", i + 1)
-    return False
+    """Whether `text` names Variable, set_default_tensor_type, the word `amp` or torch.distributed.launch."""
+    return ("Variable" in text or "set_default_tensor_type" in text or _LAUNCH in text
+            or has_word(text, "amp"))
 
 
 @check(code="TD506", name="deprecated-api", scope=Scope.SOURCE, severity="info",

@@ -9,7 +9,7 @@ import ast
 import re
 from typing import Iterable, Iterator, Optional
 
-from torchdoctor.lint.index import CallSite, FunctionScope, Loop, ModuleIndex, child_fields, last, ref
+from torchdoctor.lint.index import CallSite, FunctionScope, Loop, ModuleIndex, child_fields, last, ref, resolve
 
 OPTIMIZER_CLASSES = frozenset({
     "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "Adafactor", "ASGD", "LBFGS", "NAdam", "RAdam",
@@ -56,14 +56,8 @@ def is_optimizer(key: Optional[str], scope: FunctionScope, index: ModuleIndex) -
 
 
 def qualname(func: ast.expr, index: ModuleIndex) -> str:
-    """The dotted name of a callee with import aliases resolved (`nn.Linear` -> `torch.nn.Linear`)."""
-    parts: list[str] = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(index.aliases.get(func.id, func.id))
-    return ".".join(reversed(parts))
+    """The dotted name of a callee with this module's import aliases resolved (`nn.Linear` -> `torch.nn.Linear`)."""
+    return resolve(func, index.aliases)
 
 
 def is_module_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:

@@ -28,6 +28,20 @@ def ref(node: ast.AST) -> Optional[str]:
     return None
 
 
+def resolve(node: ast.AST, aliases: dict[str, str]) -> str:
+    """The dotted name of `node` with import aliases resolved (`nn.Linear` -> `torch.nn.Linear`); only the
+    attribute chain when it does not start at a name."""
+    if type(node) is ast.Attribute and type(node.value) is ast.Name:  # `name.attr`, by far the commonest
+        return f"{aliases.get(node.value.id, node.value.id)}.{node.attr}"
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(aliases.get(node.id, node.id))
+    return ".".join(reversed(parts))
+
+
 def last(dotted: Optional[str]) -> str:
     """The last segment of a dotted name (`torch.optim.SGD` -> `SGD`)."""
     return dotted.rsplit(".", 1)[-1] if dotted else ""
@@ -123,21 +137,11 @@ class _Indexer:
         self.scopes: list[FunctionScope] = []
         self.classes: dict[str, list[str]] = {}
 
-    def qualname(self, node: ast.AST) -> str:
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
-            return ".".join(reversed(parts))
-        parts.append(self.aliases.get(node.id, node.id))
-        return ".".join(reversed(parts))
-
     def is_grad_off(self, expr: ast.expr) -> bool:
         """`torch.no_grad()`, `torch.inference_mode()`, or `set_grad_enabled(x)` unless x is literally True."""
         if not isinstance(expr, ast.Call):
             return False
-        name = last(self.qualname(expr.func))
+        name = last(resolve(expr.func, self.aliases))
         if name in _GRAD_OFF:
             return True
         if name == "set_grad_enabled":
@@ -193,7 +197,7 @@ class _Indexer:
         if t is ast.FunctionDef or t is ast.AsyncFunctionDef:
             for d in node.decorator_list:
                 self.expr(d, scope, loop, off)
-            decorated_off = any(self.is_grad_off(d) or last(self.qualname(d)) in _GRAD_OFF for d in node.decorator_list)
+            decorated_off = any(self.is_grad_off(d) or last(resolve(d, self.aliases)) in _GRAD_OFF for d in node.decorator_list)
             inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop)
             self.scopes.append(inner)
             for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
@@ -205,7 +209,7 @@ class _Indexer:
             self.body(node.body, inner, step_loop, decorated_off, None)
             return
         if t is ast.ClassDef:
-            self.classes[node.name] = [self.qualname(b) for b in node.bases]
+            self.classes[node.name] = [resolve(b, self.aliases) for b in node.bases]
             for d in node.decorator_list:
                 self.expr(d, scope, loop, off)
             self.body(node.body, scope, loop, off, node.name)
@@ -304,17 +308,12 @@ class _Indexer:
                     push(v)
 
     def call_site(self, node: ast.Call, loop: Optional[Loop], off: bool) -> CallSite:
-        """The call with its context; `name.attr(...)`, the commonest callee, is resolved without `qualname`."""
+        """The call with its context: callee resolved, method name and receiver."""
         func = node.func
-        t = type(func)
+        qual = resolve(func, self.aliases)
         pos = (node.lineno, node.col_offset)
-        if t is ast.Attribute:
-            value = func.value
-            if type(value) is ast.Name:
-                qual = f"{self.aliases.get(value.id, value.id)}.{func.attr}"
-                return CallSite(node, qual, func.attr, value.id, loop, off, pos)
-            return CallSite(node, self.qualname(func), func.attr, ref(value), loop, off, pos)
-        qual = self.aliases.get(func.id, func.id) if t is ast.Name else self.qualname(func)
+        if type(func) is ast.Attribute:
+            return CallSite(node, qual, func.attr, ref(func.value), loop, off, pos)
         return CallSite(node, qual, last(qual), None, loop, off, pos)
 
 

@@ -37,11 +37,11 @@ class ProjectFacts:
     def _files_mentioning(self, name: str) -> frozenset[str]:
         found = self._mentions.get(name)
         if found is None:
-            found = self._mentions[name] = frozenset(p for p, text in self.texts.items() if _has_word(text, name))
+            found = self._mentions[name] = frozenset(p for p, text in self.texts.items() if has_word(text, name))
         return found
 
 
-def _has_word(text: str, word: str) -> bool:
+def has_word(text: str, word: str) -> bool:
     """Whether `word` occurs in `text` with no identifier character either side (a `\\b...\\b` regex, several
     times faster: str.find jumps to the candidates)."""
     at = text.find(word)
