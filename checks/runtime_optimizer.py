@@ -1,92 +1,11 @@
-"""Runtime checks on the optimizer/model wiring: zero_grad, stale or missing parameters, state placement."""
+"""Runtime checks on the optimizer/model wiring: stale or missing parameters, state placement."""
 from __future__ import annotations
 
-import weakref
 from typing import Any, Iterator
 
 from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.registry import Scope, check
-from torchdoctor.watch.contract import RuntimeCheck, StepEvent, ZeroGradEvent
-
-LOOP_ORDER = """for x, y in loader:
-    optimizer.zero_grad()          # or model.zero_grad(); set_to_none is fine
-    loss = loss_fn(model(x), y)
-    loss.backward()
-    optimizer.step()"""
-
-
-class _Sentinel:
-    """Per optimizer: one small parameter whose gradient tells whether grads were cleared between steps."""
-
-    def __init__(self, param: Any) -> None:
-        self.param = weakref.ref(param)
-        self.stepped = False   # a step() was seen since the sentinel was chosen
-        self.cleared = False   # a zero_grad() or an empty/zero gradient was seen since the last step
-        self.backwards = 0     # backward passes into the sentinel since the last step
-        self.zero_flags: list[Any] = []  # one-element bool tensors: "grad was all zero before this backward"
-
-
-@check(code="TD301", name="missing-zero-grad", scope=Scope.RUNTIME, severity="error",
-       summary="optimizer.step() applies gradients that still hold those of the previous step (no zero_grad).")
-class MissingZeroGrad(RuntimeCheck):
-    """Before each backward into a sentinel parameter, note whether its .grad was cleared since the last
-    step; at the next step, flag when it never was. Accumulation (several backwards, one step) is fine."""
-
-    def on_start(self) -> None:
-        self.sentinels: dict[int, _Sentinel] = {}
-
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
-        s = self.sentinels.get(id(event.optimizer))
-        if s is None or s.param() is None:
-            self._choose(event)
-            return
-        if not s.stepped or s.backwards == 0 or s.cleared:
-            return
-        if any(bool(flag) for flag in s.zero_flags):  # a host sync only on this rare path
-            return
-        name = self.ctx.param_name(s.param()) or "a parameter"
-        yield Finding(
-            f"{event.optimizer.label}.step() applied gradients that still contained those of the previous step: "
-            f"the gradient of `{name}` was not cleared after the last step() (no zero_grad() was seen), "
-            "so gradients add up across steps and the updates grow.",
-            fix="Clear the gradients once per optimizer step:\n" + LOOP_ORDER,
-            location=Location(param=name, step=event.step))
-
-    def on_step_post(self, event: StepEvent) -> None:
-        s = self.sentinels.get(id(event.optimizer))
-        if s is not None:
-            s.stepped, s.cleared, s.backwards = True, False, 0
-            s.zero_flags.clear()
-
-    def on_zero_grad(self, event: ZeroGradEvent) -> None:
-        s = self.sentinels.get(id(event.optimizer))
-        if s is not None:
-            s.cleared = True
-
-    def _choose(self, event: StepEvent) -> None:
-        with_grad = [p for p in event.optimizer.params() if p.grad is not None and p.requires_grad]
-        if not with_grad:
-            return
-        param = min(with_grad, key=lambda p: p.numel())
-        s = _Sentinel(param)
-        self.sentinels[id(event.optimizer)] = s
-        self.ctx.hooks.add(param.register_hook(lambda grad, s=s: self._before_accumulate(s)))
-
-    def _before_accumulate(self, s: _Sentinel) -> None:
-        """Runs inside backward, just before the gradient is added into ``param.grad``."""
-        s.backwards += 1
-        param = s.param()
-        if s.cleared or param is None:
-            return
-        try:
-            if param.grad is None:
-                s.cleared = True
-            elif len(s.zero_flags) < 8:
-                s.zero_flags.append((param.grad == 0).all())
-        except Exception as exc:  # never break the user's backward: give up on this sentinel
-            s.cleared = True
-            self.ctx.fault(self, exc)
-
+from torchdoctor.watch.contract import RuntimeCheck, StepEvent
 
 @check(code="TD302", name="stale-optimizer-params", scope=Scope.RUNTIME, severity="error",
        summary="The optimizer updates Parameter objects that are no longer in the model.")

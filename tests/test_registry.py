@@ -6,12 +6,18 @@ import pytest
 
 from torchdoctor import registry
 from torchdoctor.findings import Finding, Severity
+from torchdoctor.pitfall import PitfallError
+from torchdoctor.watch.contract import RuntimeCheck
+from pitfall_factory import make_pitfall
 
 PLUGIN = '''
-from torchdoctor import check, Finding
+from torchdoctor.sdk import Example, Finding, Pitfall
 
-@check(code="XP901", name="plugin-check", scope="env", severity="warning", summary="A third-party check.",
-       docs="# plugin-check (XP901)\\n\\nShipped by myplug.\\n")
+PLUGIN_CHECK = Pitfall(code="XP901", name="plugin-check", severity="warning", summary="A third-party check.",
+                       why="Shipped by myplug.", fix="Nothing to do.", bad=Example("x", language="text"),
+                       good=Example("y", language="text"))
+
+@PLUGIN_CHECK.env
 def plugin_check(facts):
     yield Finding("seen by a plug-in", fix="nothing")
 '''
@@ -42,7 +48,7 @@ def test_plugins_are_discovered_with_their_origin(tmp_path, monkeypatch, fresh_r
     monkeypatch.syspath_prepend(str(tmp_path))
     info = registry.get("plugin-check")
     assert info.origin == "myplug" and info.code == "XP901" and info.scopes == [registry.Scope.ENV]
-    assert info.docs_page().startswith("# plugin-check (XP901)")
+    assert info.page().startswith("# plugin-check (XP901)") and "From: myplug" in info.page()
     assert registry.get("cpu-only-build").origin == registry.BUILTIN_ORIGIN  # built-ins still load
     assert any("brokenplug" in e and "plug-in bug" in e for e in registry.load_errors())
     [finding] = registry.run_fact_checks([info], "env", facts=None)
@@ -60,17 +66,49 @@ def test_selection_by_name_code_and_comma_lists():
         registry.select("env", ["nope"])
 
 
-def test_one_name_can_have_several_scopes_but_not_two_codes(fresh_registry):
+def test_a_pitfall_has_one_name_one_code_and_any_number_of_doors(fresh_registry):
     registry.load()
-    first = registry.register(lambda f: [], code="ZZ1", name="shared-pitfall", scope="env", severity="info", summary="s")
-    registry.register(lambda f: [], code="ZZ1", name="shared-pitfall", scope="source", severity="info", summary="s")
-    assert first.scopes == [registry.Scope.ENV, registry.Scope.SOURCE]
-    with pytest.raises(registry.RegistryError, match="registered as ZZ1"):
-        registry.register(lambda f: [], code="ZZ2", name="shared-pitfall", scope="runtime", severity="info", summary="s")
+    shared = make_pitfall("ZZ1", "shared-pitfall", "env", lambda facts: [])
+    shared.source(lambda src: [])
+    assert registry.add(shared).scopes == [registry.Scope.ENV, registry.Scope.SOURCE]
+    with pytest.raises(registry.RegistryError, match="already defined as ZZ1"):
+        registry.add(make_pitfall("ZZ2", "shared-pitfall", "runtime", RuntimeCheck))
     with pytest.raises(registry.RegistryError, match="already used"):
-        registry.register(lambda f: [], code="ZZ1", name="other-pitfall", scope="env", severity="info", summary="s")
-    with pytest.raises(registry.RegistryError, match="kebab-case"):
-        registry.register(lambda f: [], code="ZZ3", name="Bad_Name", scope="env", severity="info", summary="s")
+        registry.add(make_pitfall("ZZ1", "other-pitfall", "env", lambda facts: []))
+    with pytest.raises(PitfallError, match="kebab-case"):
+        make_pitfall("ZZ3", "Bad_Name", "env", lambda facts: [])
+
+
+def test_detectors_are_validated_for_their_door_when_attached():
+    with pytest.raises(PitfallError, match="must be a RuntimeCheck subclass"):
+        make_pitfall("ZZ4", "plugin-function", "runtime", lambda ctx: [])  # would crash watch() otherwise
+
+    class Typo(RuntimeCheck):
+        def on_stepp_pre(self, event):
+            return None
+
+    with pytest.raises(PitfallError, match=r"on_stepp_pre is not a watch event \(did you mean on_step_pre\?\)"):
+        make_pitfall("ZZ5", "typo-event", "runtime", Typo)
+    with pytest.raises(PitfallError, match="must be a function"):
+        make_pitfall("ZZ6", "class-for-env", "env", Typo)
+    with pytest.raises(PitfallError, match="exactly one argument"):
+        make_pitfall("ZZ7", "two-args", "source", lambda src, extra: [])
+    with pytest.raises(PitfallError, match="unknown scope"):
+        make_pitfall("ZZ8", "no-such-door", "gpu", lambda facts: [])
+
+
+def test_a_broken_plugin_pitfall_is_a_load_error_not_a_crash(tmp_path, monkeypatch, fresh_registry):
+    bad = PLUGIN.replace("def plugin_check(facts):", "def plugin_check(facts, extra):")
+    make_distribution(tmp_path, "badshape", "mine = badshape_checks\n", {"badshape_checks": bad})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [c for c in registry.all_checks() if c.origin == "badshape"] == []
+    assert any("badshape" in e and "exactly one argument" in e for e in registry.load_errors())
+    sys.modules.pop("badshape_checks", None)
+
+
+def test_unknown_names_suggest_the_nearest():
+    with pytest.raises(registry.RegistryError, match="did you mean 'missing-zero-grad'"):
+        registry.get("missing-zerograd")
 
 
 def test_a_check_may_override_its_default_severity():

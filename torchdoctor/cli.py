@@ -58,7 +58,7 @@ def project_config() -> ProjectConfig:
         raise InputError(str(exc)) from None
 
 
-def selected_checks(scope: registry.Scope, select: tuple[str, ...], ignore: tuple[str, ...]) -> list[registry.CheckInfo]:
+def selected_checks(scope: registry.Scope, select: tuple[str, ...], ignore: tuple[str, ...]) -> list[registry.Pitfall]:
     """Resolve --select/--ignore (plus the project's defaults), turning an unknown name into a one-line usage error.
 
     The project's `select` counts only for the checks of this front door's scope, so one list can
@@ -67,7 +67,7 @@ def selected_checks(scope: registry.Scope, select: tuple[str, ...], ignore: tupl
     config = project_config()
     try:
         if not select:
-            select = tuple(n for n in config.select if scope in registry.get(n).impls)
+            select = tuple(n for n in config.select if scope in registry.get(n).detectors)
         return registry.select(scope, select, (*ignore, *config.ignore))
     except registry.RegistryError as exc:
         where = f" (in {config.path})" if config.path and (config.select or config.ignore) else ""
@@ -233,7 +233,7 @@ def explain(check: str) -> None:
         raise click.UsageError(str(exc)) from None
     from rich.markdown import Markdown
 
-    page = info.docs_page()
+    page = info.page()
     console = make_console()
     if console.is_terminal:
         console.print(Markdown(page))

@@ -71,7 +71,7 @@ class Finding:
     """One diagnosed problem: what and where (`message`, `location`), and what to do (`fix`).
 
     A check usually builds it with just `message`, `fix` and `location`; the engine fills in
-    `code`, `name` and the check's default `severity` (see `CheckInfo.complete`).
+    `code`, `name` and the check's default `severity` (see `Pitfall.complete`).
     """
 
     message: str

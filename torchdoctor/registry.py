@@ -1,161 +1,69 @@
-"""The registry of checks: metadata, registration, and discovery of built-in and plug-in checks.
+"""The registry of pitfalls: discovery of built-in and plug-in `Pitfall` definitions, lookup, selection.
 
-Built-in checks live in `torchdoctor.checks.*` (the top-level `checks/` folder); third-party
-packages add theirs through the entry-point group ``torchdoctor.checks``. A check module must not
-import torch at import time: listing checks and `torchdoctor env` stay torch-free.
+Built-in pitfalls live in `torchdoctor.checks.*` (the top-level `checks/` folder): the registry imports
+each module and collects the `Pitfall` objects it defines. Third-party packages add theirs through the
+entry-point group ``torchdoctor.checks``; an entry point names a module (its pitfalls are collected), a
+`Pitfall`, or a list of them. A checks module must not import torch at import time: listing checks and
+`torchdoctor env` stay torch-free.
 """
 from __future__ import annotations
 
-import contextlib
-import enum
 import importlib
 import pkgutil
-import re
 import sys
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
+from types import ModuleType
+from typing import Any, Iterable, Optional
 
 from torchdoctor.findings import Finding, Severity
+from torchdoctor.pitfall import Pitfall, Scope, find_near
+
+__all__ = ["Pitfall", "Scope", "RegistryError", "all_checks", "get", "select", "load", "load_errors",
+           "run_fact_checks", "internal_error", "BUILTIN_ORIGIN", "ENTRY_POINT_GROUP"]
 
 ENTRY_POINT_GROUP = "torchdoctor.checks"
 BUILTIN_ORIGIN = "built-in"
-_NAME_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
-_CODE_RE = re.compile(r"^[A-Z]+[0-9]+$")
-
-
-class Scope(str, enum.Enum):
-    """Where a check looks; one front door per scope."""
-
-    ENV = "env"
-    CHECKPOINT = "checkpoint"
-    RUNTIME = "runtime"
-    DISTRIBUTED = "distributed"
-    SOURCE = "source"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class RegistryError(ValueError):
-    """A check was registered with bad or conflicting metadata, or a selection names no check."""
+    """Two pitfalls collide (name or code), or a selection names no pitfall."""
 
 
-@dataclass
-class CheckInfo:
-    """Metadata of one check plus its implementation for each scope it runs in.
-
-    One pitfall (one public name) may be detected in several scopes, e.g. `missing-zero-grad` at run
-    time and in source; each scope registers its own implementation under the same name and code.
-    """
-
-    code: str
-    name: str
-    severity: Severity
-    summary: str
-    impls: dict[Scope, Any] = field(default_factory=dict)
-    origin: str = BUILTIN_ORIGIN
-    docs: Optional[str] = None  # inline docs for plug-ins; built-ins use docs/checks/<name>.md
-
-    @property
-    def scopes(self) -> list[Scope]:
-        return sorted(self.impls, key=lambda s: list(Scope).index(s))
-
-    def impl(self, scope: Scope) -> Any:
-        return self.impls[scope]
-
-    def complete(self, finding: Finding) -> Finding:
-        """Fill in code, name and (unless the check chose one) the default severity."""
-        return replace(
-            finding,
-            code=self.code,
-            name=self.name,
-            severity=finding.severity if finding.severity is not None else self.severity,
-        )
-
-    def docs_page(self) -> str:
-        """The check's docs page as Markdown (why it matters, how to fix, bad/good example)."""
-        if self.docs is not None:
-            return self.docs
-        from importlib import resources
-
-        page = resources.files("torchdoctor.docs").joinpath("checks", f"{self.name}.md")
-        try:
-            return page.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return f"# {self.name} ({self.code})\n\n{self.summary}\n\n(No docs page was shipped for this check.)\n"
-
-
-_CHECKS: dict[str, CheckInfo] = {}
+_CHECKS: dict[str, Pitfall] = {}
 _BY_CODE: dict[str, str] = {}
 _loaded = False
-_origin_stack: list[str] = []
 _load_errors: list[str] = []
 
-T = TypeVar("T")
+
+def add(pitfall: Pitfall, origin: str = BUILTIN_ORIGIN) -> Pitfall:
+    """Register one pitfall under its name and code; both must be new."""
+    known = _CHECKS.get(pitfall.name)
+    if known is pitfall:
+        return pitfall
+    if known is not None:
+        raise RegistryError(f"pitfall name {pitfall.name!r} ({pitfall.code}) is already defined as {known.code}")
+    if pitfall.code in _BY_CODE:
+        raise RegistryError(f"code {pitfall.code} of {pitfall.name!r} is already used by {_BY_CODE[pitfall.code]!r}")
+    if not pitfall.detectors:
+        raise RegistryError(f"pitfall {pitfall.name!r} has no detector in any front door")
+    pitfall.origin = origin
+    _CHECKS[pitfall.name] = pitfall
+    _BY_CODE[pitfall.code] = pitfall.name
+    return pitfall
 
 
-def register(
-    impl: Any,
-    *,
-    code: str,
-    name: str,
-    scope: "Scope | str",
-    severity: "Severity | str",
-    summary: str,
-    docs: Optional[str] = None,
-) -> CheckInfo:
-    """Register `impl` as the `scope` implementation of the check `name`/`code`."""
-    scope = Scope(scope)
-    severity = Severity.parse(severity)
-    if not _NAME_RE.match(name):
-        raise RegistryError(f"check name {name!r} must be kebab-case")
-    if not _CODE_RE.match(code):
-        raise RegistryError(f"check code {code!r} must look like TD101")
-    origin = _origin_stack[-1] if _origin_stack else BUILTIN_ORIGIN
-    info = _CHECKS.get(name)
-    if info is None:
-        if code in _BY_CODE:
-            raise RegistryError(f"code {code} of {name!r} is already used by {_BY_CODE[code]!r}")
-        info = CheckInfo(code=code, name=name, severity=severity, summary=summary, origin=origin, docs=docs)
-        _CHECKS[name] = info
-        _BY_CODE[code] = name
-    elif info.code != code:
-        raise RegistryError(f"check {name!r} is registered as {info.code}, not {code}")
-    elif scope in info.impls and info.impls[scope] is not impl:
-        raise RegistryError(f"check {name!r} already has a {scope} implementation")
-    info.impls[scope] = impl
-    return info
-
-
-def check(
-    *,
-    code: str,
-    name: str,
-    scope: "Scope | str",
-    severity: "Severity | str",
-    summary: str,
-    docs: Optional[str] = None,
-) -> Callable[[T], T]:
-    """Decorator form of `register`; returns the function or class unchanged.
-
-    Environment and checkpoint checks are functions ``facts -> Iterable[Finding]``; runtime checks
-    are classes (see `torchdoctor.watch`).
-    """
-
-    def decorate(impl: T) -> T:
-        register(impl, code=code, name=name, scope=scope, severity=severity, summary=summary, docs=docs)
-        return impl
-
-    return decorate
-
-
-@contextlib.contextmanager
-def _origin(name: str) -> Iterator[None]:
-    _origin_stack.append(name)
-    try:
-        yield
-    finally:
-        _origin_stack.pop()
+def _collect(obj: Any, origin: str) -> None:
+    """Register the pitfalls `obj` holds: a module's, a list's, or `obj` itself."""
+    if isinstance(obj, Pitfall):
+        add(obj, origin)
+    elif isinstance(obj, ModuleType):
+        for value in vars(obj).values():
+            if isinstance(value, Pitfall):
+                add(value, origin)
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            _collect(item, origin)
+    else:
+        raise RegistryError(f"expected a module, a Pitfall or a list of Pitfalls, got {obj!r}")
 
 
 def _load_builtins() -> None:
@@ -163,7 +71,7 @@ def _load_builtins() -> None:
 
     for mod in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
         if not mod.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{mod.name}")
+            _collect(importlib.import_module(f"{package.__name__}.{mod.name}"), BUILTIN_ORIGIN)
 
 
 def _load_plugins() -> None:
@@ -173,10 +81,7 @@ def _load_plugins() -> None:
         dist = getattr(ep, "dist", None)
         origin = dist.name if dist is not None else ep.value.split(":")[0]
         try:
-            with _origin(origin):
-                obj = ep.load()
-                if callable(obj) and not isinstance(obj, type):
-                    obj()  # a plug-in may expose a `register()` function instead of decorated modules
+            _collect(ep.load(), origin)
         except Exception as exc:  # a broken plug-in must not take the doctor down
             _load_errors.append(f"plug-in {ep.name!r} ({origin}) failed to load: {type(exc).__name__}: {exc}")
 
@@ -197,18 +102,18 @@ def load_errors() -> list[str]:
     return list(_load_errors)
 
 
-def all_checks(scope: "Scope | str | None" = None) -> list[CheckInfo]:
-    """Every registered check (of `scope`, if given), ordered by code."""
+def all_checks(scope: "Scope | str | None" = None) -> list[Pitfall]:
+    """Every registered pitfall (with a detector in `scope`, if given), ordered by code."""
     load()
     checks = sorted(_CHECKS.values(), key=lambda c: c.code)
     if scope is None:
         return checks
     scope = Scope(scope)
-    return [c for c in checks if scope in c.impls]
+    return [c for c in checks if scope in c.detectors]
 
 
-def get(name_or_code: str) -> CheckInfo:
-    """Look a check up by public name or code (case-insensitive code)."""
+def get(name_or_code: str) -> Pitfall:
+    """Look a pitfall up by public name or code (case-insensitive code)."""
     load()
     key = name_or_code.strip()
     if key in _CHECKS:
@@ -216,7 +121,9 @@ def get(name_or_code: str) -> CheckInfo:
     code = key.upper()
     if code in _BY_CODE:
         return _CHECKS[_BY_CODE[code]]
-    raise RegistryError(f"unknown check {name_or_code!r} (see `torchdoctor checks`)")
+    near = find_near(key, [*_CHECKS, *_BY_CODE])
+    hint = f" (did you mean {near!r}?)" if near else " (see `torchdoctor checks`)"
+    raise RegistryError(f"unknown check {name_or_code!r}{hint}")
 
 
 def _resolve(items: Iterable[str]) -> set[str]:
@@ -232,7 +139,7 @@ def select(
     scope: "Scope | str",
     select: Optional[Iterable[str]] = None,
     ignore: Optional[Iterable[str]] = None,
-) -> list[CheckInfo]:
+) -> list[Pitfall]:
     """The checks of `scope` that `--select`/`--ignore` (names or codes, comma-separated) leave enabled.
 
     Raises `RegistryError` for a name or code no check has.
@@ -246,7 +153,7 @@ def select(
     ]
 
 
-def run_fact_checks(checks: Iterable[CheckInfo], scope: "Scope | str", facts: Any) -> list[Finding]:
+def run_fact_checks(checks: Iterable[Pitfall], scope: "Scope | str", facts: Any) -> list[Finding]:
     """Run pure `facts -> findings` checks; a check that raises becomes one `internal-error` finding."""
     scope = Scope(scope)
     findings: list[Finding] = []
@@ -258,7 +165,7 @@ def run_fact_checks(checks: Iterable[CheckInfo], scope: "Scope | str", facts: An
     return findings
 
 
-def internal_error(info: CheckInfo, exc: BaseException) -> Finding:
+def internal_error(info: Pitfall, exc: BaseException) -> Finding:
     """The finding that stands for a check which crashed (the check is then skipped, never fatal)."""
     where = ""
     tb = exc.__traceback__
@@ -285,3 +192,21 @@ def _reset_for_tests() -> None:
     _loaded = False
     for name in [m for m in sys.modules if m.startswith("torchdoctor.checks.")]:
         del sys.modules[name]
+
+
+def check(*, code: str, name: str, scope: "Scope | str", severity: "Severity | str", summary: str,
+          docs: Optional[str] = None) -> Any:
+    """MIGRATION SHIM (removed when every checks module defines a `Pitfall`): the old decorator."""
+    from torchdoctor.pitfall import Example
+
+    def decorate(impl: Any) -> Any:
+        pitfall = _CHECKS.get(name)
+        if pitfall is None:
+            pitfall = Pitfall(code=code, name=name, severity=Severity.parse(severity), summary=summary,
+                              why="(legacy)", fix="(legacy)", bad=Example("", language="text"),
+                              good=Example("", language="text"))
+        pitfall.detector(scope)(impl)
+        add(pitfall)
+        return impl
+
+    return decorate

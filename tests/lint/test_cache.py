@@ -10,6 +10,7 @@ from torchdoctor.cli import cli
 from torchdoctor.findings import Severity
 from torchdoctor.lint.cache import LintCache, default_cache_dir
 from torchdoctor.lint.runner import lint_paths
+from pitfall_factory import make_pitfall
 
 CHECKS = registry.all_checks(registry.Scope.SOURCE)
 LEAKY = textwrap.dedent("""
@@ -132,8 +133,7 @@ def test_a_result_with_a_crashed_check_is_not_kept(tmp_path):
     def broken(src):
         raise RuntimeError("boom")
 
-    checks = [registry.CheckInfo(code="TD999", name="broken-check", severity=Severity.ERROR, summary="x",
-                                 impls={registry.Scope.SOURCE: broken})]
+    checks = [make_pitfall("TD999", "broken-check", "source", broken, severity="error")]
     assert lint(src, tmp_path / "cache", checks).checked == 1
     assert lint(src, tmp_path / "cache", checks).checked == 1
 
@@ -174,8 +174,7 @@ def test_editing_a_check_module_invalidates_results(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     import td_cache_plugin
 
-    checks = [registry.CheckInfo(code="TD998", name="plugin-rule", severity=Severity.INFO, summary="x",
-                                 impls={registry.Scope.SOURCE: td_cache_plugin.rule})]
+    checks = [make_pitfall("TD998", "plugin-rule", "source", td_cache_plugin.rule)]
     assert lint(src, tmp_path / "cache", checks).checked == 1
     assert lint(src, tmp_path / "cache", checks).checked == 0
     plugin.write_text("def rule(src):\n    return []  # edited\n", encoding="utf-8")

@@ -4,6 +4,7 @@ import textwrap
 from torchdoctor import registry
 from torchdoctor.findings import Severity
 from torchdoctor.lint.runner import check_source, lint_paths, read_source
+from pitfall_factory import make_pitfall
 
 LEAKY = textwrap.dedent("""
     def train(model, loader, optimizer, criterion):
@@ -33,8 +34,7 @@ def test_a_crashing_check_becomes_one_finding_for_that_file(tmp_path):
     def broken(src):
         raise RuntimeError("boom")
 
-    info = registry.CheckInfo(code="TD999", name="broken-check", severity=Severity.ERROR, summary="x",
-                              impls={registry.Scope.SOURCE: broken})
+    info = make_pitfall("TD999", "broken-check", "source", broken, severity="error")
     [f] = check_source(read_source(str(path), "t.py"), [info])
     assert "boom" in f.message and f.location.file == "t.py" and f.severity == Severity.INFO
 

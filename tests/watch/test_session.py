@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 import torchdoctor
 from conftest import batches, mlp, names, session, train_step
 from torchdoctor.watch.context import WatchContext
+from pitfall_factory import make_pitfall
 
 
 def _no_zero_grad_loop(model, opt, steps: int = 3) -> None:
@@ -164,7 +165,7 @@ class _nothing:
 
 
 def test_a_check_that_raises_is_disabled_reported_once_and_training_goes_on(monkeypatch):
-    from torchdoctor.checks.runtime_optimizer import MissingZeroGrad
+    from torchdoctor.checks.missing_zero_grad import MissingZeroGrad
 
     calls = []
 
@@ -304,19 +305,19 @@ def test_a_compiled_model_is_seen_through_even_when_compiled_before_watch():
 
 
 def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(monkeypatch):
-    from torchdoctor.checks import runtime_data, runtime_optimizer
+    from torchdoctor.checks import missing_zero_grad, runtime_data
 
     class Exploding(list):
         def append(self, item):
             raise MemoryError("no room")
 
-    original_init = runtime_optimizer._Sentinel.__init__
+    original_init = missing_zero_grad._Sentinel.__init__
 
     def init(self, param):
         original_init(self, param)
         self.zero_flags = Exploding()
 
-    monkeypatch.setattr(runtime_optimizer._Sentinel, "__init__", init)
+    monkeypatch.setattr(missing_zero_grad._Sentinel, "__init__", init)
     monkeypatch.setattr(runtime_data, "_fingerprint", lambda batch: 1 / 0)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -347,8 +348,7 @@ def test_distributed_runtime_checks_join_under_torch_distributed(tmp_path, monke
             dist.all_reduce(flag)  # collectives are safe here: same steps on every rank
             yield Finding(f"saw {int(flag)} rank(s) of {self.ctx.world_size} at step {event.step}")
 
-    info = registry.CheckInfo(code="TD499", name="test-cross-rank", severity=registry.Severity.INFO,
-                              summary="test only", impls={registry.Scope.DISTRIBUTED: CrossRank})
+    info = make_pitfall("TD499", "test-cross-rank", "distributed", CrossRank)
     monkeypatch.setitem(registry._CHECKS, info.name, info)
     monkeypatch.setitem(registry._BY_CODE, info.code, info.name)
     model = mlp()

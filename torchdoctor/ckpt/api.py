@@ -29,7 +29,7 @@ class CheckpointReport(Report):
 
 def diagnose_checkpoints(
     paths: Sequence[PathLike],
-    checks: Iterable[registry.CheckInfo],
+    checks: Iterable[registry.Pitfall],
     *,
     model_keys: Optional[ModelKeys] = None,
     scan_values: bool = False,

@@ -16,7 +16,7 @@ def facts_view(facts: dict[str, Any]) -> Any:
 
 def run_check_ckpt(
     files: Sequence[str],
-    checks: list[registry.CheckInfo],
+    checks: list[registry.Pitfall],
     *,
     model_spec: Optional[str] = None,
     fix_out: Optional[str] = None,

@@ -102,7 +102,7 @@ def collect_facts(probe_timeout: float = 60.0, cwd: Optional[str] = None) -> Env
 
 
 def diagnose_env(
-    checks: Optional[Sequence[registry.CheckInfo]] = None,
+    checks: Optional[Sequence[registry.Pitfall]] = None,
     probe_timeout: float = 60.0,
     cwd: Optional[str] = None,
     facts: Optional[EnvFacts] = None,

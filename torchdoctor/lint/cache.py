@@ -52,7 +52,7 @@ class FileResult:
 class LintCache:
     """The cached results of one project root (see the module docstring)."""
 
-    def __init__(self, directory: str, root: str, checks: Sequence[registry.CheckInfo]) -> None:
+    def __init__(self, directory: str, root: str, checks: Sequence[registry.Pitfall]) -> None:
         name = digest(os.path.abspath(root).encode("utf-8", "surrogatepass"))
         self.path = os.path.join(directory, "lint", f"{name}.json")
         self.fingerprint = _fingerprint(checks)
@@ -117,7 +117,7 @@ class LintCache:
         return files if isinstance(files, dict) else {}
 
 
-def _fingerprint(checks: Sequence[registry.CheckInfo]) -> str:
+def _fingerprint(checks: Sequence[registry.Pitfall]) -> str:
     """Changes whenever a result could: torchdoctor's lint engine, a built-in check module or a selected
     plug-in check's module is edited, the selection changes, or another Python (another `ast`) runs it."""
     import torchdoctor.checks

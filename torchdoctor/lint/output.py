@@ -6,7 +6,7 @@ from typing import Any, Iterable
 
 from torchdoctor import __version__
 from torchdoctor.findings import Finding, Severity
-from torchdoctor.registry import CheckInfo
+from torchdoctor.pitfall import Pitfall
 
 _SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -20,7 +20,7 @@ def text_line(f: Finding) -> str:
     return f"{where}: {f.code} {f.name} {message}"
 
 
-def to_sarif(findings: Iterable[Finding], checks: Iterable[CheckInfo]) -> str:
+def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
     """A SARIF 2.1.0 log with one run; rules are the checks that ran."""
     rules = [
         {

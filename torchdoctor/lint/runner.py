@@ -99,12 +99,12 @@ def _is_silenced(f: Finding, silenced: dict[int, set[str]]) -> bool:
     return bool(names) and (_ALL in names or f.name in names or f.code in names or f.code.lower() in names)
 
 
-def check_source(src: SourceFile, checks: Sequence[registry.CheckInfo]) -> list[Finding]:
+def check_source(src: SourceFile, checks: Sequence[registry.Pitfall]) -> list[Finding]:
     """Run the source checks on one file; a crashing check becomes one internal-error finding for this file."""
     return _check(src, checks).findings
 
 
-def _check(src: SourceFile, checks: Sequence[registry.CheckInfo]) -> FileResult:
+def _check(src: SourceFile, checks: Sequence[registry.Pitfall]) -> FileResult:
     findings: list[Finding] = []
     crashed = False
     for info in checks:
@@ -120,7 +120,7 @@ def _check(src: SourceFile, checks: Sequence[registry.CheckInfo]) -> FileResult:
     return FileResult(kept, src.project.asked, cacheable=not crashed)
 
 
-def lint_paths(paths: Iterable[str], checks: Sequence[registry.CheckInfo], exclude: Iterable["str | Pattern"] = (),
+def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude: Iterable["str | Pattern"] = (),
                cwd: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[LintCache] = None) -> LintResult:
     """Lint every Python file under `paths`; raises FileNotFoundError for a path that does not exist.
 
@@ -182,7 +182,7 @@ def _can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.CheckInfo],
+def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall],
                 project: ProjectFacts) -> list[FileResult]:
     return [_check(read_source(path, display, project), checks) for path, display in files]
 
@@ -191,7 +191,7 @@ def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:
     return _lint_files(files, _WORKER_STATE["checks"], _WORKER_STATE["project"])
 
 
-def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry.CheckInfo],
+def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall],
                      project: ProjectFacts, jobs: int) -> list[FileResult]:
     """Forked workers inherit the checks and project facts; each lints a slice of the files (results in order)."""
     import multiprocessing

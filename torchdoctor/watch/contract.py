@@ -118,6 +118,11 @@ class LoaderEvent:
 Findings = Optional[Iterable[Finding]]
 
 
+def handler_names() -> set[str]:
+    """The ``on_<event>`` method names a runtime check may define (anything else ``on_*`` is a typo)."""
+    return {f"on_{e.value}" for e in Event}
+
+
 class RuntimeCheck:
     """Base class of runtime checks: override the ``on_<event>`` handlers the check needs."""
 

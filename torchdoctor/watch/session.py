@@ -83,7 +83,7 @@ class WatchSession:
         self.deterministic = deterministic
         self.print_report = report
         self._found: dict[tuple, Finding] = {}
-        self._info_of: dict[int, registry.CheckInfo] = {}
+        self._info_of: dict[int, registry.Pitfall] = {}
         self._ctx: Optional[WatchContext] = None
         self._hub: Optional[EventHub] = None
         self._quiet_raise = False
@@ -129,7 +129,7 @@ class WatchSession:
         self._ctx = ctx
         checks: list[RuntimeCheck] = []
         for info in infos:
-            impl = info.impls.get(registry.Scope.RUNTIME) or info.impls[registry.Scope.DISTRIBUTED]
+            impl = info.detectors.get(registry.Scope.RUNTIME) or info.detectors[registry.Scope.DISTRIBUTED]
             try:
                 chk = impl(ctx)
             except Exception as exc:

@@ -1,0 +1,245 @@
+"""missing-zero-grad: gradients are never cleared between optimizer steps, so each step applies their sum."""
+from __future__ import annotations
+
+import ast
+import weakref
+from typing import Any, Iterator, Optional
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent, ZeroGradEvent
+from torchdoctor.sdk.source import (
+    CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, inner_scopes, is_backward, is_optimizer, ref,
+)
+
+_TINY_LOOP = """
+import torch
+from torch import nn
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.MSELoss()
+loader = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]
+"""
+
+MISSING_ZERO_GRAD = Pitfall(
+    code="TD301",
+    name="missing-zero-grad",
+    severity="error",
+    summary="Gradients are never cleared between optimizer steps, so every step adds up all previous ones.",
+    why="""
+        `loss.backward()` accumulates into `param.grad`; it does not overwrite it. Without
+        `optimizer.zero_grad()` (or `model.zero_grad()`, or `p.grad = None`) once per step, each step uses the
+        sum of all gradients so far: the update grows with every iteration and the loss usually explodes
+        after a few steps. Gradient accumulation (several backwards, one step, one zero_grad) is legitimate
+        and is not flagged.
+    """,
+    fix="""
+        Call `optimizer.zero_grad(set_to_none=True)` once per optimizer step, before the backward of the
+        next step.
+    """,
+    bad=Example(
+        """
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        """,
+        setup=_TINY_LOOP,
+    ),
+    good=Example(
+        """
+        for x, y in loader:
+            optimizer.zero_grad(set_to_none=True)
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        """,
+        setup=_TINY_LOOP,
+    ),
+    details={
+        "runtime": """
+            `watch` picks, per optimizer, the smallest parameter that has a gradient and puts a gradient hook
+            on it. Just before each backward adds into that parameter, the hook notes whether its `.grad` is
+            empty (`None`, after `zero_grad()` with `set_to_none`, or `p.grad = None`) or all zeros
+            (`set_to_none=False`, or a manual `p.grad.zero_()`); calls of `zero_grad()` on a watched optimizer
+            count too. At the next `optimizer.step()` it reports an error when none of the backwards since the
+            previous step started from cleared gradients. Gradient accumulation (several backwards, one step,
+            one clear), `model.zero_grad()`, frozen parameters, GANs with two optimizers (the discriminator's
+            gradients from the generator's backward are cleared before its own step) and steps skipped by
+            `GradScaler` are quiet. The finding names the parameter and the first step where stale gradients
+            were applied; later steps add to its count.
+        """,
+        "source": """
+            The lint rule looks for the smallest loop (or Lightning `training_step` with manual optimization)
+            that contains both a `backward()` and an argument-free `optimizer.step()` /
+            `scaler.step(optimizer)`, and reports it when nothing in that loop clears the gradients: no
+            `zero_grad()` of that optimizer or of a model, no `p.grad = None`, no helper defined in the file
+            that does so, no closure that does so. It stays quiet when the loop hands the optimizer to a
+            function it cannot see, and inside `dist_autograd.context()` loops, where gradients live per
+            context. `watch` confirms the rest at run time.
+        """,
+    },
+)
+
+_LOOP_ORDER = """for x, y in loader:
+    optimizer.zero_grad(set_to_none=True)
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()"""
+
+
+class _Sentinel:
+    """Per optimizer: one small parameter whose gradient tells whether grads were cleared between steps."""
+
+    def __init__(self, param: Any) -> None:
+        self.param = weakref.ref(param)
+        self.stepped = False   # a step() was seen since the sentinel was chosen
+        self.cleared = False   # a zero_grad() or an empty/zero gradient was seen since the last step
+        self.backwards = 0     # backward passes into the sentinel since the last step
+        self.zero_flags: list[Any] = []  # one-element bool tensors: "grad was all zero before this backward"
+
+
+@MISSING_ZERO_GRAD.runtime
+class MissingZeroGrad(RuntimeCheck):
+    """Before each backward into a sentinel parameter, note whether its .grad was cleared since the last
+    step; at the next step, flag when it never was. Accumulation (several backwards, one step) is fine."""
+
+    def on_start(self) -> None:
+        self.sentinels: dict[int, _Sentinel] = {}
+
+    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+        s = self.sentinels.get(id(event.optimizer))
+        if s is None or s.param() is None:
+            self._choose(event)
+            return
+        if not s.stepped or s.backwards == 0 or s.cleared:
+            return
+        if any(bool(flag) for flag in s.zero_flags):  # a host sync only on this rare path
+            return
+        name = self.ctx.param_name(s.param()) or "a parameter"
+        yield Finding(
+            f"{event.optimizer.label}.step() applied gradients that still contained those of the previous step: "
+            f"the gradient of `{name}` was not cleared after the last step() (no zero_grad() was seen), "
+            "so gradients add up across steps and the updates grow.",
+            fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
+            location=Location(param=name, step=event.step))
+
+    def on_step_post(self, event: StepEvent) -> None:
+        s = self.sentinels.get(id(event.optimizer))
+        if s is not None:
+            s.stepped, s.cleared, s.backwards = True, False, 0
+            s.zero_flags.clear()
+
+    def on_zero_grad(self, event: ZeroGradEvent) -> None:
+        s = self.sentinels.get(id(event.optimizer))
+        if s is not None:
+            s.cleared = True
+
+    def _choose(self, event: StepEvent) -> None:
+        with_grad = [p for p in event.optimizer.params() if p.grad is not None and p.requires_grad]
+        if not with_grad:
+            return
+        param = min(with_grad, key=lambda p: p.numel())
+        s = _Sentinel(param)
+        self.sentinels[id(event.optimizer)] = s
+        self.ctx.hooks.add(param.register_hook(lambda grad, s=s: self._before_accumulate(s)))
+
+    def _before_accumulate(self, s: _Sentinel) -> None:
+        """Runs inside backward, just before the gradient is added into ``param.grad``."""
+        s.backwards += 1
+        param = s.param()
+        if s.cleared or param is None:
+            return
+        try:
+            if param.grad is None:
+                s.cleared = True
+            elif len(s.zero_flags) < 8:
+                s.zero_flags.append((param.grad == 0).all())
+        except Exception as exc:  # never break the user's backward: give up on this sentinel
+            s.cleared = True
+            self.ctx.fault(self, exc)
+
+
+# Calls that take the optimizer but are known not to clear gradients.
+_HARMLESS_WITH_OPTIMIZER = frozenset({"step", "unscale_", "update", "scale", "clip_grad_norm_", "print", "log", "info"})
+
+
+def _stepped_optimizer(call: CallSite, scope: FunctionScope, index: ModuleIndex) -> Optional[str]:
+    """The optimizer an argument-free `opt.step()` or `scaler.step(opt)` updates, if that is clear."""
+    if call.attr != "step" or call.node.keywords:
+        return None
+    if not call.node.args and is_optimizer(call.receiver, scope, index):
+        return call.receiver
+    if len(call.node.args) == 1 and call.receiver and "scaler" in call.receiver.lower():
+        key = ref(call.node.args[0])
+        return key if is_optimizer(key, scope, index) else None
+    return None
+
+
+def _clears_grads(call: CallSite, optimizer: str, others: set[str]) -> bool:
+    """A zero_grad that may clear `optimizer`'s gradients: its own, a model's, or any optimizer not known
+    to be a different one (`for opt in optimizers: opt.zero_grad()`)."""
+    if call.attr == "zero_grad":
+        return call.receiver == optimizer or call.receiver not in others
+    return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and (call.receiver or "").endswith(".grad")
+
+
+def _helper_may_clear(call: CallSite, optimizer: str, index: ModuleIndex) -> bool:
+    """A call in the loop that might zero the gradients where we cannot see it."""
+    local = index.functions.get(call.attr)
+    if local:
+        return any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls) or any(
+            b.target.endswith(".grad") for s in local for b in s.bindings)
+    if call.attr in _HARMLESS_WITH_OPTIMIZER:
+        return False
+    return any(ref(a) == optimizer for a in call.node.args) or any(ref(k.value) == optimizer for k in call.node.keywords)
+
+
+def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> Optional[Loop]:
+    loop = step.loop
+    while loop is not None:
+        if any(loop.encloses(b.loop) for b in backwards):
+            return loop
+        loop = loop.parent
+    return None
+
+
+@MISSING_ZERO_GRAD.source
+def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or "backward" not in src.text or ".step(" not in src.text:
+        return
+    index = src.index
+    for scope in index.scopes:
+        backwards = [c for c in scope.calls if is_backward(c) and c.loop is not None]
+        if not backwards:
+            continue
+        reported: set[str] = set()
+        for call in scope.calls:
+            optimizer = _stepped_optimizer(call, scope, index)
+            if optimizer is None or optimizer in reported:
+                continue
+            loop = _smallest_loop_with_backward(call, backwards)
+            if loop is None or _loop_clears(loop, optimizer, scope, index):
+                continue
+            reported.add(optimizer)
+            backward = next(b for b in backwards if loop.encloses(b.loop))
+            what = "training_step" if isinstance(loop.node, ast.FunctionDef) else f"the loop at line {loop.node.lineno}"
+            yield Finding(
+                f"`{src.snippet(call.node)}` runs in {what} with `{src.snippet(backward.node)}` "
+                f"(line {backward.node.lineno}) but `{optimizer}.zero_grad()` is never called there: every "
+                "backward adds to the gradients of all previous iterations, so each step uses their running sum.",
+                fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
+                location=src.location(call.node),
+            )
+
+
+def _loop_clears(loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
+    others = {o for c in calls_in(scope, loop) if (o := _stepped_optimizer(c, scope, index)) and o != optimizer}
+    for call in calls_in(scope, loop):
+        if _clears_grads(call, optimizer, others) or _helper_may_clear(call, optimizer, index):
+            return True
+        if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
+            return True  # distributed autograd keeps gradients per context: nothing to clear
+    if any(b.target.endswith(".grad") and loop.encloses(b.loop) for b in scope.bindings):
+        return True
+    return any(c.attr in ("zero_grad", "zero_") for s in inner_scopes(index, loop) for c in s.calls)

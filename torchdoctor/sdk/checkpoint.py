@@ -1,0 +1,9 @@
+"""What a checkpoint detector (``@pitfall.checkpoint``) receives, read without executing the file, and the
+state-dict key services (wrapper prefixes, key matching) shared with ``check-ckpt --model``/``--fix``."""
+from torchdoctor.ckpt.info import CheckpointInfo, StateDict, TensorEntry, show_path
+from torchdoctor.ckpt.keys import LOOSE_PREFIXES, Match, best_match, share, wrapper_prefix
+from torchdoctor.ckpt.objects import GlobalRef, Instance, TensorMeta
+from torchdoctor.ckpt.policy import Verdict
+
+__all__ = ["CheckpointInfo", "GlobalRef", "Instance", "LOOSE_PREFIXES", "Match", "StateDict", "TensorEntry",
+           "TensorMeta", "Verdict", "best_match", "share", "show_path", "wrapper_prefix"]

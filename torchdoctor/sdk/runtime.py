@@ -1,0 +1,37 @@
+"""Runtime detectors (``@pitfall.runtime`` / ``@pitfall.distributed``): the `RuntimeCheck` base class, the
+watch events it handles, and the services a check uses from its handlers.
+
+The contract (events, their order, and the rules for handlers) is documented in
+`torchdoctor.watch.contract`. The services that need torch — graph sentinels and footprints, model
+unwrapping, the cross-rank exchange — are imported on first use, so a checks module can import this one
+at load time without importing torch.
+"""
+from typing import Any
+
+from torchdoctor.watch.contract import (
+    Event, ForwardEvent, Findings, LoaderEvent, RuntimeCheck, StepEvent, ZeroGradEvent,
+)
+from torchdoctor.watch.handles import Restore
+
+_LAZY = {
+    "first_graph_tensor": "torchdoctor.watch.context",
+    "WatchedModel": "torchdoctor.watch.context",
+    "footprint": "torchdoctor.watch.graphs",
+    "RankExchange": "torchdoctor.watch.distributed",
+    "Round": "torchdoctor.watch.distributed",
+    "exchange_for": "torchdoctor.watch.distributed",
+    "ddp_over_world": "torchdoctor.watch.distributed",
+    "stats_differ": "torchdoctor.watch.distributed",
+}
+
+__all__ = ["Event", "ForwardEvent", "Findings", "LoaderEvent", "Restore", "RuntimeCheck", "StepEvent",
+           "ZeroGradEvent", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    """Load the torch-backed services on first use."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'torchdoctor.sdk.runtime' has no attribute {name!r}")

@@ -1,0 +1,13 @@
+"""What a lint detector (``@pitfall.source``) receives — a parsed `SourceFile` — and the program-model
+queries over it (scopes, bindings, call sites, loops, names), plus `Edit` for safe ``--fix``es."""
+from torchdoctor.lint.flow import (
+    TENSOR_FACTORIES, backprop_names, backward_targets, calls_in, graph_refs, inner_scopes, is_backward,
+    is_module_ctor, is_optimizer, is_optimizer_ctor, iter_names, literal, qualname,
+)
+from torchdoctor.lint.index import Binding, CallSite, FunctionScope, Loop, ModuleIndex, last, ref
+from torchdoctor.lint.source import Edit, FixableFinding, SourceFile, has_word
+
+__all__ = ["Binding", "CallSite", "Edit", "FixableFinding", "FunctionScope", "Loop", "ModuleIndex", "SourceFile",
+           "TENSOR_FACTORIES", "backprop_names", "backward_targets", "calls_in", "graph_refs", "has_word",
+           "inner_scopes", "is_backward", "is_module_ctor", "is_optimizer", "is_optimizer_ctor", "iter_names",
+           "last", "literal", "qualname", "ref"]

@@ -1,0 +1,90 @@
+"""Run a pitfall's Bad/Good examples through its own detectors — the contract every pitfall keeps.
+
+``run_example(pitfall, pitfall.bad, "source")`` returns that detector's findings for the example: the
+contract test asserts the Bad example fires and the Good one stays quiet in every door that can see it
+(`Example.runnable`). Plug-in authors can call it from their own tests the same way.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any, Iterator
+
+from torchdoctor.findings import Finding
+from torchdoctor.pitfall import Example, Pitfall, PitfallError, Scope
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar", ".safetensors", ".pkl")
+
+
+def run_example(pitfall: Pitfall, example: Example, scope: "Scope | str") -> list[Finding]:
+    """The findings of `pitfall`'s `scope` detector on `example` (only this pitfall's, folded)."""
+    scope = Scope(scope)
+    if scope not in pitfall.detectors:
+        raise PitfallError(f"pitfall {pitfall.name} has no {scope} detector")
+    if not example.runnable(scope):
+        raise PitfallError(f"pitfall {pitfall.name}: this example is not runnable in {scope}")
+    runner = {Scope.SOURCE: _lint, Scope.RUNTIME: _watch, Scope.CHECKPOINT: _check_files}.get(scope)
+    if runner is None:
+        raise PitfallError(f"pitfall {pitfall.name}: {scope} examples can't run in one process; "
+                           f"give Example(unseen={{'{scope}': why}})")
+    return [f for f in runner(pitfall, example) if f.name == pitfall.name]
+
+
+def _program(example: Example) -> tuple[str, str]:
+    return textwrap.dedent(example.setup), textwrap.dedent(example.code)
+
+
+def _lint(pitfall: Pitfall, example: Example) -> list[Finding]:
+    from torchdoctor.lint.runner import check_source, read_source
+
+    setup, code = _program(example)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "example.py"
+        path.write_text(setup + "\n" + code, encoding="utf-8")
+        return check_source(read_source(str(path), "example.py"), [pitfall])
+
+
+def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
+    from torchdoctor.watch.session import watch
+
+    setup, code = _program(example)
+    namespace: dict[str, Any] = {"__name__": "__example__"}
+    with _in_empty_folder():
+        exec(compile(setup, "<example setup>", "exec"), namespace)
+        if "model" not in namespace:
+            raise PitfallError(f"pitfall {pitfall.name}: a runtime example's setup must bind `model`")
+        session = watch(namespace["model"], namespace.get("optimizer"), checks=[pitfall.name],
+                        on_finding=lambda finding: None, report=False)
+        with session:
+            exec(compile(code, "<example>", "exec"), namespace)
+    return session.findings
+
+
+def _check_files(pitfall: Pitfall, example: Example) -> list[Finding]:
+    from torchdoctor.ckpt.api import check_checkpoint
+
+    setup, code = _program(example)
+    findings: list[Finding] = []
+    with _in_empty_folder() as folder:
+        exec(compile(setup + "\n" + code, "<example>", "exec"), {"__name__": "__example__"})
+        written = sorted(p for p in folder.rglob("*") if p.suffix in CHECKPOINT_SUFFIXES)
+        if not written:
+            raise PitfallError(f"pitfall {pitfall.name}: the checkpoint example wrote no checkpoint file")
+        for path in written:
+            findings += check_checkpoint(path, select=[pitfall.name]).findings
+    return findings
+
+
+@contextlib.contextmanager
+def _in_empty_folder() -> Iterator[Path]:
+    """Run an example in a fresh working folder, so files it writes go nowhere else."""
+    old = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        try:
+            yield Path(tmp)
+        finally:
+            os.chdir(old)
