@@ -179,7 +179,10 @@ def internal_error(info: Pitfall, exc: BaseException) -> Finding:
         severity=Severity.INFO,
         message=f"torchdoctor's check {info.name} failed internally and was skipped: "
         f"{type(exc).__name__}: {exc}{where}",
-        fix="This is a torchdoctor bug, not a problem with your setup; please report it.",
+        fix=("This is a torchdoctor bug, not a problem with your setup; please report it."
+             if info.origin == BUILTIN_ORIGIN else
+             f"This is a bug in the plug-in {info.origin}, not in your setup: report it to its authors, "
+             f"and skip the check until then. {info.silence_advice(next(iter(info.scopes), Scope.ENV))}"),
     )
 
 

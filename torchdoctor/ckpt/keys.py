@@ -4,11 +4,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable, Optional
 
+from torchdoctor.wrappers import WRAPPER_PREFIXES
+
 if TYPE_CHECKING:
     from torchdoctor.ckpt.info import ModelKeys, StateDict
 
-# Prefixes added by wrappers: DataParallel/DDP, torch.compile, Lightning modules and common wrappers.
-STRICT_PREFIXES = ("module.", "_orig_mod.")
+# Prefixes added by wrappers (DataParallel/DDP, torch.compile), and by Lightning modules and common
+# hand-written wrappers (loose: they are also ordinary attribute names).
+STRICT_PREFIXES = tuple(WRAPPER_PREFIXES)
 LOOSE_PREFIXES = ("model.", "net.")
 MOST = 0.9
 

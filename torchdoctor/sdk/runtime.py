@@ -2,8 +2,8 @@
 watch events it handles, and the services a check uses from its handlers.
 
 The contract (events, their order, and the rules for handlers) is documented in
-`torchdoctor.watch.contract`. The services that need torch — graph sentinels and footprints, model
-unwrapping, the cross-rank exchange — are imported on first use, so a checks module can import this one
+`torchdoctor.watch.contract`. The services that need torch — graph sentinels and footprints, batch
+fingerprints, the cross-rank exchange — are imported on first use, so a checks module can import this one
 at load time without importing torch.
 """
 from typing import Any
@@ -12,11 +12,15 @@ from torchdoctor.watch.contract import (
     Event, ForwardEvent, Findings, LoaderEvent, RuntimeCheck, StepEvent, ZeroGradEvent,
 )
 from torchdoctor.watch.handles import Restore
+from torchdoctor.wrappers import unwrap, wrapper_chain
 
 _LAZY = {
     "first_graph_tensor": "torchdoctor.watch.context",
     "WatchedModel": "torchdoctor.watch.context",
     "footprint": "torchdoctor.watch.graphs",
+    "batch_sums": "torchdoctor.watch.fingerprint",
+    "digest": "torchdoctor.watch.fingerprint",
+    "fingerprint": "torchdoctor.watch.fingerprint",
     "RankExchange": "torchdoctor.watch.distributed",
     "Round": "torchdoctor.watch.distributed",
     "exchange_for": "torchdoctor.watch.distributed",
@@ -25,7 +29,7 @@ _LAZY = {
 }
 
 __all__ = ["Event", "ForwardEvent", "Findings", "LoaderEvent", "Restore", "RuntimeCheck", "StepEvent",
-           "ZeroGradEvent", *_LAZY]
+           "ZeroGradEvent", "unwrap", "wrapper_chain", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from torchdoctor.watch.handles import HookSet
+from torchdoctor.wrappers import unwrap
 
 if TYPE_CHECKING:
     from torchdoctor.findings import Finding
@@ -15,20 +16,6 @@ if TYPE_CHECKING:
     from torchdoctor.watch.graphs import GraphTracker
 
 _MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
-
-
-def unwrap(module: nn.Module) -> tuple[nn.Module, list[str]]:
-    """See through DataParallel, DistributedDataParallel and torch.compile wrappers."""
-    wrappers: list[str] = []
-    while True:
-        if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
-            wrappers.append(type(module).__name__)
-            module = module.module
-        elif type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
-            wrappers.append("torch.compile")
-            module = module._orig_mod
-        else:
-            return module, wrappers
 
 
 class WatchedModel:

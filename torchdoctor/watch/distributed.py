@@ -14,7 +14,6 @@ exchanges for the rest of the session; training goes on.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import json
 import logging
@@ -28,6 +27,8 @@ import torch
 from torch import nn
 
 from torchdoctor import registry
+from torchdoctor.watch.fingerprint import batch_sums, digest
+from torchdoctor.wrappers import wrapper_chain
 from torchdoctor.findings import Finding, merge_ranks as merge_findings
 
 if TYPE_CHECKING:
@@ -158,15 +159,12 @@ def _short(exc: BaseException) -> str:
 def ddp_over_world(module: nn.Module, world_size: int) -> Optional[nn.parallel.DistributedDataParallel]:
     """The DistributedDataParallel in `module`'s wrapper chain when it spans every rank (else None: a DDP
     over a subgroup, as in hybrid parallelism, legitimately differs from the ranks outside it)."""
-    while True:
-        if isinstance(module, nn.parallel.DistributedDataParallel):
-            group = getattr(module, "process_group", None)
+    for wrapper in wrapper_chain(module):
+        if isinstance(wrapper, nn.parallel.DistributedDataParallel):
+            group = getattr(wrapper, "process_group", None)
             size = group.size() if group is not None else world_size
-            return module if size == world_size else None
-        inner = getattr(module, "module", None) if isinstance(module, nn.DataParallel) else getattr(module, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return None
-        module = inner
+            return wrapper if size == world_size else None
+    return None
 
 
 def tensor_stats(tensors: list[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -215,34 +213,6 @@ def stats_differ(a: "list[float] | tuple[float, ...]", b: "list[float] | tuple[f
         return not (sa == sb or (math.isnan(sa) and math.isnan(sb)))
     return (abs(sa - sb) > 1e-5 * math.sqrt(max(na, 1) * squares) + 1e-12
             or abs(qa - qb) > 1e-5 * squares + 1e-12)
-
-
-def batch_sums(batch: Any, depth: int = 0) -> list[Any]:
-    """Per-sample sums of every tensor in a batch (device tensors, no host sync; integers summed exactly,
-    half precision in float32) and the repr of anything else: identical batches give identical values,
-    different samples almost surely not."""
-    if isinstance(batch, torch.Tensor):
-        t = batch.detach()
-        if t.is_complex():
-            t = torch.view_as_real(t)
-        rows = t.reshape(1, -1) if t.dim() == 0 else t.reshape(t.shape[0], -1)
-        if rows.shape[1] == 0:
-            return [tuple(t.shape)]
-        low = t.is_floating_point() and t.element_size() < 4
-        return [tuple(t.shape), rows.sum(1, dtype=torch.float32) if low else rows.sum(1)]
-    if depth < 3 and isinstance(batch, dict):
-        return [v for key, value in batch.items() for v in (repr(key), *batch_sums(value, depth + 1))]
-    if depth < 3 and isinstance(batch, (list, tuple)):
-        return [v for value in batch for v in batch_sums(value, depth + 1)]
-    return [repr(batch)[:100]]
-
-
-def digest(sums: list[Any]) -> str:
-    """An 8-byte hash (hex) of `batch_sums`' result; this is the one host sync per fingerprinted batch."""
-    h = hashlib.blake2b(digest_size=8)
-    for item in sums:
-        h.update(repr(item.cpu().tolist() if isinstance(item, torch.Tensor) else item).encode())
-    return h.hexdigest()
 
 
 @dataclasses.dataclass

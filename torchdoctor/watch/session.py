@@ -13,7 +13,8 @@ from torch import nn
 from torchdoctor import registry
 from torchdoctor.errors import TorchDoctorError, TorchDoctorWarning
 from torchdoctor.findings import Finding, Location, Severity
-from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer, unwrap
+from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
+from torchdoctor.wrappers import unwrap
 from torchdoctor.watch.contract import Event, RuntimeCheck
 from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
