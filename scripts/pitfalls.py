@@ -100,7 +100,9 @@ def docs() -> None:
 @click.option("--door", "doors", multiple=True, required=True, type=click.Choice(sorted(DETECTOR)),
               help="A front door that detects it (repeatable).")
 @click.option("--family", type=click.IntRange(1, 9), default=None, help="Code family (the first digit).")
-def new(name: str, doors: tuple[str, ...], family: "int | None") -> None:
+@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=ROOT, show_default=True,
+              help="The repository to write into.")
+def new(name: str, doors: tuple[str, ...], family: "int | None", root: Path) -> None:
     """Allocate the next code and write the definition and test stubs for pitfall NAME."""
     from torchdoctor import __version__, registry
 
@@ -114,19 +116,19 @@ def new(name: str, doors: tuple[str, ...], family: "int | None") -> None:
     module = name.replace("-", "_")
     const = module.upper()
     cls = "".join(part.title() for part in name.split("-"))
-    definition = ROOT / "checks" / f"{module}.py"
-    test = ROOT / "tests" / "pitfalls" / f"test_{module}.py"
+    definition = root / "checks" / f"{module}.py"
+    test = root / "tests" / "pitfalls" / f"test_{module}.py"
     for path in (definition, test):
         if path.exists():
-            raise click.UsageError(f"{path.relative_to(ROOT)} already exists")
-    test.parent.mkdir(exist_ok=True)
+            raise click.UsageError(f"{path} already exists")
+        path.parent.mkdir(parents=True, exist_ok=True)
     definition.write_text(DEFINITION.format(
         name=name, code=code, const=const, since=__version__,
         imports="".join(DETECTOR[d][0] for d in doors),
         detectors="\n\n".join(DETECTOR[d][1].format(const=const, func=module, cls=cls) for d in doors)),
         encoding="utf-8")
     test.write_text(TEST.format(name=name, code=code), encoding="utf-8")
-    click.echo(f"{code} {name}: wrote {definition.relative_to(ROOT)} and {test.relative_to(ROOT)}")
+    click.echo(f"{code} {name}: wrote {definition} and {test}")
 
 
 if __name__ == "__main__":

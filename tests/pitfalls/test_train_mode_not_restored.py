@@ -1,0 +1,78 @@
+"""train-mode-not-restored (TD314): fires on real tiny loops left in eval() after validation; quiet on
+correct loops, on deliberately frozen BatchNorm, on models without Dropout/BatchNorm, and on teachers."""
+import torch
+from torch import nn
+
+import torchdoctor
+
+
+def net(dropout: bool = True, bn: bool = True) -> nn.Module:
+    layers = [nn.Linear(8, 16)] + ([nn.BatchNorm1d(16)] if bn else []) + [nn.ReLU()]
+    layers += ([nn.Dropout(0.2)] if dropout else []) + [nn.Linear(16, 3)]
+    return nn.Sequential(*layers)
+
+
+def data(n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(n)]
+
+
+def fit(model, optimizer, epochs=3, restore=False, freeze_bn=False, teacher=None):
+    """Train for `epochs`, validating (eval + no_grad) after each; returns the session's findings."""
+    loader = data()
+    with torchdoctor.watch([model] + ([teacher] if teacher else []), optimizer,
+                           on_finding=lambda f: None, report=False) as session:
+        for _ in range(epochs):
+            if restore:
+                model.train()
+            if freeze_bn:
+                for m in model.modules():
+                    if isinstance(m, nn.BatchNorm1d):
+                        m.eval()
+            for x, y in loader:
+                optimizer.zero_grad()
+                out = model(x)
+                if teacher is not None:
+                    out = out + teacher(x).detach()
+                nn.functional.cross_entropy(out, y).backward()
+                optimizer.step()
+            model.eval()
+            with torch.no_grad():
+                for x, _ in loader[:1]:
+                    model(x)
+    return [f for f in session.findings if f.name == "train-mode-not-restored"]
+
+
+def test_fires_on_every_step_trained_in_eval_mode_after_validation():
+    model = net()
+    [finding] = fit(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert finding.code == "TD314" and str(finding.severity) == "warning"
+    assert "BatchNorm1d" in finding.message and "Dropout" in finding.message
+    assert finding.location.step == 3 and finding.count == 6  # epochs 2 and 3, three steps each
+    assert "model.train()" in str(finding.fix)
+
+
+def test_fires_for_dropout_alone():
+    model = net(bn=False)
+    [finding] = fit(model, torch.optim.SGD(model.parameters(), lr=0.1), epochs=2)
+    assert "Dropout" in finding.message and "BatchNorm" not in finding.message
+
+
+def test_quiet_when_train_mode_is_restored():
+    model = net()
+    assert fit(model, torch.optim.SGD(model.parameters(), lr=0.1), restore=True) == []
+
+
+def test_quiet_when_batchnorm_is_frozen_on_purpose():
+    model = net(dropout=False)
+    assert fit(model, torch.optim.SGD(model.parameters(), lr=0.1), restore=True, freeze_bn=True) == []
+
+
+def test_quiet_for_models_without_dropout_or_batchnorm():
+    model = net(dropout=False, bn=False)
+    assert fit(model, torch.optim.SGD(model.parameters(), lr=0.1)) == []
+
+
+def test_quiet_for_a_frozen_teacher_in_eval_mode():
+    model, teacher = net(), net().eval().requires_grad_(False)
+    assert fit(model, torch.optim.SGD(model.parameters(), lr=0.1), restore=True, teacher=teacher) == []

@@ -1,0 +1,27 @@
+"""scripts/pitfalls.py new: allocates the next code of the family and writes a definition that loads."""
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+from torchdoctor import registry
+from torchdoctor.pitfall import Pitfall, Scope
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pitfalls.py"
+
+
+def test_new_writes_a_loadable_definition_with_the_next_code(tmp_path):
+    out = subprocess.run([sys.executable, str(SCRIPT), "new", "forgot-something", "--door", "runtime",
+                          "--door", "source", "--root", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    last = max(int(p.code[2:]) for p in registry.all_checks() if p.code.startswith("TD3"))
+    assert out.stdout.startswith(f"TD{last + 1} forgot-something")
+    spec = importlib.util.spec_from_file_location("forgot_something", tmp_path / "checks" / "forgot_something.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    pitfall = module.FORGOT_SOMETHING
+    assert isinstance(pitfall, Pitfall) and pitfall.scopes == [Scope.RUNTIME, Scope.SOURCE]
+    assert (tmp_path / "tests" / "pitfalls" / "test_forgot_something.py").is_file()
+    again = subprocess.run([sys.executable, str(SCRIPT), "new", "forgot-something", "--door", "env",
+                            "--root", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "already exists" in again.stderr
