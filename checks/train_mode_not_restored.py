@@ -1,10 +1,12 @@
 """train-mode-not-restored: training steps run with the model still in eval() after validation."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+import ast
+from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
+from torchdoctor.sdk.source import CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, is_backward, ref
 
 _SETUP = """
 import torch
@@ -70,6 +72,15 @@ TRAIN_MODE_NOT_RESTORED = Pitfall(
             `bn.eval()` while the model itself is in `train()` mode; models with neither Dropout nor
             BatchNorm; a frozen teacher in `eval()` whose parameters no optimizer updates; runs that train
             in `eval()` mode from the first step (a deliberate choice this check cannot tell from a mistake).
+        """,
+        "source": """
+            The lint rule looks for a loop that trains (a `backward()` and an optimizer `step()` inside it, or
+            a call of a function defined in the same file that does both) and also calls `model.eval()`
+            (directly, or inside such a function it calls with the model), where nothing in that loop — nor
+            in the functions it calls that are defined in the file — calls `.train()` on the model. It stays
+            quiet when the loop hands the model to a function it cannot see (that function may call
+            `model.train()`), and for `.eval()` on anything the loop does not call as a model, such as
+            BatchNorm layers frozen one by one.
         """,
     },
 )
@@ -137,3 +148,117 @@ def _layers_in_eval(model: Any) -> list[str]:
 
     kinds = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
     return sorted({type(m).__name__ for m in model.modules() if isinstance(m, kinds) and not m.training})
+
+
+@TRAIN_MODE_NOT_RESTORED.source
+def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
+    """A training loop that calls model.eval() and never model.train() again."""
+    if src.tree is None or ".eval()" not in src.text or "backward" not in src.text:
+        return
+    index = src.index
+    for scope in index.scopes:
+        reported: set[str] = set()
+        for loop in _outermost_loops(scope):
+            calls = list(calls_in(scope, loop))
+            if not _trains(calls, index):
+                continue
+            reach = [*calls, *(c for call in calls for f in _local(call, index) for c in f.calls)]
+            for call, model in _evals(calls, index):
+                if model in reported or _may_restore(calls, model, index) or not _called_as_model(reach, model):
+                    continue
+                reported.add(model)
+                yield Finding(
+                    f"`{src.snippet(call.node)}` runs inside the training loop at line {loop.node.lineno} and "
+                    f"nothing in that loop calls `{model}.train()`: from its second iteration on, every training "
+                    "step runs with Dropout off and BatchNorm frozen.",
+                    fix=f"Switch back to training mode at the top of the loop:\n{model}.train()",
+                    location=src.location(call.node))
+
+
+def _outermost_loops(scope: FunctionScope) -> list[Loop]:
+    """Loops not nested in another loop of the same function (epoch loops)."""
+    return [loop for loop in scope.loops if loop.parent is None and not isinstance(loop.node, ast.FunctionDef)]
+
+
+def _local(call: CallSite, index: ModuleIndex) -> list[FunctionScope]:
+    """The functions defined in this file that `call` may run (by name)."""
+    return index.functions.get(call.attr, []) if call.attr else []
+
+
+def _trains(calls: list[CallSite], index: ModuleIndex) -> bool:
+    """Whether these calls (or the local functions they call) run backward and an optimizer step."""
+    pool = [*calls, *(c for call in calls for f in _local(call, index) for c in f.calls)]
+    return any(is_backward(c) for c in pool) and any(c.attr == "step" for c in pool)
+
+
+def _evals(calls: list[CallSite], index: ModuleIndex) -> Iterator[tuple[CallSite, str]]:
+    """`model.eval()` calls in the loop, also through a local function given the model as an argument."""
+    for call in calls:
+        if _switches_to_eval(call):
+            yield call, str(call.receiver)
+        for function in _local(call, index):
+            params = _params(function)
+            for inner in function.calls:
+                if not _switches_to_eval(inner):
+                    continue
+                if inner.receiver in params:
+                    argument = _argument(call, params.index(inner.receiver))
+                    if argument:
+                        yield call, argument
+                elif not function.bindings_of(str(inner.receiver).split(".")[0]):
+                    yield call, str(inner.receiver)  # a global or enclosing model (`def test(): net.eval()`)
+
+
+def _may_restore(calls: list[CallSite], model: str, index: ModuleIndex) -> bool:
+    """A `.train()` in the loop or in a local function it calls, or the model handed to unseen code."""
+    for call in calls:
+        if _switches_to_train(call):
+            return True
+        functions = _local(call, index)
+        if any(_switches_to_train(c) for f in functions for c in f.calls):
+            return True
+        passes_model = any(ref(a) == model for a in call.node.args) or any(
+            ref(k.value) == model for k in call.node.keywords)
+        if passes_model and not functions and call.attr not in _HARMLESS:
+            return True
+    return False
+
+
+def _called_as_model(calls: list[CallSite], model: str) -> bool:
+    """The receiver of eval() is run as a model (`model(x)`) or handed to a function, in the loop or in the
+    functions of this file it calls."""
+    return any((c.receiver is None and ref(c.node.func) == model) or (c.attr == "forward" and c.receiver == model)
+               or (c.attr not in _HARMLESS and any(ref(a) == model for a in c.node.args)) for c in calls)
+
+
+def _params(function: FunctionScope) -> list[str]:
+    node = function.node
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    names = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+    return names[1:] if function.class_name and names[:1] in (["self"], ["cls"]) else names
+
+
+def _argument(call: CallSite, position: int) -> Optional[str]:
+    """The name passed at `position` of the callee's parameters (keywords by name are not followed)."""
+    return ref(call.node.args[position]) if position < len(call.node.args) else None
+
+
+def _switches_to_eval(call: CallSite) -> bool:
+    """`x.eval()` or `x.train(False)`."""
+    return call.receiver is not None and (
+        (call.attr == "eval" and not call.node.args) or (call.attr == "train" and _is_false(call)))
+
+
+def _switches_to_train(call: CallSite) -> bool:
+    """`x.train()` / `x.train(True)` (not a function named `train`)."""
+    return call.receiver is not None and call.attr == "train" and not _is_false(call)
+
+
+def _is_false(call: CallSite) -> bool:
+    """`.train(False)` / `.train(mode=False)`: that is eval(), not a restore."""
+    arg = call.node.args[0] if call.node.args else call.kwarg("mode")
+    return isinstance(arg, ast.Constant) and arg.value is False
+
+
+_HARMLESS = frozenset({"print", "len", "isinstance", "getattr", "hasattr", "id", "type", "str", "repr"})

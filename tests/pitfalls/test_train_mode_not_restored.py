@@ -76,3 +76,69 @@ def test_quiet_for_models_without_dropout_or_batchnorm():
 def test_quiet_for_a_frozen_teacher_in_eval_mode():
     model, teacher = net(), net().eval().requires_grad_(False)
     assert fit(model, torch.optim.SGD(model.parameters(), lr=0.1), restore=True, teacher=teacher) == []
+
+
+# -- in source (torchdoctor lint) ---------------------------------------------------------------------
+
+def lint(code: str) -> list:
+    from torchdoctor import registry
+    from torchdoctor.sdk import Example
+    from torchdoctor.sdk.testing import run_example
+
+    return run_example(registry.get("train-mode-not-restored"), Example(code), "source")
+
+
+EPOCH = """
+import torch
+
+def evaluate(net, loader):
+    net.eval()
+    with torch.no_grad():
+        return sum(net(x).sum().item() for x, _ in loader)
+
+for epoch in range(10):
+{body}
+"""
+TRAIN = """    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+"""
+
+
+def test_lint_fires_when_validation_in_a_helper_leaves_eval_on():
+    [finding] = lint(EPOCH.format(body=TRAIN + "    evaluate(model, val_loader)\n"))
+    assert finding.message.startswith("`evaluate(model, val_loader)` runs inside the training loop")
+    assert "model.train()" in finding.message
+
+
+def test_lint_fires_on_train_false():
+    [finding] = lint(EPOCH.format(body="    model.train(False)\n" + TRAIN))
+    assert finding.message.startswith("`model.train(False)` runs inside the training loop")
+
+
+def test_lint_quiet_when_the_loop_restores_train_mode():
+    assert lint(EPOCH.format(body="    model.train()\n" + TRAIN + "    evaluate(model, val_loader)\n")) == []
+
+
+def test_lint_quiet_when_a_local_training_helper_calls_train():
+    code = EPOCH.replace("for epoch", """def train_one_epoch(net):
+    net.train()
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(net(x), y).backward()
+        optimizer.step()
+
+for epoch""").format(body="    train_one_epoch(model)\n    evaluate(model, val_loader)\n")
+    assert lint(code) == []
+
+
+def test_lint_quiet_for_batchnorm_frozen_layer_by_layer():
+    body = ("    for m in model.modules():\n        if isinstance(m, torch.nn.BatchNorm2d):\n"
+            "            m.eval()\n" + TRAIN)
+    assert lint(EPOCH.format(body="    model.train()\n" + body)) == []
+    assert lint(EPOCH.format(body=body)) == []
+
+
+def test_lint_quiet_when_the_model_goes_to_code_it_cannot_see():
+    assert lint(EPOCH.format(body=TRAIN + "    evaluate(model, val_loader)\n    trainer_utils.prepare(model)\n")) == []
