@@ -95,30 +95,26 @@ class Example:
         return self.language == "python" and str(scope) not in self.unseen
 
 
-@dataclass(eq=False)
 class Pitfall:
-    """One pitfall: what it is, why it matters, how to fix it, examples, and a detector per door."""
+    """One pitfall: what it is, why it matters, how to fix it, examples, and a detector per door.
 
-    code: str
-    name: str
-    severity: Severity
-    summary: str
-    why: str
-    fix: str
-    bad: Example
-    good: Example
-    since: str = "0.1.0"
-    details: Mapping[str, str] = field(default_factory=dict)  # scope -> how that door detects it
-    silence: str = ""  # extra advice on silencing it, beyond the standard per-door switches
-    detectors: dict[Scope, Any] = field(default_factory=dict)
-    origin: str = "built-in"
+    Prose fields may be written as indented triple-quoted strings: they are stored flush left (the page
+    is Markdown). `severity` is the default of its findings; a detector may set another on one finding.
+    """
 
-    def __post_init__(self) -> None:
-        self.severity = Severity.parse(self.severity)
-        # Prose may be written as indented triple-quoted strings; the page wants it flush left.
+    def __init__(self, *, code: str, name: str, severity: "Severity | str", summary: str, why: str, fix: str,
+                 bad: Example, good: Example, since: str = "0.1.0", details: Optional[Mapping[str, str]] = None,
+                 silence: str = "") -> None:
+        self.code = code
+        self.name = name
+        self.severity: Severity = Severity.parse(severity)
         self.summary, self.why, self.fix, self.silence = (
-            inspect.cleandoc(t) for t in (self.summary, self.why, self.fix, self.silence))
-        self.details = {k: inspect.cleandoc(v) for k, v in self.details.items()}
+            inspect.cleandoc(t) for t in (summary, why, fix, silence))
+        self.bad, self.good = bad, good
+        self.since = since
+        self.details = {k: inspect.cleandoc(v) for k, v in (details or {}).items()}  # scope -> how it is found
+        self.detectors: dict[Scope, Any] = {}
+        self.origin = "built-in"
         if not _NAME_RE.match(self.name):
             raise PitfallError(f"pitfall name {self.name!r} must be kebab-case")
         if not _CODE_RE.match(self.code):
@@ -130,6 +126,9 @@ class Pitfall:
                 raise PitfallError(f"pitfall {self.name}: {what} must not be empty")
         for key in (*self.details, *self.bad.unseen, *self.good.unseen):
             _scope(key, self.name)
+
+    def __repr__(self) -> str:
+        return f"Pitfall({self.code} {self.name}, {', '.join(map(str, self.scopes)) or 'no detector'})"
 
     # -- detectors ----------------------------------------------------------------------------------
     def detector(self, scope: "Scope | str") -> Callable[[D], D]:
