@@ -1,0 +1,38 @@
+"""Lint helpers shared by the optimizer rules: where an optimizer is built from a model's parameters, and
+whether it is built again (or given new parameter groups) later in the same function."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Iterator
+
+from torchdoctor.sdk.source import Binding, FunctionScope, ModuleIndex, is_optimizer_ctor, ref
+
+
+@dataclass
+class Built:
+    """`optimizer = torch.optim.X(model.parameters(), ...)`: which optimizer, from which model, where."""
+
+    optimizer: str
+    model: str
+    binding: Binding
+
+
+def optimizers_built(scope: FunctionScope, index: ModuleIndex) -> Iterator[Built]:
+    """Every optimizer `scope` builds from `<model>.parameters()` or `<model>.named_parameters()`."""
+    for b in scope.bindings:
+        if b.augmented or not isinstance(b.value, ast.Call) or not is_optimizer_ctor(b.value, index):
+            continue
+        for node in ast.walk(b.value):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("parameters", "named_parameters"):
+                model = ref(node.func.value)
+                if model:
+                    yield Built(b.target, model, b)
+                break
+
+
+def rebuilt_after(scope: FunctionScope, built: Built, pos: tuple) -> bool:
+    """The optimizer is built again (or given new parameter groups) after `pos`."""
+    return any(b.target == built.optimizer and b.pos > pos for b in scope.bindings) or any(
+        c.receiver == built.optimizer and c.attr == "add_param_group" and c.pos > pos for c in scope.calls)

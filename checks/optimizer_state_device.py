@@ -1,0 +1,172 @@
+"""optimizer-state-device: optimizer state lives on another device or dtype than its parameter."""
+from __future__ import annotations
+
+import ast
+from typing import Any, Iterator
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+from torchdoctor.sdk.source import FunctionScope, SourceFile, literal
+
+from ._optimizer_builds import optimizers_built, rebuilt_after
+
+# An earlier run saved SGD momentum buffers (float32); this run trains the same model in bfloat16.
+_RESUME = """
+import torch
+from torch import nn
+
+earlier = nn.Linear(4, 2)
+earlier_optimizer = torch.optim.SGD(earlier.parameters(), lr=0.1, momentum=0.9)
+earlier(torch.randn(8, 4)).sum().backward()
+earlier_optimizer.step()
+torch.save({"optimizer": earlier_optimizer.state_dict()}, "last.pt")
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+criterion = nn.MSELoss()
+loader = [(torch.randn(8, 4, dtype=torch.bfloat16), torch.randn(8, 2, dtype=torch.bfloat16)) for _ in range(3)]
+"""
+
+_LOOP = """
+for x, y in loader:
+    optimizer.zero_grad()
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+OPTIMIZER_STATE_DEVICE = Pitfall(
+    code="TD304",
+    name="optimizer-state-device",
+    severity="error",
+    summary="Optimizer state (momentum, exp_avg, ...) lives on another device or dtype than its parameter.",
+    why="""
+        `optimizer.load_state_dict` casts the state to the device and floating-point dtype the parameters have at
+        that moment. Load it while the model is on the CPU, then call `model.to("cuda")`, and the state stays on
+        the CPU: the first `optimizer.step()` fails with `Expected all tensors to be on the same device`. Cast the
+        model afterwards (`model.to(torch.bfloat16)`, `model.half()`) and the state keeps the old dtype: Adam's
+        step fails, and SGD's momentum silently runs in another precision than its parameters.
+    """,
+    fix="""
+        Move or cast the model first, then build the optimizer and load its state; `load_state_dict` then puts
+        every state tensor on its parameter's device and dtype.
+    """,
+    bad=Example(
+        'optimizer.load_state_dict(torch.load("last.pt")["optimizer"])\n'
+        'model.to(torch.bfloat16)  # after the load: the momentum buffers stay float32 (same with .to("cuda"))'
+        + _LOOP,
+        setup=_RESUME,
+    ),
+    good=Example(
+        'model.to(torch.bfloat16)  # move or cast the model first,\n'
+        'optimizer.load_state_dict(torch.load("last.pt")["optimizer"])  # then load: the state follows it'
+        + _LOOP,
+        setup=_RESUME,
+    ),
+    details={
+        "runtime": """
+            `watch` compares every optimizer state tensor that has its parameter's shape (momentum buffers,
+            `exp_avg`, `exp_avg_sq`, ...) with that parameter: device always, and for optimizers from `torch.optim`
+            also the floating-point dtype. It looks at the start of the session (the usual case: state loaded, then
+            the model moved, then training starts) and every `every` steps, before the step. Scalars such as Adam's
+            `step`, which PyTorch keeps on the CPU on purpose, are ignored. Device is metadata, so the check never
+            synchronises. If `step()` then fails with `Expected all tensors to be on the same device`, the report
+            lists where parameters and state live.
+        """,
+        "source": """
+            The lint rule reports `optimizer.load_state_dict(...)` followed, in the same function, by
+            `model.to(<not cpu>)` (a device or a dtype) or `model.cuda()` of the model the optimizer was built from,
+            with no reload or rebuild after the move. `watch` compares the actual devices and dtypes of state and
+            parameters at run time.
+        """,
+    },
+)
+
+
+@OPTIMIZER_STATE_DEVICE.runtime
+class OptimizerStateDevice(RuntimeCheck):
+    """At start and every `every` steps: compare state tensors with their parameters (metadata only, no sync)."""
+
+    def on_start(self) -> Iterator[Finding]:
+        self.reported: set[tuple[str, str]] = set()
+        for wo in self.ctx.optimizers:
+            yield from self._check(wo)
+
+    def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
+        yield from self._check(event.optimizer)
+
+    def _check(self, wo: Any) -> Iterator[Finding]:
+        builtin = type(wo.optimizer).__module__.startswith("torch.optim")
+        bad: list[tuple[Any, str, Any]] = []
+        for p in wo.params():
+            for key, value in wo.optimizer.state.get(p, {}).items():
+                if getattr(value, "shape", None) != p.shape or value.dim() == 0:
+                    continue  # scalars such as Adam's `step` live on the CPU on purpose
+                if value.device != p.device or (builtin and value.is_floating_point() and p.is_floating_point()
+                                                and value.dtype != p.dtype):
+                    bad.append((p, key, value))
+        if not bad:
+            return
+        p, key, value = bad[0]
+        what = "device" if value.device != p.device else "dtype"
+        if (wo.label, what) in self.reported:
+            return
+        self.reported.add((wo.label, what))
+        name = self.ctx.param_name(p) or "a parameter"
+        got, want = (f"on {value.device}", f"on {p.device}") if what == "device" else (value.dtype, p.dtype)
+        yield Finding(
+            f"{wo.label} state `{key}` of `{name}` is {got} but the parameter is {want} "
+            f"({len(bad)} state tensor(s) affected): the state was loaded or created before the model was moved "
+            "or cast, and step() will fail or mix precisions.",
+            fix="Move the model first, then build the optimizer and load its state:\n"
+                "model.to(device)\n"
+                "optimizer = torch.optim.Adam(model.parameters())\n"
+                "optimizer.load_state_dict(ckpt['optimizer'])  # casts the state to each parameter's device and dtype",
+            location=Location(param=name, key=str(key), device=str(p.device), step=self.ctx.step))
+
+
+def _moves_off_cpu(call: ast.Call) -> bool:
+    target = call.args[0] if call.args else None
+    for kw in call.keywords:
+        if kw.arg == "device":
+            target = kw.value
+    if isinstance(target, ast.Call) and target.args:
+        target = target.args[0]  # torch.device("cpu")
+    value = literal(target)
+    return not (isinstance(value, str) and value.startswith("cpu"))
+
+
+def _moved_before(scope: FunctionScope, model: str, pos: tuple) -> bool:
+    """The model was moved before `pos` (`model = Net().to(device)`, `model.cuda()`): a later move may be a no-op."""
+    return any(c.pos < pos and c.attr in ("to", "cuda") and (c.receiver == model or any(
+        b.target == model and b.value is not None and c.node in ast.walk(b.value) for b in scope.bindings))
+        for c in scope.calls)
+
+
+@OPTIMIZER_STATE_DEVICE.source
+def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or "load_state_dict" not in src.text:
+        return
+    index = src.index
+    for scope in index.scopes:
+        for built in optimizers_built(scope, index):
+            loads = [c for c in scope.calls if c.receiver == built.optimizer and c.attr == "load_state_dict"
+                     and c.pos > built.binding.pos]
+            for load in loads[:1]:
+                move = next((c for c in scope.calls if c.pos > load.pos and c.receiver == built.model
+                             and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))), None)
+                if move is None or _moved_before(scope, built.model, load.pos) \
+                        or rebuilt_after(scope, built, move.pos) \
+                        or any(c.receiver == built.optimizer and c.attr == "load_state_dict" and c.pos > move.pos
+                               for c in scope.calls):
+                    continue
+                yield Finding(
+                    f"`{src.snippet(load.node)}` (line {load.pos[0]}) runs before `{src.snippet(move.node)}` "
+                    f"(line {move.pos[0]}): load_state_dict casts the state to the device and dtype the parameters "
+                    "have at that moment, so it stays behind when the model is moved or cast, and `step()` fails "
+                    "with 'Expected all tensors to be on the same device' (or mixes precisions).",
+                    fix=f"Move the model first, then build `{built.optimizer}` and load its state:\n"
+                        f"{built.model}.to(device)\n{built.optimizer} = ...({built.model}.parameters())\n"
+                        f"{built.optimizer}.load_state_dict(checkpoint['optimizer'])",
+                    location=src.location(load.node),
+                )

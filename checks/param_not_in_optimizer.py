@@ -1,0 +1,88 @@
+"""param-not-in-optimizer: a trainable parameter gets gradients but no optimizer holds it, so it never changes."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+
+_BODY = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.MSELoss()
+loader = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]
+"""
+
+_LOOP = """
+for x, y in loader:
+    optimizer.zero_grad()
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+PARAM_NOT_IN_OPTIMIZER = Pitfall(
+    code="TD303",
+    name="param-not-in-optimizer",
+    severity="warning",
+    summary="A trainable parameter receives gradients but no optimizer holds it, so it never changes.",
+    why="""
+        An optimizer only updates the parameters it was given. A head added to the model after the optimizer was
+        built, a parameter group list that forgot a submodule, or a layer re-bound after the optimizer was created
+        all get gradients on every backward and are never updated: that part of the model stays at its
+        initialisation while the loss still goes down a little, which hides the bug.
+    """,
+    fix="""
+        Build the optimizer from `model.parameters()` after the last change to the model, give it the new
+        parameters with `optimizer.add_param_group({"params": ...})`, or freeze the parameters you do not want to
+        train (`requires_grad_(False)`) so that no gradient is computed for them.
+    """,
+    bad=Example(
+        "model.append(nn.Linear(8, 2))  # a head added after the optimizer was built: never trained" + _LOOP,
+        setup=_BODY,
+    ),
+    good=Example(
+        'model.append(nn.Linear(8, 2))\noptimizer.add_param_group({"params": model[-1].parameters()})' + _LOOP,
+        setup=_BODY,
+    ),
+    details={
+        "runtime": """
+            Every `every` steps, just before a step, `watch` lists the parameters of each watched model that have
+            `requires_grad=True` and a `.grad`, but are in none of the optimizers given to `watch()`. Frozen
+            parameters are quiet. A model none of whose parameters is in a watched optimizer is skipped (for example
+            the discriminator of a GAN when only the generator's optimizer is passed), because its optimizer may
+            simply not have been given to `watch()`.
+        """,
+    },
+)
+
+
+@PARAM_NOT_IN_OPTIMIZER.runtime
+class ParamNotInOptimizer(RuntimeCheck):
+    """Every `every` steps: parameters of a model some optimizer trains that have a .grad but no optimizer."""
+
+    def on_start(self) -> None:
+        self.reported: set[str] = set()
+
+    def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
+        held = self.ctx.optimizer_param_ids()
+        for wm in self.ctx.models:
+            params = list(wm.named_parameters())
+            if not any(id(p) in held for _, p in params):
+                continue  # no optimizer given to watch() trains this model
+            missing = [name for name, p in params
+                       if p.requires_grad and p.grad is not None and id(p) not in held and name not in self.reported]
+            if not missing:
+                continue
+            self.reported.update(missing)
+            names = ", ".join(f"`{n}`" for n in missing[:6]) + (", ..." if len(missing) > 6 else "")
+            yield Finding(
+                f"{len(missing)} parameter(s) of {wm.label} receive gradients but no optimizer given to watch() "
+                f"holds them, so they never change: {names}.",
+                fix="Build the optimizer from all parameters (after adding layers), or freeze them:\n"
+                    "optimizer = torch.optim.AdamW(model.parameters())\n"
+                    "# or: model.head.requires_grad_(False)",
+                location=Location(module=wm.label, param=missing[0], step=event.step))

@@ -1,0 +1,173 @@
+"""stale-optimizer-params: the optimizer updates Parameter objects the model replaced after it was built."""
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+from torchdoctor.sdk.source import SourceFile, is_module_ctor, literal, ref
+
+from ._optimizer_builds import optimizers_built, rebuilt_after
+
+_NET = """
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 8)
+        self.fc = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.body(x)))
+
+
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.MSELoss()
+loader = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]
+"""
+
+_LOOP = """
+for x, y in loader:
+    optimizer.zero_grad()
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+"""
+
+STALE_OPTIMIZER_PARAMS = Pitfall(
+    code="TD302",
+    name="stale-optimizer-params",
+    severity="error",
+    summary=("The optimizer updates Parameter objects the model no longer uses (a module or parameter replaced "
+             "after it was built)."),
+    why="""
+        An optimizer holds references to the Parameter objects it was given. Replacing `model.fc` with a new layer
+        (or re-binding an attribute to a new `nn.Parameter`, or rebuilding the model) after building the optimizer
+        leaves the new weights out of it: they never train, while the optimizer keeps stepping the orphaned old
+        ones, which the model no longer uses.
+    """,
+    fix="""
+        Build the optimizer after the model is complete (after replacing heads, after re-wrapping), add the new
+        parameters with `optimizer.add_param_group(...)`, or change the weights in place
+        (`model.fc.reset_parameters()`, `with torch.no_grad(): model.fc.weight.copy_(w)`) so that the optimizer
+        keeps holding the Parameters the model uses.
+    """,
+    bad=Example(
+        "model.fc = nn.Linear(8, 2)  # a fresh head, after `optimizer` was built from the old one" + _LOOP,
+        setup=_NET,
+    ),
+    good=Example(
+        "model.fc.reset_parameters()  # a fresh head in place: the optimizer still holds its Parameters" + _LOOP,
+        setup=_NET,
+    ),
+    details={
+        "runtime": """
+            At the start of the session and every `every` steps, `watch` compares the identities of the parameters
+            in each optimizer's `param_groups` with the parameters of the watched models. Parameters the optimizer
+            updates that the model no longer has are an error; a model parameter with the same shape that no
+            optimizer holds is named as the probable re-bound replacement (for example `fc.weight`). An optimizer
+            whose parameters all lie outside the watched models is only reported when exactly one model and one
+            optimizer are watched (the whole model was rebuilt or re-wrapped after the optimizer was made); with
+            several, it may belong to a model you did not pass. Moving a model with `.to()` keeps the Parameter
+            objects and is quiet; `set_overwrite_module_params_on_conversion(True)` is not.
+        """,
+        "source": """
+            The lint rule finds `optimizer = torch.optim.X(model.parameters(), ...)` and a later assignment in the
+            same function of a newly built module or parameter to `model`, `model.<attr>` or a parent of the modules
+            the optimizer was built from, with no re-built optimizer or `add_param_group` after it. Moving the model
+            with `.to()`/`.cuda()` after building the optimizer is fine by default (the Parameter objects are
+            updated in place), so that is only reported under
+            `torch.__future__.set_overwrite_module_params_on_conversion(True)`. Replacements it cannot see (in
+            another function) are left to `watch`.
+        """,
+    },
+)
+
+
+@STALE_OPTIMIZER_PARAMS.runtime
+class StaleOptimizerParams(RuntimeCheck):
+    """Compare the optimizer's parameter identities with the model's, at start and every `every` steps."""
+
+    def on_start(self) -> Iterator[Finding]:
+        self.reported: set[frozenset[int]] = set()
+        yield from self._check()
+
+    def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
+        yield from self._check()
+
+    def _check(self) -> Iterator[Finding]:
+        model_ids = self.ctx.model_param_ids()
+        held = self.ctx.optimizer_param_ids()
+        lone = len(self.ctx.models) == 1 and len(self.ctx.optimizers) == 1
+        for wo in self.ctx.optimizers:
+            foreign = [(g, i, p) for g, group in enumerate(wo.optimizer.param_groups)
+                       for i, p in enumerate(group["params"]) if id(p) not in model_ids]
+            if not foreign or frozenset(id(p) for _, _, p in foreign) in self.reported:
+                continue
+            if len(foreign) == len(wo.params()) and not lone:
+                continue  # maybe the optimizer of a model that was not given to watch()
+            self.reported.add(frozenset(id(p) for _, _, p in foreign))
+            orphans = {tuple(p.shape): name for wm in self.ctx.models for name, p in wm.named_parameters()
+                       if p.requires_grad and id(p) not in held}
+            listed = ", ".join(f"param_groups[{g}]['params'][{i}] {tuple(p.shape)}" for g, i, p in foreign[:4])
+            twins = [orphans[tuple(p.shape)] for _, _, p in foreign if tuple(p.shape) in orphans]
+            guess = (f" The model's `{'`, `'.join(twins[:4])}` (same shape, in no optimizer) were probably re-bound "
+                     "after the optimizer was built.") if twins else ""
+            yield Finding(
+                f"{wo.label} updates {len(foreign)} of its {len(wo.params())} parameters that are not in the model "
+                f"any more ({listed}{', ...' if len(foreign) > 4 else ''}): its steps change nothing the model uses."
+                + guess,
+                fix="Build the optimizer after the last change to the model (re-assigning a layer, "
+                    "replacing or re-wrapping the model):\n"
+                    "model.fc = nn.Linear(512, 10)\n"
+                    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                    "or change weights in place: `with torch.no_grad(): model.fc.weight.copy_(w)`",
+                location=Location(param=twins[0] if twins else None, step=self.ctx.step))
+
+
+def _wraps(value: ast.Call, target: str) -> bool:
+    """`model = DDP(model)`: the new module wraps the old one (same parameters), nothing goes stale."""
+    return any(ref(a) == target for a in [*value.args, *(k.value for k in value.keywords)])
+
+
+@STALE_OPTIMIZER_PARAMS.source
+def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or "parameters()" not in src.text:
+        return
+    index = src.index
+    overwrite = any(c.attr == "set_overwrite_module_params_on_conversion" and c.node.args
+                    and literal(c.node.args[0]) is True for c in index.all_calls())
+    for scope in index.scopes:
+        for built in optimizers_built(scope, index):
+            for b in scope.bindings:
+                replaced = b.target == built.model or b.target.startswith(built.model + ".") \
+                    or built.model.startswith(b.target + ".")
+                if not replaced or b.pos <= built.binding.pos or b.augmented or rebuilt_after(scope, built, b.pos):
+                    continue
+                if isinstance(b.value, ast.Call) and is_module_ctor(b.value, index) and not _wraps(b.value, b.target):
+                    yield Finding(
+                        f"`{src.snippet(b.node)}` (line {b.pos[0]}) replaces part of `{built.model}` after "
+                        f"`{built.optimizer}` was built from its parameters (line {built.binding.pos[0]}): the "
+                        "optimizer keeps updating the old Parameter objects and never the new ones.",
+                        fix=f"Build `{built.optimizer}` after the model is complete (or add the new parameters with "
+                            f"`{built.optimizer}.add_param_group(...)`).",
+                        location=src.location(b.node),
+                    )
+                    break
+            if overwrite:
+                for c in scope.calls:
+                    if c.receiver == built.model and c.attr in ("to", "cuda") and c.pos > built.binding.pos \
+                            and not rebuilt_after(scope, built, c.pos):
+                        yield Finding(
+                            f"`{src.snippet(c.node)}` runs after `{built.optimizer}` was built (line "
+                            f"{built.binding.pos[0]}) while `set_overwrite_module_params_on_conversion(True)` is on: "
+                            "the move creates new Parameter objects and the optimizer keeps the old ones.",
+                            fix=f"Move the model first, then build `{built.optimizer}`.",
+                            location=src.location(c.node),
+                        )
+                        break
