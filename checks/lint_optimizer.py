@@ -1,13 +1,13 @@
-"""Optimizer rules in source: built before the model changed, state loaded before the move, wrapped in DataParallel."""
+"""Optimizer rules in source: built before the model changed, state loaded before the move."""
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator
 
 from torchdoctor.findings import Finding
-from torchdoctor.lint.flow import is_module_ctor, is_optimizer, is_optimizer_ctor, literal
-from torchdoctor.lint.index import Binding, FunctionScope, ModuleIndex, last, ref
+from torchdoctor.lint.flow import is_module_ctor, is_optimizer_ctor, literal
+from torchdoctor.lint.index import Binding, FunctionScope, ModuleIndex, ref
 from torchdoctor.lint.source import SourceFile
 from torchdoctor.registry import Scope, check
 
@@ -129,25 +129,4 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
                         f"{built.model}.to(device)\n{built.optimizer} = ...({built.model}.parameters())\n"
                         f"{built.optimizer}.load_state_dict(checkpoint['optimizer'])",
                     location=src.location(load.node),
-                )
-
-
-@check(code="TD505", name="dataparallel-optimizer", scope=Scope.SOURCE, severity="error",
-       summary="An optimizer is wrapped in DataParallel/DistributedDataParallel, which only wraps modules.")
-def dataparallel_optimizer(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or "DataParallel" not in src.text:
-        return
-    index = src.index
-    for scope in index.scopes:
-        for call in scope.calls:
-            if last(call.qualname) not in ("DataParallel", "DistributedDataParallel") or not call.node.args:
-                continue
-            wrapped: Optional[str] = ref(call.node.args[0])
-            if is_optimizer(wrapped, scope, index):
-                yield Finding(
-                    f"`{src.snippet(call.node)}` wraps the optimizer `{wrapped}`: DataParallel only parallelises "
-                    "modules; the optimizer is not a module and must stay as it is.",
-                    fix=f"Wrap the model, then build the optimizer from it:\nmodel = {last(call.qualname)}(model)\n"
-                        f"{wrapped} = torch.optim.SGD(model.parameters(), lr=...)",
-                    location=src.location(call.node),
                 )
