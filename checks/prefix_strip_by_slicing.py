@@ -1,72 +1,64 @@
-"""Checkpoint-loading rules in source: `torch.load` without `weights_only`, `module.` prefixes cut off by slicing."""
+"""prefix-strip-by-slicing: state-dict keys stripped with `k[7:]`, which mangles every key without the prefix."""
 from __future__ import annotations
 
 import ast
 import re
 from typing import Iterator, Optional
 
-from torchdoctor.findings import Finding, Severity
-from torchdoctor.lint.flow import literal
-from torchdoctor.lint.index import CallSite, FunctionScope, ref
-from torchdoctor.lint.source import Edit, FixableFinding, SourceFile
-from torchdoctor.registry import Scope, check
+from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk.source import Edit, FixableFinding, SourceFile, literal, ref
 
 _CONSUME = "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present"
 _SLICE_TEXT = re.compile(r"\[\s*(?:7|10|len\(\s*['\"][\w.]*\.['\"]\s*\))\s*:\s*\]")
 # What a state dict is usually called; other dicts whose keys are sliced are not this pitfall.
 _STATE_NAME = re.compile(r"state|sd\b|ckpt|checkpoint|weights|param|pretrained|model", re.I)
 
+_SETUP = """
+import torch
+from torch import nn
 
-def _only_a_state_dict(load: CallSite, scope: FunctionScope) -> bool:
-    """The loaded object only ever goes to `load_state_dict` (directly, or by a constant key)."""
-    state_args = [c.node.args[0] for c in scope.calls if c.attr == "load_state_dict" and c.node.args]
-    if any(a is load.node for a in state_args):
-        return True
-    names = [b.target for b in scope.bindings if b.value is load.node and not b.augmented]
-    if len(names) != 1 or "." in names[0] or isinstance(names[0], tuple):
-        return False
-    name = names[0]
-    allowed = {id(a) for a in state_args if isinstance(a, ast.Name) and a.id == name}
-    allowed |= {id(a.value) for a in state_args
-                if isinstance(a, ast.Subscript) and isinstance(a.value, ast.Name) and a.value.id == name
-                and isinstance(a.slice, ast.Constant)}
-    uses = [n for n in ast.walk(scope.node) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
-    return bool(uses) and all(id(n) in allowed for n in uses) and len(scope.bindings_of(name)) == 1
+model = nn.Linear(4, 2)
+checkpoint = torch.load("model.pt", map_location="cpu", weights_only=True)
+"""
 
-
-@check(code="TD503", name="unsafe-torch-load", scope=Scope.SOURCE, severity="warning",
-       summary="torch.load without weights_only=True can run arbitrary code from the file.")
-def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or "load(" not in src.text:
-        return
-    for scope in src.index.scopes:
-        for call in scope.calls:
-            if call.qualname != "torch.load" or call.has_star_kwargs or call.kwarg("pickle_module") is not None:
-                continue
-            flag = call.kwarg("weights_only")
-            if flag is not None and literal(flag) is False:
-                yield Finding(
-                    f"`{src.snippet(call.node)}` unpickles with weights_only=False: loading the file runs whatever "
-                    "code its pickle names, so a checkpoint from elsewhere can take over the machine.",
-                    fix="Load with weights_only=True (allow your own classes with "
-                        "torch.serialization.add_safe_globals([...])), or only load files you made.",
-                    location=src.location(call.node),
-                )
-            elif flag is None:
-                edits: tuple[Edit, ...] = ()
-                if _only_a_state_dict(call, scope):
-                    last = max([*call.node.args, *call.node.keywords], key=lambda n: (n.end_lineno, n.end_col_offset))
-                    edits = (Edit(src.end(last), src.end(last), ", weights_only=True"),)
-                yield FixableFinding(
-                    f"`{src.snippet(call.node)}` does not say weights_only: before torch 2.6 it unpickles "
-                    "arbitrary objects (running any code the file names), and from 2.6 on it refuses files with "
-                    "anything but tensors and plain containers, so the behaviour depends on the installed torch.",
-                    fix="Say what you mean: `torch.load(..., weights_only=True)` for a state dict or checkpoint of "
-                        "tensors; weights_only=False only for files you made yourself.",
-                    location=src.location(call.node),
-                    severity=Severity.INFO,
-                    edits=edits,
-                )
+PREFIX_STRIP_BY_SLICING = Pitfall(
+    code="TD504",
+    name="prefix-strip-by-slicing",
+    severity="warning",
+    summary="State-dict keys stripped with k[7:]: every key that lacks the 'module.' prefix is silently mangled.",
+    why="""
+        Checkpoints saved from `DataParallel`/`DistributedDataParallel` prefix keys with `module.` (and
+        `torch.compile` with `_orig_mod.`). Cutting seven characters off every key breaks the moment one key lacks
+        the prefix, e.g. a checkpoint saved without the wrapper: `conv1.weight` becomes `weight`, and
+        `load_state_dict` reports missing and unexpected keys.
+    """,
+    fix="""
+        Use `torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state_dict, "module.")`, which strips
+        the prefix only where it is present. `torchdoctor lint --fix` rewrites the dict-comprehension form.
+    """,
+    bad=Example(
+        """
+        state = {k[7:]: v for k, v in checkpoint.items()}
+        model.load_state_dict(state)
+        """,
+        setup=_SETUP,
+    ),
+    good=Example(
+        """
+        state = dict(checkpoint)
+        torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "module.")
+        model.load_state_dict(state)
+        """,
+        setup=_SETUP,
+    ),
+    details={
+        "source": """
+            Slices by 7 (`module.`), 10 (`_orig_mod.`) or `len("prefix")` of the key of a loop or comprehension over
+            `.items()`/`.keys()` are reported, unless the key is checked with `startswith`/`replace` in the same
+            loop.
+        """,
+    },
+)
 
 
 def _prefix(node: ast.Subscript) -> Optional[str]:
@@ -95,8 +87,7 @@ def _key_loops(tree: ast.AST) -> Iterator[tuple[ast.AST, str, ast.expr]]:
                     yield node, key.id, iterable.func.value
 
 
-@check(code="TD504", name="prefix-strip-by-slicing", scope=Scope.SOURCE, severity="warning",
-       summary="State-dict keys stripped with k[7:]: every key that lacks the 'module.' prefix is silently mangled.")
+@PREFIX_STRIP_BY_SLICING.source
 def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or ":]" not in src.text or not _SLICE_TEXT.search(src.text):
         return

@@ -1,13 +1,63 @@
-"""Deprecated PyTorch APIs in source: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp, distributed.launch."""
+"""deprecated-api: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp and torch.distributed.launch."""
 from __future__ import annotations
 
 import ast
 from typing import Iterator, Optional
 
-from torchdoctor.findings import Finding, Severity
-from torchdoctor.lint.flow import literal
-from torchdoctor.lint.source import SourceFile, has_word
-from torchdoctor.registry import Scope, check
+from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk.source import SourceFile, has_word, literal
+
+_SETUP = """
+import torch
+
+images = torch.randn(8, 3, 32, 32)
+"""
+
+DEPRECATED_API = Pitfall(
+    code="TD506",
+    name="deprecated-api",
+    severity="info",
+    summary="""
+        Deprecated PyTorch APIs: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp,
+        torch.distributed.launch.
+    """,
+    why="""
+        Deprecated APIs keep working until they are removed, but some already do nothing: `Variable(x,
+        volatile=True)` has had no effect since 0.4, so an inference loop written that way builds a full autograd
+        graph. apex.amp is unmaintained; its features are in `torch.amp`. `python -m torch.distributed.launch` is
+        replaced by `torchrun`.
+    """,
+    fix="""
+        Use tensors directly instead of `Variable`, `torch.no_grad()` instead of `volatile=True`,
+        `torch.set_default_dtype`/`set_default_device`, `torch.amp.autocast("cuda")` and
+        `torch.amp.GradScaler("cuda")`, and `torchrun`.
+    """,
+    bad=Example(
+        """
+        from torch.autograd import Variable
+
+        x = Variable(images.cuda(), volatile=True)
+        scaler = torch.cuda.amp.GradScaler()
+        """,
+        setup=_SETUP,
+    ),
+    good=Example(
+        """
+        with torch.no_grad():
+            x = images.cuda()
+        scaler = torch.amp.GradScaler("cuda")
+        """,
+        setup=_SETUP,
+    ),
+    details={
+        "source": """
+            Calls are matched by their qualified name after resolving imports (`from torch.autograd import
+            Variable` counts, a local class named `Variable` does not). `torch.distributed.launch` is reported
+            where a `subprocess`/`os` call runs `python -m torch.distributed.launch`; a message or docstring that
+            merely mentions it is not. `Variable(..., volatile=True)` and apex.amp are warnings, the rest notes.
+        """,
+    },
+)
 
 # qualified name -> (what changed, what to use instead)
 _CALLS = {
@@ -33,8 +83,7 @@ def _mentions(text: str) -> bool:
             or has_word(text, "amp"))
 
 
-@check(code="TD506", name="deprecated-api", scope=Scope.SOURCE, severity="info",
-       summary="Deprecated PyTorch APIs: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp, torch.distributed.launch.")
+@DEPRECATED_API.source
 def deprecated_api(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or not _mentions(src.text):
         return

@@ -1,0 +1,114 @@
+"""to-result-discarded: `tensor.to(device)` as a statement; tensors are not moved in place, so the result is lost."""
+from __future__ import annotations
+
+import ast
+import re
+from typing import Iterator
+
+from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk.source import TENSOR_FACTORIES, Binding, ModuleIndex, SourceFile, iter_names, last, qualname, ref
+
+_SETUP = """
+import torch
+from torch import nn
+
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+model = nn.Linear(4, 2).to(device)
+loader = [(torch.randn(8, 4), torch.randint(0, 2, (8,))) for _ in range(3)]
+"""
+
+TO_RESULT_DISCARDED = Pitfall(
+    code="TD501",
+    name="to-result-discarded",
+    severity="error",
+    summary="""
+        `tensor.to(device)` (or .cuda(), .float(), ...) as a statement: tensors are not moved in place, the result
+        is lost.
+    """,
+    why="""
+        `nn.Module.to()` moves a module in place, which makes `model.to(device)` work as a statement. A tensor's
+        `.to()` returns a new tensor and leaves the original where it was, so the next operation mixes devices
+        (`Expected all tensors to be on the same device`) or silently runs on the CPU.
+    """,
+    fix="Assign the result: `x = x.to(device)`.",
+    bad=Example(
+        """
+        for images, labels in loader:
+            images.to(device)
+            labels.to(device)
+            out = model(images)
+        """,
+        setup=_SETUP,
+    ),
+    good=Example(
+        """
+        for images, labels in loader:
+            images = images.to(device)
+            labels = labels.to(device)
+            out = model(images)
+        """,
+        setup=_SETUP,
+    ),
+    details={
+        "source": """
+            Only names known to hold tensors are reported (built by a torch tensor factory, unpacked from a loop over
+            a data loader, or annotated `Tensor`); `model.to(device)` and unknown objects (which may move in place)
+            are quiet. This check has no run-time counterpart.
+        """,
+    },
+)
+
+_MOVES = frozenset({"to", "cuda", "cpu", "float", "half", "double", "long", "int", "bfloat16", "bool",
+                    "contiguous", "pin_memory"})
+_MOVE_CALL = re.compile(rf"\.(?:{'|'.join(sorted(_MOVES))})\(")
+_LINE_START_NAME = re.compile(r"[ \t]*[A-Za-z_]\w*")
+
+
+def _has_move_statement(text: str) -> bool:
+    """Whether a line starts with `name.to(` (or another of `_MOVES`). Searching for the call first and then
+    checking the start of its line is much faster than one multi-line regex trying every position."""
+    for call in _MOVE_CALL.finditer(text):
+        dot = call.start()
+        if _LINE_START_NAME.fullmatch(text, text.rfind("\n", 0, dot) + 1, dot):
+            return True
+    return False
+
+
+def _is_tensor(binding: Binding, index: ModuleIndex) -> bool:
+    value = binding.value
+    if isinstance(binding.node, ast.arg):
+        ann = binding.node.annotation
+        return ann is not None and last(ref(ann) or "") == "Tensor"
+    if isinstance(binding.node, (ast.For, ast.AsyncFor)):
+        target = binding.node.target
+        elements = target.elts if isinstance(target, ast.Tuple) else []
+        if isinstance(target, ast.Tuple) and len(elements) == 2 and isinstance(elements[1], ast.Tuple):
+            elements = elements[1].elts  # for i, (x, y) in enumerate(loader)
+        names = {ref(e) for e in elements}
+        iterable = binding.node.iter
+        if isinstance(iterable, ast.Call) and last(ref(iterable.func)) == "zip":
+            return False  # zip(loader_a, loader_b) unpacks whole batches, which may move in place
+        return binding.target in names and any("loader" in n.lower() for n in iter_names(iterable))
+    if isinstance(value, ast.Call):
+        qual = qualname(value.func, index)
+        return qual.startswith("torch.") and last(qual) in TENSOR_FACTORIES
+    return False
+
+
+@TO_RESULT_DISCARDED.source
+def to_result_discarded(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or not _has_move_statement(src.text):
+        return
+    index = src.index
+    for scope in index.scopes:
+        for call in scope.calls:
+            if not call.discarded or call.attr not in _MOVES or not call.receiver or "." in call.receiver:
+                continue
+            bindings = [b for b in scope.bindings if b.target == call.receiver and b.pos <= call.pos]
+            if bindings and all(_is_tensor(b, index) for b in bindings):
+                yield Finding(
+                    f"`{src.snippet(call.node)}` throws its result away: unlike a module's .to(), a tensor's "
+                    f".{call.attr}() returns a new tensor and leaves `{call.receiver}` where it was.",
+                    fix=f"{call.receiver} = {src.segment(call.node)}",
+                    location=src.location(call.node),
+                )
