@@ -5,7 +5,7 @@ import ast
 import re
 from typing import Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Pitfall
 from torchdoctor.sdk.source import Edit, FixableFinding, SourceFile, literal, ref
 
 _CONSUME = "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present"
@@ -70,7 +70,7 @@ def _prefix(node: ast.Subscript) -> Optional[str]:
     if isinstance(lower, ast.Call) and isinstance(lower.func, ast.Name) and lower.func.id == "len" \
             and len(lower.args) == 1 and isinstance(literal(lower.args[0]), str):
         return lower.args[0].value if lower.args[0].value.endswith(".") else None
-    return {7: "module.", 10: "_orig_mod."}.get(literal(lower) if type(literal(lower)) is int else None)
+    return {len(p): p for p in WRAPPER_PREFIXES}.get(literal(lower) if type(literal(lower)) is int else None)
 
 
 def _key_loops(tree: ast.AST) -> Iterator[tuple[ast.AST, str, ast.expr]]:
