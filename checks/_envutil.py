@@ -1,15 +1,19 @@
-"""Small helpers shared by the environment checks (versions, wheel indexes)."""
+"""Small helpers shared by the environment pitfalls (versions, wheel indexes, GPU processes)."""
 from __future__ import annotations
 
 import re
 from typing import Optional
 
-from torchdoctor.env.facts import EnvFacts
+from torchdoctor.sdk import byte_size
+from torchdoctor.sdk.env import EnvFacts, GpuProcess
 
 GiB = 1024 ** 3
 # CUDA variants PyTorch has published wheels for (download.pytorch.org/whl/<tag>).
 WHEEL_CUDA = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
 INDEX_URL = "https://download.pytorch.org/whl/{tag}"
+# Why no env example runs: `Example(unseen={"env": MACHINE_STATE})`.
+MACHINE_STATE = ("it shows the state of some machine, and `torchdoctor env` reads only the machine it runs on "
+                 "(packages, driver, GPUs, environment variables), which a test process cannot swap for that one.")
 
 
 def major_minor(version: Optional[str]) -> Optional[tuple[int, int]]:
@@ -31,6 +35,7 @@ def local_tag(version: Optional[str]) -> Optional[str]:
 
 
 def cuda_tag(cuda: tuple[int, int]) -> str:
+    """(12, 1) -> 'cu121', the tag of that CUDA variant's wheel index."""
     return f"cu{cuda[0]}{cuda[1]}"
 
 
@@ -55,3 +60,16 @@ def pip_install(facts: EnvFacts, cuda: Optional[tuple[int, int]], force: bool = 
 def has_nvidia(facts: EnvFacts) -> bool:
     """An NVIDIA GPU or kernel driver is present."""
     return bool(facts.nvidia.gpus) or facts.nvidia.proc_driver or facts.nvidia.driver_version is not None
+
+
+def gpu_process(p: GpuProcess) -> str:
+    """One process on a GPU, for a finding: pid, user, memory it holds and (shortened) command."""
+    bits = [f"pid {p.pid}"]
+    if p.user:
+        bits.append(p.user)
+    if p.used_bytes is not None:
+        bits.append(byte_size(p.used_bytes))
+    if p.command:
+        cmd = p.command if len(p.command) <= 80 else p.command[:77] + "..."
+        bits.append(f"`{cmd}`")
+    return ", ".join(bits)

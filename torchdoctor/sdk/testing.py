@@ -3,6 +3,9 @@
 ``run_example(pitfall, pitfall.bad, "source")`` returns that detector's findings for the example: the
 contract test asserts the Bad example fires and the Good one stays quiet in every door that can see it
 (`Example.runnable`). Plug-in authors can call it from their own tests the same way.
+
+Checkpoint files are checked as ``check-ckpt --scan-values`` does, and compared with the example's `model`
+when it binds an ``nn.Module`` (as ``check-ckpt --model`` does).
 """
 from __future__ import annotations
 
@@ -68,14 +71,24 @@ def _check_files(pitfall: Pitfall, example: Example) -> list[Finding]:
 
     setup, code = _program(example)
     findings: list[Finding] = []
+    namespace: dict[str, Any] = {"__name__": "__example__"}
     with _in_empty_folder() as folder:
-        exec(compile(setup + "\n" + code, "<example>", "exec"), {"__name__": "__example__"})
+        exec(compile(setup + "\n" + code, "<example>", "exec"), namespace)
         written = sorted(p for p in folder.rglob("*") if p.suffix in CHECKPOINT_SUFFIXES)
         if not written:
             raise PitfallError(f"pitfall {pitfall.name}: the checkpoint example wrote no checkpoint file")
+        model = namespace.get("model")
         for path in written:
-            findings += check_checkpoint(path, select=[pitfall.name]).findings
+            findings += check_checkpoint(path, model if _is_module(model) else None, select=[pitfall.name],
+                                         scan_values=True).findings
     return findings
+
+
+def _is_module(value: Any) -> bool:
+    """An `nn.Module` (what ``check-ckpt --model`` compares a checkpoint with)."""
+    import torch
+
+    return isinstance(value, torch.nn.Module)
 
 
 @contextlib.contextmanager

@@ -1,79 +1,62 @@
-"""Checkpoint key checks: wrapper prefixes on state-dict keys, and mismatches against a model (--model)."""
+"""state-dict-mismatch: with --model, keys, shapes or dtypes of the file do not fit the model."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-from torchdoctor.findings import Finding, Location, Severity
-from torchdoctor.registry import Scope, check
+from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk.checkpoint import CheckpointInfo, Match, best_match, show_path, wrapper_prefix
 
-if TYPE_CHECKING:
-    from torchdoctor.ckpt.info import CheckpointInfo, StateDict
-    from torchdoctor.ckpt.keys import Match
+from ._ckptutil import MODEL_SETUP, load_line
 
-_WHY = {
-    "module.": "nn.DataParallel / DistributedDataParallel",
-    "_orig_mod.": "torch.compile",
-    "model.": "a Lightning module or training wrapper",
-    "net.": "a training wrapper",
-}
+STATE_DICT_MISMATCH = Pitfall(
+    code="TD206",
+    name="state-dict-mismatch",
+    severity="error",
+    summary="With --model: missing/unexpected keys, shape or dtype mismatches against the model's state_dict.",
+    why="""
+        With `--model SPEC` (or `check_checkpoint(path, model=...)`), torchdoctor compares the file's state
+        dict with the model's `state_dict()` after trying the known key remaps (stripping wrapper prefixes,
+        adding the model's own prefix): missing keys, unexpected keys, shape and dtype differences. It says what
+        `load_state_dict(strict=False)` would silently skip.
 
+        `strict=True` stops with "Error(s) in loading state_dict" and a wall of key names. The common reaction,
+        `strict=False`, loads whatever matches and leaves the rest at its random initial values without a word.
+        Shape mismatches (`size mismatch for fc.weight: copying a param with shape torch.Size([1000, 512]) ...`)
+        fail even with `strict=False`.
+    """,
+    fix="""
+        Apply the exact remap torchdoctor prints; for layers that really differ (a new classification head),
+        drop those keys explicitly and check the keys `load_state_dict(strict=False)` returns.
+    """,
+    bad=Example(
+        """
+            old = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+            torch.save(old.state_dict(), "ckpt.pt")  # keys 0.*, 2.*
 
-def _looks_lightning(info: CheckpointInfo, sd: StateDict) -> bool:
-    top = {t["key"] for t in info.top_level}
-    return sd.path == ("state_dict",) and bool(top & {"pytorch-lightning_version", "global_step", "epoch"})
-
-
-def _load_line(info: CheckpointInfo, sd: StateDict) -> str:
-    if sd.source == "module":  # a pickled nn.Module: its weights come from .state_dict()
-        access = "".join(f"[{part!r}]" for part in sd.path)
-        return (f"sd = torch.load({info.path!r}, map_location='cpu', weights_only=False){access}.state_dict()"
-                "  # only if you trust the file")
-    access = "".join(f"[{part!r}]" for part in sd.path)
-    return f"sd = torch.load({info.path!r}, map_location='cpu'){access}"
-
-
-@check(code="TD204", name="wrapper-prefix", scope=Scope.CHECKPOINT, severity="warning",
-       summary="Every key carries a wrapper prefix such as 'module.' or '_orig_mod.'.")
-def wrapper_prefix_check(info: CheckpointInfo) -> Iterator[Finding]:
-    from torchdoctor.ckpt.info import show_path
-    from torchdoctor.ckpt.keys import LOOSE_PREFIXES, share, wrapper_prefix
-
-    model_keys = list(info.model.entries) if info.model is not None else None
-    for sd in info.state_dicts:
-        keys = list(sd.tensors)
-        prefix = wrapper_prefix(keys)
-        if not prefix:
-            continue
-        if model_keys is not None and wrapper_prefix(model_keys).startswith(prefix):
-            continue  # the model itself is wrapped the same way: the keys fit it
-        first = prefix.split(".", 1)[0] + "."
-        if first in LOOSE_PREFIXES and model_keys is None and not _looks_lightning(info, sd):
-            continue  # a plain model may well have a child called `model`; only --model can tell
-        n = share(keys, first)
-        example = next(k for k in keys if k.startswith(first))
-        whom = " + ".join(_WHY.get(p + ".", "a wrapper") for p in prefix.split(".") if p)
-        where = show_path(sd.path)
-        count = "every key" if n == len(keys) else f"{n} of {len(keys)} keys"
-        yield Finding(
-            f"In state dict {where}, {count} starts with '{prefix}' (added by {whom}), e.g. '{example}'. "
-            f"Loading it into the unwrapped model fails with \"Missing key(s) … Unexpected key(s) in state_dict: "
-            f"\"{example}\"\".",
-            fix=(f"{_load_line(info, sd)}\n"
-                 "from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present\n"
-                 + "".join(f"consume_prefix_in_state_dict_if_present(sd, {p + '.'!r})\n"
-                           for p in prefix.split(".") if p)
-                 + "model.load_state_dict(sd)\n"
-                 f"or write a fixed copy: torchdoctor check-ckpt {info.path} --fix fixed.pt"),
-            location=Location(file=info.path, key=example),
-        )
+            model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 2))  # the head is now 3.*
+            model.load_state_dict(torch.load("ckpt.pt"), strict=False)  # loads layer 0; the head silently stays random
+        """,
+        setup="import torch\nfrom torch import nn\n",
+    ),
+    good=Example(
+        """
+            torch.save(model.state_dict(), "ckpt.pt")
+            model = make_model()  # the same architecture, e.g. in the evaluation script
+            model.load_state_dict(torch.load("ckpt.pt"))  # strict: a missing or unexpected key raises
+        """,
+        setup=MODEL_SETUP,
+    ),
+)
 
 
 def _few(keys: list[str], n: int = 8) -> str:
+    """The first `n` keys, and how many more there are."""
     shown = ", ".join(keys[:n])
     return shown + (f", … ({len(keys) - n} more)" if len(keys) > n else "")
 
 
 def _remap_snippet(m: Match) -> str:
+    """The dict comprehension that renames the file's keys the way the match did ('' when none)."""
     if not (m.strip or m.add):
         return ""
     if m.strip and not m.add:
@@ -83,12 +66,9 @@ def _remap_snippet(m: Match) -> str:
     return f"sd = {{{body}: v for k, v in sd.items()}}\n"
 
 
-@check(code="TD206", name="state-dict-mismatch", scope=Scope.CHECKPOINT, severity="error",
-       summary="With --model: missing/unexpected keys, shape or dtype mismatches against the model's state_dict.")
+@STATE_DICT_MISMATCH.checkpoint
 def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
-    from torchdoctor.ckpt.info import show_path
-    from torchdoctor.ckpt.keys import best_match, wrapper_prefix
-
+    """Missing, unexpected, misshapen or recast keys of the best-matching state dict vs --model."""
     if info.model is None:
         return
     spec = info.model.spec
@@ -103,7 +83,7 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
     prefix_noted = wrapper_prefix(m.state_dict.tensors) == m.strip and m.strip and not m.add
     head = f"State dict {where} vs model {spec}" + (
         f" (after mapping keys: strip '{m.strip}'" + (f", add '{m.add}'" if m.add else "") + ")" if remap else "")
-    load = _load_line(info, m.state_dict)
+    load = load_line(info, m.state_dict)
     if m.missing or m.unexpected:
         parts = []
         if m.missing:

@@ -1,16 +1,51 @@
-"""Checkpoint format checks: how the file was serialised, and parts of it that could not be read."""
+"""serialization-format: the file is not torch.save's default zip format."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
-from torchdoctor.findings import Finding, Location
-from torchdoctor.registry import Scope, check
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.checkpoint import CheckpointInfo
 
-if TYPE_CHECKING:
-    from torchdoctor.ckpt.info import CheckpointInfo
+from ._ckptutil import MODEL_SETUP
+
+SERIALIZATION_FORMAT = Pitfall(
+    code="TD209",
+    name="serialization-format",
+    severity="info",
+    summary="The file is not torch.save's default zip format: legacy, TorchScript, safetensors or plain pickle.",
+    why="""
+        The file is not in `torch.save`'s default zip format: it is the pre-1.6 legacy format (stacked pickles),
+        the torch <= 0.1 tar format, a TorchScript archive (`torch.jit.save`), a safetensors file, or a plain
+        pickle. torchdoctor sniffs the format from the content, never from the extension, and says how it read
+        it.
+
+        Each format loads differently: legacy files cannot be memory-mapped (`mmap=True` fails), tar files and
+        TorchScript archives are refused by `torch.load(weights_only=True)`, TorchScript needs `torch.jit.load`,
+        and a plain pickle is not a torch checkpoint at all (`torch.load` says "Invalid magic number; corrupt
+        file?") and only `pickle.load`, which runs any code it names, reads it.
+    """,
+    fix="""
+        Load with the matching function, then re-save the weights in the default format (or as safetensors).
+    """,
+    bad=Example(
+        """
+            torch.save(model.state_dict(), "ckpt.pt", _use_new_zipfile_serialization=False)  # the pre-1.6 format
+            # torch.load("ckpt.pt", mmap=True) -> mmap can only be used with files saved with ...
+        """,
+        setup=MODEL_SETUP,
+    ),
+    good=Example(
+        """
+            torch.save(model.state_dict(), "ckpt.pt")  # the zip format: weights_only and mmap both work
+            state = torch.load("ckpt.pt", mmap=True)
+        """,
+        setup=MODEL_SETUP,
+    ),
+)
 
 
 def _describe(info: CheckpointInfo) -> tuple[str, str]:
+    """The message and fix for a file of a format other than zip."""
     d = info.archive.details
     fmt = info.format
     if fmt == "legacy":
@@ -41,26 +76,10 @@ def _describe(info: CheckpointInfo) -> tuple[str, str]:
             "safetensors.")
 
 
-@check(code="TD209", name="serialization-format", scope=Scope.CHECKPOINT, severity="info",
-       summary="The file is not torch.save's default zip format: legacy, TorchScript, safetensors or plain pickle.")
+@SERIALIZATION_FORMAT.checkpoint
 def serialization_format(info: CheckpointInfo) -> Iterator[Finding]:
+    """Any format other than torch.save's zip: what it is, and what loading it takes."""
     if info.format == "zip":
         return
     message, fix = _describe(info)
     yield Finding(message, fix=fix, location=Location(file=info.path))
-
-
-@check(code="TD210", name="checkpoint-unreadable", scope=Scope.CHECKPOINT, severity="error",
-       summary="Part of the checkpoint could not be read (truncated, corrupt, or a hostile pickle stopped early).")
-def checkpoint_unreadable(info: CheckpointInfo) -> Iterator[Finding]:
-    problems = info.problems
-    for problem in problems[:10]:
-        yield Finding(
-            f"Part of the file could not be read: {problem}. The report covers only what was read, so it is not "
-            "a clean bill of health.",
-            fix="Re-download or re-save the file; if it comes from an untrusted source, do not load it.",
-            location=Location(file=info.path),
-        )
-    if len(problems) > 10:
-        yield Finding(f"{len(problems) - 10} more unreadable part(s).", fix="As above.",
-                      location=Location(file=info.path))

@@ -1,0 +1,94 @@
+"""needs-code-to-load: the file needs globals outside torch's weights_only allowlist, so torch.load refuses it."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.checkpoint import CheckpointInfo, Verdict
+
+from ._ckptutil import MODEL_SETUP
+
+_TORCH_LOAD_FORMATS = ("zip", "legacy")  # plain pickles: serialization-format explains
+
+NEEDS_CODE_TO_LOAD = Pitfall(
+    code="TD202",
+    name="needs-code-to-load",
+    severity="warning",
+    summary="The file needs globals outside torch's weights_only allowlist: torch.load's default refuses it.",
+    why="""
+        The file names globals outside PyTorch's `weights_only` allowlist (numpy arrays and scalars,
+        `argparse.Namespace`, your own classes, `torch.nn` module classes, …), or it was pickled with protocol
+        4/5 opcodes the weights-only unpickler does not implement. `torch.load(path)` (weights_only=True, the
+        default since torch 2.6) then refuses it.
+
+        Checkpoints that loaded for years fail after a torch upgrade with:
+
+        ```text
+        _pickle.UnpicklingError: Weights only load failed. ... WeightsUnpickler error: Unsupported global:
+        GLOBAL argparse.Namespace was not an allowed global by default. Please use
+        `torch.serialization.add_safe_globals([Namespace])` ...
+        ```
+
+        The tempting fix, `weights_only=False`, turns off the protection against code execution for every file
+        the script loads. Files saved with `pickle_protocol=4` fail with "Unsupported operand 149" even when
+        every global is allowed.
+    """,
+    fix="""
+        For a file you trust, allow exactly the globals torchdoctor lists with
+        `torch.serialization.add_safe_globals([...])` (or the `torch.serialization.safe_globals([...])` context
+        manager). Better, save only tensors and plain Python values: `model.state_dict()`,
+        `optimizer.state_dict()`, `vars(args)` instead of an `argparse.Namespace`, `float(x)` instead of a
+        numpy scalar, and torch's default pickle protocol.
+    """,
+    bad=Example(
+        """
+            args = argparse.Namespace(lr=0.1, epochs=10)
+            torch.save({"model": model.state_dict(), "args": args}, "ckpt.pt")
+            # torch.load("ckpt.pt") -> Weights only load failed ... Unsupported global: GLOBAL argparse.Namespace
+        """,
+        setup=MODEL_SETUP + "import argparse\n",
+    ),
+    good=Example(
+        """
+            args = argparse.Namespace(lr=0.1, epochs=10)
+            torch.save({"model": model.state_dict(), "args": vars(args)}, "ckpt.pt")  # a plain dict
+            ckpt = torch.load("ckpt.pt")  # loads with weights_only=True
+        """,
+        setup=MODEL_SETUP + "import argparse\n",
+    ),
+)
+
+
+@NEEDS_CODE_TO_LOAD.checkpoint
+def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
+    """Globals or opcodes the weights_only unpickler refuses, in formats torch.load reads."""
+    if info.format not in _TORCH_LOAD_FORMATS:
+        return
+    extra = [g for g in info.globals if g.verdict in (Verdict.BENIGN, Verdict.UNKNOWN)]
+    if extra:
+        names = [g.qualname for g in extra]
+        shown = ", ".join(names[:12]) + (f", … ({len(names) - 12} more)" if len(names) > 12 else "")
+        user = [g.qualname for g in extra if g.verdict is Verdict.UNKNOWN]
+        message = (f"`torch.load(path)` (weights_only=True, the default since torch 2.6) fails with "
+                   f"\"Weights only load failed … Unsupported global: GLOBAL {names[0]}\": the file names "
+                   f"{len(names)} global(s) outside the allowlist: {shown}.")
+        if user:
+            message += f" Loading it runs code from: {', '.join(user[:6])}."
+        modules = sorted({n.rpartition(".")[0] for n in names[:12]})
+        fix = ("If you trust the file, allow exactly these globals:\n"
+               + "".join(f"import {m}\n" for m in modules if m and not m.startswith("__"))
+               + f"torch.serialization.add_safe_globals([{', '.join(names[:12])}])\n"
+               "ckpt = torch.load(path)\n"
+               "Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
+               "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace).")
+        yield Finding(message, fix=fix, location=Location(file=info.path))
+    if info.unsupported_opcodes:
+        ops = ", ".join(sorted(info.unsupported_opcodes))
+        protocol = max((scan.protocol for _, scan in info.archive.pickles), default=0)
+        yield Finding(
+            f"The pickle uses opcodes the weights_only unpickler does not implement ({ops}; pickle protocol "
+            f"{protocol}), so `torch.load(path)` fails with \"Weights only load failed … Unsupported operand\" "
+            "even though every global is allowed.",
+            fix="Re-save with torch's default protocol (2): torch.save(obj, path)  # no pickle_protocol=4/5",
+            location=Location(file=info.path),
+        )

@@ -1,0 +1,134 @@
+"""torch-import-failure: `import torch` fails or hangs; names the likely cause."""
+from __future__ import annotations
+
+import os
+import re
+from typing import Iterator
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.env import EnvFacts
+
+from ._envutil import MACHINE_STATE, best_wheel_cuda, has_nvidia, major_minor, pip_install
+
+TORCH_IMPORT_FAILURE = Pitfall(
+    code="TD101",
+    name="torch-import-failure",
+    severity="error",
+    summary="`import torch` fails or hangs; names the likely cause.",
+    why="""
+        `import torch` itself fails or hangs. torchdoctor imports torch in a separate process, so the doctor still
+        runs, shows the exception, and names the most likely cause: torch not installed for this Python, a folder or
+        file shadowing torch, a missing CUDA/cuDNN shared library, undefined symbols from mixed installs, a NumPy
+        ABI error, or an import that never finishes.
+
+        Nothing else works until `import torch` does, and the error text rarely says what to change. Typical messages:
+
+        - `ModuleNotFoundError: No module named 'torch'` (installed into another interpreter or venv)
+        - `ImportError: libcudnn.so.9: cannot open shared object file: No such file or directory`
+        - `ImportError: .../torch/lib/libtorch_cuda.so: undefined symbol: ...` (pip and conda torch mixed, or
+          `LD_LIBRARY_PATH` pointing at another CUDA)
+        - `AttributeError: partially initialized module 'torch' has no attribute 'cuda' (most likely due to a circular
+          import)`
+        - `ImportError: No module named torch._C` (a `torch/` source folder in the working directory)
+        - `A module that was compiled using NumPy 1.x cannot be run in NumPy 2.x`
+    """,
+    fix="""
+        Follow the fix printed with the finding; it depends on the cause:
+
+        ```console
+        # not installed for this interpreter
+        $ python -m pip install torch --index-url https://download.pytorch.org/whl/cu126
+        # mixed installs or missing libraries: uninstall until pip says torch is not installed, then reinstall
+        $ pip uninstall -y torch && pip uninstall -y torch
+        $ conda remove pytorch                 # conda environments only
+        $ unset LD_LIBRARY_PATH
+        $ pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124
+        # a hanging import: see where it stops
+        $ python -X importtime -c "import torch" 2>&1 | tail
+        ```
+
+        For a shadowing `torch` folder or a circular import, rename the offending file or folder (see
+        [module-shadowing](module-shadowing.md)) and delete the `__pycache__` next to it.
+    """,
+    bad=Example(
+        """
+            $ pip install torch --index-url https://download.pytorch.org/whl/cu124
+            $ export LD_LIBRARY_PATH=/usr/local/cuda-11.8/lib64:$LD_LIBRARY_PATH
+            $ python -c "import torch"
+            ImportError: /venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: ...
+        """,
+        language="console",
+        unseen={"env": MACHINE_STATE},
+    ),
+    good=Example(
+        """
+            $ unset LD_LIBRARY_PATH
+            $ pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124
+            $ python -c "import torch; print(torch.__version__, torch.version.cuda)"
+            2.5.1+cu124 12.4
+        """,
+        language="console",
+        unseen={"env": MACHINE_STATE},
+    ),
+    details={
+        "env": """
+            `torchdoctor env` runs `import torch` in a subprocess of the same Python interpreter, started in the working
+            directory (as your scripts see it), with a time limit (`--timeout`, 60 s by default). If the import raises,
+            exits without reporting, or runs past the limit, this check fires as an error. It picks the cause, in order:
+            a hang; a `torch/__init__.py` found outside the installed torch package; torch not installed at all; a
+            circular
+            import; `cannot open shared object file`; `undefined symbol`; a NumPy 1.x/2.x ABI error; otherwise it prints
+            the exception and suggests a clean reinstall of the same version. Run torchdoctor with the interpreter you
+            train with (`python -m torchdoctor env`) so it probes the same install. When the import succeeds this check
+            is
+            silent; problems seen after a successful import are reported by the other env checks.
+        """,
+    },
+)
+
+
+@TORCH_IMPORT_FAILURE.env
+def torch_import_failure(facts: EnvFacts) -> Iterator[Finding]:
+    """When the probe's `import torch` failed or hung: the error and its most likely cause."""
+    probe = facts.torch
+    if probe.ok:
+        return
+    error = f"{probe.error_type}: {probe.error}" if probe.error_type else (probe.error or "unknown error")
+    installed = facts.torch_dist_location
+    text = " ".join([error, *probe.traceback_tail, *probe.stderr_tail])
+    reinstall = pip_install(facts, major_minor(facts.torch_cuda))
+    where = Location(file=probe.torch_file) if probe.torch_file else None
+    if probe.timed_out:
+        cause = "it hung"
+        fix = ("See where it stops: `python -X importtime -c \"import torch\" 2>&1 | tail` or "
+               "`py-spy dump --pid <pid>` while it hangs. Usual culprits: torch on a slow network "
+               "filesystem, a sitecustomize/usercustomize doing I/O, a stale lock in ~/.cache.")
+    elif probe.torch_file and installed and not probe.torch_file.startswith(installed.rstrip("/") + "/"):
+        cause = f"Python found {probe.torch_file} first, not the installed torch in {installed}"
+        found = os.path.dirname(probe.torch_file) if probe.torch_file.endswith("__init__.py") else probe.torch_file
+        fix = f"Rename or move {found} (or take its folder off PYTHONPATH), and delete the __pycache__ beside it."
+    elif facts.torch_dist_version is None and ("No module named 'torch'" in text or probe.torch_file):
+        cause = f"torch is not installed for {facts.system.python_executable or 'this Python'}"
+        cuda = best_wheel_cuda(major_minor(facts.nvidia.driver_cuda)) if has_nvidia(facts) else None
+        fix = "Install it into this interpreter: " + pip_install(facts, cuda, force=False)
+        if probe.torch_file:
+            cause = f"torch is not installed, and Python found {probe.torch_file} instead"
+            fix = f"Move {probe.torch_file} out of the way, then: " + fix
+    elif "partially initialized module" in text or "circular import" in text:
+        cause = "a circular import: a file named like a module torch imports (e.g. random.py, copy.py) shadows it"
+        fix = "Rename the shadowing file named in the module-shadowing finding (and delete __pycache__)."
+    elif m := re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file", text):
+        cause = f"the shared library {m.group(1)} that this torch build links against is missing"
+        fix = ("Reinstall torch so pip brings its CUDA libraries (nvidia-* packages) again, and unset "
+               f"LD_LIBRARY_PATH entries that point at other CUDA installs: {reinstall}")
+    elif "undefined symbol" in text:
+        cause = "undefined symbols: parts of two different torch/CUDA installs are mixed (pip over conda, LD_LIBRARY_PATH, a stale copy)"
+        fix = ("Run `pip uninstall torch` until it says it is not installed (and `conda remove pytorch` in conda "
+               f"envs), unset LD_LIBRARY_PATH, then: {reinstall}")
+    elif "numpy" in text.lower() and ("multiarray" in text or "NumPy 1.x" in text or "_ARRAY_API" in text):
+        cause = "a NumPy ABI mismatch: a package compiled against NumPy 1.x meets NumPy 2.x"
+        fix = "pip install \"numpy<2\" (or upgrade the packages compiled against NumPy 1.x)"
+    else:
+        cause = "see the error above"
+        fix = f"Reinstall torch cleanly: {reinstall}"
+    yield Finding(f"`import torch` failed ({cause}). {error}", fix=fix, location=where)

@@ -1,0 +1,113 @@
+"""unsafe-pickle: the pickle names or calls code that runs commands, evaluates code or touches files."""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterator
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.checkpoint import CheckpointInfo, GlobalRef, Instance, TensorMeta, Verdict
+
+from ._ckptutil import MODEL_SETUP
+
+UNSAFE_PICKLE = Pitfall(
+    code="TD201",
+    name="unsafe-pickle",
+    severity="error",
+    summary="The pickle names or calls code that runs commands, evaluates code or touches files when loaded.",
+    why="""
+        The checkpoint's pickle names or calls code that runs commands, evaluates code, imports modules or
+        touches files when the file is loaded: `os.system`, `subprocess.*`, `builtins.eval`/`exec`/`getattr`/
+        `__import__`, `importlib`, `runpy`, `marshal`, `pickle` itself, `torch.utils.collect_env.run`, … or it
+        uses opcode tricks that run code on imported objects whatever their names (a call of a value the
+        pickle computed, `BUILD`/`SETITEM`/`APPEND` on an imported object, a computed `STACK_GLOBAL`, extension
+        codes). torchdoctor finds this by interpreting the pickle opcode by opcode into inert placeholders: it
+        never imports or calls anything the file names.
+
+        `torch.load(path, weights_only=False)` and `pickle.load` execute whatever the pickle asks for. A model
+        downloaded from the internet can run a shell command the moment it is loaded, and scanners with a
+        denylist are bypassed regularly (CVE-2025-10155/10156/10157, picklescan and modelscan advisories). Since
+        torch 2.6 `torch.load` defaults to `weights_only=True`, but many scripts still pass
+        `weights_only=False` to silence "Weights only load failed".
+    """,
+    fix="""
+        Do not load the file. torchdoctor's finding says exactly what would run (for example
+        `posix.system('curl … | sh')`). Ask the publisher for a safetensors file or a plain state_dict. If the
+        file is yours and you know why it contains that call, re-save only tensors and plain values.
+    """,
+    bad=Example(
+        """
+            class Payload:  # what a hostile "model.pt" carries next to real weights
+                def __reduce__(self):
+                    return (os.system, ("echo pwned",))  # unpickling calls os.system("echo pwned")
+
+            torch.save({"state_dict": model.state_dict(), "config": Payload()}, "model.pt")
+            # torch.load("model.pt", weights_only=False) or pickle.load would now run `echo pwned`
+        """,
+        setup=MODEL_SETUP + "import os\n",
+    ),
+    good=Example(
+        """
+            torch.save(model.state_dict(), "model.pt")  # tensors and plain containers only
+            state_dict = torch.load("model.pt")  # weights_only=True, the default: refuses anything that runs code
+            model.load_state_dict(state_dict)
+        """,
+        setup=MODEL_SETUP,
+    ),
+)
+
+
+def _show_args(args: Any, budget: int = 160) -> str:
+    """A short, inert rendering of call arguments (strings and numbers verbatim, the rest by type)."""
+    def one(v: Any, depth: int = 0) -> str:
+        if isinstance(v, (str, bytes)):
+            return repr(v[:budget])
+        if isinstance(v, (int, float, bool)) or v is None:
+            return repr(v)
+        if isinstance(v, GlobalRef):
+            return v.qualname
+        if isinstance(v, Instance):
+            return f"{v.qualname}(...)"
+        if isinstance(v, TensorMeta):
+            return "<tensor>"
+        if isinstance(v, (tuple, list)) and depth < 3:
+            inner = ", ".join(one(x, depth + 1) for x in v[:6]) + (", ..." if len(v) > 6 else "")
+            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+        return f"<{type(v).__name__}>"
+
+    text = ", ".join(one(a) for a in args[:6]) if isinstance(args, tuple) else one(args)
+    return text if len(text) <= budget else text[: budget - 3] + "..."
+
+
+@UNSAFE_PICKLE.checkpoint
+def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
+    """Dangerous globals the pickles name or call, and opcode tricks that run code on imported objects."""
+    calls: dict[str, list[str]] = defaultdict(list)
+    for name, scan in info.archive.pickles:
+        for qualname, first_calls in scan.calls.items():
+            for _, args in first_calls:
+                if len(calls[qualname]) < 3:
+                    calls[qualname].append(f"{qualname}({_show_args(args)})")
+    for g in info.globals:
+        if g.verdict is not Verdict.DANGEROUS:
+            continue
+        where = ", ".join(g.pickles)
+        if g.called:
+            runs = "; ".join(calls[g.qualname])
+            what = f"calls `{runs}`"
+        else:
+            what = "imports it (the payload may call it through another object)"
+        yield Finding(
+            f"{where} names `{g.qualname}` and {what}. Loading this file with `torch.load(..., weights_only=False)` "
+            "or `pickle.load` executes that; torchdoctor only read it.",
+            fix="Do not load this file. If you trust its source anyway, know that loading runs exactly: "
+                + ("; ".join(calls[g.qualname]) if g.called else f"an import of {g.qualname}")
+                + ". Ask for a safetensors or plain state_dict copy instead.",
+            location=Location(file=info.path, key=where),
+        )
+    for where, event in info.events:
+        yield Finding(
+            f"{where}, byte {event.pos}: {event.what}. A data-only checkpoint never does this; it is how "
+            "pickle payloads hide the code they run from scanners.",
+            fix="Do not load this file with torch.load(weights_only=False) or pickle.load.",
+            location=Location(file=info.path, key=where),
+        )
