@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import warnings
 from dataclasses import replace
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 import torch
@@ -27,6 +29,9 @@ logger = logging.getLogger("torchdoctor")
 OnFinding = Union[str, Callable[[Finding], Any]]
 F = TypeVar("F", bound=Callable[..., Any])
 _MODES = ("warn", "raise", "log")
+# Top-level packages whose frames stand between the user's line and a hook: a warning skips them.
+_NOT_USER_CODE = frozenset({"torchdoctor", "torch", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",
+                            "transformers", "deepspeed", "ignite"})
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.ERROR: logging.ERROR}
 
 
@@ -213,7 +218,7 @@ class WatchSession:
         self._record(finding)
 
     def _record(self, finding: Finding) -> None:
-        key = (finding.code, finding.message, replace(finding.location, step=None) if finding.location else None)
+        key = finding.fold_key()
         if key in self._found:
             self._found[key].count += finding.count
             return
@@ -231,11 +236,11 @@ class WatchSession:
         if callable(mode):
             mode(finding)
         elif mode == "log":
-            logger.log(_LOG_LEVEL[severity], _one_line(finding))
+            logger.log(_LOG_LEVEL[severity], _describe(finding))
         elif mode == "raise" and severity >= Severity.ERROR and not self._quiet_raise:
-            raise TorchDoctorError(_one_line(finding), finding)
+            raise TorchDoctorError(_describe(finding), finding)
         elif severity >= Severity.WARNING:
-            warnings.warn(TorchDoctorWarning(_one_line(finding)), stacklevel=3)
+            _warn_at_user_line(TorchDoctorWarning(_describe(finding)))
 
     def _facts(self, ctx: WatchContext) -> dict[str, Any]:
         facts: dict[str, Any] = {
@@ -258,13 +263,34 @@ class WatchSession:
             logger.warning("torchdoctor could not print its report: %s: %s", type(exc).__name__, exc)
 
 
-def _one_line(finding: Finding) -> str:
-    text = f"{finding.code} {finding.name}: {finding.message}"
+def _describe(finding: Finding) -> str:
+    """A finding as a warning, log record or error says it: the problem and where, the fix (its title and its
+    code, to paste as is), and how to silence this one check."""
+    lines = [f"{finding.code} {finding.name}: {finding.message}"]
     if finding.location is not None and str(finding.location):
-        text += f" [{finding.location}]"
-    if finding.fix:
-        text += f"\n  fix: {finding.fix.splitlines()[0]}"
-    return text
+        lines[0] += f" [{finding.location}]"
+    if finding.fix is not None:
+        lines.append(f"  fix:{' ' if finding.fix.title else ''}{finding.fix.title}")
+        lines += [f"    {line}" if line else "" for line in finding.fix.code.splitlines()]
+    lines.append(f"  To silence this check: torchdoctor.watch(..., ignore=[\"{finding.name}\"]), "
+                 f"or in pyproject.toml: [tool.torchdoctor] ignore = [\"{finding.name}\"]")
+    return "\n".join(lines)
+
+
+def _warn_at_user_line(warning: TorchDoctorWarning) -> None:
+    """Warn as if from the user's line that led here (the call of step(), of the model, of zero_grad(), the
+    loop over the loader): the innermost frame outside torchdoctor, torch and the training frameworks.
+    Warning filters and the once-per-line registry apply to that line, as for `warnings.warn`."""
+    frame: Optional[FrameType] = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
+        frame = frame.f_back
+    if frame is None:  # no user frame (a framework's own thread): say it from here
+        warnings.warn(warning, stacklevel=2)
+        return
+    module_globals = frame.f_globals
+    warnings.warn_explicit(warning, TorchDoctorWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=module_globals.get("__name__", "<string>"),
+                           registry=module_globals.setdefault("__warningregistry__", {}), module_globals=module_globals)
 
 
 def watch(
