@@ -139,7 +139,7 @@ def _is_code(line: str) -> bool:
 
 
 class _FixField:
-    """`Finding.fix`: set from a `Fix` or from free text (see `Fix.parse`, so checks may pass either); read as a `Fix`."""
+    """`Finding.fix`: set from a `Fix` or from free text (`Fix.parse`: checks may pass either), read as a `Fix`."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._attr = f"_{name}"

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import codecs
 import io
-from typing import TextIO
+from typing import IO
 
 STAND_INS = "torchdoctor-ascii"  # the codecs error handler registered below
-_ASCII = {"✓": "OK", "✗": "X", "×": "x", "·": "-", "…": "...", "≥": ">=", "≤": "<=", "→": "->", "←": "<-",
-          "—": "--", "–": "-", "‘": "'", "’": "'", "“": '"', "”": '"', "°": " deg", "\u00a0": " "}
+_ASCII = {"✓": "OK", "✗": "X", "×": "x", "·": "-", "…": "...", "≥": ">=", "≤": "<=", "→": "->", "←": "<-", "—": "--",
+          "–": "-", "‘": "'", "’": "'", "“": '"', "”": '"', "°": " deg", "\u00a0": " "}
 
 
 def _stand_ins(exc: UnicodeError) -> tuple[str, int]:
@@ -21,7 +21,7 @@ def _stand_ins(exc: UnicodeError) -> tuple[str, int]:
 codecs.register_error(STAND_INS, _stand_ins)
 
 
-def can_encode(stream: TextIO, text: str) -> bool:
+def can_encode(stream: IO[str], text: str) -> bool:
     """Whether `stream` can write `text` as it is (its encoding has every character)."""
     try:
         text.encode(getattr(stream, "encoding", None) or "utf-8")
@@ -30,7 +30,7 @@ def can_encode(stream: TextIO, text: str) -> bool:
     return True
 
 
-def use_stand_ins(*streams: TextIO) -> None:
+def use_stand_ins(*streams: IO[str]) -> None:
     """Make the process's own text streams write ASCII stand-ins instead of raising UnicodeEncodeError (CLI only)."""
     for stream in streams:
         if isinstance(stream, io.TextIOWrapper):
@@ -42,7 +42,7 @@ class PasteableStream:
     can't encode become ASCII stand-ins (✓ → OK, … → ...) instead of a crash, and, off a terminal, no line
     ends in the spaces that rich pads with."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: IO[str]) -> None:
         self._stream = stream
         self._terminal = stream.isatty()
         self._spaces = ""  # held back until the line goes on: trailing ones are dropped

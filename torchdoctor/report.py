@@ -77,8 +77,9 @@ def make_console(stderr: bool = False) -> "Console":
     terminal = console.is_terminal
     if terminal and can_encode(console.file, _SYMBOLS):
         return console
-    return Console(file=PasteableStream(console.file), width=None if terminal else _UNWRAPPED, highlight=False,  # type: ignore[arg-type]
-                   soft_wrap=not terminal)
+    # rich only writes to and flushes its file, and asks its isatty() and encoding: a PasteableStream will do
+    return Console(file=PasteableStream(console.file), width=None if terminal else _UNWRAPPED,  # type: ignore[arg-type]
+                   highlight=False, soft_wrap=not terminal)
 
 
 class _Indented:
