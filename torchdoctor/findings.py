@@ -90,8 +90,11 @@ class Fix:
         if not text.strip():
             return None
         lines = text.strip("\n").splitlines()
-        end = next((i if _is_code(line) else i + 1 for i, line in enumerate(lines)
-                    if _is_code(line) or line.rstrip().endswith(_LEAD_IN_ENDS)), 1)
+        end = 1
+        for i, line in enumerate(lines):
+            if _is_code(line) or line.rstrip().endswith(_LEAD_IN_ENDS):
+                end = i if _is_code(line) else i + 1
+                break
         return cls(" ".join(line.strip() for line in lines[:end]), _snippet(lines[end:]))
 
     @classmethod
@@ -103,9 +106,6 @@ class Fix:
 
     def to_dict(self) -> dict[str, str]:
         return {"title": self.title, "code": self.code}
-
-    def __str__(self) -> str:
-        return "\n".join(part for part in (self.title, self.code) if part)
 
 
 def _snippet(lines: list[str]) -> str:
@@ -131,11 +131,14 @@ def _is_code(line: str) -> bool:
     text = line.strip()
     if text.startswith("#"):
         return True
-    source = next((s for s in (text, text + " pass") if _parses(s)), None)  # `for x in y:` parses with a body
-    if source is None:
-        return False
-    body = ast.parse(source).body
-    return bool(body) and not (len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Name))
+    for source in (text, text + " pass"):  # a block header such as `for x in y:` parses with a body
+        try:
+            body = ast.parse(source).body
+        except (SyntaxError, ValueError):
+            continue
+        bare_name = len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Name)
+        return bool(body) and not bare_name  # a lone word is prose
+    return False
 
 
 class _FixField:

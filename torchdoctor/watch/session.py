@@ -309,7 +309,8 @@ def watch(
 
     `model`/`optimizer`/`loader` may each be one object or a list; wrappers (DataParallel, DDP,
     torch.compile) are seen through. `checks`/`ignore` select checks by name or code. Expensive checks
-    run every `every` steps. `on_finding`: "warn" (a `TorchDoctorWarning` per new warning/error),
+    run every `every` steps. `on_finding`: "warn" (a `TorchDoctorWarning` per new warning/error, said at the
+    user's line that led to it, e.g. the call of ``optimizer.step()``),
     "raise" (a `TorchDoctorError` at the first error), "log" (the ``torchdoctor`` logger, every finding)
     or a callable given every new finding. `deterministic=True` says the run must be reproducible.
     `report=False` skips the report printed (to stderr) when the session ends.
