@@ -6,7 +6,6 @@ import logging
 import sys
 import warnings
 from dataclasses import replace
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
 import torch
@@ -279,14 +278,12 @@ def _describe(finding: Finding) -> str:
 
 def _warn_at_user_line(warning: TorchDoctorWarning) -> None:
     """Warn as if from the user's line that led here (the call of step(), of the model, of zero_grad(), the
-    loop over the loader): the innermost frame outside torchdoctor, torch and the training frameworks.
+    loop over the loader): the innermost frame outside torchdoctor, torch and the training frameworks (else the
+    outermost one).
     Warning filters and the once-per-line registry apply to that line, as for `warnings.warn`."""
-    frame: Optional[FrameType] = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
         frame = frame.f_back
-    if frame is None:  # no user frame (a framework's own thread): say it from here
-        warnings.warn(warning, stacklevel=2)
-        return
     module_globals = frame.f_globals
     warnings.warn_explicit(warning, TorchDoctorWarning, frame.f_code.co_filename, frame.f_lineno,
                            module=module_globals.get("__name__", "<string>"),
