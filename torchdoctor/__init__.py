@@ -9,7 +9,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 from torchdoctor.errors import TorchDoctorError, TorchDoctorWarning  # noqa: E402
-from torchdoctor.findings import Finding, Location, Severity  # noqa: E402
+from torchdoctor.findings import Finding, Fix, Location, Severity  # noqa: E402
 from torchdoctor.pitfall import Example, Pitfall, Scope  # noqa: E402
 
 _LAZY = {
@@ -18,7 +18,8 @@ _LAZY = {
     "watch": "torchdoctor.watch",
 }
 
-__all__ = ["Finding", "Location", "Severity", "TorchDoctorError", "TorchDoctorWarning", "Scope", "Pitfall", "Example", "__version__", *_LAZY]
+__all__ = ["Finding", "Fix", "Location", "Severity", "TorchDoctorError", "TorchDoctorWarning", "Scope", "Pitfall", "Example",
+           "__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ from click.core import ParameterSource
 
 from torchdoctor import __version__, registry
 from torchdoctor.config import ConfigError, ProjectConfig, load_project_config
+from torchdoctor.pasteable import use_stand_ins
 from torchdoctor.report import FAIL_ON_CHOICES, Report, exit_code, make_console, render_console, to_json
 
 USAGE_ERROR = 2
@@ -243,6 +244,7 @@ def explain(check: str) -> None:
 
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: usage and input errors become one line on stderr and exit code 2."""
+    use_stand_ins(sys.stdout, sys.stderr)  # a stream that can't encode a character gets a stand-in, not a crash
     try:
         cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
     except click.exceptions.Exit as exc:

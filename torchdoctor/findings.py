@@ -1,9 +1,12 @@
-"""What a check reports: `Severity`, `Location` and `Finding`, shared by every front door."""
+"""What a check reports: `Severity`, `Location`, `Fix` and `Finding`, shared by every front door."""
 from __future__ import annotations
 
+import ast
 import enum
+import re
+import textwrap
 from dataclasses import dataclass, fields, replace
-from typing import Any, Collection, Optional
+from typing import Any, Collection, Optional, Union
 
 
 class Severity(enum.IntEnum):
@@ -66,54 +69,150 @@ class Location:
         return ", ".join(parts)
 
 
+_LEAD_IN_ENDS = (":", "e.g.")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+@dataclass(frozen=True)
+class Fix:
+    """What to do about a finding: a `title` in prose and, where there is one, a `code` snippet to paste as is."""
+
+    title: str = ""
+    code: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Optional["Fix"]:
+        """The fix that free text describes (None for no text): its lead-in prose is the title, the rest the code.
+
+        The lead-in ends before the first line of Python or after the first line ending in ":" or "e.g.";
+        failing both, it is the first line. One line of prose is all title, one line of Python all code.
+        """
+        if not text.strip():
+            return None
+        lines = text.strip("\n").splitlines()
+        end = 1
+        for i, line in enumerate(lines):
+            if _is_code(line) or line.rstrip().endswith(_LEAD_IN_ENDS):
+                end = i if _is_code(line) else i + 1
+                break
+        return cls(" ".join(line.strip() for line in lines[:end]), _snippet(lines[end:]))
+
+    @classmethod
+    def from_json(cls, value: Union[str, dict[str, str], None]) -> Optional["Fix"]:
+        """The inverse of `to_dict`; also reads the free text that older versions wrote (cached lint results)."""
+        if isinstance(value, dict):
+            return cls(value.get("title", ""), value.get("code", ""))
+        return cls.parse(value or "")
+
+    def to_dict(self) -> dict[str, str]:
+        return {"title": self.title, "code": self.code}
+
+
+def _snippet(lines: list[str]) -> str:
+    """The code lines of a free-text fix, dedented; prose after the Python (an alternative such as "or write a
+    copy: ...") becomes a comment, so that the whole snippet pastes."""
+    for end in range(len(lines), 0, -1):
+        head = textwrap.dedent("\n".join(lines[:end])).rstrip()
+        if _parses(head) and not any(_is_code(line) for line in lines[end:]):
+            return "\n".join([head, *(f"# {line.strip()}" for line in lines[end:])])
+    return textwrap.dedent("\n".join(lines)).rstrip()
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def _is_code(line: str) -> bool:
+    """Whether a line of a free-text fix is Python (a statement, a block header, or a comment), not prose."""
+    text = line.strip()
+    if text.startswith("#"):
+        return True
+    for source in (text, text + " pass"):  # a block header such as `for x in y:` parses with a body
+        try:
+            body = ast.parse(source).body
+        except (SyntaxError, ValueError):
+            continue
+        bare_name = len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Name)
+        return bool(body) and not bare_name  # a lone word is prose
+    return False
+
+
+class _FixField:
+    """`Finding.fix`: set from a `Fix` or from free text (`Fix.parse`: checks may pass either), read as a `Fix`."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = f"_{name}"
+
+    def __get__(self, obj: object, owner: Any = None) -> Optional[Fix]:
+        return None if obj is None else obj.__dict__.get(self._attr)  # on the class: the field's default
+
+    def __set__(self, obj: object, value: Union[Fix, str, None]) -> None:
+        obj.__dict__[self._attr] = value if value is None or isinstance(value, Fix) else Fix.parse(value)
+
+
 @dataclass
 class Finding:
     """One diagnosed problem: what and where (`message`, `location`), and what to do (`fix`).
 
     A check usually builds it with just `message`, `fix` and `location`; the engine fills in
-    `code`, `name` and the check's default `severity` (see `Pitfall.complete`).
+    `code`, `name` and the check's default `severity` (see `Pitfall.complete`). `key` tells one
+    problem from others of the same check at the same place when the wording of the message does not
+    (see `fold_key`).
     """
 
     message: str
-    fix: str = ""
+    fix: _FixField = _FixField()
     location: Optional[Location] = None
     severity: Optional[Severity] = None
     code: str = ""
     name: str = ""
     count: int = 1
+    key: str = ""
 
-    def key(self) -> tuple:
-        """Identity used to fold repeats of the same finding into one with a count."""
-        return (self.code, self.message, self.location)
+    def fold_key(self) -> tuple:
+        """Identity of the problem, to fold its repeats (other steps, other ranks) into one finding with a count.
+
+        It is the check, the place whatever the step or rank, and `key`, which defaults to the message with
+        its numbers blanked, so that a count or a step number in the message does not split one problem.
+        """
+        where = replace(self.location, step=None, rank=None) if self.location else None
+        return (self.code, where, self.key or _NUMBER.sub("#", self.message))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
         """The inverse of `to_dict` (findings travel between ranks as JSON)."""
         loc = d.get("location")
-        return cls(message=d["message"], fix=d.get("fix", ""), code=d.get("code", ""), name=d.get("name", ""),
-                   severity=Severity.parse(d["severity"]) if d.get("severity") else None,
-                   count=d.get("count", 1), location=Location(**loc) if loc else None)
+        return cls(message=d["message"], fix=Fix.from_json(d.get("fix")), code=d.get("code", ""),
+                   name=d.get("name", ""), severity=Severity.parse(d["severity"]) if d.get("severity") else None,
+                   count=d.get("count", 1), location=Location(**loc) if loc else None, key=d.get("key", ""))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "code": self.code,
             "name": self.name,
             "severity": str(self.severity) if self.severity is not None else None,
             "message": self.message,
-            "fix": self.fix,
+            "fix": self.fix.to_dict() if self.fix is not None else None,
             "location": self.location.to_dict() if self.location else None,
             "count": self.count,
         }
+        if self.key:
+            out["key"] = self.key
+        return out
 
 
 def fold(findings: "list[Finding]") -> "list[Finding]":
-    """Merge identical findings (same code, message and location), summing their counts.
+    """Merge the repeats of one problem (same `fold_key`), summing their counts.
 
-    The location of the first occurrence is kept, so a runtime finding keeps its first step.
+    The first occurrence is kept, so a runtime finding keeps its first step and the numbers of its message.
     """
     merged: dict[tuple, Finding] = {}
     for f in findings:
-        k = f.key()
+        k = f.fold_key()
         if k in merged:
             merged[k].count += f.count
         else:
@@ -122,18 +221,18 @@ def fold(findings: "list[Finding]") -> "list[Finding]":
 
 
 def merge_ranks(received: "dict[int, list[Finding]]", cross_rank: Collection[str] = ()) -> "list[Finding]":
-    """One finding per problem across the ranks of a job, saying which ranks saw it: ``[rank 1] ...``,
+    """One finding per problem (same `fold_key`, whatever numbers the ranks' messages hold) across the ranks
+    of a job, saying which ranks saw it: ``[rank 1] ...``,
     ``[ranks 1, 3] ...``, ``[all 4 ranks] ...``. Findings of `cross_rank` checks already compare ranks and
     are kept as they are when every rank made them, or only rank 0 (the one that compares) did."""
     groups: dict[tuple, tuple[Finding, list[int]]] = {}
     for rank in sorted(received):
         for f in received[rank]:
-            loc = replace(f.location, step=None, rank=None) if f.location else None
-            key = (f.code, f.message, loc)
-            if key in groups:
-                groups[key][1].append(rank)
-            else:
+            key = f.fold_key()
+            if key not in groups:
                 groups[key] = (f, [rank])
+            elif rank not in groups[key][1]:
+                groups[key][1].append(rank)
     reporting = len(received)
     merged = []
     for f, seen in groups.values():

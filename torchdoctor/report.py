@@ -9,7 +9,7 @@ from torchdoctor import __version__
 from torchdoctor.findings import Finding, Severity
 
 if TYPE_CHECKING:  # rich is imported when a console report is rendered, not on the way to the torch probe
-    from rich.console import Console, RenderableType
+    from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
     from rich.text import Text
 
 FAIL_ON_CHOICES = ("error", "warning", "info", "never")
@@ -62,32 +62,65 @@ def to_json(report: Report) -> str:
     return json.dumps(report.to_dict(), indent=2, default=str, ensure_ascii=False)
 
 
+_SYMBOLS = "✓✗×·…"
+_UNWRAPPED = 10_000  # the width of a console that is not a terminal: lines are never wrapped
+
+
 def make_console(stderr: bool = False) -> "Console":
-    """A console that honours NO_COLOR and drops colours when not writing to a terminal."""
+    """The console a report is printed on: colours as the terminal and NO_COLOR say; off a terminal, lines are
+    neither wrapped nor padded (so that code pastes); symbols the stream can't encode get ASCII stand-ins."""
     from rich.console import Console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    from torchdoctor.pasteable import PasteableStream, can_encode
+
+    console = Console(stderr=stderr, highlight=False, soft_wrap=False)
+    terminal = console.is_terminal
+    if terminal and can_encode(console.file, _SYMBOLS):
+        return console
+    # rich only writes to and flushes its file, and asks its isatty() and encoding: a PasteableStream will do
+    return Console(file=PasteableStream(console.file), width=None if terminal else _UNWRAPPED,  # type: ignore[arg-type]
+                   highlight=False, soft_wrap=not terminal)
+
+
+class _Indented:
+    """Text indented under a finding's head: prose wraps to a terminal's width; code (`wrap=False`) never does."""
+
+    def __init__(self, text: "Text", indent: int, wrap: bool = True) -> None:
+        self.text, self.indent, self.wrap = text, indent, wrap
+
+    def __rich_console__(self, console: "Console", options: "ConsoleOptions") -> "RenderResult":
+        from rich.segment import Segment
+
+        if self.wrap and not options.no_wrap:
+            lines = self.text.wrap(console, max(options.max_width - self.indent, 20))
+        else:
+            lines = self.text.split("\n", allow_blank=True)
+        for line in lines:
+            line.rstrip()
+            yield Segment(" " * self.indent)
+            yield from line.render(console)
+            yield Segment.line()
 
 
 def render_finding(f: Finding) -> "RenderableType":
-    """One finding: marker, code and name, the message, where, and the indented fix."""
+    """One finding: marker, code and name, the message, where, and the fix (its title, then its code as is).
+
+    Print it with ``crop=False``, so that a code line wider than the terminal is not cut either.
+    """
     from rich.console import Group
-    from rich.padding import Padding
     from rich.text import Text
 
     mark, style, _, _ = _STYLE[f.severity or Severity.INFO]
     head = Text.assemble((f" {mark} ", style), (f"{f.code} ", "dim"), (f.name, "bold"))
     if f.count > 1:
         head.append(f"  (×{f.count})", style="dim")
-    parts: list["RenderableType"] = [head, Padding(Text(f.message), (0, 0, 0, 5), expand=False)]
+    parts: list["RenderableType"] = [head, _Indented(Text(f.message), 5)]
     if f.location is not None and str(f.location):
-        parts.append(Padding(Text.assemble(("where: ", "dim"), str(f.location)), (0, 0, 0, 5), expand=False))
-    if f.fix:
-        fix_lines = f.fix.splitlines() or [""]
-        fix = Text.assemble(("fix: ", "green"), fix_lines[0])
-        for line in fix_lines[1:]:
-            fix.append("\n     " + line)
-        parts.append(Padding(fix, (0, 0, 0, 5), expand=False))
+        parts.append(_Indented(Text.assemble(("where: ", "dim"), str(f.location)), 5))
+    if f.fix is not None:
+        parts.append(_Indented(Text.assemble(("fix:", "green"), f" {f.fix.title}" if f.fix.title else ""), 5))
+        if f.fix.code:
+            parts.append(_Indented(Text(f.fix.code, style="cyan"), 9, wrap=False))
     return Group(*parts)
 
 
@@ -139,6 +172,6 @@ def render_console(
         console.print()
         console.print(Text(f"{len(group)} {one if len(group) == 1 else many}", style=style))
         for f in group:
-            console.print(render_finding(f))
+            console.print(render_finding(f), crop=False)
     console.print()
     console.print(summary_line(report, fail_on))

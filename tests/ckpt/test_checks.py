@@ -21,7 +21,7 @@ def test_needs_code_to_load_lists_numpy_and_argparse(files):
     found = codes(files["training"])
     f = found["needs-code-to-load"]
     assert "argparse.Namespace" in f.message and "numpy" in f.message
-    assert "add_safe_globals([" in f.fix
+    assert "add_safe_globals([" in f.fix.code
     assert "unsafe-pickle" not in found and "pickled-module" not in found
 
 
@@ -40,9 +40,9 @@ def test_pickled_module(files):
 def test_wrapper_prefix_dataparallel_and_lightning(files):
     f = codes(files["dataparallel"])["wrapper-prefix"]
     assert "'module.'" in f.message and "DataParallel" in f.message
-    assert "consume_prefix_in_state_dict_if_present(sd, 'module.')" in f.fix
+    assert "consume_prefix_in_state_dict_if_present(sd, 'module.')" in f.fix.code
     lightning = codes(files["lightning"])["wrapper-prefix"]
-    assert "'model.'" in lightning.message and "['state_dict']" in lightning.fix
+    assert "'model.'" in lightning.message and "['state_dict']" in lightning.fix.code
     for name in ("plain", "training", "list"):
         assert "wrapper-prefix" not in codes(files[name]), name
 
@@ -69,14 +69,14 @@ def test_model_prefix_alone_is_not_flagged_without_evidence(tmp_path):
 
 def test_cuda_tensors(cuda_file, files):
     f = codes(cuda_file)["cuda-tensors"]
-    assert "cuda:0" in f.message and "cuda:1" in f.message and "map_location" in f.fix
-    assert str(f.severity) == "warning" and "'cuda:1': 'cuda:0'" in f.fix
+    assert "cuda:0" in f.message and "cuda:1" in f.message and "map_location" in f.fix.code
+    assert str(f.severity) == "warning" and "'cuda:1': 'cuda:0'" in f.fix.code
     assert "cuda-tensors" not in codes(files["plain"])
 
 
 def test_storage_bloat(files):
     f = codes(files["view"])["storage-bloat"]
-    assert "small" in f.message and ".clone()" in f.fix
+    assert "small" in f.message and ".clone()" in f.fix.code
     assert "storage-bloat" not in codes(files["tied"])  # two halves of one storage use all of it
 
 

@@ -63,7 +63,7 @@ def test_prefix_is_reported_once_by_wrapper_prefix(files, spec):
 
 def test_shape_mismatch_missing_and_unexpected(files, spec):
     shape = names(files["dataparallel"], model=spec("other_head"))["state-dict-mismatch"]
-    assert "fc.weight: file [3, 8] vs model [5, 8]" in shape.message and "sd.pop(k)" in shape.fix
+    assert "fc.weight: file [3, 8] vs model [5, 8]" in shape.message and "sd.pop(k)" in shape.fix.code
     assert "strip 'module.'" in shape.message
     missing = names(files["plain"], model=spec("with_extra"))["state-dict-mismatch"]
     assert "head.weight" in missing.message and "initial values" in missing.message

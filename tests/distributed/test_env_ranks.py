@@ -56,7 +56,7 @@ def test_local_rank_argument_only_when_a_launcher_passed_it():
     check = [registry.get("local-rank-argument")]
     assert registry.run_fact_checks(check, "env", EnvFacts(launch=LaunchFacts(rank=0, world_size=2))) == []
     [f] = registry.run_fact_checks(check, "env", EnvFacts(launch=LaunchFacts(local_rank_arg="--local-rank")))
-    assert "--local-rank=N" in f.message and 'os.environ["LOCAL_RANK"]' in f.fix
+    assert "--local-rank=N" in f.message and 'os.environ["LOCAL_RANK"]' in f.fix.code
 
 
 def test_fold_ranks_says_which_ranks_saw_what():

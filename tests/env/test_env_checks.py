@@ -46,7 +46,7 @@ def test_import_failure_missing_cuda_library(gpu_facts):
         error="libcudnn.so.9: cannot open shared object file: No such file or directory")
     f = one("torch-import-failure", gpu_facts)
     assert "libcudnn.so.9" in f.message
-    assert "pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124" in f.fix
+    assert "pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124" in f.fix.title
 
 
 def test_import_failure_undefined_symbol(gpu_facts):
@@ -60,7 +60,7 @@ def test_import_failure_hang(cpu_facts):
     cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, timed_out=True, error_type="Timeout",
                                           error="`import torch` did not finish within 60 s")
     f = one("torch-import-failure", cpu_facts)
-    assert "hung" in f.message and "importtime" in f.fix
+    assert "hung" in f.message and "importtime" in f.fix.title
 
 
 def test_import_failure_not_installed(cpu_facts):
@@ -68,7 +68,7 @@ def test_import_failure_not_installed(cpu_facts):
                                           error="No module named 'torch'", torch_file=None, version=None)
     cpu_facts.torch_dist_version = cpu_facts.torch_dist_location = None
     f = one("torch-import-failure", cpu_facts)
-    assert "not installed" in f.message and "pip install torch " in f.fix
+    assert "not installed" in f.message and "pip install torch " in f.fix.title
 
 
 # cpu-only-build ---------------------------------------------------------------------------------
@@ -77,7 +77,7 @@ def test_cpu_build_with_driver_present(gpu_facts):
     gpu_facts.torch = dataclasses.replace(gpu_facts.torch, version="2.5.1+cpu", cuda=None, arch_list=[])
     f = one("cpu-only-build", gpu_facts, Severity.ERROR)
     assert "GPU0 NVIDIA A100-SXM4-80GB" in f.message and "550.54.15" in f.message
-    assert f.fix.endswith("torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124")
+    assert f.fix.title.endswith("torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124")
 
 
 def test_cpu_build_with_only_a_toolkit_is_info(cpu_facts):
@@ -93,7 +93,7 @@ def test_blackwell_gpu_against_an_arch_list_without_it(gpu_facts):
     gpu_facts.nvidia.driver_cuda = "12.8"
     f = one("gpu-arch-unsupported", gpu_facts, Severity.ERROR)
     assert "sm_120" in f.message and "no kernel image is available" in f.message
-    assert "CUDA ≥ 12.8" in f.fix and "whl/cu128" in f.fix
+    assert "CUDA ≥ 12.8" in f.fix.title and "whl/cu128" in f.fix.title
 
 
 @pytest.mark.parametrize("cc, archs", [
@@ -119,7 +119,7 @@ def test_470_driver_under_a_cuda_12_build(gpu_facts):
     gpu_facts.nvidia.driver_version, gpu_facts.nvidia.driver_cuda = "470.182.03", "11.4"
     f = one("driver-too-old", gpu_facts, Severity.ERROR)
     assert "470.182.03" in f.message and "525.60.13" in f.message and "11.4" in f.message
-    assert "whl/cu118" in f.fix
+    assert "whl/cu118" in f.fix.title
 
 
 def test_driver_version_alone_when_nvml_lacks_the_cuda_version(gpu_facts):
@@ -153,7 +153,7 @@ def test_torchvision_for_another_torch(cpu_facts):
     f = one("companion-version-mismatch", cpu_facts, Severity.ERROR)
     assert "torchvision 0.29.2 requires torch>=2.14.0" in f.message
     assert "torchvision::nms does not exist" in f.message
-    assert 'pip install "torchvision==0.28.*" --index-url https://download.pytorch.org/whl/cpu' in f.fix
+    assert 'pip install "torchvision==0.28.*" --index-url https://download.pytorch.org/whl/cpu' in f.fix.title
 
 
 def test_cuda_variant_mismatch(gpu_facts):
@@ -216,7 +216,7 @@ def test_all_gpus_hidden_is_only_info(gpu_facts):
 def test_mixed_gpu_models_without_pci_order(gpu_facts):
     gpu_facts.nvidia.gpus[1].name = "NVIDIA GeForce RTX 3090"
     f = one("cuda-visible-devices", gpu_facts)
-    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in f.fix
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in f.fix.title
     gpu_facts.env_vars["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     assert run_check("cuda-visible-devices", gpu_facts) == []
 
@@ -227,7 +227,7 @@ def test_dead_pid_holding_gpu_memory(gpu_facts):
     gpu_facts.nvidia.gpus[0].processes = [GpuProcess(pid=4242, used_bytes=3 * GiB, alive=False)]
     f = one("gpu-memory-held", gpu_facts, Severity.WARNING)
     assert "pid 4242" in f.message and "3 GiB" in f.message and "no longer exists" in f.message
-    assert "fuser" in f.fix and f.location.device == "GPU0"
+    assert "fuser" in f.fix.title and f.location.device == "GPU0"
 
 
 def test_zombie_and_orphan(gpu_facts):
@@ -242,7 +242,7 @@ def test_zombie_and_orphan(gpu_facts):
     assert [("zombie" in f.message, "orphaned" in f.message) for f in findings] == [
         (True, False), (False, True), (False, False)]  # the nohup job is only listed, as info
     assert findings[2].severity == Severity.INFO and "pid 12" in findings[2].message
-    assert "kill 9" in findings[0].fix and "kill 11" in findings[1].fix
+    assert "kill 9" in findings[0].fix.title and "kill 11" in findings[1].fix.title
 
 
 def test_other_live_processes_are_info(gpu_facts):
@@ -262,7 +262,7 @@ def test_pids_of_another_namespace_are_not_called_dead(gpu_facts):
 def test_docker_default_64_mib_shm(cpu_facts):
     cpu_facts.system.shm_total = 64 * 1024 ** 2
     f = one("shm-too-small", cpu_facts, Severity.WARNING)
-    assert "64 MiB" in f.message and "Bus error" in f.message and "--shm-size" in f.fix
+    assert "64 MiB" in f.message and "Bus error" in f.message and "--shm-size" in f.fix.title
 
 
 # thread-oversubscription ------------------------------------------------------------------------
@@ -277,7 +277,7 @@ def test_threads_times_local_processes_exceed_cores(cpu_facts):
 def test_container_quota_smaller_than_host_cores(gpu_facts):
     gpu_facts.system.cgroup_cpu_limit = 4.0
     f = one("thread-oversubscription", gpu_facts)
-    assert "container quota of 4 CPUs" in f.message and "OMP_NUM_THREADS=4" in f.fix
+    assert "container quota of 4 CPUs" in f.message and "OMP_NUM_THREADS=4" in f.fix.title
 
 
 def test_omp_unset_with_several_local_processes(gpu_facts):
@@ -330,7 +330,7 @@ def test_malformed_cublas_workspace_config(gpu_facts):
 def test_reproducibility_intent_without_cublas_config(gpu_facts):
     gpu_facts.env_vars["PYTHONHASHSEED"] = "0"
     f = one("determinism-settings", gpu_facts, Severity.INFO)
-    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in f.fix
+    assert "CUBLAS_WORKSPACE_CONFIG=:4096:8" in f.fix.title
     gpu_facts.env_vars["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
     assert run_check("determinism-settings", gpu_facts) == []
 

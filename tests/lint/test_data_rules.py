@@ -20,7 +20,7 @@ def main(dataset, model, optimizer, epochs):
 
 def test_sampler_without_set_epoch_fires_even_with_the_word_in_a_comment(lint, fired):
     [f] = fired(lint(DDP), "sampler-epoch-not-set")
-    assert f.code == "TD311" and f.location.line == 7 and "train_sampler.set_epoch(epoch)" in f.fix
+    assert f.code == "TD311" and f.location.line == 7 and "train_sampler.set_epoch(epoch)" in f.fix.title
 
 
 def test_set_epoch_called_is_quiet(lint):
@@ -92,7 +92,7 @@ def train(model, loader, optimizer, device):
 
 def test_discarded_to_on_a_batch_tensor_fires(lint, fired):
     [f] = fired(lint(MOVE), "to-result-discarded")
-    assert f.code == "TD501" and f.location.line == 7 and f.fix == "images = images.to(device)"
+    assert f.code == "TD501" and f.location.line == 7 and f.fix.code == "images = images.to(device)"
 
 
 def test_discarded_cuda_on_a_factory_tensor_fires(lint, fired):

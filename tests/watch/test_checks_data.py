@@ -26,7 +26,7 @@ def test_distributed_sampler_without_set_epoch_is_flagged_once():
     s = _epochs(DistributedSampler(DATA, num_replicas=2, rank=0, shuffle=True), set_epoch=False)
     [f] = s.findings
     assert (f.name, f.code, str(f.severity)) == ("sampler-epoch-not-set", "TD311", "warning")
-    assert "epoch still 0" in f.message and "TensorDataset" in f.message and "set_epoch(epoch)" in f.fix
+    assert "epoch still 0" in f.message and "TensorDataset" in f.message and "set_epoch(epoch)" in f.fix.code
 
 
 def test_set_epoch_each_epoch_and_unshuffled_samplers_are_quiet():
@@ -68,7 +68,7 @@ def test_iterable_dataset_read_by_every_worker_is_flagged():
     assert s.samples == 48  # the duplication is real: 2 workers × 24 samples
     [f] = s.findings
     assert (f.name, f.code, str(f.severity)) == ("iterable-dataset-duplication", "TD312", "error")
-    assert "runs 2 workers" in f.message and "get_worker_info()" in f.fix
+    assert "runs 2 workers" in f.message and "get_worker_info()" in f.fix.code
 
 
 def test_iterable_dataset_that_shards_is_quiet():

@@ -25,7 +25,7 @@ def test_losses_appended_to_a_list_leak_one_graph_per_step():
     [f] = s.findings
     assert (f.name, f.code, str(f.severity)) == ("graph-retention-leak", "TD308", "error")
     assert "1.0 more per step" in f.message and "graph nodes" in f.message
-    assert f.location.step == 50 and ".item()" in f.fix
+    assert f.location.step == 50 and ".item()" in f.fix.code
 
 
 def test_running_total_of_loss_tensors_leaks():

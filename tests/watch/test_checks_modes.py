@@ -24,7 +24,7 @@ def test_eval_without_no_grad_fires_when_outputs_are_dropped():
             val += nn.functional.cross_entropy(model(x), y).item()  # graph built, then dropped
     [f] = s.findings
     assert (f.name, f.code, str(f.severity)) == ("eval-without-no-grad", "TD306", "warning")
-    assert f.location.module == "Sequential" and "inference_mode" in f.fix
+    assert f.location.module == "Sequential" and "inference_mode" in f.fix.code
     assert "KiB per forward" in f.message or "bytes per forward" in f.message
 
 
@@ -62,7 +62,7 @@ def test_backprop_through_an_unfrozen_teacher_is_an_info_note():
             opt.step()
     [f] = s.findings
     assert (f.name, str(f.severity)) == ("eval-without-no-grad", "info")
-    assert "Sequential#2" in f.message and "requires_grad_(False)" in f.fix
+    assert "Sequential#2" in f.message and "requires_grad_(False)" in f.fix.code
 
 
 def test_train_mode_in_eval_fires_for_validation_without_eval():
@@ -77,7 +77,7 @@ def test_train_mode_in_eval_fires_for_validation_without_eval():
                 model(x)
     [f] = s.findings
     assert (f.name, f.code) == ("train-mode-in-eval", "TD307")
-    assert "BatchNorm1d, Dropout" in f.message and "model.eval()" in f.fix
+    assert "BatchNorm1d, Dropout" in f.message and "model.eval()" in f.fix.code
 
 
 def test_train_mode_in_eval_ignores_models_without_mode_layers_and_momentum_encoders():

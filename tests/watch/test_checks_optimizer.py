@@ -17,7 +17,7 @@ def test_missing_zero_grad_fires_at_the_second_step_and_counts_repeats():
     assert (f.code, str(f.severity)) == ("TD301", "error")
     assert f.location.step == 1 and f.location.param == "2.bias"  # smallest parameter with a gradient
     assert f.count == 4
-    assert "optimizer.zero_grad(" in f.fix
+    assert "optimizer.zero_grad(" in f.fix.code
 
 
 def test_missing_zero_grad_in_an_accumulation_loop_that_never_clears():

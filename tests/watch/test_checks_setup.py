@@ -33,7 +33,7 @@ def test_deterministic_true_lists_what_is_missing(monkeypatch):
     assert any("deterministic algorithms are off" in m for m in messages)
     assert any("torch.manual_seed() was not called" in m for m in messages)
     assert any("uses 2 workers without generator=" in m for m in messages)
-    assert "use_deterministic_algorithms(True)" in s.findings[0].fix
+    assert "use_deterministic_algorithms(True)" in s.findings[0].fix.code
 
 
 def test_benchmark_overriding_deterministic_is_an_info_note_even_by_default(cudnn_flags):

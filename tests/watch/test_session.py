@@ -358,8 +358,8 @@ def test_distributed_runtime_checks_join_under_torch_distributed(tmp_path, monke
         with session(model, opt, every=2) as s:
             for x, y in batches(3):
                 train_step(model, opt, x, y)
-        assert [(f.name, f.message, f.count) for f in s.findings] == [("test-cross-rank", "saw 1 rank(s) of 1 at step 0", 1),
-                                                                     ("test-cross-rank", "saw 1 rank(s) of 1 at step 2", 1)]
+        # one problem, whatever the step in its message: folded, keeping the first step's words
+        assert [(f.name, f.message, f.count) for f in s.findings] == [("test-cross-rank", "saw 1 rank(s) of 1 at step 0", 2)]
         ddp = nn.parallel.DistributedDataParallel(mlp())
         ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         with session(ddp, ddp_opt, ignore="test-cross-rank") as s:

@@ -12,7 +12,7 @@ from torchdoctor.cli import InputError, emit, project_config, resolve_fail_on, s
 from torchdoctor.lint.cache import LintCache, default_cache_dir
 from torchdoctor.lint.files import Pattern, compile_pattern
 from torchdoctor.lint.fixes import apply_edits, file_edits, unified_diff
-from torchdoctor.lint.output import text_line, to_sarif
+from torchdoctor.lint.output import text_entry, to_sarif
 from torchdoctor.lint.runner import LintResult, lint_paths, read_source
 from torchdoctor.report import Report, exit_code
 
@@ -68,7 +68,7 @@ def run_lint(paths: Sequence[str], fmt: str, select: tuple[str, ...], ignore: tu
     fail_on = resolve_fail_on(fail_on)
     if fmt == "text":
         for f in result.findings:
-            click.echo(text_line(f))
+            click.echo(text_entry(f))
         sys.exit(exit_code(result.findings, fail_on))
     if fmt == "sarif":
         click.echo(to_sarif(result.findings, checks))

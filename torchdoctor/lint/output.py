@@ -1,23 +1,28 @@
-"""The lint-only output formats: `path:line:col: CODE name message` lines and SARIF 2.1.0 for code-scanning UIs."""
+"""The lint-only output formats: `path:line:col: CODE name message` lines (each followed by its indented fix)
+and SARIF 2.1.0 for code-scanning UIs."""
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from torchdoctor import __version__
-from torchdoctor.findings import Finding, Severity
+from torchdoctor.findings import Finding, Fix, Severity
 from torchdoctor.pitfall import Pitfall
 
 _SARIF_LEVEL = {Severity.ERROR: "error", Severity.WARNING: "warning", Severity.INFO: "note"}
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
-def text_line(f: Finding) -> str:
-    """One clickable line, as flake8 and ruff print them."""
+def text_entry(f: Finding) -> str:
+    """One clickable line, as flake8 and ruff print them, then the fix: its title, and its code indented as is."""
     loc = f.location
     where = f"{loc.file}:{loc.line or 1}:{loc.column or 1}" if loc and loc.file else "<unknown>:1:1"
     message = " ".join(f.message.split())
-    return f"{where}: {f.code} {f.name} {message}"
+    lines = [f"{where}: {f.code} {f.name} {message}"]
+    if f.fix is not None:
+        lines.append(f"    fix:{' ' if f.fix.title else ''}{f.fix.title}")
+        lines += [f"        {line}" if line else "" for line in f.fix.code.splitlines()]
+    return "\n".join(lines)
 
 
 def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
@@ -38,7 +43,7 @@ def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
         result: dict[str, Any] = {
             "ruleId": f.code,
             "level": _SARIF_LEVEL[f.severity or Severity.INFO],
-            "message": {"text": f"{f.message}\nFix: {f.fix}" if f.fix else f.message},
+            "message": _sarif_message(f.message, f.fix),
         }
         if f.code in position:
             result["ruleIndex"] = position[f.code]
@@ -61,3 +66,12 @@ def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
         }],
     }
     return json.dumps(log, indent=2, ensure_ascii=False)
+
+
+def _sarif_message(text: str, fix: Optional[Fix]) -> dict[str, str]:
+    """A SARIF message: plain text, and Markdown with the fix's code in a fenced block."""
+    if fix is None:
+        return {"text": text}
+    plain = [text, f"Fix: {fix.title}".rstrip(), *([fix.code] if fix.code else [])]
+    markdown = [text, f"**Fix:** {fix.title}".rstrip(), *([f"```\n{fix.code}\n```"] if fix.code else [])]
+    return {"text": "\n".join(plain), "markdown": "\n\n".join(markdown)}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
@@ -28,6 +29,9 @@ logger = logging.getLogger("torchdoctor")
 OnFinding = Union[str, Callable[[Finding], Any]]
 F = TypeVar("F", bound=Callable[..., Any])
 _MODES = ("warn", "raise", "log")
+# Top-level packages whose frames stand between the user's line and a hook: a warning skips them.
+_NOT_USER_CODE = frozenset({"torchdoctor", "torch", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",
+                            "transformers", "deepspeed", "ignite"})
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.ERROR: logging.ERROR}
 
 
@@ -214,7 +218,7 @@ class WatchSession:
         self._record(finding)
 
     def _record(self, finding: Finding) -> None:
-        key = (finding.code, finding.message, replace(finding.location, step=None) if finding.location else None)
+        key = finding.fold_key()
         if key in self._found:
             self._found[key].count += finding.count
             return
@@ -232,11 +236,11 @@ class WatchSession:
         if callable(mode):
             mode(finding)
         elif mode == "log":
-            logger.log(_LOG_LEVEL[severity], _one_line(finding))
+            logger.log(_LOG_LEVEL[severity], _describe(finding))
         elif mode == "raise" and severity >= Severity.ERROR and not self._quiet_raise:
-            raise TorchDoctorError(_one_line(finding), finding)
+            raise TorchDoctorError(_describe(finding), finding)
         elif severity >= Severity.WARNING:
-            warnings.warn(TorchDoctorWarning(_one_line(finding)), stacklevel=3)
+            _warn_at_user_line(TorchDoctorWarning(_describe(finding)))
 
     def _facts(self, ctx: WatchContext) -> dict[str, Any]:
         facts: dict[str, Any] = {
@@ -259,13 +263,32 @@ class WatchSession:
             logger.warning("torchdoctor could not print its report: %s: %s", type(exc).__name__, exc)
 
 
-def _one_line(finding: Finding) -> str:
-    text = f"{finding.code} {finding.name}: {finding.message}"
+def _describe(finding: Finding) -> str:
+    """A finding as a warning, log record or error says it: the problem and where, the fix (its title and its
+    code, to paste as is), and how to silence this one check."""
+    lines = [f"{finding.code} {finding.name}: {finding.message}"]
     if finding.location is not None and str(finding.location):
-        text += f" [{finding.location}]"
-    if finding.fix:
-        text += f"\n  fix: {finding.fix.splitlines()[0]}"
-    return text
+        lines[0] += f" [{finding.location}]"
+    if finding.fix is not None:
+        lines.append(f"  fix:{' ' if finding.fix.title else ''}{finding.fix.title}")
+        lines += [f"    {line}" if line else "" for line in finding.fix.code.splitlines()]
+    lines.append(f"  To silence this check: torchdoctor.watch(..., ignore=[\"{finding.name}\"]), "
+                 f"or in pyproject.toml: [tool.torchdoctor] ignore = [\"{finding.name}\"]")
+    return "\n".join(lines)
+
+
+def _warn_at_user_line(warning: TorchDoctorWarning) -> None:
+    """Warn as if from the user's line that led here (the call of step(), of the model, of zero_grad(), the
+    loop over the loader): the innermost frame outside torchdoctor, torch and the training frameworks (else the
+    outermost one).
+    Warning filters and the once-per-line registry apply to that line, as for `warnings.warn`."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
+        frame = frame.f_back
+    module_globals = frame.f_globals
+    warnings.warn_explicit(warning, TorchDoctorWarning, frame.f_code.co_filename, frame.f_lineno,
+                           module=module_globals.get("__name__", "<string>"),
+                           registry=module_globals.setdefault("__warningregistry__", {}), module_globals=module_globals)
 
 
 def watch(
@@ -284,7 +307,8 @@ def watch(
 
     `model`/`optimizer`/`loader` may each be one object or a list; wrappers (DataParallel, DDP,
     torch.compile) are seen through. `checks`/`ignore` select checks by name or code. Expensive checks
-    run every `every` steps. `on_finding`: "warn" (a `TorchDoctorWarning` per new warning/error),
+    run every `every` steps. `on_finding`: "warn" (a `TorchDoctorWarning` per new warning/error, said at the
+    user's line that led to it, e.g. the call of ``optimizer.step()``),
     "raise" (a `TorchDoctorError` at the first error), "log" (the ``torchdoctor`` logger, every finding)
     or a callable given every new finding. `deterministic=True` says the run must be reproducible.
     `report=False` skips the report printed (to stderr) when the session ends.

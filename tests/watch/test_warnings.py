@@ -1,0 +1,102 @@
+"""The warnings of `watch(on_finding="warn")`: said at the user's line, with the fix's code and how to silence it."""
+from __future__ import annotations
+
+import re
+import sys
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import torchdoctor
+from torchdoctor.errors import TorchDoctorWarning
+
+from conftest import batches, mlp
+
+
+def _line_below() -> int:
+    """The number of the line after the caller's: the line a warning must point at."""
+    return sys._getframe(1).f_lineno + 1
+
+
+def _watched(model, opt=None, **kwargs):
+    return torchdoctor.watch(model, opt, report=False, **kwargs)
+
+
+def test_a_step_warning_points_at_the_users_step_call_and_carries_the_fix_code():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _watched(model, opt):
+            for x, y in batches(3):
+                nn.functional.cross_entropy(model(x), y).backward()
+                line = _line_below()
+                opt.step()  # no zero_grad(): missing-zero-grad at the second step
+    [w] = [w for w in caught if issubclass(w.category, TorchDoctorWarning)]
+    assert (w.filename, w.lineno) == (__file__, line)
+    text = str(w.message)
+    assert text.startswith("TD301 missing-zero-grad: ")
+    lines = text.splitlines()
+    assert "  fix: Clear the gradients once per optimizer step:" in lines
+    assert any(line.strip().startswith("optimizer.zero_grad()") for line in lines)  # the code, not just the title
+    assert lines[-1] == ('  To silence this check: torchdoctor.watch(..., ignore=["missing-zero-grad"]), '
+                         'or in pyproject.toml: [tool.torchdoctor] ignore = ["missing-zero-grad"]')
+
+
+def test_forward_and_loader_warnings_point_at_the_users_lines():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.Linear(8, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(16, 8), torch.randint(0, 3, (16,)))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0, shuffle=True)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    seen = {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _watched(model, opt, loader=loader):
+            for _ in range(2):
+                seen["loader"] = _line_below()
+                for x, y in loader:  # set_epoch() never called: sampler-epoch-not-set at the second pass
+                    opt.zero_grad()
+                    nn.functional.cross_entropy(model(x), y).backward()
+                    opt.step()
+            with torch.no_grad():  # validation without model.eval(): train-mode-in-eval
+                for x, _ in loader:
+                    seen["forward"] = _line_below()
+                    model(x)
+    where = {w.message.args[0].split(":")[0]: (w.filename, w.lineno) for w in caught
+             if issubclass(w.category, TorchDoctorWarning)}
+    assert where["TD311 sampler-epoch-not-set"] == (__file__, seen["loader"])
+    assert where["TD307 train-mode-in-eval"] == (__file__, seen["forward"])
+
+
+def test_warning_filters_apply_to_the_users_module():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", category=TorchDoctorWarning, module=re.escape(__name__) + "$")
+        with _watched(model, opt) as s:
+            for x, y in batches(3):
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    assert [f.name for f in s.findings] == ["missing-zero-grad"]
+    assert not [w for w in caught if issubclass(w.category, TorchDoctorWarning)]
+
+
+def test_raise_and_log_modes_carry_the_fix_code(caplog):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level("WARNING", logger="torchdoctor"), _watched(model, opt, on_finding="log"):
+        for x, y in batches(3):
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    [record] = [r for r in caplog.records if r.message.startswith("TD301")]
+    assert "optimizer.zero_grad()" in record.message and 'ignore=["missing-zero-grad"]' in record.message
+    with pytest.raises(torchdoctor.TorchDoctorError, match=r"(?s)TD301.*optimizer\.zero_grad\(\)"):
+        with _watched(model, opt, on_finding="raise"):
+            for x, y in batches(3):
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
