@@ -272,8 +272,10 @@ def _describe(finding: Finding) -> str:
     if finding.fix is not None:
         lines.append(f"  fix:{' ' if finding.fix.title else ''}{finding.fix.title}")
         lines += [f"    {line}" if line else "" for line in finding.fix.code.splitlines()]
-    lines.append(f"  To silence this check: torchdoctor.watch(..., ignore=[\"{finding.name}\"]), "
-                 f"or in pyproject.toml: [tool.torchdoctor] ignore = [\"{finding.name}\"]")
+    try:
+        lines.append("  " + registry.get(finding.name).silence_advice(registry.Scope.RUNTIME))
+    except registry.RegistryError:  # a finding of no registered pitfall (a test's, or a removed plug-in's)
+        pass
     return "\n".join(lines)
 
 
