@@ -7,7 +7,6 @@ that names none of a door's checks leaves that door's selection as the earlier l
 """
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -100,6 +99,8 @@ def _other_door(check: registry.CheckInfo, door: Door) -> str:
 
 def _closest(text: str, checks: list[registry.CheckInfo]) -> Optional[str]:
     """The check name (or, for something shaped like a code, the code and name) closest to `text`."""
+    import difflib  # only a usage error needs it
+
     if _CODE.match(text.strip()):
         by_code = {c.code: c for c in checks}
         match = difflib.get_close_matches(text.strip().upper(), list(by_code), n=1)
