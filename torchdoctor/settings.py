@@ -35,6 +35,7 @@ ENV_SELECT = "TORCHDOCTOR_SELECT"
 ENV_IGNORE = "TORCHDOCTOR_IGNORE"
 ENV_FAIL_ON = "TORCHDOCTOR_FAIL_ON"
 ENVIRONMENT = "the environment"  # the origin of the environment layer
+_VARIABLES = {"select": ENV_SELECT, "ignore": ENV_IGNORE, "fail-on": ENV_FAIL_ON}
 _TABLE_KEYS = ("select", "ignore", "fail-on", "exclude")
 
 
@@ -60,7 +61,7 @@ class Layer:
     def where(self, key: str) -> str:
         """Where a shared layer's `key` was set, for messages: the variable, or the file and table key."""
         if self.origin == ENVIRONMENT:
-            return "TORCHDOCTOR_" + key.upper().replace("-", "_")
+            return _VARIABLES[key]
         return f"{self.origin} [tool.torchdoctor] {key}"
 
 
@@ -98,25 +99,30 @@ def load_settings(
     ignore: "Iterable[str] | str | None" = None,
     fail_on: Optional[str] = None,
     exclude: Iterable[str] = (),
-    environ: Optional[Mapping[str, str]] = None,
 ) -> Settings:
     """The settings for a run on `targets` (default: the working directory) with the caller's own values.
 
     Raises `SettingsError` for a malformed table, variable or value.
     """
     layers = []
-    project = find_project(targets)
-    if project is not None:
-        layers.append(read_table(project))
-    layers.append(environment_layer(os.environ if environ is None else environ))
+    found = _nearest_table(targets)
+    if found is not None:
+        layers.append(_table_layer(*found))
+    layers.append(_environment_layer(os.environ))
     layers.append(Layer(select=split_names(select or ()), ignore=split_names(ignore or ()),
                         fail_on=_fail_on(fail_on, "fail-on") if fail_on is not None else None,
                         exclude=tuple(exclude)))
-    return Settings(tuple(layers), project)
+    return Settings(tuple(layers), found[0] if found is not None else None)
 
 
 def find_project(targets: "str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None" = None) -> Optional[str]:
     """The nearest pyproject.toml with a `[tool.torchdoctor]` table, from the targets' common folder upwards."""
+    found = _nearest_table(targets)
+    return found[0] if found is not None else None
+
+
+def _nearest_table(targets: "str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None") -> Optional[tuple[str, Any]]:
+    """The nearest pyproject.toml that has the table (default: from the working directory), and the table."""
     if targets is None or isinstance(targets, (str, os.PathLike)):
         targets = [targets] if targets is not None else []
     paths = [os.path.abspath(os.fspath(t)) for t in targets] or [os.getcwd()]
@@ -124,40 +130,35 @@ def find_project(targets: "str | os.PathLike[str] | Sequence[str | os.PathLike[s
         current = os.path.commonpath(paths)
     except ValueError:  # Windows: targets on different drives share no folder
         current = paths[0]
-    if len(paths) == 1 and not os.path.isdir(current):
-        current = os.path.dirname(current)
-    while True:
+    while True:  # from a file (existing or not), the first candidate is beside it
         candidate = os.path.join(current, "pyproject.toml")
-        if os.path.isfile(candidate) and _has_table(candidate):
-            return candidate
+        table = _table(candidate) if os.path.isfile(candidate) else None
+        if table is not None:
+            return candidate, table
         parent = os.path.dirname(current)
         if parent == current:
             return None
         current = parent
 
 
-def _has_table(path: str) -> bool:
-    """Whether the file defines `[tool.torchdoctor]` (raises SettingsError when it mentions it but is not TOML)."""
+def _table(path: str) -> Any:
+    """The file's `[tool.torchdoctor]` value, None when it has none (SettingsError when it is not TOML)."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError:
-        return False
-    if b"torchdoctor" not in data:  # no need to parse another tool's file
-        return False
+        return None
+    if b"torchdoctor" not in data:  # another tool's file: not worth parsing
+        return None
     try:
-        return "torchdoctor" in tomllib.loads(data.decode("utf-8")).get("tool", {})
+        tool = tomllib.loads(data.decode("utf-8")).get("tool")
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SettingsError(f"cannot read {path}: {exc}") from None
+    return tool.get("torchdoctor") if isinstance(tool, dict) else None
 
 
-def read_table(path: str) -> Layer:
+def _table_layer(path: str, table: Any) -> Layer:
     """The `[tool.torchdoctor]` table of `path` as a layer."""
-    try:
-        with open(path, "rb") as fh:
-            table = tomllib.load(fh).get("tool", {}).get("torchdoctor")
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise SettingsError(f"cannot read {path}: {exc}") from None
     if not isinstance(table, dict):
         raise SettingsError(f"{path}: [tool.torchdoctor] must be a table")
     unknown = [key for key in table if key not in _TABLE_KEYS]
@@ -173,12 +174,12 @@ def read_table(path: str) -> Layer:
     )
 
 
-def environment_layer(environ: Mapping[str, str]) -> Layer:
+def _environment_layer(environ: Mapping[str, str]) -> Layer:
     """The `TORCHDOCTOR_SELECT` / `_IGNORE` / `_FAIL_ON` variables as a layer (empty ones are unset)."""
     fail_on = environ.get(ENV_FAIL_ON, "").strip()
     return Layer(
-        select=split_names([environ.get(ENV_SELECT, "")]),
-        ignore=split_names([environ.get(ENV_IGNORE, "")]),
+        select=split_names(environ.get(ENV_SELECT, "")),
+        ignore=split_names(environ.get(ENV_IGNORE, "")),
         fail_on=_fail_on(fail_on, ENV_FAIL_ON) if fail_on else None,
         origin=ENVIRONMENT,
     )
