@@ -57,15 +57,6 @@ def test_plugins_are_discovered_with_their_origin(tmp_path, monkeypatch, fresh_r
     sys.modules.pop("brokenplug_checks", None)
 
 
-def test_selection_by_name_code_and_comma_lists():
-    names = [c.name for c in registry.select("env", ["td111, cpu-only-build"])]
-    assert names == ["cpu-only-build", "shm-too-small"]
-    all_env = registry.select("env", ignore=["TD111"])
-    assert "shm-too-small" not in [c.name for c in all_env] and len(all_env) == len(registry.all_checks("env")) - 1
-    with pytest.raises(registry.RegistryError, match="unknown check 'nope'"):
-        registry.select("env", ["nope"])
-
-
 def test_a_pitfall_has_one_name_one_code_and_any_number_of_doors(fresh_registry):
     registry.load()
     shared = make_pitfall("ZZ1", "shared-pitfall", "env", lambda facts: [])

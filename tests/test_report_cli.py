@@ -1,5 +1,6 @@
 """The shared report (JSON schema, exit codes, console layout) and the `checks` command."""
 import json
+from dataclasses import replace
 
 from click.testing import CliRunner
 
@@ -20,8 +21,12 @@ def sample() -> Report:
 
 def test_json_document_follows_the_design_schema():
     doc = json.loads(to_json(sample()))
-    assert set(doc) == {"tool", "version", "scope", "facts", "findings"}
-    assert (doc["tool"], doc["version"], doc["scope"], doc["facts"]) == ("torchdoctor", __version__, "env", {"answer": 42})
+    assert list(doc) == ["schema_version", "tool", "version", "scope", "subject", "counts", "exit_code", "facts",
+                         "findings"]
+    assert (doc["schema_version"], doc["tool"], doc["version"], doc["scope"], doc["subject"], doc["facts"]) == (
+        1, "torchdoctor", __version__, "env", "box", {"answer": 42})
+    assert doc["counts"] == {"error": 1, "warning": 1, "info": 1} and doc["exit_code"] == 1
+    assert json.loads(to_json(replace(sample(), fail_on="never")))["exit_code"] == 0
     first = doc["findings"][0]  # errors first
     assert set(first) == {"code", "name", "severity", "message", "fix", "location", "count"}
     assert (first["name"], first["severity"], first["location"]) == ("cpu-only-build", "error", None)
@@ -57,7 +62,9 @@ def test_fold_counts_repeats():
 def test_checks_command_lists_every_check_with_its_origin():
     result = CliRunner().invoke(cli, ["checks", "--format", "json"])
     assert result.exit_code == 0
-    rows = json.loads(result.output)
+    doc = json.loads(result.output)
+    assert (doc["scope"], doc["subject"], doc["findings"], doc["exit_code"]) == ("checks", "all checks", [], 0)
+    rows = doc["facts"]["checks"]
     assert [r["name"] for r in rows] == [c.name for c in registry.all_checks()]
     env_row = next(r for r in rows if r["name"] == "shm-too-small")
     assert env_row == {"code": "TD111", "name": "shm-too-small", "scopes": ["env"], "severity": "warning",

@@ -126,33 +126,6 @@ def get(name_or_code: str) -> Pitfall:
     raise RegistryError(f"unknown check {name_or_code!r}{hint}")
 
 
-def _resolve(items: Iterable[str]) -> set[str]:
-    names: set[str] = set()
-    for item in items:
-        for part in str(item).split(","):
-            if part.strip():
-                names.add(get(part).name)
-    return names
-
-
-def select(
-    scope: "Scope | str",
-    select: Optional[Iterable[str]] = None,
-    ignore: Optional[Iterable[str]] = None,
-) -> list[Pitfall]:
-    """The checks of `scope` that `--select`/`--ignore` (names or codes, comma-separated) leave enabled.
-
-    Raises `RegistryError` for a name or code no check has.
-    """
-    chosen = _resolve(select or [])
-    dropped = _resolve(ignore or [])
-    return [
-        c
-        for c in all_checks(scope)
-        if (not chosen or c.name in chosen) and c.name not in dropped
-    ]
-
-
 def run_fact_checks(checks: Iterable[Pitfall], scope: "Scope | str", facts: Any) -> list[Finding]:
     """Run pure `facts -> findings` checks; a check that raises becomes one `internal-error` finding."""
     scope = Scope(scope)

@@ -1,4 +1,4 @@
-"""Rendering of a diagnosis: the rich console report, the JSON document, and the exit code."""
+"""A diagnosis and its output: the JSON envelope (report.schema.json), the exit code, the rich console report."""
 from __future__ import annotations
 
 import json
@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torchdoctor import __version__
 from torchdoctor.findings import Finding, Severity
+from torchdoctor.settings import DEFAULT_FAIL_ON
 
 if TYPE_CHECKING:  # rich is imported when a console report is rendered, not on the way to the torch probe
     from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
     from rich.text import Text
 
-FAIL_ON_CHOICES = ("error", "warning", "info", "never")
+SCHEMA_VERSION = 1  # of the JSON envelope; bumped when a key changes meaning or disappears
 
 _STYLE = {
     Severity.ERROR: ("✗", "bold red", "error", "errors"),
@@ -29,6 +30,7 @@ class Report:
     findings: list[Finding]
     facts: dict[str, Any] = field(default_factory=dict)
     subject: str = ""  # what was examined: "this machine", a checkpoint path, ...
+    fail_on: str = DEFAULT_FAIL_ON  # the threshold of `exit_code()` (one of settings.FAIL_ON)
 
     def sorted_findings(self) -> list[Finding]:
         return sorted(self.findings, key=lambda f: (-int(f.severity or 0), f.code))
@@ -39,17 +41,26 @@ class Report:
             out[f.severity or Severity.INFO] += 1
         return out
 
+    def exit_code(self) -> int:
+        """The command's exit code for these findings under `fail_on`."""
+        return exit_code(self.findings, self.fail_on)
+
     def to_dict(self) -> dict[str, Any]:
+        """The JSON envelope every command prints with `--format json` (torchdoctor/report.schema.json)."""
         return {
+            "schema_version": SCHEMA_VERSION,
             "tool": "torchdoctor",
             "version": __version__,
             "scope": self.scope,
+            "subject": self.subject,
+            "counts": {str(severity): n for severity, n in sorted(self.counts().items(), reverse=True)},
+            "exit_code": self.exit_code(),
             "facts": self.facts,
             "findings": [f.to_dict() for f in self.sorted_findings()],
         }
 
 
-def exit_code(findings: list[Finding], fail_on: str = "error") -> int:
+def exit_code(findings: list[Finding], fail_on: str = DEFAULT_FAIL_ON) -> int:
     """0 when no finding is at or above `fail_on`, else 1 (2 is reserved for usage/input errors)."""
     if fail_on == "never":
         return 0

@@ -52,7 +52,7 @@ OP_SCRIPTS = {
         "from torchdoctor import registry\n"
         "from torchdoctor.ckpt.api import diagnose_checkpoints\n"
         "import torchdoctor.ckpt.reader, torchdoctor.ckpt.structure  # imports outside the timed part\n"
-        "checks = registry.select('checkpoint')\n"
+        "checks = registry.all_checks('checkpoint')\n"
         "t = time.perf_counter(); diagnose_checkpoints([sys.argv[1]], checks); print(time.perf_counter() - t)\n"),
     "torch.load (in-process)": (
         "import sys, time, torch\n"

@@ -65,6 +65,6 @@ def test_mutated_files_never_raise_anything_but_the_readers_error(seeds, tmp_pat
         return
     info.facts()
     scan_values(info)
-    checks = registry.select(registry.Scope.CHECKPOINT)
+    checks = registry.all_checks(registry.Scope.CHECKPOINT)
     for finding in registry.run_fact_checks(checks, registry.Scope.CHECKPOINT, info):
         assert "failed internally" not in finding.message, finding.message

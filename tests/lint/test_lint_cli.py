@@ -6,8 +6,9 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from torchdoctor import registry
-from torchdoctor.cli import cli, selected_checks
+from torchdoctor import selection
+from torchdoctor.cli import cli
+from torchdoctor.settings import load_settings
 
 LEAKY = textwrap.dedent("""
     def train(model, loader, optimizer, criterion):
@@ -84,6 +85,21 @@ def test_unreadable_files_are_one_finding_each_and_the_rest_is_checked(project):
     assert any("train.py" in line for line in lines) and "Traceback" not in result.output
 
 
+def test_a_file_that_cannot_be_read_is_never_reported_clean(project):
+    write(project, "bad.py", "x = = 1  # torchdoctor: ignore\n")
+    refused = run("--ignore", "source-unreadable", "bad.py")
+    assert refused.exit_code == 2 and "No problems found" not in refused.output
+    assert refused.output.splitlines()[-1] == (
+        "Error: source-unreadable cannot be ignored in torchdoctor lint: a file that cannot be read is never "
+        "reported clean; exclude the file instead")
+    for _ in range(2):  # checked, then from the cache
+        doc = json.loads(run("--format", "json", "--select", "missing-zero-grad", "bad.py").output)
+        assert [f["name"] for f in doc["findings"]] == ["source-unreadable"]  # the ignore comment does not count
+        assert doc["facts"]["unreadable"] == ["bad.py"]
+    assert "No problems found" not in run("--select", "missing-zero-grad", "bad.py").output
+    assert run("--exclude", "bad.py").output.rstrip().endswith("No problems found.")
+
+
 def test_json_and_sarif(project):
     write(project, "train.py", LEAKY)
     doc = json.loads(run("--format", "json").output)
@@ -146,7 +162,7 @@ def test_pyproject_defaults_apply_and_the_command_line_wins(project, monkeypatch
     assert run("--format", "text", "--fail-on", "error", "..").exit_code == 1
     assert "x.py" not in run("--format", "text", "..").output
     # the project's select names lint checks: another front door keeps only its own
-    assert [c.name for c in selected_checks(registry.Scope.ENV, (), ())] == ["cpu-only-build"]
+    assert [c.name for c in selection.select_checks(selection.ENV, load_settings())] == ["cpu-only-build"]
 
 
 def test_bad_pyproject_is_a_one_line_input_error(project):

@@ -6,11 +6,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence, Union
 
-from torchdoctor import registry
+from torchdoctor import registry, selection
 from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.info import CheckpointInfo, ModelKeys
 from torchdoctor.findings import Finding, fold
 from torchdoctor.report import Report
+from torchdoctor.settings import load_settings
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -31,18 +32,33 @@ def diagnose_checkpoints(
     paths: Sequence[PathLike],
     checks: Iterable[registry.Pitfall],
     *,
-    model_keys: Optional[ModelKeys] = None,
+    model: Any = None,
     scan_values: bool = False,
+    fix: Optional[PathLike] = None,
 ) -> CheckpointReport:
-    """Read every file (raising `CheckpointError` for one that is not a checkpoint) and run the checks."""
+    """Read every file (raising `CheckpointError` for one that is not a checkpoint) and run the checks.
+
+    `model` is an `nn.Module` or a spec such as "train.py:Net" (built here; then compared with the files);
+    `fix` writes a weights-only, CPU, prefix-free copy of the one file there. Raises `ValueError` for a bad
+    model spec, a refused fix, or `fix` with several files.
+    """
     from torchdoctor.ckpt import read_checkpoint
 
+    if fix is not None and len(paths) != 1:
+        raise ValueError(f"a fixed copy is written for exactly one checkpoint, not {len(paths)}")
+    keys: Optional[ModelKeys] = None
+    spec = model if isinstance(model, str) else ""
+    if model is not None:
+        from torchdoctor.ckpt.model import load_model, model_keys
+
+        model = load_model(spec) if spec else model
+        keys = model_keys(model, spec)
     checks = list(checks)
     infos: list[CheckpointInfo] = []
     findings: list[Finding] = []
     for path in paths:
         info = read_checkpoint(os.fspath(path))
-        info.model = model_keys
+        info.model = keys
         if scan_values:
             from torchdoctor.ckpt.values import scan_values as scan
 
@@ -50,8 +66,14 @@ def diagnose_checkpoints(
         infos.append(info)
         findings.extend(registry.run_fact_checks(checks, registry.Scope.CHECKPOINT, info))
     subject = os.fspath(paths[0]) if len(paths) == 1 else f"{len(paths)} checkpoints"
-    return CheckpointReport(scope=str(registry.Scope.CHECKPOINT), findings=fold(findings),
-                            facts={"checkpoints": [i.facts() for i in infos]}, subject=subject, infos=infos)
+    report = CheckpointReport(scope=str(registry.Scope.CHECKPOINT), findings=fold(findings),
+                              facts={"checkpoints": [i.facts() for i in infos]}, subject=subject, infos=infos)
+    if fix is not None:
+        from torchdoctor.ckpt.fix import write_fixed
+
+        target = copy.deepcopy(model) if model is not None and not spec else model  # never load into the caller's
+        report.facts["checkpoints"][0]["fix"] = write_fixed(infos[0], os.fspath(fix), target)
+    return report
 
 
 def check_checkpoint(
@@ -66,21 +88,16 @@ def check_checkpoint(
     """Diagnose one checkpoint without executing it; returns the findings and the structure (`.structure`).
 
     `model` is an `nn.Module` or a spec such as "train.py:Net" (then compared with the file); `fix`
-    writes a weights-only, CPU, prefix-free copy there (refused for unsafe files). Raises
-    `CheckpointError` when the file is not a checkpoint and `ValueError` for a bad model spec or fix.
+    writes a weights-only, CPU, prefix-free copy there (refused for unsafe files). `select`/`ignore` name
+    checks (names or codes) on top of `[tool.torchdoctor]` found from the file's folder and the
+    TORCHDOCTOR_* variables (see `torchdoctor.settings`); the report's exit code follows their fail-on.
+    Raises `CheckpointError` when the file is not a checkpoint, `SettingsError`/`SelectionError` for a bad
+    setting or check name, and `ValueError` for a bad model spec or fix.
     """
-    from torchdoctor.ckpt.model import load_model, model_keys
-
-    if isinstance(model, str):
-        model = load_model(model)
-    keys = model_keys(model) if model is not None else None
-    checks = registry.select(registry.Scope.CHECKPOINT, select, ignore)
-    report = diagnose_checkpoints([path], checks, model_keys=keys, scan_values=scan_values)
-    if fix is not None:
-        from torchdoctor.ckpt.fix import write_fixed
-
-        actions = write_fixed(report.infos[0], os.fspath(fix), copy.deepcopy(model) if model is not None else None)
-        report.facts["checkpoints"][0]["fix"] = actions
+    settings = load_settings(path, select=select, ignore=ignore)
+    checks = selection.select_checks(selection.CHECKPOINT, settings)
+    report = diagnose_checkpoints([path], checks, model=model, scan_values=scan_values, fix=fix)
+    report.fail_on = settings.fail_on
     return report
 
 

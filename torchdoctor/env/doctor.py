@@ -10,6 +10,7 @@ from torchdoctor import registry
 from torchdoctor.env.facts import EnvFacts, NvidiaFacts
 from torchdoctor.env.probe import RunningProbe
 from torchdoctor.report import Report
+from torchdoctor.settings import DEFAULT_FAIL_ON, load_settings
 
 # The collectors (psutil, packaging, NVML bindings) are imported after the probe has been started: the
 # probe's `import torch` is the critical path of `torchdoctor env`.
@@ -107,8 +108,18 @@ def diagnose_env(
     cwd: Optional[str] = None,
     facts: Optional[EnvFacts] = None,
 ) -> Report:
-    """Examine this machine and return the report (facts and findings); `facts` skips collection."""
+    """Examine this machine and return the report (facts and findings); `facts` skips collection.
+
+    Without `checks`, the project's settings choose them and the report's fail-on (`[tool.torchdoctor]`
+    found from `cwd`, and the TORCHDOCTOR_* variables; see `torchdoctor.settings`).
+    """
+    fail_on = DEFAULT_FAIL_ON
+    if checks is None:
+        from torchdoctor.selection import ENV, select_checks
+
+        settings = load_settings(cwd)
+        checks, fail_on = select_checks(ENV, settings), settings.fail_on
     facts = facts if facts is not None else collect_facts(probe_timeout, cwd)
-    checks = registry.all_checks(registry.Scope.ENV) if checks is None else checks
     findings = registry.run_fact_checks(checks, registry.Scope.ENV, facts)
-    return Report(scope="env", findings=findings, facts=facts.to_dict(), subject=platform.node() or "this machine")
+    return Report(scope="env", findings=findings, facts=facts.to_dict(), subject=platform.node() or "this machine",
+                  fail_on=fail_on)

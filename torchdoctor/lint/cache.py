@@ -20,7 +20,7 @@ from torchdoctor.findings import Finding
 from torchdoctor.lint.source import ProjectFacts
 
 CACHE_DIR_ENV = "TORCHDOCTOR_CACHE_DIR"
-_FORMAT = 1
+_FORMAT = 2
 
 
 def default_cache_dir() -> str:
@@ -47,6 +47,7 @@ class FileResult:
     findings: list[Finding]
     asked: list[tuple]
     cacheable: bool = True  # False when a check crashed: such a result is not worth keeping
+    problem: Optional[str] = None  # why the file could not be read or parsed (then it was not checked)
 
 
 class LintCache:
@@ -59,16 +60,17 @@ class LintCache:
         self.entries: dict[str, dict[str, Any]] = self._read()
         self.changed = False
 
-    def lookup(self, path: str, data_digest: str, display: str, project: ProjectFacts) -> Optional[list[Finding]]:
-        """The findings of the file at absolute `path` (shown as `display`) if its cached result still holds."""
+    def lookup(self, path: str, data_digest: str, display: str, project: ProjectFacts) -> Optional[FileResult]:
+        """The result of the file at absolute `path` (shown as `display`) if its cached result still holds."""
         entry = self.entries.get(path)
         if not isinstance(entry, dict) or entry.get("digest") != data_digest:
             return None
         try:
             if any(project.answer(display, *question[:-1]) != question[-1] for question in entry["asked"]):
                 return None
-            return [Finding.from_dict({**d, "location": {**d["location"], "file": display} if d["location"] else None})
-                    for d in entry["findings"]]
+            findings = [Finding.from_dict({**d, "location": {**d["location"], "file": display} if d["location"] else None})
+                        for d in entry["findings"]]
+            return FileResult(findings, entry["asked"], problem=entry["problem"])
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -81,7 +83,7 @@ class LintCache:
             if d["location"]:
                 d["location"].pop("file", None)
         self.entries[path] = {"digest": data_digest, "asked": [list(q) for q in result.asked],
-                                               "findings": findings}
+                              "findings": findings, "problem": result.problem}
         self.changed = True
 
     def save(self) -> None:

@@ -1,23 +1,72 @@
-"""`torchdoctor lint PATH...`: find files, run the source checks, rewrite (--fix/--diff), report."""
+"""The lint front door below its command line: which files, a cached run, the safe rewrites, the report."""
 from __future__ import annotations
 
 import os
-import sys
-from typing import TYPE_CHECKING, Any, Optional, Sequence
-
-import click
+from typing import TYPE_CHECKING, Any, Sequence
 
 from torchdoctor import registry
-from torchdoctor.cli import InputError, emit, project_config, resolve_fail_on, selected_checks
 from torchdoctor.lint.cache import LintCache, default_cache_dir
 from torchdoctor.lint.files import Pattern, compile_pattern
-from torchdoctor.lint.fixes import apply_edits, file_edits, unified_diff
-from torchdoctor.lint.output import text_entry, to_sarif
+from torchdoctor.lint.fixes import apply_edits, file_edits
 from torchdoctor.lint.runner import LintResult, lint_paths, read_source
-from torchdoctor.report import Report, exit_code
+from torchdoctor.report import Report
+from torchdoctor.settings import Settings
 
 if TYPE_CHECKING:
     from rich.text import Text
+
+Rewrites = dict[str, tuple[str, str, int]]  # display path -> (text before, text after, findings fixed)
+
+
+class Linter:
+    """Lints `paths` (default: the working directory) with the settings' exclude patterns and the results cache."""
+
+    def __init__(self, paths: Sequence[str], settings: Settings, checks: Sequence[registry.CheckInfo],
+                 use_cache: bool = True) -> None:
+        self.paths = list(paths) or ["."]
+        self.checks = list(checks)
+        # The table's patterns are relative to its pyproject.toml; the caller's to the working directory.
+        self.excludes: list[str | Pattern] = []
+        for pattern, base in settings.exclude:
+            compiled = compile_pattern(pattern, base) if base is not None else pattern
+            if compiled is not None:
+                self.excludes.append(compiled)
+        self.cache = LintCache(default_cache_dir(), settings.root or os.getcwd(), self.checks) if use_cache else None
+
+    def run(self, cached: bool = True) -> LintResult:
+        """Lint every file (raises FileNotFoundError for a path that does not exist); `cached=False` checks
+        every file afresh (cached results carry no rewrites, so --fix and --diff need that)."""
+        return lint_paths(self.paths, self.checks, self.excludes, cache=self.cache if cached else None)
+
+    def report(self, result: LintResult, fixed: int = 0) -> Report:
+        """The report of a run; `fixed` findings were rewritten before it."""
+        facts: dict[str, Any] = result.facts()
+        if fixed:
+            facts["fixed"] = fixed
+        return Report(scope="source", findings=result.findings, facts=facts, subject=", ".join(self.paths))
+
+
+def rewrites(result: LintResult) -> Rewrites:
+    """The safe rewrites of every file with applicable edits, keyed by display path."""
+    changes = {}
+    for path, edits in file_edits(result.findings).items():
+        if not _plain_utf8(path):
+            continue  # rewriting would change its encoding (a BOM, or a declared `coding:`)
+        src = read_source(os.path.abspath(path), path)
+        after = apply_edits(src.text, edits) if src.tree is not None else None
+        if after is not None and after != src.text:
+            count = sum(1 for f in result.findings
+                        if getattr(f, "edits", ()) and f.location is not None and f.location.file == path)
+            changes[path] = (src.text, after, count)
+    return changes
+
+
+def apply_rewrites(changes: Rewrites) -> int:
+    """Write the rewritten files; returns how many findings that fixed."""
+    for path, (_, after, _) in changes.items():
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            fh.write(after)
+    return sum(count for _, _, count in changes.values())
 
 
 def facts_view(facts: dict[str, Any]) -> "Text":
@@ -39,67 +88,6 @@ def facts_view(facts: dict[str, Any]) -> "Text":
 def counted(n: int, noun: str) -> str:
     """`1 file`, `2 files`."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def run_lint(paths: Sequence[str], fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: str,
-             exclude: tuple[str, ...], fix: bool, diff: bool, use_cache: bool = True) -> None:
-    """Lint `paths`, apply or show the safe rewrites, print the report and exit with its code."""
-    checks = selected_checks(registry.Scope.SOURCE, select, ignore)
-    config = project_config()
-    root = os.path.dirname(config.path) if config.path else None
-    excludes = [*(compile_pattern(e, root) for e in config.exclude), *exclude]  # the table's patterns: from its folder
-    cache = LintCache(default_cache_dir(), root or os.getcwd(), checks) if use_cache else None
-    # Cached results carry no rewrites: --fix and --diff check every file afresh.
-    result = _lint(paths or ["."], checks, excludes, None if fix or diff else cache)
-    fixed = 0
-    if diff or fix:
-        changes = _rewrites(result)
-        if diff:
-            for path, (before, after, _) in changes.items():
-                click.echo(unified_diff(path, before, after), nl=False)
-            sys.exit(1 if changes else 0)
-        for path, (_, after, count) in changes.items():
-            with open(path, "w", encoding="utf-8", newline="") as fh:
-                fh.write(after)
-            fixed += count
-        if changes:
-            click.echo(f"torchdoctor: fixed {counted(fixed, 'finding')} in {counted(len(changes), 'file')}", err=True)
-            result = _lint(paths or ["."], checks, excludes, cache)
-    fail_on = resolve_fail_on(fail_on)
-    if fmt == "text":
-        for f in result.findings:
-            click.echo(text_entry(f))
-        sys.exit(exit_code(result.findings, fail_on))
-    if fmt == "sarif":
-        click.echo(to_sarif(result.findings, checks))
-        sys.exit(exit_code(result.findings, fail_on))
-    facts = result.facts()
-    if fixed:
-        facts["fixed"] = fixed
-    subject = ", ".join(paths) if paths else "."
-    emit(Report(scope="source", findings=result.findings, facts=facts, subject=subject), fmt, fail_on, facts_view)
-
-
-def _lint(paths: Sequence[str], checks: list, excludes: Sequence["str | Pattern | None"],
-          cache: Optional[LintCache]) -> LintResult:
-    try:
-        return lint_paths(paths, checks, [e for e in excludes if e is not None], cache=cache)
-    except FileNotFoundError as exc:
-        raise InputError(f"no such file or directory: {exc.args[0]}") from None
-
-
-def _rewrites(result: LintResult) -> dict[str, tuple[str, str, int]]:
-    """display path -> (text before, text after, findings fixed) for every file with applicable edits."""
-    changes = {}
-    for path, edits in file_edits(result.findings).items():
-        if not _plain_utf8(path):
-            continue  # rewriting would change its encoding (a BOM, or a declared `coding:`)
-        src = read_source(os.path.abspath(path), path)
-        after = apply_edits(src.text, edits) if src.tree is not None else None
-        if after is not None and after != src.text:
-            count = sum(1 for f in result.findings if getattr(f, "edits", ()) and f.location.file == path)
-            changes[path] = (src.text, after, count)
-    return changes
 
 
 def _plain_utf8(path: str) -> bool:

@@ -28,10 +28,10 @@ class LintResult:
     files: list[str] = field(default_factory=list)
     seconds: float = 0.0
     checked: int = 0  # files checked in this run; the others' results came from the cache
+    unreadable: list[str] = field(default_factory=list)  # files that could not be read or parsed
 
     def facts(self) -> dict:
-        unreadable = sorted({f.location.file for f in self.findings if f.name == "source-unreadable" and f.location})
-        return {"files": len(self.files), "checked": self.checked, "unreadable": unreadable,
+        return {"files": len(self.files), "checked": self.checked, "unreadable": sorted(self.unreadable),
                 "seconds": round(self.seconds, 3)}
 
 
@@ -115,9 +115,11 @@ def _check(src: SourceFile, checks: Sequence[registry.Pitfall]) -> FileResult:
             failed.location = Location(file=src.path)
             findings.append(failed)
             crashed = True
-    silenced = suppressed_lines(src) if findings else {}
+    # The comments of a file that could not be parsed are not trusted to silence anything (so its
+    # source-unreadable finding always shows).
+    silenced = suppressed_lines(src) if findings and src.tree is not None else {}
     kept = sorted(fold([f for f in findings if not _is_silenced(f, silenced)]), key=location_order)
-    return FileResult(kept, src.project.asked, cacheable=not crashed)
+    return FileResult(kept, src.project.asked, cacheable=not crashed, problem=src.problem)
 
 
 def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude: Iterable["str | Pattern"] = (),
@@ -142,27 +144,32 @@ def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude
         project.texts[display] = data.decode("utf-8", "replace")
         digests[path] = digest(data)
     findings: list[Finding] = []
+    unreadable: list[str] = []
     todo: list[tuple[str, str]] = []
     for path, display in files:
         cached = cache.lookup(path, digests[path], display, project) if cache and path in digests else None
         if cached is None:
             todo.append((path, display))
         else:
-            findings.extend(cached)
+            findings.extend(cached.findings)
+            if cached.problem is not None:
+                unreadable.append(display)
     jobs = jobs or usable_cpus()
     if jobs > 1 and len(todo) >= _POOL_MIN_FILES and _can_fork():
         results = _lint_in_workers(todo, checks, project, jobs)
     else:
         results = _lint_files(todo, checks, project)
-    for (path, _), result in zip(todo, results):
+    for (path, display), result in zip(todo, results):
         findings.extend(result.findings)
+        if result.problem is not None:
+            unreadable.append(display)
         if cache and path in digests:
             cache.store(path, digests[path], result)
     if cache:
         cache.save()
     findings.sort(key=location_order)
     return LintResult(findings, [display for _, display in files], time.perf_counter() - started,
-                      checked=len(todo))
+                      checked=len(todo), unreadable=unreadable)
 
 
 _POOL_MIN_FILES = 200

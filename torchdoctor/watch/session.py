@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 import torch
 from torch import nn
 
-from torchdoctor import registry
+from torchdoctor import registry, selection
 from torchdoctor.errors import TorchDoctorError, TorchDoctorWarning
 from torchdoctor.findings import Finding, Location, Severity
+from torchdoctor.settings import load_settings
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
 from torchdoctor.wrappers import unwrap
 from torchdoctor.watch.contract import Event, RuntimeCheck
@@ -80,9 +81,11 @@ class WatchSession:
             raise ValueError(f"watch(): every must be a positive number of steps, got {every!r}")
         if not callable(on_finding) and on_finding not in _MODES:
             raise ValueError(f"watch(): on_finding must be one of {', '.join(_MODES)} or a callable, got {on_finding!r}")
-        self._select = [checks] if isinstance(checks, str) else list(checks or [])
-        self._ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        self._infos = registry.select(registry.Scope.RUNTIME, self._select, self._ignore)  # unknown name: ValueError
+        settings = load_settings(select=checks, ignore=ignore)  # one name or several, names or codes
+        infos = selection.select_checks(selection.WATCH, settings)  # a bad name or setting: ValueError, before any hook
+        self._infos = [i for i in infos if registry.Scope.RUNTIME in i.scopes]
+        self._ddp_infos = [i for i in infos if registry.Scope.RUNTIME not in i.scopes]  # run under torch.distributed
+        self.fail_on = settings.fail_on
         self.every = every
         self.on_finding = on_finding
         self.deterministic = deterministic
@@ -128,8 +131,7 @@ class WatchSession:
         self._info_of = {}
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             ctx.rank, ctx.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-            infos += [i for i in registry.select(registry.Scope.DISTRIBUTED, self._select, self._ignore)
-                      if isinstance(i.impl(registry.Scope.DISTRIBUTED), type)
+            infos += [i for i in self._ddp_infos if isinstance(i.impl(registry.Scope.DISTRIBUTED), type)
                       and issubclass(i.impl(registry.Scope.DISTRIBUTED), RuntimeCheck)]
         self._ctx = ctx
         checks: list[RuntimeCheck] = []
@@ -187,7 +189,7 @@ class WatchSession:
 
         subject = ", ".join(m.get("label", "") for m in self.facts.get("models", []))
         findings = self.findings if self.rank_findings is None else self.rank_findings
-        return Report(scope="runtime", findings=findings, facts=self.facts, subject=subject)
+        return Report(scope="runtime", findings=findings, facts=self.facts, subject=subject, fail_on=self.fail_on)
 
     def __enter__(self) -> "WatchSession":
         return self.start()
@@ -308,9 +310,12 @@ def watch(
     """Watch a training loop for the runtime pitfalls: ``with torchdoctor.watch(model, optimizer): ...``.
 
     `model`/`optimizer`/`loader` may each be one object or a list; wrappers (DataParallel, DDP,
-    torch.compile) are seen through. `checks`/`ignore` select checks by name or code. Expensive checks
-    run every `every` steps. `on_finding`: "warn" (a `TorchDoctorWarning` per new warning/error, said at the
-    user's line that led to it, e.g. the call of ``optimizer.step()``),
+    torch.compile) are seen through. `checks`/`ignore` select checks by name or code, over the
+    `[tool.torchdoctor]` table found from the working directory and the TORCHDOCTOR_* variables (see
+    `torchdoctor.settings`; their fail-on sets `report().exit_code()`); an unknown name, or a check that
+    only another front door runs, raises `ValueError`. Expensive checks run every `every` steps.
+    `on_finding`: "warn" (a `TorchDoctorWarning` per new warning/error, said at the user's line that led
+    to it, e.g. the call of ``optimizer.step()``),
     "raise" (a `TorchDoctorError` at the first error), "log" (the ``torchdoctor`` logger, every finding)
     or a callable given every new finding. `deterministic=True` says the run must be reproducible.
     `report=False` skips the report printed (to stderr) when the session ends.

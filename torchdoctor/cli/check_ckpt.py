@@ -1,0 +1,38 @@
+"""`torchdoctor check-ckpt FILE...`: explain checkpoints without executing them."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import click
+
+from torchdoctor import selection
+from torchdoctor.cli.options import InputError, checks_for, emit, report_options, settings_for
+
+
+@click.command("check-ckpt")
+@report_options
+@click.argument("files", nargs=-1, required=True, metavar="FILE [FILE...]")
+@click.option("--model", "model_spec", metavar="SPEC", default=None,
+              help="Compare with a model: path/to/file.py:factory or package.module:factory (imports torch).")
+@click.option("--fix", "fix_out", metavar="OUT", default=None,
+              help="Write a weights-only, CPU, prefix-free state_dict copy to OUT (imports torch; unsafe files refused).")
+@click.option("--scan-values", is_flag=True, help="Stream the tensor bytes to look for NaN/Inf (bounded memory).")
+def check_ckpt(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Optional[str],
+               files: tuple[str, ...], model_spec: Optional[str], fix_out: Optional[str], scan_values: bool) -> None:
+    """Explain checkpoint FILEs without executing them: structure, safety, keys, devices, size."""
+    from torchdoctor.ckpt.api import diagnose_checkpoints
+
+    settings = settings_for(files, select, ignore, fail_on)
+    checks = checks_for(selection.CHECKPOINT, settings)
+    try:
+        report = diagnose_checkpoints(files, checks, model=model_spec, fix=fix_out, scan_values=scan_values)
+    except ValueError as exc:  # CheckpointError, a bad --model spec, a refused --fix, --fix with 2 FILEs
+        raise InputError(str(exc)) from None
+    emit(report, fmt, settings.fail_on, _facts_view)
+
+
+def _facts_view(facts: dict[str, Any]) -> Any:
+    """The console structure view (rich is imported only when the console report is printed)."""
+    from torchdoctor.ckpt.view import facts_view
+
+    return facts_view(facts)

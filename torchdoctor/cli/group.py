@@ -1,0 +1,57 @@
+"""The `torchdoctor` command group and its entry point: one subcommand per module of this package."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+import click
+
+from torchdoctor import __version__
+from torchdoctor.cli.check_ckpt import check_ckpt
+from torchdoctor.cli.checks import list_checks
+from torchdoctor.cli.env import env
+from torchdoctor.cli.explain import explain
+from torchdoctor.cli.lint import lint
+from torchdoctor.cli.options import USAGE_ERROR
+from torchdoctor.pasteable import use_stand_ins
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="torchdoctor")
+@click.option("--local-rank", "local_rank_dash", hidden=True, default=None,
+              help="Passed by torch.distributed.launch before the command; accepted and reported by `env`.")
+@click.option("--local_rank", "local_rank_underscore", hidden=True, default=None)
+@click.pass_context
+def cli(ctx: click.Context, local_rank_dash: Optional[str], local_rank_underscore: Optional[str]) -> None:
+    """Diagnose PyTorch environments, checkpoints and training loops."""
+    ctx.obj = {"local_rank_arg": "--local-rank" if local_rank_dash is not None
+               else "--local_rank" if local_rank_underscore is not None else None}
+
+
+for _command in (env, lint, check_ckpt, list_checks, explain):
+    cli.add_command(_command)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: usage and input errors become one line on stderr and exit code 2."""
+    use_stand_ins(sys.stdout, sys.stderr)  # a stream that can't encode a character gets a stand-in, not a crash
+    try:
+        cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        click.echo(f"torchdoctor: error: {exc.format_message()}", err=True)
+        sys.exit(USAGE_ERROR if isinstance(exc, click.UsageError) else exc.exit_code)
+    except click.Abort:
+        click.echo("torchdoctor: aborted", err=True)
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # a torchdoctor bug: one line, traceback only on request
+        if os.environ.get("TORCHDOCTOR_DEBUG"):
+            raise
+        click.echo(f"torchdoctor: internal error: {type(exc).__name__}: {exc} "
+                   "(set TORCHDOCTOR_DEBUG=1 for the traceback)", err=True)
+        sys.exit(USAGE_ERROR)
+    sys.exit(0)
