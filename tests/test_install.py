@@ -23,10 +23,6 @@ def declared_checks() -> list[str]:
     for path in (ROOT / "checks").glob("*.py"):
         text = path.read_text()
         names.update(re.findall(r'= Pitfall\(\s*code="\w+",\s*name="([a-z0-9-]+)"', text))
-        for block in re.findall(r"@check\((.*?)\)\n", text, flags=re.S):  # MIGRATION: modules not yet converted
-            m = re.search(r'name="([a-z0-9-]+)"', block)
-            if m:
-                names.add(m.group(1))
     return sorted(names)
 
 

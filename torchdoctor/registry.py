@@ -169,20 +169,3 @@ def _reset_for_tests() -> None:
     for name in [m for m in sys.modules if m.startswith("torchdoctor.checks.")]:
         del sys.modules[name]
 
-
-def check(*, code: str, name: str, scope: "Scope | str", severity: "Severity | str", summary: str,
-          docs: Optional[str] = None) -> Any:
-    """MIGRATION SHIM (removed when every checks module defines a `Pitfall`): the old decorator."""
-    from torchdoctor.pitfall import Example
-
-    def decorate(impl: Any) -> Any:
-        pitfall = _CHECKS.get(name)
-        if pitfall is None:
-            pitfall = Pitfall(code=code, name=name, severity=Severity.parse(severity), summary=summary,
-                              why="(legacy)", fix="(legacy)", bad=Example("", language="text"),
-                              good=Example("", language="text"))
-        pitfall.detector(scope)(impl)
-        add(pitfall)
-        return impl
-
-    return decorate

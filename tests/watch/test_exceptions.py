@@ -116,7 +116,7 @@ def test_findings_before_the_error_are_part_of_the_diagnosis_and_the_report(caps
 
 def test_raise_mode_never_replaces_the_users_exception(monkeypatch):
     import torchdoctor
-    from torchdoctor.checks.runtime_graph import GraphRetentionLeak
+    from torchdoctor.checks.graph_retention_leak import GraphRetentionLeak
     from torchdoctor.findings import Finding
 
     monkeypatch.setattr(GraphRetentionLeak, "on_stop", lambda self: iter([Finding("an error found at exit")]))

@@ -189,7 +189,7 @@ def test_a_check_that_raises_is_disabled_reported_once_and_training_goes_on(monk
 
 
 def test_a_check_that_fails_to_start_does_not_stop_the_others(monkeypatch):
-    from torchdoctor.checks.runtime_setup import NondeterministicSettings
+    from torchdoctor.checks.nondeterministic_settings import NondeterministicSettings
 
     monkeypatch.setattr(NondeterministicSettings, "on_start", lambda self: 1 / 0)
     model = mlp()
@@ -305,7 +305,7 @@ def test_a_compiled_model_is_seen_through_even_when_compiled_before_watch():
 
 
 def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(monkeypatch):
-    from torchdoctor.checks import missing_zero_grad, runtime_data
+    from torchdoctor.checks import iterable_dataset_duplication, missing_zero_grad
 
     class Exploding(list):
         def append(self, item):
@@ -318,7 +318,7 @@ def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(mo
         self.zero_flags = Exploding()
 
     monkeypatch.setattr(missing_zero_grad._Sentinel, "__init__", init)
-    monkeypatch.setattr(runtime_data, "_fingerprint", lambda batch: 1 / 0)
+    monkeypatch.setattr(iterable_dataset_duplication, "_fingerprint", lambda batch: 1 / 0)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     class Stream(torch.utils.data.IterableDataset):

@@ -55,7 +55,7 @@ def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
 
     setup, code = _program(example)
     namespace: dict[str, Any] = {"__name__": "__example__"}
-    with _in_empty_folder():
+    with _in_empty_folder(), _torch_switches_kept():
         exec(compile(setup, "<example setup>", "exec"), namespace)
         if "model" not in namespace:
             raise PitfallError(f"pitfall {pitfall.name}: a runtime example's setup must bind `model`")
@@ -101,3 +101,19 @@ def _in_empty_folder() -> Iterator[Path]:
             yield Path(tmp)
         finally:
             os.chdir(old)
+
+
+@contextlib.contextmanager
+def _torch_switches_kept() -> Iterator[None]:
+    """Undo the process-wide torch switches an example may flip (cuDNN modes, deterministic algorithms), so
+    one example never changes how the next one, or the caller's own tests, run."""
+    import torch
+
+    cudnn = torch.backends.cudnn
+    saved = (cudnn.benchmark, cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        yield
+    finally:
+        cudnn.benchmark, cudnn.deterministic = saved[0], saved[1]
+        torch.use_deterministic_algorithms(saved[2], warn_only=saved[3])

@@ -1,19 +1,85 @@
-"""Runtime check for NaN/Inf: the step and the first parameter, then the first module on the next forward."""
+"""nonfinite-values: where NaN/Inf first appears: the step, the parameter, then the first module of the next forward."""
 from __future__ import annotations
 
 import functools
 from typing import Any, Iterator, Optional
 
-from torchdoctor.findings import Finding, Location
-from torchdoctor.registry import Scope, check
-from torchdoctor.watch.contract import ForwardEvent, RuntimeCheck, StepEvent
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 
-FIX = ("Lower the learning rate, clip gradients (`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`), "
-       "check the data for NaN/Inf, and guard logs/divisions (`torch.log(x + 1e-8)`); to find the op, run "
-       "once under `torch.autograd.detect_anomaly()`.")
+_UNNORMALISED_PIXELS = """
+import torch
+from torch import nn
+
+model = nn.Linear(4, 3)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = [(torch.rand(8, 4) * 255, nn.functional.one_hot(torch.randint(0, 3, (8,)), 3).float()) for _ in range(4)]
+"""
+
+NONFINITE_VALUES = Pitfall(
+    code="TD309",
+    name="nonfinite-values",
+    severity="error",
+    summary="NaN/Inf first appears in the gradients or parameters: the step, the parameter and the module.",
+    why="""
+        One NaN in a gradient becomes NaN weights after `optimizer.step()`, and from then on every output and
+        loss is NaN: the run is lost, and the logs often hide it (some loggers drop or average away NaN losses).
+        The first step and place where it appears is what tells a too-high learning rate, an exploding layer,
+        a `log(0)` in the loss and bad input data apart.
+    """,
+    fix="""
+        Lower the learning rate or add warm-up, clip gradients, guard divisions and logarithms
+        (`torch.log(x + eps)`), check the data for NaN/Inf, and in mixed precision use `GradScaler` (it skips
+        steps with non-finite gradients). To find the exact op, run once under `torch.autograd.detect_anomaly()`.
+    """,
+    bad=Example(
+        """
+        for x, target in loader:
+            optimizer.zero_grad()
+            probs = torch.softmax(model(x), dim=1)
+            loss = -(target * torch.log(probs)).sum()   # log(0) = -inf when a probability underflows
+            loss.backward()
+            optimizer.step()
+        """,
+        setup=_UNNORMALISED_PIXELS,
+    ),
+    good=Example(
+        """
+        for x, target in loader:
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), target)   # log-softmax inside, numerically safe
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
+            optimizer.step()
+        """,
+        setup=_UNNORMALISED_PIXELS,
+    ),
+    details={
+        "runtime": """
+            Before each optimizer step `watch` computes one fused norm (`torch._foreach_norm`) over the gradients
+            of the small parameters (each at most 1% of the optimizer's elements: biases, normalisation weights)
+            and synchronises once; every `every` steps it does the same over all gradients and all parameters. A
+            NaN from the loss or the forward reaches every gradient, and one born in backward reaches every
+            parameter upstream of it, so the small ones show it at its step; one that only touches large
+            gradients is found at the next full check, and the message says it may have begun up to `every - 1`
+            steps earlier (reading every gradient at every step would cost about 5% of a small MLP's step on a
+            CPU). A non-finite norm is confirmed tensor by tensor, so a norm that merely overflows is not
+            reported. On the first hit it reports the step and the parameters with non-finite gradients (all of
+            them: the loss or the forward was already NaN), then hooks every submodule for the next forward only
+            and reports the first module whose output is non-finite, that the input batch already holds NaN/Inf,
+            that the step already wrote NaN/Inf into the weights, or that the next forward is clean (the batch or
+            the loss was the source). Steps that `GradScaler` skips are never seen, so mixed-precision overflows
+            are quiet. It reports once per session.
+        """,
+    },
+)
+
+_FIX = ("Lower the learning rate, clip gradients (`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`), "
+        "check the data for NaN/Inf, and guard logs/divisions (`torch.log(x + 1e-8)`); to find the op, run "
+        "once under `torch.autograd.detect_anomaly()`.")
 
 
-def all_finite(tensors: list[Any]) -> bool:
+def _all_finite(tensors: list[Any]) -> bool:
     """One fused 2-norm per (device, dtype) group and one host sync; NaN and Inf propagate into the norm.
     A non-finite norm is confirmed tensor by tensor, because the norm of large finite values can overflow."""
     import torch
@@ -31,7 +97,7 @@ def all_finite(tensors: list[Any]) -> bool:
     return True
 
 
-def first_nonfinite(named: list[tuple[str, Any]]) -> Optional[str]:
+def _first_nonfinite(named: list[tuple[str, Any]]) -> Optional[str]:
     import torch
 
     return next((name for name, t in named if not bool(torch.isfinite(t).all())), None)
@@ -43,8 +109,7 @@ def _is_float(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point()
 
 
-@check(code="TD309", name="nonfinite-values", scope=Scope.RUNTIME, severity="error",
-       summary="NaN/Inf first appears in the gradients or parameters: the step, the parameter and the module.")
+@NONFINITE_VALUES.runtime
 class NonfiniteValues(RuntimeCheck):
     """Before each step, one fused norm over the small parameters' gradients (one sync); over all gradients
     and all parameters every `every` steps: reading every gradient each step would cost ~5% of an MLP step.
@@ -64,7 +129,7 @@ class NonfiniteValues(RuntimeCheck):
         full = event.step % self.ctx.every == 0
         small = self._small(params)
         grads = [p.grad for p in (params if full else small) if p.grad is not None]
-        if not grads or all_finite(grads):
+        if not grads or _all_finite(grads):
             return
         named = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad, id(p) in small_ids)
                  for small_ids in [{id(p) for p in small}]
@@ -93,9 +158,9 @@ class NonfiniteValues(RuntimeCheck):
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         params = [p for p in event.optimizer.params() if p.is_floating_point()]
-        if self.found or not params or all_finite(params):
+        if self.found or not params or _all_finite(params):
             return
-        name = first_nonfinite([(self.ctx.param_name(p) or "?", p) for p in params]) or "?"
+        name = _first_nonfinite([(self.ctx.param_name(p) or "?", p) for p in params]) or "?"
         self.step = event.step
         yield from self._hit(f"parameter `{name}` holds NaN/Inf at step {event.step} (seen before the step; "
                              "the gradients of this step are finite).", name, event.step)
@@ -103,7 +168,7 @@ class NonfiniteValues(RuntimeCheck):
     def _hit(self, message: str, name: str, step: int) -> Iterator[Finding]:
         self.found = True
         self._arm_probe()
-        yield Finding(message, fix=FIX, location=Location(param=name, step=step))
+        yield Finding(message, fix=_FIX, location=Location(param=name, step=step))
 
     def on_forward(self, event: ForwardEvent) -> Iterator[Finding]:
         if self.probe is None:
@@ -113,7 +178,7 @@ class NonfiniteValues(RuntimeCheck):
         self.probe = None
         if self.bad_input:
             where = f"the input batch of {event.model.label} already contains NaN/Inf: the data is the source"
-        elif self.first_module and not all_finite([p for p in event.model.inner.parameters() if p.is_floating_point()]):
+        elif self.first_module and not _all_finite([p for p in event.model.inner.parameters() if p.is_floating_point()]):
             where = (f"step {self.step} already wrote NaN/Inf into the weights, so every forward is now non-finite "
                      f"from `{self.first_module}` on; the origin is in that step's batch, forward or loss: replay it "
                      "under torch.autograd.detect_anomaly()")
@@ -122,7 +187,7 @@ class NonfiniteValues(RuntimeCheck):
         else:
             where = ("the next forward produced finite outputs everywhere: the NaN/Inf came from that step's "
                      "batch or from the loss (e.g. log(0), 0/0)")
-        yield Finding(f"NaN/Inf localisation: {where}.", fix=FIX,
+        yield Finding(f"NaN/Inf localisation: {where}.", fix=_FIX,
                       location=Location(module=self.first_module or event.model.label, step=self.ctx.step))
 
     def _arm_probe(self) -> None:

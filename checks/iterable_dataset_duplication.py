@@ -1,55 +1,80 @@
-"""Runtime checks on data loading: samplers whose epoch is never advanced, IterableDatasets every worker repeats."""
+"""iterable-dataset-duplication: an IterableDataset read by several workers that does not shard yields it N times."""
 from __future__ import annotations
 
-import weakref
 from typing import Any, Iterator
 
-from torchdoctor.findings import Finding, Location
-from torchdoctor.registry import Scope, check
-from torchdoctor.watch.contract import LoaderEvent, RuntimeCheck
-from torchdoctor.watch.handles import Restore
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import LoaderEvent, Restore, RuntimeCheck
 
+_CSV_FILE = """
+import itertools
+from pathlib import Path
 
-def _samplers(loader: Any) -> list[Any]:
-    """The loader's samplers that have an epoch to advance (``set_epoch`` and an ``epoch`` attribute)."""
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    found = [getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None), batch_sampler]
-    unique = {id(s): s for s in found if s is not None}
-    return [s for s in unique.values() if callable(getattr(s, "set_epoch", None)) and hasattr(s, "epoch")]
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
+
+Path("data.csv").write_text("".join(f"{i},{i + 1},{i + 2},{i + 3}\\n" for i in range(64)))
+model = nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+"""
+
+ITERABLE_DATASET_DUPLICATION = Pitfall(
+    code="TD312",
+    name="iterable-dataset-duplication",
+    severity="error",
+    summary="An IterableDataset read by several workers that does not shard: every worker yields all of it.",
+    why="""
+        With `num_workers=N`, each worker process gets its own copy of the dataset and calls `__iter__` on it.
+        Unless `__iter__` uses `torch.utils.data.get_worker_info()` to take only its share, every sample arrives
+        N times per epoch: epochs are N times longer, the model sees duplicated batches, and metrics computed
+        over an epoch are wrong.
+    """,
+    fix="Shard inside `__iter__` by worker id (or split the list of files or shards between workers).",
+    bad=Example(
+        """
+        class Rows(IterableDataset):
+            def __iter__(self):
+                for line in open("data.csv"):
+                    yield torch.tensor([float(v) for v in line.split(",")])
+
+        for x in DataLoader(Rows(), batch_size=8, num_workers=2):
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+        """,
+        setup=_CSV_FILE,
+    ),
+    good=Example(
+        """
+        class Rows(IterableDataset):
+            def __iter__(self):
+                info = torch.utils.data.get_worker_info()
+                start, step = (info.id, info.num_workers) if info else (0, 1)
+                for line in itertools.islice(open("data.csv"), start, None, step):
+                    yield torch.tensor([float(v) for v in line.split(",")])
+
+        for x in DataLoader(Rows(), batch_size=8, num_workers=2):
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+        """,
+        setup=_CSV_FILE,
+    ),
+    details={
+        "runtime": """
+            When any `DataLoader` over an `IterableDataset` with two or more workers starts a pass during the
+            session, `watch` fingerprints (sums, not copies) the first 2 × N batches. Workers deliver batches in
+            turn, so batches 0..N-1 are the first batch of each worker: when they are all identical while the next
+            round differs, it reports an error. A dataset whose batches are all the same is left alone, and nothing
+            is read outside the normal iteration.
+        """,
+    },
+)
 
 
 def _dataset_name(loader: Any) -> str:
     return type(getattr(loader, "dataset", None)).__name__
-
-
-@check(code="TD311", name="sampler-epoch-not-set", scope=Scope.RUNTIME, severity="warning",
-       summary="A shuffling sampler with set_epoch() (DistributedSampler) starts a new pass with the same epoch.")
-class SamplerEpochNotSet(RuntimeCheck):
-    """At each ``iter(loader)``: a shuffling sampler whose ``epoch`` did not change since its last pass."""
-
-    def on_start(self) -> None:
-        self.last: dict[int, tuple[Any, Any]] = {}  # id(sampler) -> (weakref, epoch at its last pass)
-        self.reported: set[int] = set()
-
-    def on_loader_iter(self, event: LoaderEvent) -> Iterator[Finding]:
-        for sampler in _samplers(event.loader):
-            if not getattr(sampler, "shuffle", True):
-                continue  # a fixed order is what the user asked for (e.g. validation)
-            key, epoch = id(sampler), sampler.epoch
-            previous = self.last.get(key)
-            self.last[key] = (weakref.ref(sampler), epoch)
-            if previous is None or previous[0]() is not sampler or previous[1] != epoch or key in self.reported:
-                continue
-            self.reported.add(key)
-            yield Finding(
-                f"{type(sampler).__name__} of the DataLoader over {_dataset_name(event.loader)} started another pass "
-                f"with epoch still {epoch}: set_epoch() was not called, so every epoch shuffles into the same order.",
-                fix="Advance the sampler's epoch before each pass:\n"
-                    "for epoch in range(epochs):\n"
-                    "    sampler.set_epoch(epoch)\n"
-                    "    for batch in loader:\n"
-                    "        ...",
-                location=Location(key=type(sampler).__name__, step=self.ctx.step))
 
 
 def _fingerprint(batch: Any, depth: int = 0) -> Any:
@@ -102,8 +127,7 @@ class _Sniffer:
             self.check.verdict(self)
 
 
-@check(code="TD312", name="iterable-dataset-duplication", scope=Scope.RUNTIME, severity="error",
-       summary="An IterableDataset read by several workers that does not shard: every worker yields all of it.")
+@ITERABLE_DATASET_DUPLICATION.runtime
 class IterableDatasetDuplication(RuntimeCheck):
     """Workers take turns, so batches 0..n-1 are the first batch of each of the n workers: all equal (while
     the next round differs) means every worker yields the same stream."""

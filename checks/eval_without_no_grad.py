@@ -1,0 +1,221 @@
+"""eval-without-no-grad: forwards in eval() mode with autograd on, never back-propagated, build graphs for nothing."""
+from __future__ import annotations
+
+import ast
+from typing import Any, Iterator
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
+from torchdoctor.sdk.source import CallSite, FunctionScope, SourceFile, is_backward, ref
+
+_VALIDATION = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 3))
+val_loader = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(3)]
+"""
+
+EVAL_WITHOUT_NO_GRAD = Pitfall(
+    code="TD306",
+    name="eval-without-no-grad",
+    severity="warning",
+    summary="Forwards in eval() mode with autograd on that are never back-propagated: eval() does not stop autograd.",
+    why="""
+        `model.eval()` only switches Dropout and BatchNorm to inference behaviour. Autograd still records a
+        graph for every forward and keeps each activation it needs for a backward that never comes, so
+        validation uses several times the memory it needs and runs slower.
+    """,
+    fix="""
+        Wrap evaluation in `with torch.no_grad():` or `with torch.inference_mode():`, or decorate the
+        evaluation function with `@torch.no_grad()`.
+    """,
+    bad=Example(
+        """
+        def evaluate(model, loader):
+            model.eval()
+            correct = 0
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum().item()
+            return correct
+
+        correct = evaluate(model, val_loader)
+        """,
+        setup=_VALIDATION,
+    ),
+    good=Example(
+        """
+        @torch.no_grad()
+        def evaluate(model, loader):
+            model.eval()
+            correct = 0
+            for x, y in loader:
+                correct += (model(x).argmax(1) == y).sum().item()
+            return correct
+
+        correct = evaluate(model, val_loader)
+        """,
+        setup=_VALIDATION,
+    ),
+    details={
+        "source": """
+            The lint rule follows `model.eval()` / `model.train()` in statement order inside one function and
+            reports the first call of that model after `eval()` that is not under
+            `no_grad`/`inference_mode`/`set_grad_enabled(...)`, in a function without any backward. A function is
+            only judged when it is called in the same file and never under `no_grad`, and no other linted file
+            names it (the caller may disable grad); models whose parameters are frozen (`requires_grad_(False)`)
+            are skipped. `watch` sees the remaining cases at run time.
+        """,
+        "runtime": """
+            `watch` looks at each forward of a watched model that runs in `eval()` mode with gradients enabled and
+            whose output has a graph. A sentinel hook on the output's `grad_fn` tells whether a backward ever
+            reaches it and when the graph is freed. When at least two such forwards were never back-propagated
+            (freed without backward, or still alive), it warns once, with the activation memory each forward
+            saved for backward. Forwards under `torch.no_grad()` or `torch.inference_mode()` are quiet, and so are
+            eval-mode forwards that are back-propagated (fine-tuning with frozen BatchNorm). When backward goes
+            through an eval-mode model none of whose parameters is in a watched optimizer, it adds an info note:
+            a frozen teacher should be frozen (`requires_grad_(False)`) and run under `no_grad`.
+        """,
+    },
+)
+
+
+class _EvalGraphs:
+    """Per model: eval-mode forwards with a graph, and what became of their graphs."""
+
+    def __init__(self) -> None:
+        self.live = 0          # graphs alive and not (yet) back-propagated
+        self.dropped = 0       # graphs freed without backward
+        self.backprop = 0      # graphs that backward went through
+        self.forwards = 0
+
+
+@EVAL_WITHOUT_NO_GRAD.runtime
+class EvalWithoutNoGrad(RuntimeCheck):
+    """A sentinel on each eval-mode forward's graph tells whether backward ever reached it."""
+
+    min_forwards = 2
+
+    def on_start(self) -> None:
+        self.state: dict[str, _EvalGraphs] = {}
+        self.reported: set[str] = set()
+        self.per_forward: dict[str, int] = {}  # bytes saved for backward by one eval forward, per model
+
+    def on_forward(self, event: ForwardEvent) -> Iterator[Finding]:
+        if event.training or not event.grad_enabled:
+            return
+        from torchdoctor.sdk.runtime import first_graph_tensor
+
+        out = first_graph_tensor(event.output)
+        if out is None:
+            return  # no graph: frozen model and inputs without grad
+        st = self.state.setdefault(event.model.label, _EvalGraphs())
+
+        def backward() -> None:
+            st.backprop += 1
+            st.live -= 1
+
+        def freed(reached: bool) -> None:
+            if not reached:
+                st.live -= 1
+                st.dropped += 1
+
+        if self.ctx.graphs.track(out, on_backward=backward, on_free=freed):
+            st.live += 1
+            st.forwards += 1
+            if event.model.label not in self.per_forward:  # measured once: eval graphs differ from training's
+                from torchdoctor.sdk.runtime import footprint
+
+                owned = [*event.model.inner.parameters(), *event.model.inner.buffers()]
+                self.per_forward[event.model.label] = footprint(out, owned)[1]
+        yield from self._verdict(event.model)
+
+    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+        for wm in self.ctx.models:
+            yield from self._verdict(wm)
+
+    def on_stop(self) -> Iterator[Finding]:
+        for wm in self.ctx.models:
+            yield from self._verdict(wm)
+
+    def _verdict(self, wm: Any) -> Iterator[Finding]:
+        st = self.state.get(wm.label)
+        if st is None or wm.label in self.reported:
+            return
+        if st.dropped + st.live >= self.min_forwards and st.backprop == 0:
+            self.reported.add(wm.label)
+            per = byte_size(self.per_forward.get(wm.label, 0))
+            yield Finding(
+                f"{wm.label} ran {st.forwards} forward(s) in eval() mode with gradients enabled and none was "
+                f"back-propagated: each one records the autograd graph and keeps its activations (about {per} "
+                f"per forward) alive for as long as its output is; {st.live} such graph(s) are alive now. "
+                "eval() changes Dropout/BatchNorm, it does not turn off autograd.",
+                fix="Validate without autograd:\n"
+                    "model.eval()\n"
+                    "with torch.inference_mode():  # or torch.no_grad()\n"
+                    "    for x, y in val_loader:\n"
+                    "        val_loss += loss_fn(model(x), y).item()\n"
+                    "model.train()",
+                location=Location(module=wm.label, step=self.ctx.step))
+        elif st.backprop and self.ctx.optimizers and (wm.label + ":teacher") not in self.reported:
+            held = self.ctx.optimizer_param_ids()
+            if not any(id(p) in held for _, p in wm.named_parameters()):
+                self.reported.add(wm.label + ":teacher")
+                yield Finding(
+                    f"backward() goes through {wm.label}, which runs in eval() mode and has no parameter in any "
+                    "optimizer given to watch(): if it is a frozen teacher or reference model, autograd computes "
+                    "gradients for it that nobody uses.",
+                    fix="Freeze it, and run it without autograd if nothing needs gradients through it:\n"
+                        "teacher.requires_grad_(False)\n"
+                        "with torch.no_grad():\n"
+                        "    target = teacher(x)",
+                    location=Location(module=wm.label, step=self.ctx.step),
+                    severity=Severity.INFO)
+
+
+@EVAL_WITHOUT_NO_GRAD.source
+def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or ".eval()" not in src.text:
+        return
+    index = src.index
+    frozen = "requires_grad_(False)" in src.text or ".requires_grad = False" in src.text
+    for scope in index.scopes:
+        if scope.grad_off or frozen or not any(c.attr == "eval" for c in scope.calls):
+            continue
+        if any(is_backward(c) or c.attr == "set_grad_enabled" for c in scope.calls):
+            continue
+        if scope.name != "<module>" and not _called_only_with_grad(src, scope):
+            continue
+        reported: set[str] = set()
+        mode: dict[str, tuple[str, CallSite]] = {}
+        for call in scope.calls:
+            if call.attr in ("eval", "train") and call.receiver and not call.node.keywords:
+                off = call.attr == "eval" or (call.node.args and isinstance(call.node.args[0], ast.Constant)
+                                              and call.node.args[0].value is False)
+                if call.attr == "eval" and call.node.args:
+                    continue
+                mode[call.receiver] = ("eval" if off else "train", call)
+                continue
+            model = call.receiver if call.attr == "forward" else ref(call.node.func)
+            state = mode.get(model) if model else None
+            if model is None or state is None or state[0] != "eval" or call.grad_off or model in reported:
+                continue
+            reported.add(model)
+            yield Finding(
+                f"`{src.snippet(call.node)}` runs after `{model}.eval()` (line {state[1].node.lineno}) with autograd "
+                "still on, and nothing here is back-propagated: eval() only switches Dropout/BatchNorm, so this "
+                "forward records a graph and keeps its activations for nothing.",
+                fix="Run evaluation under `with torch.no_grad():` (or `torch.inference_mode()`), or decorate the "
+                    "function with `@torch.no_grad()`.",
+                location=src.location(call.node),
+            )
+
+
+def _called_only_with_grad(src: SourceFile, scope: FunctionScope) -> bool:
+    """The function is called in this file, never under no_grad, and no other linted file names it."""
+    method = scope.class_name is not None
+    sites = [c for s in src.index.scopes for c in s.calls if c.attr == scope.name
+             and isinstance(c.node.func, ast.Attribute if method else ast.Name)]
+    if not sites or any(c.grad_off for c in sites):
+        return False
+    return not src.project.mentioned_elsewhere(scope.name)

@@ -1,0 +1,242 @@
+"""graph-retention-leak: tensors with autograd history kept across steps (`total += loss`) keep every step's graph."""
+from __future__ import annotations
+
+import ast
+from collections import deque
+from typing import TYPE_CHECKING, Iterator, Optional
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
+from torchdoctor.sdk.source import (
+    FunctionScope, Loop, SourceFile, backprop_names, backward_targets, graph_refs, is_backward,
+)
+
+if TYPE_CHECKING:
+    from torchdoctor.sdk.runtime import WatchedModel
+
+# 51 steps, the fewest the runtime detector needs: it compares the live-graph count across a 50-step window.
+_TRAINING = """
+import torch
+from torch import nn
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.MSELoss()
+loader = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(51)]
+"""
+
+GRAPH_RETENTION_LEAK = Pitfall(
+    code="TD308",
+    name="graph-retention-leak",
+    severity="error",
+    summary="Tensors with autograd history are kept across steps (`total += loss`), so memory grows every step.",
+    why="""
+        A loss tensor references the graph that produced it. Adding it to a running total (or appending it to
+        a list) that lives across iterations keeps every iteration's graph alive and chains them together:
+        memory climbs step after step until the run dies with an out-of-memory error, typically after a few
+        epochs.
+    """,
+    fix="Keep a Python number (`loss.item()`) or a detached tensor (`loss.detach()`) for logging.",
+    bad=Example(
+        """
+        total_loss = 0
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total_loss += loss
+        """,
+        setup=_TRAINING,
+    ),
+    good=Example(
+        """
+        total_loss = 0.0
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            total_loss += loss.item()
+        """,
+        setup=_TRAINING,
+    ),
+    details={
+        "source": """
+            The lint rule fires on `acc += expr` and `lst.append(expr)` inside a loop when `expr` reads, outside
+            `.item()`/`.detach()`/`float()`, a value that the same loop back-propagates (or that a Lightning
+            `training_step` returns), the accumulator itself is never back-propagated, and it is not
+            re-initialised in that loop. Summing loss terms before one `backward()` is therefore quiet.
+            Accumulations it cannot tie to a backward are left to `watch`, which measures the growth at run time.
+        """,
+        "runtime": """
+            `watch` puts a sentinel hook on the `grad_fn` of each forward output built with gradients; the graph
+            owns the sentinel, so the count of live sentinels is the count of forward graphs still alive, and the
+            sentinel also notes whether backward went through its graph. After each step of the first optimizer
+            it samples that count. When it grew by about one graph per step (at least 45 over the last 50 steps)
+            something holds every step's graph, and it reports an error with the growth per step and the bytes:
+            for graphs that were never back-propagated, the activations one forward saves for backward (measured
+            once per model by walking its graph, parameters and buffers excluded); for graphs that were (the usual
+            `total_loss += loss`), `backward()` already freed those, so it gives the number of graph nodes each
+            one keeps; and when CUDA is in use, the slope of the CUDA allocator's `memory_allocated()`. A steady
+            count, a cache that plateaus within the window, and truncated BPTT that detaches every few steps are
+            quiet. `watch` does not install `saved_tensors_hooks`: they would switch off autograd's in-place
+            checks and make `torch.func` refuse to run.
+        """,
+    },
+)
+
+
+def _cuda_allocated() -> Optional[int]:
+    """The CUDA caching allocator's allocated bytes, when CUDA is in use in this process."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.memory_allocated())
+    return None
+
+
+class _Live:
+    def __init__(self) -> None:
+        self.graphs = 0        # tracked forward graphs alive
+        self.unreached = 0     # ...of which backward never went through (their activations are still saved)
+
+
+@GRAPH_RETENTION_LEAK.runtime
+class GraphRetentionLeak(RuntimeCheck):
+    """Sentinels count the forward graphs still alive; a count that grows by about one graph per step over
+    `window` steps means something holds every step's graph. Bytes: the saved activations of one forward
+    (measured once per model) for graphs never back-propagated, and the CUDA allocator's slope."""
+
+    window = 50
+
+    def on_start(self) -> None:
+        self.live: dict[str, _Live] = {}
+        self.samples: deque[tuple[int, int, Optional[int]]] = deque(maxlen=self.window + 1)
+        self.reported = False
+
+    def on_forward(self, event: ForwardEvent) -> None:
+        if not event.grad_enabled or self.reported:
+            return
+        from torchdoctor.sdk.runtime import first_graph_tensor
+
+        out = first_graph_tensor(event.output)
+        if out is None:
+            return
+        live = self.live.setdefault(event.model.label, _Live())
+
+        def backward() -> None:
+            live.unreached -= 1
+
+        def freed(reached: bool) -> None:
+            live.graphs -= 1
+            live.unreached -= not reached
+
+        if self.ctx.graphs.track(out, on_backward=backward, on_free=freed):
+            live.graphs += 1
+            live.unreached += 1
+            event.model.graph_footprint(out)
+
+    def on_step_post(self, event: StepEvent) -> Iterator[Finding]:
+        if self.reported or event.optimizer is not self.ctx.optimizers[0]:
+            return
+        activations = sum(v.unreached * self._model(k).graph_footprint(None)[1]
+                          for k, v in self.live.items() if v.unreached)
+        self.samples.append((sum(v.graphs for v in self.live.values()), activations, _cuda_allocated()))
+        if len(self.samples) <= self.window:
+            return
+        (live0, saved0, cuda0), (live1, saved1, cuda1) = self.samples[0], self.samples[-1]
+        if live1 - live0 < 0.9 * self.window:
+            return
+        self.reported = True
+        label = max(self.live, key=lambda k: self.live[k].graphs)
+        nodes = self._model(label).graph_footprint(None)[0]
+        per_step = (live1 - live0) / self.window
+        saved = (saved1 - saved0) / self.window
+        memory = (f"their saved activations grow by about {byte_size(saved)} per step" if saved > 0 else
+                  f"backward() freed their saved activations, so each costs its ~{nodes} graph nodes, and memory "
+                  "grows slowly but without bound")
+        if cuda0 is not None and cuda1 is not None:
+            memory += f"; CUDA allocated memory grows by {byte_size((cuda1 - cuda0) / self.window)} per step"
+        yield Finding(
+            f"Autograd graphs of {label}'s forward outputs stay alive across steps: {live1} are alive now, "
+            f"{per_step:.1f} more per step over the last {self.window} steps ({memory}). Something keeps a "
+            "tensor that is still attached to its graph, e.g. `losses.append(loss)` or `total_loss += loss`.",
+            fix="Keep numbers, not graphs, across steps:\n"
+                "total_loss += loss.item()      # or loss.detach()\n"
+                "losses.append(loss.item())",
+            location=Location(module=label, step=event.step))
+
+    def _model(self, label: str) -> "WatchedModel":
+        return next(wm for wm in self.ctx.models if wm.label == label)
+
+
+@GRAPH_RETENTION_LEAK.source
+def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or "backward" not in src.text and "training_step" not in src.text:
+        return
+    for scope in src.index.scopes:
+        trained = _trained_names_by_loop(scope)
+        if not trained:
+            continue
+        kept = backprop_names(scope)
+        for b in scope.bindings:
+            if b.augmented and b.loop is not None and not b.grad_off and b.target not in kept:
+                leaked = _leaked_name(b.value, b.loop, b.pos, trained, scope)
+                if leaked and not _reset_in_loop(scope, b.target, b.loop, b.node):
+                    yield _leak_finding(src, b.node, b.target, leaked, trained)
+        for call in scope.calls:
+            if call.attr == "append" and call.loop is not None and not call.grad_off and call.receiver \
+                    and call.receiver not in kept and len(call.node.args) == 1:
+                leaked = _leaked_name(call.node.args[0], call.loop, call.pos, trained, scope)
+                if leaked and not _reset_in_loop(scope, call.receiver, call.loop, None):
+                    yield _leak_finding(src, call.node, call.receiver, leaked, trained)
+
+
+def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, ast.AST]]]:
+    """name -> [(loop, backward node)] for every name a backward call in a loop differentiates."""
+    out: dict[str, list[tuple[Loop, ast.AST]]] = {}
+    for call in scope.calls:
+        if is_backward(call) and call.loop is not None:
+            for target in backward_targets(call):
+                for name in graph_refs(target):
+                    out.setdefault(name, []).append((call.loop, call.node))
+    if scope.class_name and getattr(scope.node, "name", "") == "training_step" and scope.loops:
+        for ret in scope.returns:
+            for name in graph_refs(ret.value):
+                out.setdefault(name, []).append((scope.loops[0], ret))
+    return out
+
+
+def _leaked_name(value: Optional[ast.expr], loop: Loop, pos: tuple, trained: dict,
+                 scope: FunctionScope) -> Optional[str]:
+    """A name in `value` holding a loss that the same loop back-propagates, still a tensor at `pos`.
+
+    The last assignment of the name in the loop before `pos` decides: `loss = loss.item()` or
+    `loss = float(loss)` leaves a number there, and then nothing is kept.
+    """
+    for name in sorted(graph_refs(value)):
+        if not any(loop.encloses(other) or other.encloses(loop) for other, _ in trained.get(name, ())):
+            continue
+        before = [b for b in scope.bindings
+                  if b.target == name and not b.augmented and b.pos < pos and loop.encloses(b.loop)]
+        if before and not graph_refs(max(before, key=lambda b: b.pos).value):
+            continue
+        return name
+    return None
+
+
+def _reset_in_loop(scope: FunctionScope, target: str, loop: Loop, node: Optional[ast.AST]) -> bool:
+    """The accumulator is re-initialised inside the same loop, so at most one window of history is kept."""
+    return any(b.target == target and not b.augmented and b.node is not node and loop.encloses(b.loop)
+               for b in scope.bindings)
+
+
+def _leak_finding(src: SourceFile, node: ast.AST, target: str, leaked: str, trained: dict) -> Finding:
+    backward = trained[leaked][0][1]
+    return Finding(
+        f"`{src.snippet(node)}` keeps `{leaked}`, which is back-propagated at line {backward.lineno}, with its "
+        f"autograd history: `{target}` holds every iteration's graph alive, so memory grows step after step.",
+        fix=f"Keep a number, not the graph: `{target} += {leaked}.item()` (or `{leaked}.detach()`).",
+        location=src.location(node),
+    )

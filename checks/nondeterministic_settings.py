@@ -1,0 +1,171 @@
+"""nondeterministic-settings: cuDNN benchmark mode, deterministic algorithms off, unseeded workers: runs differ."""
+from __future__ import annotations
+
+import ast
+import os
+from typing import Any, Iterator, Optional
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+from torchdoctor.sdk.source import SourceFile, literal
+
+_TRAINING = """
+import torch
+from torch import nn
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.MSELoss()
+loader = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(2)]
+"""
+
+NONDETERMINISTIC_SETTINGS = Pitfall(
+    code="TD310",
+    name="nondeterministic-settings",
+    severity="info",
+    summary="Settings that make runs non-reproducible: cudnn.benchmark on, deterministic algorithms off, unseeded "
+            "workers.",
+    why="""
+        Reproducing a result needs the same algorithms in the same order. `torch.backends.cudnn.benchmark = True`
+        times several convolution algorithms and keeps the fastest, which can change from run to run, so asking
+        for determinism at the same time does not give it. Unseeded data-loader workers and a missing
+        `torch.manual_seed()` change the data order and the initial weights of every run.
+    """,
+    fix="Turn benchmark mode off when you ask for determinism, and use deterministic algorithms.",
+    bad=Example(
+        """
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = True
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        """,
+        setup=_TRAINING,
+    ),
+    good=Example(
+        """
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True)
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        """,
+        setup=_TRAINING,
+    ),
+    details={
+        "source": """
+            The lint rule reports `cudnn.benchmark = True` in a file that also sets `cudnn.deterministic = True` or
+            calls `torch.use_deterministic_algorithms(True)`, unless the two sit in different branches of one `if`;
+            this contradiction is a warning. The other settings (seeds, worker seeding) depend on run-time state
+            and are checked by `watch`.
+        """,
+        "runtime": """
+            `watch` reads the settings at the start of the session and every `every` steps. By default it only
+            reports, as info, settings that actively hurt reproducibility: `cudnn.benchmark=True` (and that it
+            overrides `cudnn.deterministic=True`). With `watch(..., deterministic=True)` every item becomes a
+            warning and it also reports deterministic algorithms off, `CUBLAS_WORKSPACE_CONFIG` unset when CUDA is
+            present, `torch.manual_seed()` never called (the initial seed is a random 64-bit number), and loaders
+            passed with `loader=` that use workers without `generator=` or `worker_init_fn=`.
+        """,
+    },
+)
+
+_RECIPE = """import os, random, numpy as np, torch
+os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"    # before CUDA starts
+random.seed(0); np.random.seed(0); torch.manual_seed(0)
+torch.use_deterministic_algorithms(True)
+torch.backends.cudnn.benchmark = False
+g = torch.Generator().manual_seed(0)
+loader = DataLoader(ds, shuffle=True, num_workers=4, generator=g, worker_init_fn=seed_worker)"""
+
+
+def _reproducibility_problems(loaders: list[Any], deterministic: bool) -> list[str]:
+    """What makes this run non-reproducible; without `deterministic`, only settings that actively hurt."""
+    import torch
+
+    cudnn = torch.backends.cudnn
+    cuda = torch.cuda.is_available()
+    problems = []
+    if cudnn.benchmark and cudnn.deterministic:
+        problems.append("cudnn.benchmark=True overrides cudnn.deterministic=True (pytorch/pytorch#6351)")
+    elif cudnn.benchmark and (deterministic or cuda):
+        problems.append("cudnn.benchmark=True picks convolution algorithms by timing, which can differ between runs")
+    if not deterministic:
+        return problems
+    if not torch.are_deterministic_algorithms_enabled():
+        problems.append("deterministic algorithms are off (torch.use_deterministic_algorithms(True))")
+    elif cuda and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
+        problems.append("CUBLAS_WORKSPACE_CONFIG is unset, which deterministic cuBLAS needs")
+    if torch.initial_seed() >= 2**32:
+        problems.append(f"torch.manual_seed() was not called (the seed is the random {torch.initial_seed()})")
+    for loader in loaders:
+        if getattr(loader, "num_workers", 0) > 0 and loader.worker_init_fn is None and loader.generator is None:
+            problems.append(f"the DataLoader over {type(loader.dataset).__name__} uses {loader.num_workers} workers "
+                            "without generator= or worker_init_fn= to seed them")
+    return problems
+
+
+@NONDETERMINISTIC_SETTINGS.runtime
+class NondeterministicSettings(RuntimeCheck):
+    """Reads cuDNN/determinism flags, the seed and the loaders at start and every `every` steps."""
+
+    def on_start(self) -> Iterator[Finding]:
+        self.reported: set[str] = set()
+        yield from self._check()
+
+    def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
+        yield from self._check()
+
+    def _check(self) -> Iterator[Finding]:
+        deterministic = self.ctx.deterministic
+        for problem in _reproducibility_problems(self.ctx.loaders, deterministic):
+            if problem in self.reported:
+                continue
+            self.reported.add(problem)
+            asked = " (watch(..., deterministic=True) asks for a reproducible run)" if deterministic else ""
+            yield Finding(f"This run is not reproducible: {problem}{asked}.", fix="The reproducibility recipe:\n" + _RECIPE,
+                          severity=Severity.WARNING if deterministic else Severity.INFO,
+                          location=Location(step=self.ctx.step))
+
+
+@NONDETERMINISTIC_SETTINGS.source
+def nondeterministic_settings(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or "benchmark" not in src.text or "determinis" not in src.text:
+        return
+    benchmark: Optional[ast.AST] = None
+    deterministic: Optional[ast.AST] = None
+    for scope in src.index.scopes:
+        for b in scope.bindings:
+            if b.target.endswith("cudnn.benchmark") and literal(b.value) is True:
+                benchmark = benchmark or b.node
+            elif b.target.endswith("cudnn.deterministic") and literal(b.value) is True:
+                deterministic = deterministic or b.node
+        for c in scope.calls:
+            if c.attr == "use_deterministic_algorithms" and c.node.args and literal(c.node.args[0]) is True:
+                deterministic = deterministic or c.node
+    if benchmark is None or deterministic is None or _exclusive(src.tree, benchmark.lineno, deterministic.lineno):
+        return
+    yield Finding(
+        f"`{src.snippet(benchmark)}` (line {benchmark.lineno}) is set together with `{src.snippet(deterministic)}` "
+        f"(line {deterministic.lineno}): benchmark mode times several cuDNN algorithms and keeps the fastest, which "
+        "can differ from run to run, so the run you asked to be reproducible is not.",
+        fix="For reproducible runs:\ntorch.backends.cudnn.benchmark = False\ntorch.backends.cudnn.deterministic = True\n"
+            "torch.use_deterministic_algorithms(True)  # with CUBLAS_WORKSPACE_CONFIG=:4096:8 on CUDA",
+        location=src.location(benchmark),
+        severity=Severity.WARNING,
+    )
+
+
+def _exclusive(tree: ast.Module, a: int, b: int) -> bool:
+    """Lines `a` and `b` sit in different branches of one `if` (they never both run)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.orelse:
+            body = (node.body[0].lineno, node.body[-1].end_lineno)
+            orelse = (node.orelse[0].lineno, node.orelse[-1].end_lineno)
+            inside = lambda line, span: span[0] <= line <= span[1]  # noqa: E731
+            if inside(a, body) and inside(b, orelse) or inside(b, body) and inside(a, orelse):
+                return True
+    return False

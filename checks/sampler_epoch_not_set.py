@@ -1,0 +1,173 @@
+"""sampler-epoch-not-set: a DistributedSampler reused for several epochs without set_epoch() repeats its order."""
+from __future__ import annotations
+
+import ast
+import weakref
+from typing import Any, Iterator, Optional
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import LoaderEvent, RuntimeCheck
+from torchdoctor.sdk.source import CallSite, FunctionScope, ModuleIndex, SourceFile, iter_names, last, literal, ref
+
+_TWO_RANKS = """
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+rank, world_size = 0, 2
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.MSELoss()
+dataset = TensorDataset(torch.randn(32, 4), torch.randn(32, 2))
+"""
+
+SAMPLER_EPOCH_NOT_SET = Pitfall(
+    code="TD311",
+    name="sampler-epoch-not-set",
+    severity="warning",
+    summary="A DistributedSampler is used for several epochs without set_epoch(epoch): every epoch sees the same "
+            "order.",
+    why="""
+        DistributedSampler seeds its shuffle with `seed + epoch`. Without `sampler.set_epoch(epoch)` at the start
+        of each epoch the epoch stays 0, so every epoch repeats the same permutation and shuffling buys nothing.
+    """,
+    fix="Call `sampler.set_epoch(epoch)` at the start of every epoch, before iterating the loader.",
+    bad=Example(
+        """
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
+        loader = DataLoader(dataset, sampler=sampler, batch_size=8)
+        for epoch in range(2):
+            for x, y in loader:
+                optimizer.zero_grad()
+                criterion(model(x), y).backward()
+                optimizer.step()
+        """,
+        setup=_TWO_RANKS,
+    ),
+    good=Example(
+        """
+        sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
+        loader = DataLoader(dataset, sampler=sampler, batch_size=8)
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                optimizer.zero_grad()
+                criterion(model(x), y).backward()
+                optimizer.step()
+        """,
+        setup=_TWO_RANKS,
+    ),
+    details={
+        "source": """
+            The lint rule reports a shuffling `DistributedSampler` feeding a DataLoader that is read inside a loop
+            nested in another loop (or passed to a function called in a loop) when no `set_epoch(...)` call exists
+            in the file (matched on the syntax tree, so the word in a comment does not count) and no other linted
+            file calls `.set_epoch(`. When the call may be elsewhere it stays quiet and `watch` checks each epoch at
+            run time.
+        """,
+        "runtime": """
+            While a session is active, `DataLoader.__iter__` is patched (the original is restored at exit) so that
+            each new pass over any loader is seen. For every sampler of that loader that has `set_epoch()` and an
+            `epoch` attribute (such as `DistributedSampler`) and shuffles, `watch` remembers the epoch of its last
+            pass; a new pass with the same epoch is a warning. Calling `set_epoch(0)` every epoch is caught the same
+            way. Samplers with `shuffle=False`, used for validation, are quiet.
+        """,
+    },
+)
+
+
+def _epoch_samplers(loader: Any) -> list[Any]:
+    """The loader's samplers that have an epoch to advance (``set_epoch`` and an ``epoch`` attribute)."""
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    found = [getattr(loader, "sampler", None), getattr(batch_sampler, "sampler", None), batch_sampler]
+    unique = {id(s): s for s in found if s is not None}
+    return [s for s in unique.values() if callable(getattr(s, "set_epoch", None)) and hasattr(s, "epoch")]
+
+
+@SAMPLER_EPOCH_NOT_SET.runtime
+class SamplerEpochNotSet(RuntimeCheck):
+    """At each ``iter(loader)``: a shuffling sampler whose ``epoch`` did not change since its last pass."""
+
+    def on_start(self) -> None:
+        self.last: dict[int, tuple[Any, Any]] = {}  # id(sampler) -> (weakref, epoch at its last pass)
+        self.reported: set[int] = set()
+
+    def on_loader_iter(self, event: LoaderEvent) -> Iterator[Finding]:
+        for sampler in _epoch_samplers(event.loader):
+            if not getattr(sampler, "shuffle", True):
+                continue  # a fixed order is what the user asked for (e.g. validation)
+            key, epoch = id(sampler), sampler.epoch
+            previous = self.last.get(key)
+            self.last[key] = (weakref.ref(sampler), epoch)
+            if previous is None or previous[0]() is not sampler or previous[1] != epoch or key in self.reported:
+                continue
+            self.reported.add(key)
+            dataset = type(getattr(event.loader, "dataset", None)).__name__
+            yield Finding(
+                f"{type(sampler).__name__} of the DataLoader over {dataset} started another pass "
+                f"with epoch still {epoch}: set_epoch() was not called, so every epoch shuffles into the same order.",
+                fix="Advance the sampler's epoch before each pass:\n"
+                    "for epoch in range(epochs):\n"
+                    "    sampler.set_epoch(epoch)\n"
+                    "    for batch in loader:\n"
+                    "        ...",
+                location=Location(key=type(sampler).__name__, step=self.ctx.step))
+
+
+@SAMPLER_EPOCH_NOT_SET.source
+def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
+    if src.tree is None or "DistributedSampler" not in src.text:
+        return
+    index = src.index
+    if any(c.attr == "set_epoch" for c in index.all_calls()):
+        return
+    if src.project.set_epoch_called_elsewhere():
+        return  # the project calls set_epoch in another module; the runtime check confirms it per epoch
+    for scope, sampler, name in _shuffling_samplers(index):
+        for loader in _loaders_of(scope, sampler, name):
+            line = _epoch_loop_line(scope, loader)
+            if line is None:
+                continue
+            yield Finding(
+                f"`{src.snippet(sampler.node)}` feeds `{loader}`, which is read once per epoch (loop at line {line}), "
+                "but set_epoch is never called in the linted files: DistributedSampler seeds its shuffle with the "
+                "epoch, so every epoch sees the same order.",
+                fix=f"At the start of every epoch call `{name or loader + '.sampler'}.set_epoch(epoch)`.",
+                location=src.location(sampler.node),
+            )
+            break
+
+
+def _shuffling_samplers(index: ModuleIndex) -> Iterator[tuple[FunctionScope, CallSite, Optional[str]]]:
+    """DistributedSampler(...) calls that shuffle, with the name they are bound to (None when inline)."""
+    for scope in index.scopes:
+        bound = {id(b.value): b.target for b in scope.bindings if isinstance(b.value, ast.Call)}
+        for call in scope.calls:
+            if last(call.qualname).endswith("DistributedSampler") and literal(call.kwarg("shuffle")) is not False:
+                yield scope, call, bound.get(id(call.node))
+
+
+def _loaders_of(scope: FunctionScope, sampler: CallSite, name: Optional[str]) -> list[str]:
+    """Names of the DataLoaders fed by this sampler (passed by name or built inline)."""
+    out = []
+    for b in scope.bindings:
+        if isinstance(b.value, ast.Call) and last(ref(b.value.func) or "").endswith("DataLoader"):
+            for kw in b.value.keywords:
+                if kw.arg in ("sampler", "batch_sampler") and (
+                        kw.value is sampler.node or name is not None and ref(kw.value) == name):
+                    out.append(b.target)
+    return out
+
+
+def _epoch_loop_line(scope: FunctionScope, loader: str) -> Optional[int]:
+    """Line of a loop that goes over `loader` more than once (a nested loop, or a call passing it inside a loop)."""
+    for loop in scope.loops:
+        node = loop.node
+        if isinstance(node, (ast.For, ast.AsyncFor)) and loader in iter_names(node.iter) and loop.parent is not None:
+            return loop.parent.node.lineno
+    for call in scope.calls:
+        if call.loop is not None and any(ref(a) == loader for a in call.node.args) \
+                and not last(call.qualname).endswith("DataLoader"):
+            return call.loop.node.lineno
+    return None

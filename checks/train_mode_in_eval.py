@@ -1,0 +1,114 @@
+"""train-mode-in-eval: validation under no_grad that forgot model.eval(): Dropout and BatchNorm act as in training."""
+from __future__ import annotations
+
+from typing import Iterator
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck
+
+_MODEL_AND_DATA = """
+import torch
+from torch import nn
+
+model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.CrossEntropyLoss()
+train_loader = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(3)]
+val_loader = train_loader[:2]
+"""
+
+TRAIN_MODE_IN_EVAL = Pitfall(
+    code="TD307",
+    name="train-mode-in-eval",
+    severity="warning",
+    summary="Forwards under no_grad/inference_mode while the model (with Dropout/BatchNorm) is in train().",
+    why="""
+        Validation forgot `model.eval()`: `no_grad` only turns off autograd. In `train()` mode Dropout keeps
+        dropping activations, so validation scores are noisy and too low, and BatchNorm normalises with the
+        statistics of each validation batch and overwrites its running mean and variance with validation data,
+        which changes the trained model.
+    """,
+    fix="Call `model.eval()` before validating and `model.train()` before training again.",
+    bad=Example(
+        """
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+
+        val_loss = 0.0
+        with torch.no_grad():
+            for x, y in val_loader:
+                val_loss += criterion(model(x), y).item()
+        """,
+        setup=_MODEL_AND_DATA,
+    ),
+    good=Example(
+        """
+        for x, y in train_loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+
+        val_loss = 0.0
+        model.eval()
+        with torch.no_grad():
+            for x, y in val_loader:
+                val_loss += criterion(model(x), y).item()
+        model.train()
+        """,
+        setup=_MODEL_AND_DATA,
+    ),
+    details={
+        "runtime": """
+            `watch` warns once per model when it sees two gradient-free forwards in a row in `train()` mode of a
+            model that has BatchNorm or Dropout layers and that also ran training forwards (train mode, gradients
+            on) in the session. Models that never train with gradients, such as a momentum (MoCo/BYOL) key
+            encoder run in train mode under `no_grad` on purpose, are quiet, and so are models without
+            mode-dependent layers.
+        """,
+    },
+)
+
+
+class _ModeStreak:
+    def __init__(self) -> None:
+        self.trained = False   # the model ran a train()-mode forward with gradients in this session
+        self.streak = 0        # consecutive train()-mode forwards without gradients
+
+
+@TRAIN_MODE_IN_EVAL.runtime
+class TrainModeInEval(RuntimeCheck):
+    """Validation that forgot model.eval(): gradient-free forwards in train() mode of a model that trains."""
+
+    min_forwards = 2
+
+    def on_start(self) -> None:
+        self.state: dict[str, _ModeStreak] = {}
+        self.reported: set[str] = set()
+
+    def on_forward(self, event: ForwardEvent) -> Iterator[Finding]:
+        st = self.state.setdefault(event.model.label, _ModeStreak())
+        if event.grad_enabled or not event.training:
+            st.streak = 0
+            st.trained = st.trained or (event.grad_enabled and event.training)
+            return
+        st.streak += 1
+        label = event.model.label
+        if st.streak < self.min_forwards or not st.trained or label in self.reported:
+            return
+        layers = event.model.mode_dependent_layers()
+        if not layers:
+            return
+        self.reported.add(label)
+        mode = "torch.inference_mode()" if event.inference_mode else "torch.no_grad()"
+        yield Finding(
+            f"{label} ran {st.streak} forwards under {mode} while in train() mode: this looks like validation "
+            f"without model.eval(), so its {', '.join(layers)} layers behave as in training (Dropout drops, "
+            "BatchNorm normalises with batch statistics and overwrites its running statistics with validation data).",
+            fix="Switch modes around validation:\n"
+                "model.eval()\n"
+                "with torch.no_grad():\n"
+                "    ...\n"
+                "model.train()",
+            location=Location(module=label, step=self.ctx.step))
