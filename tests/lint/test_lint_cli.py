@@ -51,7 +51,7 @@ def test_text_lines_are_clickable_and_exit_code_follows_fail_on(project):
     heads = [line for line in lines if not line.startswith(" ")]  # each finding's fix follows it, indented
     assert [LINE.match(line).group("code", "line", "col") for line in heads] == [("TD301", "7", "9"), ("TD308", "8", "9")]
     assert lines[0].startswith("train.py:7:9: TD301 missing-zero-grad `optimizer.step()`")
-    assert lines[1:4] == ["    fix: Clear the gradients once per optimizer step, e.g.", "        for x, y in loader:",
+    assert lines[1:4] == ["    fix: Clear the gradients once per optimizer step:", "        for x, y in loader:",
                           "            optimizer.zero_grad(set_to_none=True)"]
     assert run("--format", "text", "--fail-on", "never").exit_code == 0
 
