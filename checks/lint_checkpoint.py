@@ -3,13 +3,16 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from torchdoctor.findings import Finding, Severity
 from torchdoctor.lint.flow import literal
 from torchdoctor.lint.index import CallSite, FunctionScope, ref
-from torchdoctor.lint.source import Edit, FixableFinding, SourceFile
+from torchdoctor.lint.source import Edit, FixableFinding, SourceFile, Spanned, end_of
 from torchdoctor.registry import Scope, check
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
 
 _CONSUME = "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present"
 _SLICE_TEXT = re.compile(r"\[\s*(?:7|10|len\(\s*['\"][\w.]*\.['\"]\s*\))\s*:\s*\]")
@@ -55,7 +58,8 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
             elif flag is None:
                 edits: tuple[Edit, ...] = ()
                 if _only_a_state_dict(call, scope):
-                    last = max([*call.node.args, *call.node.keywords], key=lambda n: (n.end_lineno, n.end_col_offset))
+                    arguments: list[Spanned] = [*call.node.args, *call.node.keywords]
+                    last = max(arguments, key=end_of)
                     edits = (Edit(src.end(last), src.end(last), ", weights_only=True"),)
                 yield FixableFinding(
                     f"`{src.snippet(call.node)}` does not say weights_only: before torch 2.6 it unpickles "
@@ -75,10 +79,12 @@ def _prefix(node: ast.Subscript) -> Optional[str]:
     if not isinstance(s, ast.Slice) or s.upper is not None or s.step is not None:
         return None
     lower = s.lower
-    if isinstance(lower, ast.Call) and isinstance(lower.func, ast.Name) and lower.func.id == "len" \
-            and len(lower.args) == 1 and isinstance(literal(lower.args[0]), str):
-        return lower.args[0].value if lower.args[0].value.endswith(".") else None
-    return {7: "module.", 10: "_orig_mod."}.get(literal(lower) if type(literal(lower)) is int else None)
+    if isinstance(lower, ast.Call) and isinstance(lower.func, ast.Name) and lower.func.id == "len" and len(lower.args) == 1:
+        text = literal(lower.args[0])
+        if isinstance(text, str):
+            return text if text.endswith(".") else None
+    number = literal(lower)
+    return {7: "module.", 10: "_orig_mod."}.get(number) if type(number) is int else None
 
 
 def _key_loops(tree: ast.AST) -> Iterator[tuple[ast.AST, str, ast.expr]]:
@@ -108,8 +114,7 @@ def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
                and ref(n.func.value) == key for n in inside):
             continue  # guarded: only prefixed keys are cut
         for node in inside:
-            if isinstance(node, ast.Subscript) and ref(node.value) == key and _prefix(node):
-                prefix = _prefix(node)
+            if isinstance(node, ast.Subscript) and ref(node.value) == key and (prefix := _prefix(node)):
                 yield FixableFinding(
                     f"`{src.snippet(node)}` cuts {len(prefix)} characters off every key of `{src.snippet(state)}`, "
                     f"assuming each one starts with '{prefix}': a key without it loses real characters "
@@ -129,7 +134,7 @@ def _prefix_edits(src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut
     `new = OrderedDict()` + `for k, v in sd.items(): new[k[7:]] = v` (or via `name = k[7:]`)
                                                    -> `new = OrderedDict()` + `new.update(sd)` + consume(new, ...)
     """
-    if not src.imports_plain("torch") or ref(state) is None:
+    if src.tree is None or not src.imports_plain("torch") or ref(state) is None:
         return
     if isinstance(loop, ast.DictComp):
         gen = loop.generators[0]
@@ -138,12 +143,14 @@ def _prefix_edits(src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut
             return
         stmt = next((s for s in ast.walk(src.tree) if isinstance(s, ast.Assign) and s.value is loop
                      and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)), None)
-        if stmt is not None and _own_lines(src, stmt):
-            name = stmt.targets[0].id
+        name = ref(stmt.targets[0]) if stmt is not None else None
+        if stmt is not None and name is not None and _own_lines(src, stmt):
             yield Edit(src.start(stmt), src.end(stmt), f'{name} = dict({src.segment(state)})\n'
                        f'{_indent(src, stmt)}{_CONSUME}({name}, "{prefix}")')
         return
-    new = _loop_target_dict(loop, cut) if isinstance(loop, ast.For) and _pair(loop.target) else None
+    if not isinstance(loop, ast.For):
+        return
+    new = _loop_target_dict(loop, cut)
     if new is None or not _own_lines(src, loop) or not _starts_empty(src.tree, loop, new) \
             or _read_after(src.tree, loop, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
                            | {t.id for s in loop.body for t in getattr(s, "targets", []) if isinstance(t, ast.Name)}):
@@ -152,15 +159,18 @@ def _prefix_edits(src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut
                f'{_indent(src, loop)}{_CONSUME}({new}, "{prefix}")')
 
 
-def _pair(target: ast.expr) -> bool:
+def _pair(target: ast.expr) -> TypeGuard[ast.Tuple]:
     return isinstance(target, ast.Tuple) and len(target.elts) == 2 and all(isinstance(e, ast.Name) for e in target.elts)
 
 
 def _loop_target_dict(loop: ast.For, cut: ast.Subscript) -> Optional[str]:
-    """`new` when the loop body is exactly `new[k[7:]] = v`, or `name = k[7:]` then `new[name] = v`."""
-    value = loop.target.elts[1].id
-    body = loop.body
-    if loop.orelse or not all(isinstance(s, ast.Assign) and len(s.targets) == 1 for s in body):
+    """`new` when the loop is `for k, v in ...` and its body is exactly `new[k[7:]] = v`, or `name = k[7:]` then
+    `new[name] = v`."""
+    if not _pair(loop.target):
+        return None
+    value = ref(loop.target.elts[1])
+    body = [s for s in loop.body if isinstance(s, ast.Assign) and len(s.targets) == 1]
+    if loop.orelse or len(body) != len(loop.body):
         return None
     last = body[-1]
     store = last.targets[0]
@@ -199,8 +209,9 @@ def _starts_empty(tree: ast.AST, loop: ast.For, new: str) -> bool:
 
 def _read_after(tree: ast.AST, loop: ast.For, names: set[str]) -> bool:
     """Whether the loop's own variables are read after it (the rewrite would leave them unbound)."""
+    end = end_of(loop)[0]
     return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
-               and n.lineno > loop.end_lineno for n in ast.walk(tree))
+               and n.lineno > end for n in ast.walk(tree))
 
 
 def _own_lines(src: SourceFile, stmt: ast.stmt) -> bool:

@@ -60,7 +60,7 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
                     or built.model.startswith(b.target + ".")
                 if not replaced or b.pos <= built.binding.pos or b.augmented or _rebuilt_after(scope, built, b.pos):
                     continue
-                if is_module_ctor(b.value, index) and not _wraps(b.value, b.target):
+                if isinstance(b.value, ast.Call) and is_module_ctor(b.value, index) and not _wraps(b.value, b.target):
                     yield Finding(
                         f"`{src.snippet(b.node)}` (line {b.pos[0]}) replaces part of `{built.model}` after "
                         f"`{built.optimizer}` was built from its parameters (line {built.binding.pos[0]}): the "

@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 from torchdoctor.findings import Finding, Severity
 from torchdoctor.lint.flow import literal
 from torchdoctor.lint.index import CallSite
-from torchdoctor.lint.source import Edit, FixableFinding, SourceFile
+from torchdoctor.lint.source import Edit, FixableFinding, SourceFile, Spanned, end_of
 from torchdoctor.registry import Scope, check
 
 _FROM_ENV = 'int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else '
@@ -46,7 +46,8 @@ def _local_rank_edits(src: SourceFile, call: CallSite, spelling: ast.expr) -> It
         simple = isinstance(default, (ast.Constant, ast.Name, ast.Attribute, ast.UnaryOp))
         yield Edit(src.start(default), src.end(default), _FROM_ENV + (text if simple else f"({text})"))
     else:
-        last_arg = max([*call.node.args, *call.node.keywords], key=lambda n: (n.end_lineno, n.end_col_offset))
+        arguments: list[Spanned] = [*call.node.args, *call.node.keywords]
+        last_arg = max(arguments, key=end_of)
         yield Edit(src.end(last_arg), src.end(last_arg), ", default=" + _FROM_ENV + "None")
     if not src.imports_plain("os"):
         yield Edit((_import_line(src), 0), (_import_line(src), 0), "import os\n")
@@ -54,13 +55,13 @@ def _local_rank_edits(src: SourceFile, call: CallSite, spelling: ast.expr) -> It
 
 def _import_line(src: SourceFile) -> int:
     """Where `import os` goes: after `from __future__` imports and the docstring, before the first import."""
-    body = src.tree.body
+    body = src.tree.body if src.tree is not None else []
     line = 1
     for i, stmt in enumerate(body):
         if i == 0 and isinstance(stmt, ast.Expr) and isinstance(literal(stmt.value), str):
-            line = stmt.end_lineno + 1
+            line = end_of(stmt)[0] + 1
         elif isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
-            line = stmt.end_lineno + 1
+            line = end_of(stmt)[0] + 1
         else:
             return stmt.lineno if isinstance(stmt, (ast.Import, ast.ImportFrom)) else line
     return line
@@ -70,8 +71,8 @@ def _exclusive(tree: ast.Module, a: int, b: int) -> bool:
     """Lines `a` and `b` sit in different branches of one `if` (they never both run)."""
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and node.orelse:
-            body = (node.body[0].lineno, node.body[-1].end_lineno)
-            orelse = (node.orelse[0].lineno, node.orelse[-1].end_lineno)
+            body = (node.body[0].lineno, end_of(node.body[-1])[0])
+            orelse = (node.orelse[0].lineno, end_of(node.orelse[-1])[0])
             inside = lambda line, span: span[0] <= line <= span[1]  # noqa: E731
             if inside(a, body) and inside(b, orelse) or inside(b, body) and inside(a, orelse):
                 return True
@@ -83,8 +84,8 @@ def _exclusive(tree: ast.Module, a: int, b: int) -> bool:
 def nondeterministic_settings(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "benchmark" not in src.text or "determinis" not in src.text:
         return
-    benchmark: Optional[ast.AST] = None
-    deterministic: Optional[ast.AST] = None
+    benchmark: Optional[Spanned] = None
+    deterministic: Optional[Spanned] = None
     for scope in src.index.scopes:
         for b in scope.bindings:
             if b.target.endswith("cudnn.benchmark") and literal(b.value) is True:

@@ -9,7 +9,7 @@ from torchdoctor.lint.flow import (
     backprop_names, backward_targets, calls_in, graph_refs, inner_scopes, is_backward, is_optimizer,
 )
 from torchdoctor.lint.index import CallSite, FunctionScope, Loop, ModuleIndex, ref
-from torchdoctor.lint.source import SourceFile
+from torchdoctor.lint.source import SourceFile, Spanned
 from torchdoctor.registry import Scope, check
 
 _LOOP_ORDER = """for x, y in loader:
@@ -165,7 +165,7 @@ def _reset_in_loop(scope: FunctionScope, target: str, loop: Loop, node: Optional
                for b in scope.bindings)
 
 
-def _leak_finding(src: SourceFile, node: ast.AST, target: str, leaked: str, trained: dict) -> Finding:
+def _leak_finding(src: SourceFile, node: Spanned, target: str, leaked: str, trained: dict) -> Finding:
     backward = trained[leaked][0][1]
     return Finding(
         f"`{src.snippet(node)}` keeps `{leaked}`, which is back-propagated at line {backward.lineno}, with its "
@@ -201,7 +201,7 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                 continue
             model = call.receiver if call.attr == "forward" else ref(call.node.func)
             state = mode.get(model or "")
-            if state is None or state[0] != "eval" or call.grad_off or model in reported:
+            if model is None or state is None or state[0] != "eval" or call.grad_off or model in reported:
                 continue
             reported.add(model)
             yield Finding(

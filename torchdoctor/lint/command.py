@@ -47,7 +47,7 @@ def run_lint(paths: Sequence[str], fmt: str, select: tuple[str, ...], ignore: tu
     checks = selected_checks(registry.Scope.SOURCE, select, ignore)
     config = project_config()
     root = os.path.dirname(config.path) if config.path else None
-    excludes = [*(compile_pattern(e, root) for e in config.exclude), *exclude]  # the table's patterns: from its folder
+    excludes = [*(compile_pattern(e, root or "") for e in config.exclude), *exclude]  # the table's patterns: from its folder
     cache = LintCache(default_cache_dir(), root or os.getcwd(), checks) if use_cache else None
     # Cached results carry no rewrites: --fix and --diff check every file afresh.
     result = _lint(paths or ["."], checks, excludes, None if fix or diff else cache)
@@ -97,7 +97,7 @@ def _rewrites(result: LintResult) -> dict[str, tuple[str, str, int]]:
         src = read_source(os.path.abspath(path), path)
         after = apply_edits(src.text, edits) if src.tree is not None else None
         if after is not None and after != src.text:
-            count = sum(1 for f in result.findings if getattr(f, "edits", ()) and f.location.file == path)
+            count = sum(1 for f in result.findings if getattr(f, "edits", ()) and f.location and f.location.file == path)
             changes[path] = (src.text, after, count)
     return changes
 

@@ -30,7 +30,8 @@ class LintResult:
     checked: int = 0  # files checked in this run; the others' results came from the cache
 
     def facts(self) -> dict:
-        unreadable = sorted({f.location.file for f in self.findings if f.name == "source-unreadable" and f.location})
+        unreadable = sorted({f.location.file for f in self.findings
+                             if f.name == "source-unreadable" and f.location and f.location.file})
         return {"files": len(self.files), "checked": self.checked, "unreadable": unreadable,
                 "seconds": round(self.seconds, 3)}
 
@@ -96,7 +97,9 @@ def suppressed_lines(src: SourceFile) -> dict[int, set[str]]:
 
 def _is_silenced(f: Finding, silenced: dict[int, set[str]]) -> bool:
     names = silenced.get(f.location.line if f.location and f.location.line else -1)
-    return bool(names) and (_ALL in names or f.name in names or f.code in names or f.code.lower() in names)
+    if not names:
+        return False
+    return _ALL in names or f.name in names or f.code in names or f.code.lower() in names
 
 
 def check_source(src: SourceFile, checks: Sequence[registry.CheckInfo]) -> list[Finding]:
