@@ -125,9 +125,12 @@ def gpu_arch_unsupported(facts: EnvFacts) -> Iterator[Finding]:
     if not (facts.torch.ok and facts.torch.cuda and arch_list):
         return
     for gpu in facts.nvidia.gpus:
-        if gpu.capability is None or _covered(tuple(gpu.capability), arch_list):
+        if gpu.capability is None:
             continue
-        cc = tuple(gpu.capability)
+        major, minor = gpu.capability
+        cc = (major, minor)
+        if _covered(cc, arch_list):
+            continue
         sm = f"sm_{cc[0]}{cc[1]}"
         need = FIRST_CUDA_FOR_CC.get(cc) or next((v for k, v in sorted(FIRST_CUDA_FOR_CC.items()) if k >= cc), (12, 8))
         if cc < (7, 5):

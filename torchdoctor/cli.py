@@ -135,6 +135,7 @@ def env(obj: dict[str, Any], fmt: str, select: tuple[str, ...], ignore: tuple[st
         facts.launch = launch
         report = diagnose_env(checks=checks, facts=facts)
         if multi_rank:
+            assert launch is not None and launch.world_size is not None, "multi_rank_problem checked both"
             answer = collection.exchange(dist.rank_summary(facts, report.findings))
             if launch.rank != 0:
                 sys.exit(0)  # rank 0 reports for everyone
