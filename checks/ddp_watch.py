@@ -34,8 +34,8 @@ def _differing(rnd: "Round", part: str, names: list[str]) -> list[tuple[str, lis
     """(name, ranks whose tensor differs from rank 0's, rank 0's sum, the first such rank's sum) per tensor."""
     from torchdoctor.watch.distributed import stats_differ
 
-    vectors = [p.get(part) for p in rnd.payloads]
-    if any(v is None or len(v) != len(names) for v in vectors):
+    vectors = [v for v in (p.get(part) for p in rnd.payloads) if v is not None]
+    if len(vectors) != len(rnd.payloads) or any(len(v) != len(names) for v in vectors):
         return []  # some rank took no fingerprint at this step, or the models differ: nothing to compare
     out = []
     for i, name in enumerate(names):
@@ -100,7 +100,7 @@ class DDPBufferDesync(_FingerprintedInForward):
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         rnd = self._round(event)
-        if rnd is None:
+        if rnd is None or self.ex is None:
             return
         names, _ = self.ex.names("buffers")
         diffs = _differing(rnd, "buffers", names)
@@ -136,7 +136,7 @@ class DDPParamDesync(_CrossRankCheck):
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         rnd = self._round(event)
-        if rnd is None:
+        if rnd is None or self.ex is None:
             return
         names, _ = self.ex.names("params")
         diffs = _differing(rnd, "params", names)

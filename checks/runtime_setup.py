@@ -76,7 +76,7 @@ class DataParallelDevice(RuntimeCheck):
         from torch import nn
 
         for wm in self.ctx.models:
-            module = wm.module
+            module: Any = wm.module  # walked by duck typing: `.module` of (D)DP, `._orig_mod` of torch.compile
             while isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)) or hasattr(module, "_orig_mod"):
                 inner = module._orig_mod if hasattr(module, "_orig_mod") else module.module
                 if isinstance(module, nn.DataParallel) and module.device_ids:

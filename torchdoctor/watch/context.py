@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -24,9 +24,10 @@ def unwrap(module: nn.Module) -> tuple[nn.Module, list[str]]:
         if isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
             wrappers.append(type(module).__name__)
             module = module.module
-        elif type(module).__name__ == "OptimizedModule" and isinstance(getattr(module, "_orig_mod", None), nn.Module):
+        elif type(module).__name__ == "OptimizedModule" \
+                and isinstance(compiled := getattr(module, "_orig_mod", None), nn.Module):
             wrappers.append("torch.compile")
-            module = module._orig_mod
+            module = compiled
         else:
             return module, wrappers
 
@@ -139,6 +140,7 @@ def first_graph_tensor(output: Any, depth: int = 0) -> Optional[torch.Tensor]:
         return output if output.grad_fn is not None else None
     if depth > 2:
         return None
+    items: Iterable[Any]
     if isinstance(output, dict):
         items = output.values()
     elif isinstance(output, (tuple, list)):
