@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Pitfall
 from torchdoctor.sdk.source import Edit, FixableFinding, SourceFile, literal, ref
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
 
 _CONSUME = "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present"
 _SLICE_TEXT = re.compile(r"\[\s*(?:7|10|len\(\s*['\"][\w.]*\.['\"]\s*\))\s*:\s*\]")
@@ -99,8 +102,7 @@ def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
                and ref(n.func.value) == key for n in inside):
             continue  # guarded: only prefixed keys are cut
         for node in inside:
-            if isinstance(node, ast.Subscript) and ref(node.value) == key and _prefix(node):
-                prefix = _prefix(node)
+            if isinstance(node, ast.Subscript) and ref(node.value) == key and (prefix := _prefix(node)):
                 yield FixableFinding(
                     f"`{src.snippet(node)}` cuts {len(prefix)} characters off every key of `{src.snippet(state)}`, "
                     f"assuming each one starts with '{prefix}': a key without it loses real characters "
@@ -120,7 +122,7 @@ def _prefix_edits(src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut
     `new = OrderedDict()` + `for k, v in sd.items(): new[k[7:]] = v` (or via `name = k[7:]`)
                                                    -> `new = OrderedDict()` + `new.update(sd)` + consume(new, ...)
     """
-    if not src.imports_plain("torch") or ref(state) is None:
+    if src.tree is None or not src.imports_plain("torch") or ref(state) is None:
         return
     if isinstance(loop, ast.DictComp):
         gen = loop.generators[0]
@@ -129,12 +131,14 @@ def _prefix_edits(src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut
             return
         stmt = next((s for s in ast.walk(src.tree) if isinstance(s, ast.Assign) and s.value is loop
                      and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)), None)
-        if stmt is not None and _own_lines(src, stmt):
-            name = stmt.targets[0].id
+        name = ref(stmt.targets[0]) if stmt is not None else None
+        if stmt is not None and name is not None and _own_lines(src, stmt):
             yield Edit(src.start(stmt), src.end(stmt), f'{name} = dict({src.segment(state)})\n'
                        f'{_indent(src, stmt)}{_CONSUME}({name}, "{prefix}")')
         return
-    new = _loop_target_dict(loop, cut) if isinstance(loop, ast.For) and _pair(loop.target) else None
+    if not isinstance(loop, ast.For):
+        return
+    new = _loop_target_dict(loop, cut)
     if new is None or not _own_lines(src, loop) or not _starts_empty(src.tree, loop, new) \
             or _read_after(src.tree, loop, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
                            | {t.id for s in loop.body for t in getattr(s, "targets", []) if isinstance(t, ast.Name)}):
@@ -143,15 +147,18 @@ def _prefix_edits(src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut
                f'{_indent(src, loop)}{_CONSUME}({new}, "{prefix}")')
 
 
-def _pair(target: ast.expr) -> bool:
+def _pair(target: ast.expr) -> TypeGuard[ast.Tuple]:
     return isinstance(target, ast.Tuple) and len(target.elts) == 2 and all(isinstance(e, ast.Name) for e in target.elts)
 
 
 def _loop_target_dict(loop: ast.For, cut: ast.Subscript) -> Optional[str]:
-    """`new` when the loop body is exactly `new[k[7:]] = v`, or `name = k[7:]` then `new[name] = v`."""
-    value = loop.target.elts[1].id
-    body = loop.body
-    if loop.orelse or not all(isinstance(s, ast.Assign) and len(s.targets) == 1 for s in body):
+    """`new` when the loop is `for k, v in ...` and its body is exactly `new[k[7:]] = v`, or `name = k[7:]` then
+    `new[name] = v`."""
+    if not _pair(loop.target):
+        return None
+    value = ref(loop.target.elts[1])
+    body = [s for s in loop.body if isinstance(s, ast.Assign) and len(s.targets) == 1]
+    if loop.orelse or len(body) != len(loop.body):
         return None
     last = body[-1]
     store = last.targets[0]
@@ -190,8 +197,9 @@ def _starts_empty(tree: ast.AST, loop: ast.For, new: str) -> bool:
 
 def _read_after(tree: ast.AST, loop: ast.For, names: set[str]) -> bool:
     """Whether the loop's own variables are read after it (the rewrite would leave them unbound)."""
+    end = end_of(loop)[0]
     return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
-               and n.lineno > loop.end_lineno for n in ast.walk(tree))
+               and n.lineno > end for n in ast.walk(tree))
 
 
 def _own_lines(src: SourceFile, stmt: ast.stmt) -> bool:

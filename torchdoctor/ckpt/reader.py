@@ -106,7 +106,7 @@ class _Inflate(io.RawIOBase):
         return data
 
 
-def open_located(f: IO[bytes], loc: Locator) -> IO[bytes]:
+def open_located(f: IO[bytes], loc: Locator) -> io.RawIOBase:
     """A stream over the bytes a `Locator` points to."""
     if loc.method == 8:
         return _Inflate(f, loc.offset, loc.compressed_size)
@@ -218,7 +218,7 @@ def _locator(f: IO[bytes], info: zipfile.ZipInfo) -> Locator:
     return Locator(_local_data_offset(f, info), info.file_size, info.compress_size, info.compress_type)
 
 
-def _member_stream(f: IO[bytes], info: zipfile.ZipInfo) -> IO[bytes]:
+def _member_stream(f: IO[bytes], info: zipfile.ZipInfo) -> io.RawIOBase:
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise CheckpointError(f"zip record {info.filename} uses unsupported compression {info.compress_type}")
     return open_located(f, _locator(f, info))

@@ -67,7 +67,7 @@ def _from_type(args: tuple) -> Optional[TensorMeta]:
 
 
 def _qtensor(args: tuple) -> Optional[TensorMeta]:
-    t = _strided(*args[:4], args[5] if len(args) > 5 else False) if len(args) >= 4 else None
+    t = _strided(args[0], args[1], args[2], args[3], args[5] if len(args) > 5 else False) if len(args) >= 4 else None
     if t is not None:
         t.kind = "quantized"
     return t

@@ -14,7 +14,7 @@ import _compat_pickle
 import codecs
 import struct
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional, Protocol
 
 from torchdoctor.ckpt.objects import Blob, GlobalRef, Inert, Instance, Key, Opaque, PickledDict
 from torchdoctor.ckpt.rebuild import rebuild
@@ -83,12 +83,18 @@ class PickleScan:
     error: Optional[str] = None  # why parsing stopped early (value is then None)
 
 
+class ByteStream(Protocol):
+    """What `Source` reads from: an open binary file, or a stream over one zip or tar member."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 class Source:
     """Buffered reading from a binary stream with cheap skipping of large payloads."""
 
     CHUNK = 1 << 16
 
-    def __init__(self, stream: IO[bytes], limit: Optional[int] = None) -> None:
+    def __init__(self, stream: ByteStream, limit: Optional[int] = None) -> None:
         self.stream = stream
         self.buf = b""
         self.pos = 0
@@ -216,7 +222,7 @@ class _Machine:
         self.scan = PickleScan()
 
     # -- helpers -------------------------------------------------------------------------------
-    def fail(self, message: str) -> None:
+    def fail(self, message: str) -> NoReturn:
         raise PickleParseError(message)
 
     def pop(self) -> Any:

@@ -45,7 +45,7 @@ def multi_rank_problem(launch: Optional[LaunchFacts]) -> Optional[str]:
                if value is None]
     if missing:
         return f"{', '.join(missing)} missing from the environment (the launcher sets them)"
-    if launch.world_size < 2:
+    if launch.world_size is not None and launch.world_size < 2:
         return "WORLD_SIZE is 1: there is only one rank"
     return None
 

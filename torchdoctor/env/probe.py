@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, Optional
 
 from torchdoctor.env.facts import TorchProbe
 
@@ -38,13 +38,15 @@ class RunningProbe:
         )
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self._stderr: list[str] = []
-        self._out = threading.Thread(target=self._read_stdout, daemon=True)
-        self._err = threading.Thread(target=lambda: self._stderr.extend(self.proc.stderr), daemon=True)
+        out, err = self.proc.stdout, self.proc.stderr
+        assert out is not None and err is not None, "both were opened as pipes"
+        self._out = threading.Thread(target=self._read_stdout, args=(out,), daemon=True)
+        self._err = threading.Thread(target=self._stderr.extend, args=(err,), daemon=True)
         self._out.start()
         self._err.start()
 
-    def _read_stdout(self) -> None:
-        for line in self.proc.stdout:
+    def _read_stdout(self, out: IO[str]) -> None:
+        for line in out:
             self._lines.put(line)
         self._lines.put(_EOF)
 

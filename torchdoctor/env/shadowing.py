@@ -9,7 +9,7 @@ import os
 import sys
 import sysconfig
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from torchdoctor.env.facts import PathEntry
 
@@ -48,7 +48,7 @@ def protected_dirs() -> set[str]:
     return {os.path.realpath(d) for d in dirs if d}
 
 
-def search_dirs(cwd: str, environ: "dict[str, str] | None" = None) -> list[tuple[str, str]]:
+def search_dirs(cwd: str, environ: Optional[Mapping[str, str]] = None) -> list[tuple[str, str]]:
     """Where a user's `python script.py` run from `cwd` looks first, with why: the working directory,
     then the PYTHONPATH entries (empty entries mean the working directory too)."""
     environ = os.environ if environ is None else environ

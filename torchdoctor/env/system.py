@@ -5,7 +5,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 import psutil
 
@@ -19,7 +19,7 @@ ENV_NAMES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADD
              "CUDA_PATH", "XLA_FLAGS", "PYTHONHASHSEED")
 
 
-def relevant_env(environ: "Optional[dict[str, str]]" = None) -> dict[str, str]:
+def relevant_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """The environment variables that matter to PyTorch, sorted by name."""
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in sorted(environ) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}
@@ -44,9 +44,9 @@ def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
     except (OSError, ValueError):
         pass
     try:
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return quota / period if quota > 0 and period > 0 else None
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
     except (OSError, ValueError):
         return None
 

@@ -7,7 +7,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from torchdoctor.env.facts import ToolkitFacts
 
@@ -23,7 +23,7 @@ def _version_json(cuda_home: str) -> Optional[str]:
         return None
 
 
-def collect_toolkit(environ: "dict[str, str] | None" = None) -> ToolkitFacts:
+def collect_toolkit(environ: Optional[Mapping[str, str]] = None) -> ToolkitFacts:
     """Find nvcc the way torch.utils.cpp_extension does (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda)."""
     environ = os.environ if environ is None else environ
     facts = ToolkitFacts()

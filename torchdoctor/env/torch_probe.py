@@ -14,16 +14,18 @@ import os
 import sys
 import time
 import traceback
+from types import ModuleType
+from typing import Any
 
 MARKER = "@@torchdoctor-probe@@"
 
 
-def emit(kind, payload):
+def emit(kind: str, payload: dict[str, Any]) -> None:
     sys.stdout.write(MARKER + json.dumps({"kind": kind, **payload}, default=str) + "\n")
     sys.stdout.flush()
 
 
-def openmp_runtimes():
+def openmp_runtimes() -> list[str]:
     """Distinct OpenMP runtime libraries mapped into this process (Linux only)."""
     found = set()
     try:
@@ -38,8 +40,8 @@ def openmp_runtimes():
     return sorted(found)
 
 
-def config_highlights(torch):
-    out = {}
+def config_highlights(torch: ModuleType) -> dict[str, str]:
+    out: dict[str, str] = {}
     try:
         show = torch.__config__.show()
         for line in show.splitlines():
@@ -57,7 +59,7 @@ def config_highlights(torch):
     return out
 
 
-def main():
+def main() -> None:
     start = time.perf_counter()
     try:
         import torch
@@ -84,7 +86,7 @@ def main():
         })
         return
     seconds = time.perf_counter() - start
-    build = {
+    build: dict[str, Any] = {
         "ok": True,
         "seconds": seconds,
         "torch_file": getattr(torch, "__file__", None),
@@ -114,7 +116,7 @@ def main():
     build["openmp_runtimes"] = openmp_runtimes()
     emit("build", build)
 
-    cuda = {}
+    cuda: dict[str, Any] = {}
     if build["cuda"] or build["hip"]:
         cuda = cuda_facts(torch)
         emit("cuda", cuda)
@@ -123,8 +125,8 @@ def main():
         exchange(float(os.environ["TORCHDOCTOR_PROBE_EXCHANGE"]), {**build, **cuda})
 
 
-def cuda_facts(torch):
-    cuda = {"cuda_available": False, "cuda_device_count": 0, "cuda_devices": []}
+def cuda_facts(torch: ModuleType) -> dict[str, Any]:
+    cuda: dict[str, Any] = {"cuda_available": False, "cuda_device_count": 0, "cuda_devices": []}
     try:
         cuda["cuda_device_count"] = torch.cuda.device_count()
         cuda["cuda_available"] = torch.cuda.is_available()
@@ -145,7 +147,7 @@ def cuda_facts(torch):
     return cuda
 
 
-def exchange(timeout, build):
+def exchange(timeout: float, build: dict[str, Any]) -> None:
     """Share this rank's payload (stdin) through the launcher's store; rank 0 prints every rank's."""
     from datetime import timedelta
 

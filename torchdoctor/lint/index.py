@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 Pos = tuple  # (line, col): source order stands in for statement order inside one function
 
@@ -51,7 +51,7 @@ def last(dotted: Optional[str]) -> str:
 class Loop:
     """A `for`/`while` loop (or a framework step method that runs once per batch)."""
 
-    node: ast.AST
+    node: ast.stmt
     parent: Optional["Loop"]
 
     def encloses(self, other: Optional["Loop"]) -> bool:
@@ -92,7 +92,7 @@ class Binding:
 
     target: str
     value: Optional[ast.expr]
-    node: ast.AST
+    node: Union[ast.stmt, ast.arg]
     loop: Optional[Loop]
     grad_off: bool
     pos: Pos
@@ -103,7 +103,7 @@ class Binding:
 class FunctionScope:
     """A function body (or the module body): its calls, bindings and loops in source order."""
 
-    node: ast.AST
+    node: Union[ast.Module, ast.FunctionDef, ast.AsyncFunctionDef]
     name: str
     class_name: Optional[str] = None
     grad_off: bool = False
@@ -165,13 +165,12 @@ class _Indexer:
             self.stmt(stmt, scope, loop, off, cls)
 
     def stmt(self, node: ast.stmt, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
-        t = type(node)
-        if t is ast.Assign:
+        if isinstance(node, ast.Assign):
             self.expr(node.value, scope, loop, off)
             for target in node.targets:
                 self.target(target, node.value, node, scope, loop, off)
             return
-        if t is ast.Expr:
+        if isinstance(node, ast.Expr):
             if type(node.value) is ast.Call:
                 first = len(scope.calls)
                 self.expr(node.value, scope, loop, off)
@@ -179,55 +178,55 @@ class _Indexer:
             else:
                 self.expr(node.value, scope, loop, off)
             return
-        if t is ast.Return:
+        if isinstance(node, ast.Return):
             scope.returns.append(node)
             if node.value is not None:
                 self.expr(node.value, scope, loop, off)
             return
-        if t is ast.Import:
+        if isinstance(node, ast.Import):
             for a in node.names:
                 if a.asname:
                     self.aliases[a.asname] = a.name
             return
-        if t is ast.ImportFrom:
+        if isinstance(node, ast.ImportFrom):
             if node.module and not node.level:
                 for a in node.names:
                     self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
             return
-        if t is ast.FunctionDef or t is ast.AsyncFunctionDef:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for d in node.decorator_list:
                 self.expr(d, scope, loop, off)
             decorated_off = any(self.is_grad_off(d) or last(resolve(d, self.aliases)) in _GRAD_OFF for d in node.decorator_list)
             inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop)
             self.scopes.append(inner)
-            for a in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
-                inner.bindings.append(Binding(a.arg, None, a, None, decorated_off, (node.lineno, node.col_offset)))
+            for param in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+                inner.bindings.append(Binding(param.arg, None, param, None, decorated_off, (node.lineno, node.col_offset)))
             # A Lightning-style step method runs once per batch: its body is a loop body.
             step_loop = Loop(node, None) if cls and node.name == "training_step" else None
             if step_loop:
                 inner.loops.append(step_loop)
             self.body(node.body, inner, step_loop, decorated_off, None)
             return
-        if t is ast.ClassDef:
+        if isinstance(node, ast.ClassDef):
             self.classes[node.name] = [resolve(b, self.aliases) for b in node.bases]
             for d in node.decorator_list:
                 self.expr(d, scope, loop, off)
             self.body(node.body, scope, loop, off, node.name)
             return
-        if t is ast.For or t is ast.AsyncFor or t is ast.While:
-            if t is ast.While:
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            if isinstance(node, ast.While):
                 self.expr(node.test, scope, loop, off)
             else:
                 self.expr(node.iter, scope, loop, off)
             inner_loop = Loop(node, loop)
             scope.loops.append(inner_loop)
-            if t is not ast.While:
+            if not isinstance(node, ast.While):
                 for name in _target_names(node.target):
                     scope.bindings.append(Binding(name, node.iter, node, inner_loop, off, (node.lineno, node.col_offset)))
             self.body(node.body, scope, inner_loop, off, cls)
             self.body(node.orelse, scope, loop, off, cls)
             return
-        if t is ast.With or t is ast.AsyncWith:
+        if isinstance(node, (ast.With, ast.AsyncWith)):
             inner_off = off
             for item in node.items:
                 self.expr(item.context_expr, scope, loop, off)
@@ -238,12 +237,12 @@ class _Indexer:
                         scope.bindings.append(Binding(name, item.context_expr, node, loop, off, (node.lineno, node.col_offset)))
             self.body(node.body, scope, loop, inner_off, cls)
             return
-        if t is ast.AnnAssign:
+        if isinstance(node, ast.AnnAssign):
             if node.value is not None:
                 self.expr(node.value, scope, loop, off)
                 self.target(node.target, node.value, node, scope, loop, off)
             return
-        if t is ast.AugAssign:
+        if isinstance(node, ast.AugAssign):
             self.expr(node.value, scope, loop, off)
             key = ref(node.target)
             if key is not None:
@@ -251,7 +250,7 @@ class _Indexer:
             else:
                 self.expr(node.target, scope, loop, off)
             return
-        for f in child_fields(t):
+        for f in child_fields(type(node)):
             value = getattr(node, f, None)
             for child in value if type(value) is list else (value,):
                 if isinstance(child, ast.stmt):
@@ -261,7 +260,7 @@ class _Indexer:
                 elif isinstance(child, _BLOCKS):
                     self.body(child.body, scope, loop, off, cls)
 
-    def target(self, target: ast.expr, value: ast.expr, node: ast.stmt, scope: FunctionScope,
+    def target(self, target: ast.expr, value: Optional[ast.expr], node: ast.stmt, scope: FunctionScope,
                loop: Optional[Loop], off: bool) -> None:
         if type(target) is ast.Name:
             scope.bindings.append(Binding(target.id, value, node, loop, off, (node.lineno, node.col_offset)))
@@ -318,13 +317,13 @@ class _Indexer:
 
 
 # Clauses with a statement body of their own (`match` exists from Python 3.10).
-_BLOCKS = (ast.excepthandler, ast.match_case) if hasattr(ast, "match_case") else (ast.excepthandler,)
+_BLOCKS = (ast.ExceptHandler, ast.match_case) if hasattr(ast, "match_case") else (ast.ExceptHandler,)
 # Expression fields that never hold a sub-expression (walking them, or `ctx`/operator nodes, is wasted time).
 _SCALAR_FIELDS = frozenset({"ctx", "op", "ops", "id", "attr", "arg", "kind", "conversion", "is_async"})
 _CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 
 
-def child_fields(t: type) -> tuple[str, ...]:
+def child_fields(t: type[ast.AST]) -> tuple[str, ...]:
     """The fields of node type `t` that may hold sub-nodes (all but `ctx`, operators, names and flags)."""
     fields = _CHILD_FIELDS.get(t)
     if fields is None:

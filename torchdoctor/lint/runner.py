@@ -96,7 +96,9 @@ def suppressed_lines(src: SourceFile) -> dict[int, set[str]]:
 
 def _is_silenced(f: Finding, silenced: dict[int, set[str]]) -> bool:
     names = silenced.get(f.location.line if f.location and f.location.line else -1)
-    return bool(names) and (_ALL in names or f.name in names or f.code in names or f.code.lower() in names)
+    if not names:
+        return False
+    return _ALL in names or f.name in names or f.code in names or f.code.lower() in names
 
 
 def check_source(src: SourceFile, checks: Sequence[registry.Pitfall]) -> list[Finding]:

@@ -5,7 +5,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Optional
+from typing import Optional, Union
 
 from torchdoctor.findings import Finding, Location
 from torchdoctor.lint.index import ModuleIndex, build_index
@@ -13,6 +13,17 @@ from torchdoctor.lint.index import ModuleIndex, build_index
 # A `.set_epoch(` call on a line where no `#` comes before it (cross-file facts are read from text).
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _SET_EPOCH_CALL = re.compile(r"^[^#\n]*\.set_epoch\(", re.MULTILINE)
+
+
+# The nodes `ast.parse` gives a source span (the ones a finding or an edit points at).
+Spanned = Union[ast.stmt, ast.expr, ast.arg, ast.keyword]
+
+
+def end_of(node: Spanned) -> tuple[int, int]:
+    """Where `node` ends: (line, UTF-8 byte column). `ast.parse` always sets both; typeshed allows None."""
+    line, col = node.end_lineno, node.end_col_offset
+    assert line is not None and col is not None, f"{type(node).__name__} without an end position"
+    return line, col
 
 
 @dataclass
@@ -125,27 +136,29 @@ class SourceFile:
         line = getattr(node, "lineno", 1)
         return Location(file=self.path, line=line, column=self.char_col(line, getattr(node, "col_offset", 0)) + 1)
 
-    def start(self, node: ast.AST) -> tuple[int, int]:
+    def start(self, node: Spanned) -> tuple[int, int]:
         return node.lineno, self.char_col(node.lineno, node.col_offset)
 
-    def end(self, node: ast.AST) -> tuple[int, int]:
-        return node.end_lineno, self.char_col(node.end_lineno, node.end_col_offset)
+    def end(self, node: Spanned) -> tuple[int, int]:
+        line, byte_col = end_of(node)
+        return line, self.char_col(line, byte_col)
 
-    def segment(self, node: ast.AST) -> str:
+    def segment(self, node: Spanned) -> str:
         """The source text of `node` as written."""
-        first, last = node.lineno - 1, node.end_lineno - 1
+        (last, end_col), col = end_of(node), node.col_offset
+        first, last = node.lineno - 1, last - 1
         if last >= len(self.lines):
             return ast.unparse(node)
         if first == last:
             line = self.lines[first]
             if line.isascii():
-                return line[node.col_offset:node.end_col_offset]
-            return line.encode("utf-8")[node.col_offset:node.end_col_offset].decode("utf-8", "replace")
-        head = self.lines[first].encode("utf-8")[node.col_offset:].decode("utf-8", "replace")
-        tail = self.lines[last].encode("utf-8")[:node.end_col_offset].decode("utf-8", "replace")
+                return line[col:end_col]
+            return line.encode("utf-8")[col:end_col].decode("utf-8", "replace")
+        head = self.lines[first].encode("utf-8")[col:].decode("utf-8", "replace")
+        tail = self.lines[last].encode("utf-8")[:end_col].decode("utf-8", "replace")
         return "\n".join([head, *self.lines[first + 1:last], tail])
 
-    def snippet(self, node: ast.AST, limit: int = 70) -> str:
+    def snippet(self, node: Spanned, limit: int = 70) -> str:
         """The source of `node` for a message: on one line, shortened when long."""
         text = " ".join(self.segment(node).split())
         return text if len(text) <= limit else text[: limit - 3].rstrip() + "..."

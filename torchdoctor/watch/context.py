@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -126,6 +126,7 @@ def first_graph_tensor(output: Any, depth: int = 0) -> Optional[torch.Tensor]:
         return output if output.grad_fn is not None else None
     if depth > 2:
         return None
+    items: Iterable[Any]
     if isinstance(output, dict):
         items = output.values()
     elif isinstance(output, (tuple, list)):

@@ -129,5 +129,5 @@ class EventHub:
             self.dispatch(Event.ZERO_GRAD, ZeroGradEvent(wo))
             return result
 
-        obj.zero_grad = zero_grad
+        obj.zero_grad = zero_grad  # type: ignore[method-assign]  # wrapping this instance's method is the point
         return Restore(obj, "zero_grad", zero_grad, original if had_own else Restore._MISSING)

@@ -63,7 +63,7 @@ class WarningFilter:
 
     def remove(self) -> None:
         if self.entry in warnings.filters:
-            warnings.filters.remove(self.entry)
+            warnings.filters.remove(self.entry)  # type: ignore[attr-defined]  # typeshed: a Sequence; it is a list
             # invalidate the per-module "already warned" caches (the name differs across Python versions)
             mutated = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held", None)
             if mutated is not None:

@@ -194,9 +194,8 @@ class WatchSession:
     def __enter__(self) -> "WatchSession":
         return self.start()
 
-    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Optional[BaseException], tb: Any) -> None:
         self.stop(exc)
-        return False
 
     def __call__(self, fn: F) -> F:
         """Use the session as a decorator: every call of `fn` runs inside it."""
