@@ -5,7 +5,7 @@ import functools
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
 
 _UNNORMALISED_PIXELS = """
 import torch
@@ -68,8 +68,14 @@ NONFINITE_VALUES = Pitfall(
             them: the loss or the forward was already NaN), then hooks every submodule for the next forward only
             and reports the first module whose output is non-finite, that the input batch already holds NaN/Inf,
             that the step already wrote NaN/Inf into the weights, or that the next forward is clean (the batch or
-            the loss was the source). Steps that `GradScaler` skips are never seen, so mixed-precision overflows
-            are quiet. It reports once per session.
+            the loss was the source). On a GPU the per-step flag of the small gradients stays on the device (no
+            host synchronisation, so the step never waits for the GPU); the flags of the steps in between are
+            read together at the next full check, every `every` steps, and the finding names the step where
+            NaN/Inf first appeared, which `step()` has by then written into the weights. Steps that `GradScaler`
+            skips are never seen, so mixed-precision overflows are quiet; a loss that stays NaN makes it skip
+            every step, so 50 `zero_grad()` calls in a row without a `step()` (by then any usual scale has been
+            halved below 1) are reported as a stalled run. It reports once per session. [docs/gpu.md](../gpu.md)
+            has the cost on a GPU.
         """,
     },
 )
@@ -77,6 +83,7 @@ NONFINITE_VALUES = Pitfall(
 _FIX = ("Lower the learning rate, clip gradients (`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`), "
         "check the data for NaN/Inf, and guard logs/divisions (`torch.log(x + 1e-8)`); to find the op, run "
         "once under `torch.autograd.detect_anomaly()`.")
+SKIPPED_STEPS = 50  # GradScaler halves its scale per skipped step: 50 skips take any init_scale up to 2**50 below 1
 
 
 def _all_finite(tensors: list[Any]) -> bool:
@@ -97,6 +104,21 @@ def _all_finite(tensors: list[Any]) -> bool:
     return True
 
 
+def _finite_flags(named: list[tuple[str, Any]]) -> list[tuple[list[str], Any]]:
+    """The names of each (device, dtype) group with a bool tensor of their finiteness, left on the device:
+    queuing the kernels never waits for them (no host sync). The max-abs norm cannot overflow, NaN/Inf stay."""
+    import torch
+
+    groups: dict[tuple[Any, Any], list[tuple[str, Any]]] = {}
+    for name, t in named:
+        groups.setdefault((t.device, t.dtype), []).append((name, t))
+    flags = []
+    for members in groups.values():
+        norms = torch._foreach_norm([t for _, t in members], float("inf"))
+        flags.append(([name for name, _ in members], torch.isfinite(torch.stack(norms))))
+    return flags
+
+
 def _first_nonfinite(named: list[tuple[str, Any]]) -> Optional[str]:
     import torch
 
@@ -111,9 +133,13 @@ def _is_float(value: Any) -> bool:
 
 @NONFINITE_VALUES.runtime
 class NonfiniteValues(RuntimeCheck):
-    """Before each step, one fused norm over the small parameters' gradients (one sync); over all gradients
-    and all parameters every `every` steps: reading every gradient each step would cost ~5% of an MLP step.
-    After a hit, hooks on every submodule find the first module with a non-finite output on the next forward."""
+    """Before each step, one fused norm over the small parameters' gradients; over all gradients and all
+    parameters every `every` steps: reading every gradient each step would cost ~5% of an MLP step. On the
+    CPU the small norm is read at once; on a GPU its flag stays on the device and the flags of the steps in
+    between are read together at the next full check, so a step without one never waits for the GPU.
+    After a hit, hooks on every submodule find the first module with a non-finite output on the next forward.
+    `GradScaler` skips a step whose gradients hold NaN/Inf, so a loss that stays NaN shows up only as
+    `zero_grad()` calls with no step between them: `SKIPPED_STEPS` in a row are reported."""
 
     def on_start(self) -> None:
         self.found = False
@@ -121,13 +147,35 @@ class NonfiniteValues(RuntimeCheck):
         self.first_module: Optional[str] = None
         self.bad_input = False
         self.probe: Any = None
+        self.pending: list[tuple[str, int, list[tuple[list[str], Any]]]] = []  # (optimizer, step, finite_flags)
+        self.zero_grads: dict[int, int] = {}  # per optimizer: zero_grad() calls since its last step
+
+    def on_zero_grad(self, event: ZeroGradEvent) -> Iterator[Finding]:
+        key = id(event.optimizer)
+        self.zero_grads[key] = calls = self.zero_grads.get(key, 0) + 1
+        if calls - 1 == SKIPPED_STEPS and not self.found:
+            self.step = event.optimizer.steps
+            yield from self._hit(
+                f"{event.optimizer.label}.step() was skipped {SKIPPED_STEPS} times in a row (zero_grad() ran, "
+                "step() did not): GradScaler skips every step whose gradients hold NaN/Inf, and after this many "
+                f"halvings its scale has shrunk by 2**{SKIPPED_STEPS}, below 1, so this is a NaN/Inf loss or "
+                "forward, not an fp16 overflow; training has stalled.", None, event.optimizer.steps)
 
     def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+        self.zero_grads[id(event.optimizer)] = 0
         if self.found:
             return
         params = event.optimizer.params()
         full = event.step % self.ctx.every == 0
         small = self._small(params)
+        if not full and any(p.device.type != "cpu" for p in small):
+            small_grads = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad)
+                           for i, p in enumerate(small) if p.grad is not None and not p.grad.is_sparse]
+            self.pending.append((event.optimizer.label, event.step, _finite_flags(small_grads)))
+            return
+        yield from self._read_pending()
+        if self.found:
+            return
         grads = [p.grad for p in (params if full else small) if p.grad is not None]
         if not grads or _all_finite(grads):
             return
@@ -148,6 +196,29 @@ class NonfiniteValues(RuntimeCheck):
                              f"{event.optimizer.label}.step() is about to write them into the weights.",
                              bad[0][0], event.step)
 
+    def _read_pending(self) -> Iterator[Finding]:
+        """Read the device flags of the steps since the last full check (one host sync) and report the first
+        step whose small gradients were not finite."""
+        import torch
+
+        pending, self.pending = self.pending, []
+        flags = [flag for _, _, groups in pending for _, flag in groups]
+        if not flags:
+            return
+        values = torch.cat([f.to(flags[0].device) for f in flags]).tolist()
+        for label, step, groups in pending:
+            names = [n for ns, _ in groups for n in ns]
+            seen, values = values[:len(names)], values[len(names):]
+            bad = [n for n, ok in zip(names, seen) if not ok]
+            if bad:
+                self.step = step
+                yield from self._hit(
+                    f"NaN/Inf first appeared in the gradients at step {step}: {len(bad)} of {len(names)} small "
+                    f"parameters (biases, norm weights) have non-finite gradients (first `{bad[0]}`, last "
+                    f"`{bad[-1]}`); on a GPU these flags are read every {self.ctx.every} steps, so "
+                    f"{label}.step() has already written them into the weights.", bad[0], step)
+                return
+
     @staticmethod
     def _small(params: list[Any]) -> list[Any]:
         """Parameters with at most 1/100 of the elements (biases, norm weights): checked every step. A NaN
@@ -155,6 +226,10 @@ class NonfiniteValues(RuntimeCheck):
         total = sum(p.numel() for p in params)
         small = [p for p in params if p.numel() * 100 <= total]
         return small or params
+
+    def on_stop(self) -> Iterator[Finding]:
+        if not self.found:
+            yield from self._read_pending()
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         params = [p for p in event.optimizer.params() if p.is_floating_point()]
@@ -165,7 +240,7 @@ class NonfiniteValues(RuntimeCheck):
         yield from self._hit(f"parameter `{name}` holds NaN/Inf at step {event.step} (seen before the step; "
                              "the gradients of this step are finite).", name, event.step)
 
-    def _hit(self, message: str, name: str, step: int) -> Iterator[Finding]:
+    def _hit(self, message: str, name: Optional[str], step: int) -> Iterator[Finding]:
         self.found = True
         self._arm_probe()
         yield Finding(message, fix=_FIX, location=Location(param=name, step=step))

@@ -8,6 +8,14 @@ Every block starts with two untimed steps; a watch block enters a fresh session,
 over rounds of each block's ratio to the baseline block of the same round, both for the CPU time of the
 stepping thread (what the overhead is; insensitive to other processes taking the CPU) and wall time,
 with the quartiles of the per-round CPU ratios to show the noise of the machine. Targets with all default checks on: <= 1.10x on the MLP, <= 1.03x on the CNN.
+
+CUDA mode: python tests/benchmarks/bench_watch.py --device cuda [--rounds N] [--steps N] [--models resnet50,lm]
+A ResNet-50 (torchvision, batch 128 x 3 x 224 x 224) and a 6-layer transformer LM (d=512, sequence 512,
+batch 32), AdamW, under fp16 autocast with GradScaler and under bf16 autocast. Baseline and watch blocks of
+`--steps` steps alternate; a block's time is taken between two torch.cuda.synchronize() calls, so it is
+the GPU-bound time per step. Then 3 x every steps of each are run under
+torch.cuda.set_sync_debug_mode("warn") to count host synchronisations per step, apart for the steps where
+a periodic check is due (0, every, ...) and the others. Target: <= 1.03x per step, 0 extra syncs between checks.
 """
 from __future__ import annotations
 
@@ -15,7 +23,8 @@ import argparse
 import contextlib
 import statistics
 import time
-from typing import Callable, Iterator
+import warnings
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -117,12 +126,125 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
+def resnet50() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """torchvision's ResNet-50, batch 128 x 3 x 224 x 224, 1000 classes."""
+    from torchvision.models import resnet50 as build
+
+    return build(), torch.randn(128, 3, 224, 224), torch.randint(0, 1000, (128,))
+
+
+class TinyLM(nn.Module):
+    """A causal transformer LM: embedding, 6 pre-norm encoder layers (d=512, 8 heads), tied output."""
+
+    def __init__(self, vocab: int = 32000, d: int = 512, layers: int = 6, seq: int = 512) -> None:
+        super().__init__()
+        self.embed, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.zeros(seq, d))
+        layer = nn.TransformerEncoderLayer(d, 8, 4 * d, dropout=0.0, batch_first=True, norm_first=True)
+        self.blocks, self.norm = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False), nn.LayerNorm(d)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq), persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.blocks(self.embed(tokens) + self.pos, mask=self.mask, is_causal=True)
+        return (self.norm(h) @ self.embed.weight.T).flatten(0, 1)
+
+
+def lm() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """TinyLM on batch 32 x 512 tokens; the targets are the flattened next tokens."""
+    tokens = torch.randint(0, 32000, (32, 513))
+    return TinyLM(), tokens[:, :-1], tokens[:, 1:].flatten()
+
+
+def cuda_steps(model: nn.Module, opt: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler],
+               dtype: torch.dtype, x: torch.Tensor, y: torch.Tensor, steps: int,
+               each: Callable[[int], None] = lambda i: None) -> float:
+    """Seconds per step of `steps` autocast training steps, the GPU's work included."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for i in range(steps):
+        each(i)
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=dtype):
+            loss = nn.functional.cross_entropy(model(x), y)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / steps
+
+
+def count_syncs(model: nn.Module, opt: torch.optim.Optimizer, scaler: Optional[torch.amp.GradScaler],
+                dtype: torch.dtype, x: torch.Tensor, y: torch.Tensor, every: int) -> tuple[float, float]:
+    """Mean host syncs per step over 3 x every steps: (steps with a periodic check due, the others)."""
+    counts: list[int] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+
+        def mark(i: int) -> None:
+            counts.append(len(caught))
+
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            cuda_steps(model, opt, scaler, dtype, x, y, 3 * every, mark)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        counts.append(len(caught))
+    syncs = [b - a for a, b in zip(counts, counts[1:])]
+    due = [n for i, n in enumerate(syncs) if i % every == 0]
+    other = [n for i, n in enumerate(syncs) if i % every]
+    return statistics.mean(due), statistics.mean(other)
+
+
+def bench_cuda(name: str, dtype: torch.dtype, rounds: int, steps: int) -> None:
+    """Print baseline and watch ms/step, their ratio (median over rounds), and syncs per step."""
+    torch.manual_seed(0)
+    model, x, y = {"resnet50": resnet50, "lm": lm}[name]()
+    model, x, y = model.cuda(), x.cuda(), y.cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+    cuda_steps(model, opt, scaler, dtype, x, y, 5)  # warm up cuDNN, cuBLAS and the allocator
+    times: dict[str, list[float]] = {"baseline": [], "watch": []}
+    for r in range(rounds):
+        for config in (["baseline", "watch"] if r % 2 == 0 else ["watch", "baseline"]):
+            with CONFIGS[config](model, opt):
+                times[config].append(cuda_steps(model, opt, scaler, dtype, x, y, steps))
+    ratio = statistics.median(w / b for w, b in zip(times["watch"], times["baseline"]))
+    q1, q3 = _quartiles([w / b for w, b in zip(times["watch"], times["baseline"])])
+    every = 10
+    plain_due, plain_other = count_syncs(model, opt, scaler, dtype, x, y, every)
+    with CONFIGS["watch"](model, opt):
+        watch_due, watch_other = count_syncs(model, opt, scaler, dtype, x, y, every)
+    label = str(dtype).removeprefix("torch.")
+    print(f"{name:<9}{label:<9}{statistics.median(times['baseline']) * 1e3:>9.2f}"
+          f"{statistics.median(times['watch']) * 1e3:>9.2f}{ratio:>8.3f}x{f'({q1:.3f}-{q3:.3f})':>16}"
+          f"{plain_other:>7.1f}{watch_other:>7.1f}{plain_due:>7.1f}{watch_due:>7.1f}   "
+          f"<= 1.03x {'ok' if ratio <= 1.03 else 'MISSED'}, {'ok' if watch_other <= plain_other else 'MISSED'}")
+
+
+def main_cuda(args: argparse.Namespace) -> None:
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {args.rounds} rounds x {args.steps} steps")
+    print(f"{'model':<9}{'dtype':<9}{'base ms':>9}{'watch ms':>9}{'ratio':>9}{'(quartiles)':>16}"
+          f"{'syncs/step between checks (base, watch)':>14}  and at checks (base, watch)")
+    for name in args.models.split(","):
+        for dtype in (torch.float16, torch.bfloat16):
+            bench_cuda(name, dtype, args.rounds, args.steps)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--models", default=None, help="default: mlp,cnn (cpu) or resnet50,lm (cuda)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args()
+    if args.device == "cuda":
+        args.models = args.models or "resnet50,lm"
+        main_cuda(args)
+        return
+    args.models = args.models or "mlp,cnn"
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.rounds} rounds x {args.steps} steps")
     print(f"{'model':<6}{'configuration':<16}{'cpu ms':>8}{'ratio':>8}{'(quartiles)':>16}{'wall ms':>9}{'ratio':>8}"

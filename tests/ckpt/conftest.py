@@ -19,7 +19,8 @@ def files(tmp_path_factory):
     sd = model.state_dict()
     out = {
         "plain": b.save(sd, d / "plain.pt"),
-        "dataparallel": b.save(nn.DataParallel(b.net()).state_dict(), d / "dp.pt"),
+        # .cpu(): on a machine with a GPU, DataParallel moves the module to cuda:0
+        "dataparallel": b.save(nn.DataParallel(b.net()).cpu().state_dict(), d / "dp.pt"),
         "lightning": b.save(b.lightning_style(b.net()), d / "lightning.ckpt"),
         "training": b.save(b.training_dict(b.net()), d / "training.pt"),
         "training-plain": b.save(b.training_dict(b.net(), with_numpy=False), d / "training_plain.pt"),

@@ -57,10 +57,9 @@ def test_saved_activations_kept_alive_are_reported_in_bytes():
 
 
 def test_cuda_allocator_figure_is_added_when_cuda_is_in_use(monkeypatch):
-    allocated = iter(range(0, 10**9, 4096))  # a fake allocator growing 4 KiB per step
+    kept: list[torch.Tensor] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: next(allocated))
-    kept: list[torch.Tensor] = []
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 4096 * len(kept))  # 4 KiB per kept loss
     s = _run(kept.append)
     assert "CUDA allocated memory grows by 4 KiB per step" in s.findings[0].message

@@ -44,7 +44,8 @@ def test_benchmark_overriding_deterministic_is_an_info_note_even_by_default(cudn
     assert (f.code, str(f.severity)) == ("TD310", "info") and "overrides cudnn.deterministic" in f.message
 
 
-def test_settings_changed_during_the_run_are_seen_at_a_periodic_check(cudnn_flags):
+def test_settings_changed_during_the_run_are_seen_at_a_periodic_check(cudnn_flags, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS needs on a GPU machine
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.use_deterministic_algorithms(True)
@@ -63,8 +64,8 @@ def test_settings_changed_during_the_run_are_seen_at_a_periodic_check(cudnn_flag
 
 
 def test_dataparallel_whose_module_is_not_on_device_ids_0(monkeypatch):
-    dp = nn.DataParallel(mlp())  # no GPU here: pretend it was built with device_ids=[0]
-    dp.device_ids, dp.src_device_obj = [0], torch.device("cuda", 0)
+    dp = nn.DataParallel(mlp()).cpu()  # with a GPU it moved the module to cuda:0: move it back; without one,
+    dp.device_ids, dp.src_device_obj = [0], torch.device("cuda", 0)  # pretend it was built with device_ids=[0]
     with session(dp) as s:
         pass
     [f] = s.findings

@@ -212,9 +212,11 @@ def test_the_report_is_printed_on_exit_to_stderr(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_wrapped_models_are_seen_through():
+def test_wrapped_models_are_seen_through(monkeypatch):
     model = mlp()
-    dp = nn.DataParallel(model)
+    with monkeypatch.context() as m:  # without a GPU, DataParallel just calls the CPU module
+        m.setattr(torch.cuda, "is_available", lambda: False)
+        dp = nn.DataParallel(model)
     opt = torch.optim.SGD(dp.parameters(), lr=0.01)
     with session(dp, opt) as s:
         _no_zero_grad_loop(dp, opt)

@@ -93,7 +93,9 @@ def _gpu(pynvml: Any, index: int, host_pids: bool) -> GpuFacts:
     gpu.pci_bus_id = _try(lambda: _text(pynvml.nvmlDeviceGetPciInfo(h).busId))
     cc = _try(lambda: pynvml.nvmlDeviceGetCudaComputeCapability(h))
     gpu.capability = (int(cc[0]), int(cc[1])) if cc else None
-    mem = _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(h))
+    # v2 counts the driver's reserved memory apart from "used", as nvidia-smi does (v1: 480 MiB "used" on an idle H100)
+    mem = (_try(lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2))
+           or _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(h)))
     if mem is not None:
         gpu.memory_total, gpu.memory_used = int(mem.total), int(mem.used)
     util = _try(lambda: pynvml.nvmlDeviceGetUtilizationRates(h))
