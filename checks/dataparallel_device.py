@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.runtime import RuntimeCheck
+from torchdoctor.sdk.runtime import RuntimeCheck, wrapper_chain
 
 _NEEDS_GPUS = ("it takes two GPUs, and the examples run on the CPU, where `nn.DataParallel` keeps no device ids "
                "and just calls the module, so there is nothing to check.")
@@ -53,12 +53,9 @@ class DataParallelDevice(RuntimeCheck):
         from torch import nn
 
         for wm in self.ctx.models:
-            module = wm.module
-            while isinstance(module, (nn.DataParallel, nn.parallel.DistributedDataParallel)) or hasattr(module, "_orig_mod"):
-                inner = module._orig_mod if hasattr(module, "_orig_mod") else module.module
-                if isinstance(module, nn.DataParallel) and module.device_ids:
-                    yield from self._check(wm.label, module)
-                module = inner
+            for wrapper in wrapper_chain(wm.module):
+                if isinstance(wrapper, nn.DataParallel) and wrapper.device_ids:
+                    yield from self._check(wm.label, wrapper)
 
     def _check(self, label: str, dp: Any) -> Iterator[Finding]:
         source = dp.src_device_obj

@@ -102,7 +102,7 @@ class DDPBufferDesync(FingerprintedInForward):
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         rnd = self._round(event)
-        if rnd is None:
+        if rnd is None or self.ex is None:
             return
         names, _ = self.ex.names("buffers")
         diffs = differing(rnd, "buffers", names)

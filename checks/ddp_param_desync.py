@@ -81,7 +81,7 @@ class DDPParamDesync(CrossRankCheck):
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         rnd = self._round(event)
-        if rnd is None:
+        if rnd is None or self.ex is None:
             return
         names, _ = self.ex.names("params")
         diffs = differing(rnd, "params", names)

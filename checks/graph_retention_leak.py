@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
-    FunctionScope, Loop, SourceFile, backprop_names, backward_targets, graph_refs, is_backward,
+    FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets, graph_refs, is_backward,
 )
 
 if TYPE_CHECKING:
@@ -236,7 +236,7 @@ def _reset_in_loop(scope: FunctionScope, target: str, loop: Loop, node: Optional
                for b in scope.bindings)
 
 
-def _leak_finding(src: SourceFile, node: ast.AST, target: str, leaked: str, trained: dict) -> Finding:
+def _leak_finding(src: SourceFile, node: Spanned, target: str, leaked: str, trained: dict) -> Finding:
     backward = trained[leaked][0][1]
     return Finding(
         f"`{src.snippet(node)}` keeps `{leaked}`, which is back-propagated at line {backward.lineno}, with its "

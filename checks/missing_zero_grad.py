@@ -109,14 +109,15 @@ class MissingZeroGrad(RuntimeCheck):
 
     def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
         s = self.sentinels.get(id(event.optimizer))
-        if s is None or s.param() is None:
+        param = s.param() if s is not None else None
+        if s is None or param is None:
             self._choose(event)
             return
         if not s.stepped or s.backwards == 0 or s.cleared:
             return
         if any(bool(flag) for flag in s.zero_flags):  # a host sync only on this rare path
             return
-        name = self.ctx.param_name(s.param()) or "a parameter"
+        name = self.ctx.param_name(param) or "a parameter"
         yield Finding(
             f"{event.optimizer.label}.step() applied gradients that still contained those of the previous step: "
             f"the gradient of `{name}` was not cleared after the last step() (no zero_grad() was seen), "

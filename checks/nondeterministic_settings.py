@@ -7,7 +7,7 @@ from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import SourceFile, literal
+from torchdoctor.sdk.source import SourceFile, Spanned, literal
 
 _TRAINING = """
 import torch
@@ -135,8 +135,8 @@ class NondeterministicSettings(RuntimeCheck):
 def nondeterministic_settings(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "benchmark" not in src.text or "determinis" not in src.text:
         return
-    benchmark: Optional[ast.AST] = None
-    deterministic: Optional[ast.AST] = None
+    benchmark: Optional[Spanned] = None
+    deterministic: Optional[Spanned] = None
     for scope in src.index.scopes:
         for b in scope.bindings:
             if b.target.endswith("cudnn.benchmark") and literal(b.value) is True:

@@ -6,7 +6,10 @@ import re
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Pitfall
-from torchdoctor.sdk.source import Edit, FixableFinding, SourceFile, literal, ref
+from torchdoctor.sdk.source import Edit, FixableFinding, SourceFile, end_of, literal, ref
+
+if TYPE_CHECKING:
+    from typing import TypeGuard
 
 if TYPE_CHECKING:
     from typing import TypeGuard
@@ -70,10 +73,12 @@ def _prefix(node: ast.Subscript) -> Optional[str]:
     if not isinstance(s, ast.Slice) or s.upper is not None or s.step is not None:
         return None
     lower = s.lower
-    if isinstance(lower, ast.Call) and isinstance(lower.func, ast.Name) and lower.func.id == "len" \
-            and len(lower.args) == 1 and isinstance(literal(lower.args[0]), str):
-        return lower.args[0].value if lower.args[0].value.endswith(".") else None
-    return {len(p): p for p in WRAPPER_PREFIXES}.get(literal(lower) if type(literal(lower)) is int else None)
+    if isinstance(lower, ast.Call) and isinstance(lower.func, ast.Name) and lower.func.id == "len" and len(lower.args) == 1:
+        text = literal(lower.args[0])
+        if isinstance(text, str):
+            return text if text.endswith(".") else None
+    number = literal(lower)
+    return {len(p): p for p in WRAPPER_PREFIXES}.get(number) if type(number) is int else None
 
 
 def _key_loops(tree: ast.AST) -> Iterator[tuple[ast.AST, str, ast.expr]]:

@@ -5,7 +5,7 @@ import ast
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Pitfall, Severity
-from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, FunctionScope, SourceFile, literal
+from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, FunctionScope, SourceFile, Spanned, end_of, literal
 
 _SETUP = """
 import torch
@@ -90,7 +90,8 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
             elif flag is None:
                 edits: tuple[Edit, ...] = ()
                 if _only_a_state_dict(call, scope):
-                    last = max([*call.node.args, *call.node.keywords], key=lambda n: (n.end_lineno, n.end_col_offset))
+                    arguments: list[Spanned] = [*call.node.args, *call.node.keywords]
+                    last = max(arguments, key=end_of)
                     edits = (Edit(src.end(last), src.end(last), ", weights_only=True"),)
                 yield FixableFinding(
                     f"`{src.snippet(call.node)}` does not say weights_only: before torch 2.6 it unpickles "

@@ -21,7 +21,7 @@ Rewrites = dict[str, tuple[str, str, int]]  # display path -> (text before, text
 class Linter:
     """Lints `paths` (default: the working directory) with the settings' exclude patterns and the results cache."""
 
-    def __init__(self, paths: Sequence[str], settings: Settings, checks: Sequence[registry.CheckInfo],
+    def __init__(self, paths: Sequence[str], settings: Settings, checks: Sequence[registry.Pitfall],
                  use_cache: bool = True) -> None:
         self.paths = list(paths) or ["."]
         self.checks = list(checks)

@@ -5,9 +5,9 @@ from torchdoctor.lint.flow import (
     is_module_ctor, is_optimizer, is_optimizer_ctor, iter_names, literal, qualname,
 )
 from torchdoctor.lint.index import Binding, CallSite, FunctionScope, Loop, ModuleIndex, last, ref
-from torchdoctor.lint.source import Edit, FixableFinding, SourceFile, has_word
+from torchdoctor.lint.source import Edit, FixableFinding, SourceFile, Spanned, end_of, has_word
 
-__all__ = ["Binding", "CallSite", "Edit", "FixableFinding", "FunctionScope", "Loop", "ModuleIndex", "SourceFile",
-           "TENSOR_FACTORIES", "backprop_names", "backward_targets", "calls_in", "graph_refs", "has_word",
+__all__ = ["Binding", "CallSite", "Edit", "FixableFinding", "FunctionScope", "Loop", "ModuleIndex", "SourceFile", "Spanned",
+           "TENSOR_FACTORIES", "backprop_names", "backward_targets", "calls_in", "end_of", "graph_refs", "has_word",
            "inner_scopes", "is_backward", "is_module_ctor", "is_optimizer", "is_optimizer_ctor", "iter_names",
            "last", "literal", "qualname", "ref"]
