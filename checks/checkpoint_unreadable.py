@@ -58,6 +58,7 @@ def checkpoint_unreadable(info: CheckpointInfo) -> Iterator[Finding]:
             "a clean bill of health.",
             fix="Re-download or re-save the file; if it comes from an untrusted source, do not load it.",
             location=Location(file=info.path),
+            key=problem,
         )
     if len(problems) > 10:
         yield Finding(f"{len(problems) - 10} more unreadable part(s).", fix="As above.",

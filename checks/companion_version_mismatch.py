@@ -127,4 +127,5 @@ def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
             f"{name} {version} {' and '.join(problems)}, but torch {torch_version} is installed.{extra}",
             fix=f"Install the matching release from the same index as torch: pip install \"{target}\""
                 + (f" --index-url https://download.pytorch.org/whl/{ours}" if ours else ""),
+            key=name,
         )

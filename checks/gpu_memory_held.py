@@ -99,21 +99,21 @@ def gpu_memory_held(facts: EnvFacts) -> Iterator[Finding]:
                     fix="Find what still has the device open with `sudo fuser -v /dev/nvidia*` and kill those "
                         "processes (often leftover DataLoader workers of the dead job). Only if nothing holds "
                         f"it: `sudo nvidia-smi --gpu-reset -i {gpu.index}` with the GPU idle.",
-                    location=where,
+                    location=where, key=f"pid {p.pid}",
                 )
             elif p.status == "zombie":
                 yield Finding(
                     f"GPU{gpu.index} ({gpu.name}): {gpu_process(p)} is a zombie still holding GPU memory; its parent "
                     f"(pid {p.parent_pid}) has not reaped it.",
                     fix=f"kill the parent: `kill {p.parent_pid}` (then `kill -9 {p.parent_pid}` if it ignores it)",
-                    location=where,
+                    location=where, key=f"pid {p.pid}",
                 )
             elif p.alive and p.orphaned:
                 yield Finding(
                     f"GPU{gpu.index} ({gpu.name}): {gpu_process(p)} is orphaned (its parent and the leader of its "
                     "process group are gone) and still holds GPU memory, typically a DataLoader worker or DDP rank left behind by Ctrl-C.",
                     fix=f"kill {p.pid}  (or `pkill -f <your script>` to get all leftovers)",
-                    location=where,
+                    location=where, key=f"pid {p.pid}",
                 )
             else:
                 live.append(p)

@@ -128,7 +128,7 @@ class NondeterministicSettings(RuntimeCheck):
             asked = " (watch(..., deterministic=True) asks for a reproducible run)" if deterministic else ""
             yield Finding(f"This run is not reproducible: {problem}{asked}.", fix="The reproducibility recipe:\n" + _RECIPE,
                           severity=Severity.WARNING if deterministic else Severity.INFO,
-                          location=Location(step=self.ctx.step))
+                          location=Location(step=self.ctx.step), key=problem)
 
 
 @NONDETERMINISTIC_SETTINGS.source

@@ -72,4 +72,4 @@ def pickled_module(info: CheckpointInfo) -> Iterator[Finding]:
             message = (f"{where} is a whole pickled `{cls}` optimizer object, not optimizer.state_dict(); it "
                        "carries references to parameters and needs code to load.")
             fix = "Save optimizer.state_dict() and restore with optimizer.load_state_dict(...)."
-        yield Finding(message, fix=fix, location=Location(file=info.path, key=where))
+        yield Finding(message, fix=fix, location=Location(file=info.path, key=where), key=cls)

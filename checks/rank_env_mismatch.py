@@ -108,7 +108,7 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
     for (host, local_rank), n in local.items():
         yield Finding(f"Ranks {', '.join(map(str, n))} on {host} share LOCAL_RANK={local_rank}: they will use the "
                       "same GPU ('NCCL WARN Duplicate GPU detected').",
-                      fix="Start one torchrun per node; don't set LOCAL_RANK by hand.")
+                      fix="Start one torchrun per node; don't set LOCAL_RANK by hand.", key=f"{host} {local_rank}")
     master = _by_value(ranks, lambda r: (r.master_addr, r.master_port))
     if len(master) > 1:
         yield Finding(f"Ranks disagree on MASTER_ADDR:MASTER_PORT: {_describe(master)}.",
@@ -122,6 +122,7 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
                 f"Ranks run different {label} versions: {_describe(groups)}. Collectives can hang or fail with "
                 "mismatched builds, and results differ between ranks.",
                 fix="Use one environment image (or one shared venv/conda env) on every node.",
+                key=label,
             )
     gpus = _by_value(ranks, lambda r: r.gpu)
     if len(gpus) > 1:
@@ -138,5 +139,5 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 f"{name} differs between ranks: {_describe(groups)}.",
                 fix=f"Export the same {name} on every node (or pass it through the job launcher's environment).",
-                severity=Severity.WARNING,
+                severity=Severity.WARNING, key=name,
             )

@@ -127,7 +127,7 @@ class StaleOptimizerParams(RuntimeCheck):
                     "model.fc = nn.Linear(512, 10)\n"
                     "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
                     "or change weights in place: `with torch.no_grad(): model.fc.weight.copy_(w)`",
-                location=Location(param=twins[0] if twins else None, step=self.ctx.step))
+                location=Location(param=twins[0] if twins else None, step=self.ctx.step), key=wo.label)
 
 
 def _wraps(value: ast.Call, target: str) -> bool:

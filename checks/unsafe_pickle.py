@@ -103,11 +103,12 @@ def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
                 + ("; ".join(calls[g.qualname]) if g.called else f"an import of {g.qualname}")
                 + ". Ask for a safetensors or plain state_dict copy instead.",
             location=Location(file=info.path, key=where),
+            key=g.qualname,
         )
     for where, event in info.events:
         yield Finding(
             f"{where}, byte {event.pos}: {event.what}. A data-only checkpoint never does this; it is how "
             "pickle payloads hide the code they run from scanners.",
             fix="Do not load this file with torch.load(weights_only=False) or pickle.load.",
-            location=Location(file=info.path, key=where),
+            location=Location(file=info.path, key=where), key=f"byte {event.pos}",
         )

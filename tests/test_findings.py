@@ -1,4 +1,5 @@
 """Findings: structured fixes (also from the free text checks write), JSON round trips, and fold keys."""
+import sys
 import pytest
 
 from torchdoctor.findings import Finding, Fix, Location, Severity, fold, merge_ranks
@@ -52,7 +53,8 @@ def test_json_round_trip_and_the_older_string_form():
     assert Finding.from_dict(d) == f
     old = {**d, "fix": "Do this:\nx = 1"}  # a cached lint result or another rank of an older version
     assert Finding.from_dict(old).fix == Fix("Do this:", "x = 1")
-    assert Finding("m").to_dict()["fix"] is None and "key" not in Finding("m").to_dict()
+    assert Finding("m").to_dict()["fix"] is None
+    assert Finding("m").to_dict()["key"] == f"{__name__}:{sys._getframe().f_lineno}"  # by default: where it was built
 
 
 def _f(message, step=None, rank=None, key="", **loc):
@@ -63,7 +65,7 @@ def _f(message, step=None, rank=None, key="", **loc):
 def test_fold_keys_ignore_numbers_steps_and_ranks_but_not_places_or_check_keys():
     assert _f("3 graphs alive", step=10).fold_key() == _f("4 graphs alive", step=20, rank=1).fold_key()
     assert _f("3 graphs alive", module="a").fold_key() != _f("3 graphs alive", module="b").fold_key()
-    assert _f("graphs alive").fold_key() != _f("graphs kept").fold_key()  # other words: another problem
+    assert _f("graphs alive").fold_key() == _f("graphs kept").fold_key()  # the wording is not the identity
     assert _f("seed not set", key="seed").fold_key() != _f("seed not set", key="workers").fold_key()
     assert _f("record 3 lost", key="record 3").fold_key() != _f("record 4 lost", key="record 4").fold_key()
     [folded] = fold([_f("3 graphs alive", step=10), _f("5 graphs alive", step=20)])
@@ -72,7 +74,7 @@ def test_fold_keys_ignore_numbers_steps_and_ranks_but_not_places_or_check_keys()
 
 def test_ranks_whose_messages_differ_only_in_numbers_merge_into_one_finding():
     merged = merge_ranks({0: [_f("leaks 3 graphs per step", step=3, module="m")],
-                          1: [_f("leaks 4 graphs per step", step=4, module="m"), _f("other", module="m")]})
+                          1: [_f("leaks 4 graphs per step", step=4, module="m"), _f("other", module="m", key="other")]})
     assert sorted(f.message for f in merged) == ["[all 2 ranks] leaks 3 graphs per step", "[rank 1] other"]
     seen_twice = merge_ranks({0: [_f("a 1", module="m")], 1: [_f("a 2", module="m"), _f("a 3", module="m")]})
     assert [f.message for f in seen_twice] == ["[all 2 ranks] a 1"]  # rank 1 is named once

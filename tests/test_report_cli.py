@@ -28,7 +28,7 @@ def test_json_document_follows_the_design_schema():
     assert doc["counts"] == {"error": 1, "warning": 1, "info": 1} and doc["exit_code"] == 1
     assert json.loads(to_json(replace(sample(), fail_on="never")))["exit_code"] == 0
     first = doc["findings"][0]  # errors first
-    assert set(first) == {"code", "name", "severity", "message", "fix", "location", "count"}
+    assert set(first) == {"code", "name", "severity", "message", "fix", "location", "count", "key"}
     assert (first["name"], first["severity"], first["location"]) == ("cpu-only-build", "error", None)
     assert doc["findings"][1]["location"] == {"file": "/dev/shm"}
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 import enum
-import re
+import sys
 import textwrap
 from dataclasses import dataclass, fields, replace
 from typing import Any, Collection, Optional, Union
@@ -70,7 +70,6 @@ class Location:
 
 
 _LEAD_IN_ENDS = (":", "e.g.")
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 
 @dataclass(frozen=True)
@@ -173,14 +172,20 @@ class Finding:
     count: int = 1
     key: str = ""
 
+    def __post_init__(self) -> None:
+        if not self.key:
+            self.key = _built_at()
+
     def fold_key(self) -> tuple:
         """Identity of the problem, to fold its repeats (other steps, other ranks) into one finding with a count.
 
-        It is the check, the place whatever the step or rank, and `key`, which defaults to the message with
-        its numbers blanked, so that a count or a step number in the message does not split one problem.
+        It is the check, the place whatever the step or rank, and `key` — by default where the detector built
+        the finding (`module:line`): the message's wording never splits one problem, so a count or a step
+        number in it may differ between repeats and ranks. A detector that reports several problems from one
+        line at one place tells them apart with `key` (or a more precise location).
         """
         where = replace(self.location, step=None, rank=None) if self.location else None
-        return (self.code, where, self.key or _NUMBER.sub("#", self.message))
+        return (self.code, where, self.key)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
@@ -200,9 +205,16 @@ class Finding:
             "location": self.location.to_dict() if self.location else None,
             "count": self.count,
         }
-        if self.key:
-            out["key"] = self.key
+        out["key"] = self.key
         return out
+
+
+def _built_at() -> str:
+    """`module:line` of the code that built a finding (past the dataclass constructors), as its default key."""
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_code.co_name in ("__init__", "__post_init__"):
+        frame = frame.f_back
+    return f"{frame.f_globals.get('__name__', '?')}:{frame.f_lineno}"
 
 
 def fold(findings: "list[Finding]") -> "list[Finding]":

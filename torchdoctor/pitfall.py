@@ -252,9 +252,3 @@ def _validate(name: str, scope: Scope, impl: Any) -> None:
     if len(required) > 1 or (not positional and not any(p.kind == p.VAR_POSITIONAL for p in params)):
         raise PitfallError(f"pitfall {name}: the {scope} detector {getattr(impl, '__name__', impl)} must take "
                            "exactly one argument (the facts it inspects)")
-
-
-def find_near(name: str, names: list[str]) -> Optional[str]:
-    """The known name closest to a mistyped one, for did-you-mean messages."""
-    near = difflib.get_close_matches(name, names, n=1)
-    return near[0] if near else None

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any, Iterable, Optional
 
 from torchdoctor.findings import Finding, Severity
-from torchdoctor.pitfall import Pitfall, Scope, find_near
+from torchdoctor.pitfall import Pitfall, Scope
 
 __all__ = ["Pitfall", "Scope", "RegistryError", "all_checks", "get", "select", "load", "load_errors",
            "run_fact_checks", "internal_error", "BUILTIN_ORIGIN", "ENTRY_POINT_GROUP"]
@@ -121,9 +121,7 @@ def get(name_or_code: str) -> Pitfall:
     code = key.upper()
     if code in _BY_CODE:
         return _CHECKS[_BY_CODE[code]]
-    near = find_near(key, [*_CHECKS, *_BY_CODE])
-    hint = f" (did you mean {near!r}?)" if near else " (see `torchdoctor checks`)"
-    raise RegistryError(f"unknown check {name_or_code!r}{hint}")
+    raise RegistryError(f"unknown check {name_or_code!r} (see `torchdoctor checks`)")
 
 
 def run_fact_checks(checks: Iterable[Pitfall], scope: "Scope | str", facts: Any) -> list[Finding]:

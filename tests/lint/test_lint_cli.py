@@ -105,7 +105,7 @@ def test_json_and_sarif(project):
     doc = json.loads(run("--format", "json").output)
     assert doc["scope"] == "source" and doc["facts"]["files"] == 1
     assert {f["name"] for f in doc["findings"]} == {"missing-zero-grad", "graph-retention-leak"}
-    assert set(doc["findings"][0]) == {"code", "name", "severity", "message", "fix", "location", "count"}
+    assert set(doc["findings"][0]) == {"code", "name", "severity", "message", "fix", "location", "count", "key"}
     sarif = json.loads(run("--format", "sarif").output)
     assert sarif["version"] == "2.1.0"
     sarif_run = sarif["runs"][0]
