@@ -157,3 +157,11 @@ def test_packages_pinned_to_another_torch_or_to_numpy_1(tmp_path, monkeypatch):
     assert facts.versions["torchvision"] == "0.29.2"
     assert facts.torch_requirements["torchvision"] == ">=2.14.0" and "oldcv" not in facts.torch_requirements
     assert facts.numpy1_only == ["oldcv"]
+
+
+def test_long_variables_are_cut_in_the_summary_but_not_in_the_facts():
+    from torchdoctor.env.view import _short
+
+    constraint = "cuda>=12.4 " + " ".join(f"brand=tesla,driver>={n},driver<{n + 1}" for n in range(470, 560, 10))
+    assert _short(constraint).endswith("...") and len(_short(constraint)) == 60
+    assert _short("0,1") == "0,1"

@@ -339,3 +339,10 @@ def test_a_crashing_check_becomes_one_internal_error(cpu_facts):
     cpu_facts.system = None  # a collector bug: the checks that read system facts must not take env down
     findings = run_check("shm-too-small", cpu_facts)
     assert len(findings) == 1 and "failed internally" in findings[0].message
+
+
+def test_a_stopped_process_is_named_stopped(gpu_facts):
+    gpu_facts.nvidia.gpus[1].processes = [GpuProcess(pid=78, used_bytes=2 * GiB, alive=True, status="stopped",
+                                                     parent_pid=70, command="python train.py")]
+    assert "pid 78" in one("gpu-memory-held", gpu_facts, Severity.INFO).message
+    assert "stopped (Ctrl-Z" in one("gpu-memory-held", gpu_facts, Severity.INFO).message

@@ -93,5 +93,11 @@ def facts_view(facts: dict[str, Any]) -> Table:
     if packages:
         table.add_row("Packages", ", ".join(f"{k} {v}" for k, v in packages.items()))
     if facts["env_vars"]:
-        table.add_row("Variables", " ".join(f"{k}={v}" for k, v in facts["env_vars"].items()))
+        table.add_row("Variables", " ".join(f"{k}={_short(v)}" for k, v in facts["env_vars"].items()))
     return table
+
+
+def _short(value: str, limit: int = 60) -> str:
+    """A variable's value cut for the summary table (CUDA images set NVIDIA_REQUIRE_CUDA to dozens of
+    constraints); `--format json` keeps it whole."""
+    return value if len(value) <= limit else value[: limit - 3] + "..."
