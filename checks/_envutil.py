@@ -69,9 +69,9 @@ def gpu_process(p: GpuProcess) -> str:
         bits.append(p.user)
     if p.used_bytes is not None:
         bits.append(byte_size(p.used_bytes))
-    if p.status in ("stopped", "tracing-stop"):
-        bits.append("stopped (Ctrl-Z, or a debugger): it keeps the memory until resumed or killed")
     if p.command:
         cmd = p.command if len(p.command) <= 80 else p.command[:77] + "..."
         bits.append(f"`{cmd}`")
+    if p.status in ("stopped", "tracing-stop"):
+        bits.append("stopped (Ctrl-Z, or a debugger): it keeps the memory until resumed or killed")
     return ", ".join(bits)

@@ -96,7 +96,7 @@ def test_an_orphaned_child_holding_gpu_memory_is_named_then_forgotten_once_it_ex
     assert orphan_holder in smi_processes()
     [f] = [f for f in env_findings("gpu-memory-held") if f"pid {orphan_holder}" in f.message]
     assert re.search(rf"pid {orphan_holder}, (\w+, )?[\d.]+ GiB, `\S*python\S* -c ", f.message), f.message
-    assert "is orphaned" in f.message and f"kill {orphan_holder}" in f.fix
+    assert "is orphaned" in f.message and f"kill {orphan_holder}" in f.fix.title + f.fix.code
     os.kill(orphan_holder, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while orphan_holder in smi_processes() and time.monotonic() < deadline:
@@ -111,7 +111,7 @@ def test_a_stopped_child_holding_gpu_memory_is_listed_with_pid_memory_and_comman
         holder.send_signal(signal.SIGSTOP)  # Ctrl-Z: stopped, not dead, still holding its memory
         [f] = [f for f in env_findings("gpu-memory-held") if f"pid {holder.pid}" in f.message]
         assert re.search(rf"pid {holder.pid}, (\w+, )?[\d.]+ GiB, `\S*python\S* -c ", f.message), f.message
-        assert str(f.severity) == "info"
+        assert str(f.severity) == "info" and "stopped (Ctrl-Z" in f.message
     finally:
         holder.kill()
         holder.wait()
