@@ -77,24 +77,6 @@ def _dataset_name(loader: Any) -> str:
     return type(getattr(loader, "dataset", None)).__name__
 
 
-def _fingerprint(batch: Any, depth: int = 0) -> Any:
-    """A small value that differs between batches with different content (sums, not the data itself)."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        t = batch.detach().reshape(-1)
-        if t.is_complex():
-            t = torch.view_as_real(t).reshape(-1)
-        t = t.to(torch.float64)
-        weights = torch.arange(1, t.numel() + 1, dtype=torch.float64, device=t.device)
-        return (tuple(batch.shape), float(t.sum()), float((t * weights).sum()))
-    if depth < 3 and isinstance(batch, dict):
-        return tuple((k, _fingerprint(v, depth + 1)) for k, v in batch.items())
-    if depth < 3 and isinstance(batch, (list, tuple)):
-        return tuple(_fingerprint(v, depth + 1) for v in batch)
-    return repr(batch)[:200]
-
-
 class _Sniffer:
     """Fingerprints the first 2 × num_workers batches of one pass, then removes itself."""
 
@@ -113,7 +95,9 @@ class _Sniffer:
             self._done(verdict=True)
             raise
         try:
-            self.prints.append(_fingerprint(batch))
+            from torchdoctor.sdk.runtime import fingerprint
+
+            self.prints.append(fingerprint(batch))
             if len(self.prints) >= 2 * self.workers:
                 self._done(verdict=True)
         except Exception as exc:  # never break the user's data loading

@@ -116,11 +116,12 @@ class TrainModeNotRestored(RuntimeCheck):
             mode.trained = mode.trained or not mode.last_eval
 
     def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+        suspects = [wm for wm in self.ctx.models
+                    if (mode := self.modes.get(wm.label)) is not None and mode.last_eval and mode.trained]
+        if not suspects:
+            return  # the every-step path: no parameter is looked at
         stepped = {id(p) for p in event.optimizer.params()}
-        for wm in self.ctx.models:
-            mode = self.modes.get(wm.label)
-            if mode is None or not mode.last_eval or not mode.trained:
-                continue
+        for wm in suspects:
             if not any(id(p) in stepped for _, p in wm.named_parameters()):
                 continue  # a frozen teacher or reference model: eval() is right for it
             layers = _layers_in_eval(wm.inner)
@@ -144,10 +145,9 @@ class TrainModeNotRestored(RuntimeCheck):
 
 def _layers_in_eval(model: Any) -> list[str]:
     """Type names of the Dropout/BatchNorm layers in eval() mode (the ones eval() changes)."""
-    from torch import nn
+    from torchdoctor.sdk.runtime import MODE_DEPENDENT
 
-    kinds = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
-    return sorted({type(m).__name__ for m in model.modules() if isinstance(m, kinds) and not m.training})
+    return sorted({type(m).__name__ for m in model.modules() if isinstance(m, MODE_DEPENDENT) and not m.training})
 
 
 @TRAIN_MODE_NOT_RESTORED.source
@@ -160,9 +160,9 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
         reported: set[str] = set()
         for loop in _outermost_loops(scope):
             calls = list(calls_in(scope, loop))
-            if not _trains(calls, index):
-                continue
             reach = [*calls, *(c for call in calls for f in _local(call, index) for c in f.calls)]
+            if not _trains(reach):
+                continue
             for call, model in _evals(calls, index):
                 if model in reported or _may_restore(calls, model, index) or not _called_as_model(reach, model):
                     continue
@@ -185,10 +185,9 @@ def _local(call: CallSite, index: ModuleIndex) -> list[FunctionScope]:
     return index.functions.get(call.attr, []) if call.attr else []
 
 
-def _trains(calls: list[CallSite], index: ModuleIndex) -> bool:
-    """Whether these calls (or the local functions they call) run backward and an optimizer step."""
-    pool = [*calls, *(c for call in calls for f in _local(call, index) for c in f.calls)]
-    return any(is_backward(c) for c in pool) and any(c.attr == "step" for c in pool)
+def _trains(reach: list[CallSite]) -> bool:
+    """Whether a loop's calls (with those of the local functions it calls) run backward and an optimizer step."""
+    return any(is_backward(c) for c in reach) and any(c.attr == "step" for c in reach)
 
 
 def _evals(calls: list[CallSite], index: ModuleIndex) -> Iterator[tuple[CallSite, str]]:

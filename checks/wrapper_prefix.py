@@ -3,14 +3,13 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Location, Pitfall
 from torchdoctor.sdk.checkpoint import LOOSE_PREFIXES, CheckpointInfo, StateDict, share, show_path, wrapper_prefix
 
 from ._ckptutil import MODEL_SETUP, load_line
 
 _WHY = {
-    "module.": "nn.DataParallel / DistributedDataParallel",
-    "_orig_mod.": "torch.compile",
+    **WRAPPER_PREFIXES,
     "model.": "a Lightning module or training wrapper",
     "net.": "a training wrapper",
 }

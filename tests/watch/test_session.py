@@ -307,7 +307,8 @@ def test_a_compiled_model_is_seen_through_even_when_compiled_before_watch():
 
 
 def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(monkeypatch):
-    from torchdoctor.checks import iterable_dataset_duplication, missing_zero_grad
+    from torchdoctor.checks import missing_zero_grad
+    from torchdoctor.watch import fingerprint
 
     class Exploding(list):
         def append(self, item):
@@ -320,7 +321,7 @@ def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(mo
         self.zero_flags = Exploding()
 
     monkeypatch.setattr(missing_zero_grad._Sentinel, "__init__", init)
-    monkeypatch.setattr(iterable_dataset_duplication, "_fingerprint", lambda batch: 1 / 0)
+    monkeypatch.setattr(fingerprint, "fingerprint", lambda batch: 1 / 0)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     class Stream(torch.utils.data.IterableDataset):

@@ -15,6 +15,7 @@ from torchdoctor.watch.handles import Restore
 from torchdoctor.wrappers import unwrap, wrapper_chain
 
 _LAZY = {
+    "MODE_DEPENDENT": "torchdoctor.watch.context",
     "first_graph_tensor": "torchdoctor.watch.context",
     "WatchedModel": "torchdoctor.watch.context",
     "footprint": "torchdoctor.watch.graphs",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-import textwrap
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -36,14 +35,10 @@ def run_example(pitfall: Pitfall, example: Example, scope: "Scope | str") -> lis
     return [f for f in runner(pitfall, example) if f.name == pitfall.name]
 
 
-def _program(example: Example) -> tuple[str, str]:
-    return textwrap.dedent(example.setup), textwrap.dedent(example.code)
-
-
 def _lint(pitfall: Pitfall, example: Example) -> list[Finding]:
     from torchdoctor.lint.runner import check_source, read_source
 
-    setup, code = _program(example)
+    setup, code = example.setup, example.code  # flush left already (Example cleans them)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "example.py"
         path.write_text(setup + "\n" + code, encoding="utf-8")
@@ -53,7 +48,7 @@ def _lint(pitfall: Pitfall, example: Example) -> list[Finding]:
 def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
     from torchdoctor.watch.session import watch
 
-    setup, code = _program(example)
+    setup, code = example.setup, example.code  # flush left already (Example cleans them)
     namespace: dict[str, Any] = {"__name__": "__example__"}
     with _in_empty_folder(), _torch_switches_kept():
         exec(compile(setup, "<example setup>", "exec"), namespace)
@@ -69,7 +64,7 @@ def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
 def _check_files(pitfall: Pitfall, example: Example) -> list[Finding]:
     from torchdoctor.ckpt.api import check_checkpoint
 
-    setup, code = _program(example)
+    setup, code = example.setup, example.code  # flush left already (Example cleans them)
     findings: list[Finding] = []
     namespace: dict[str, Any] = {"__name__": "__example__"}
     with _in_empty_folder() as folder:

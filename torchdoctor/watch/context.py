@@ -15,7 +15,8 @@ if TYPE_CHECKING:
     from torchdoctor.watch.contract import RuntimeCheck
     from torchdoctor.watch.graphs import GraphTracker
 
-_MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+# The layers whose behaviour train()/eval() switches.
+MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
 
 
 class WatchedModel:
@@ -31,7 +32,7 @@ class WatchedModel:
     def mode_dependent_layers(self) -> list[str]:
         """Type names of the layers whose behaviour depends on train()/eval() (BatchNorm, Dropout)."""
         if self._mode_layers is None:
-            self._mode_layers = sorted({type(m).__name__ for m in self.inner.modules() if isinstance(m, _MODE_DEPENDENT)})
+            self._mode_layers = sorted({type(m).__name__ for m in self.inner.modules() if isinstance(m, MODE_DEPENDENT)})
         return self._mode_layers
 
     def graph_footprint(self, output: Optional[torch.Tensor]) -> tuple[int, int]:
