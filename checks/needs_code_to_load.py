@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.checkpoint import CheckpointInfo, Verdict
+from torchdoctor.sdk.checkpoint import CheckpointInfo, Use, Verdict, show_args
 
 from ._ckptutil import MODEL_SETUP
 
@@ -61,26 +61,44 @@ NEEDS_CODE_TO_LOAD = Pitfall(
 
 @NEEDS_CODE_TO_LOAD.checkpoint
 def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
-    """Globals or opcodes the weights_only unpickler refuses, in formats torch.load reads."""
+    """Globals or opcodes the weights_only unpickler refuses, and third-party code the pickle calls on load."""
+    unsafe = bool(info.events) or any(g.verdict is Verdict.DANGEROUS for g in info.globals)
+    called = [g for g in info.globals if g.verdict is Verdict.UNKNOWN and g.use is Use.CALLED]
+    if called:
+        runs = "; ".join(f"{g.qualname}({show_args(args)})" for g in called[:6] for _, args in g.calls[:1])
+        yield Finding(
+            f"Loading this file with `torch.load(..., weights_only=False)` or `pickle.load` calls third-party or "
+            f"user code: {runs}. That is how some libraries pickle their objects (an enum rebuilt by value), and "
+            "exactly how a payload would run; torchdoctor cannot see what that code does.",
+            fix="Load it only if you trust both the file and the code it calls; better, re-save plain values "
+                "(str/int/float/dicts) instead of library objects.",
+            location=Location(file=info.path), key="calls",
+        )
     if info.format not in _TORCH_LOAD_FORMATS:
         return
     extra = [g for g in info.globals if g.verdict in (Verdict.BENIGN, Verdict.UNKNOWN)]
     if extra:
         names = [g.qualname for g in extra]
         shown = ", ".join(names[:12]) + (f", … ({len(names) - 12} more)" if len(names) > 12 else "")
-        user = [g.qualname for g in extra if g.verdict is Verdict.UNKNOWN]
         message = (f"`torch.load(path)` (weights_only=True, the default since torch 2.6) fails with "
                    f"\"Weights only load failed … Unsupported global: GLOBAL {names[0]}\": the file names "
                    f"{len(names)} global(s) outside the allowlist: {shown}.")
-        if user:
-            message += f" Loading it runs code from: {', '.join(user[:6])}."
-        modules = sorted({n.rpartition(".")[0] for n in names[:12]})
-        fix = ("If you trust the file, allow exactly these globals:\n"
-               + "".join(f"import {m}\n" for m in modules if m and not m.startswith("__"))
-               + f"torch.serialization.add_safe_globals([{', '.join(names[:12])}])\n"
-               "ckpt = torch.load(path)\n"
-               "Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
-               "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace).")
+        # only names the file merely constructs may be allowed; never anything it calls or anything unsafe
+        safe = [g.qualname for g in extra if g.use is not Use.CALLED or g.verdict is Verdict.BENIGN]
+        if unsafe:
+            fix = ("Do not allowlist anything from this file: it is unsafe (see unsafe-pickle). Ask for a safetensors "
+                   "or plain state_dict copy.")
+        elif safe:
+            modules = sorted({n.rpartition(".")[0] for n in safe[:12]})
+            fix = ("If you trust the file, allow exactly these globals:\n"
+                   + "".join(f"import {m}\n" for m in modules if m and not m.startswith("__"))
+                   + f"torch.serialization.add_safe_globals([{', '.join(safe[:12])}])\n"
+                   "ckpt = torch.load(path)\n"
+                   "Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
+                   "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace).")
+        else:
+            fix = ("Re-save only tensors and plain Python values; the globals it needs are code it calls, which "
+                   "add_safe_globals would let any file call.")
         yield Finding(message, fix=fix, location=Location(file=info.path))
     if info.unsupported_opcodes:
         ops = ", ".join(sorted(info.unsupported_opcodes))

@@ -1,11 +1,10 @@
 """unsafe-pickle: the pickle names or calls code that runs commands, evaluates code or touches files."""
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import Any, Iterator
+from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.checkpoint import CheckpointInfo, GlobalRef, Instance, TensorMeta, Verdict
+from torchdoctor.sdk.checkpoint import CheckpointInfo, Use, Verdict, dangerous_reason, show_args
 
 from ._ckptutil import MODEL_SETUP
 
@@ -56,51 +55,27 @@ UNSAFE_PICKLE = Pitfall(
 )
 
 
-def _show_args(args: Any, budget: int = 160) -> str:
-    """A short, inert rendering of call arguments (strings and numbers verbatim, the rest by type)."""
-    def one(v: Any, depth: int = 0) -> str:
-        if isinstance(v, (str, bytes)):
-            return repr(v[:budget])
-        if isinstance(v, (int, float, bool)) or v is None:
-            return repr(v)
-        if isinstance(v, GlobalRef):
-            return v.qualname
-        if isinstance(v, Instance):
-            return f"{v.qualname}(...)"
-        if isinstance(v, TensorMeta):
-            return "<tensor>"
-        if isinstance(v, (tuple, list)) and depth < 3:
-            inner = ", ".join(one(x, depth + 1) for x in v[:6]) + (", ..." if len(v) > 6 else "")
-            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
-        return f"<{type(v).__name__}>"
-
-    text = ", ".join(one(a) for a in args[:6]) if isinstance(args, tuple) else one(args)
-    return text if len(text) <= budget else text[: budget - 3] + "..."
-
-
 @UNSAFE_PICKLE.checkpoint
 def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
     """Dangerous globals the pickles name or call, and opcode tricks that run code on imported objects."""
-    calls: dict[str, list[str]] = defaultdict(list)
-    for name, scan in info.archive.pickles:
-        for qualname, first_calls in scan.calls.items():
-            for _, args in first_calls:
-                if len(calls[qualname]) < 3:
-                    calls[qualname].append(f"{qualname}({_show_args(args)})")
     for g in info.globals:
         if g.verdict is not Verdict.DANGEROUS:
             continue
         where = ", ".join(g.pickles)
-        if g.called:
-            runs = "; ".join(calls[g.qualname])
+        shown = f"`{g.module}` attribute `{g.name}`" if "." in g.name else f"`{g.qualname}`"
+        runs = "; ".join(f"{g.qualname}({show_args(args)})" + (f" {how}" if how.startswith("via") else "")
+                         for how, args in g.calls)
+        if g.use is Use.CALLED:
             what = f"calls `{runs}`"
+        elif g.use is Use.NEW:
+            what = f"instantiates it (`{runs}`)"
         else:
             what = "imports it (the payload may call it through another object)"
         yield Finding(
-            f"{where} names `{g.qualname}` and {what}. Loading this file with `torch.load(..., weights_only=False)` "
-            "or `pickle.load` executes that; torchdoctor only read it.",
+            f"{where} names {shown} and {what}: {dangerous_reason(g.module, g.name, g.use)}. Loading this file with "
+            "`torch.load(..., weights_only=False)` or `pickle.load` executes that; torchdoctor only read it.",
             fix="Do not load this file. If you trust its source anyway, know that loading runs exactly: "
-                + ("; ".join(calls[g.qualname]) if g.called else f"an import of {g.qualname}")
+                + (runs if g.calls else f"an import of {g.qualname}")
                 + ". Ask for a safetensors or plain state_dict copy instead.",
             location=Location(file=info.path, key=where),
             key=g.qualname,

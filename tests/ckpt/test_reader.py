@@ -9,7 +9,7 @@ import torch
 
 import ckpt_builders as b
 from torchdoctor.ckpt import CheckpointError, read_checkpoint
-from torchdoctor.ckpt.policy import Verdict, classify
+from torchdoctor.ckpt.policy import Verdict
 
 
 def by_path(info):
@@ -66,7 +66,7 @@ def test_whole_pickled_module_is_seen_with_its_state_dict_keys(files):
     assert set(sd.tensors) == set(b.net().state_dict())
     verdicts = {g.qualname: g.verdict for g in info.globals}
     assert verdicts["ckpt_builders.Net"] is Verdict.UNKNOWN
-    assert verdicts["torch.nn.modules.linear.Linear"] is Verdict.BENIGN
+    assert verdicts["torch.nn.modules.linear.Linear"] is Verdict.UNKNOWN  # instantiated by NEWOBJ: needs code
 
 
 def test_torchscript_archive_lists_its_tensors(files):
@@ -105,20 +105,6 @@ def test_views_and_shared_storages(files):
     assert small.shape == (10,) and small.storage.numel == 1_000_000 and small.byte_span() == (0, 40)
     tied = by_path(read_checkpoint(files["tied"]))
     assert tied["a"].storage is tied["b"].storage and tied["b"].storage_offset == 500_000
-
-
-@pytest.mark.parametrize("name, verdict", [
-    ("collections.OrderedDict", Verdict.ALLOWED), ("torch._utils._rebuild_tensor_v2", Verdict.ALLOWED),
-    ("torch.float8_e4m3fn", Verdict.ALLOWED), ("argparse.Namespace", Verdict.BENIGN),
-    ("numpy._core.multiarray._reconstruct", Verdict.BENIGN), ("__main__.Net", Verdict.UNKNOWN),
-    ("posix.system", Verdict.DANGEROUS), ("builtins.eval", Verdict.DANGEROUS), ("builtins.getattr", Verdict.DANGEROUS),
-    ("importlib.import_module", Verdict.DANGEROUS), ("torch.utils.collect_env.run", Verdict.DANGEROUS),
-    ("runpy._run_code", Verdict.DANGEROUS), ("operator.attrgetter", Verdict.DANGEROUS),
-    ("pkgutil.resolve_name", Verdict.DANGEROUS), ("marshal.loads", Verdict.DANGEROUS),
-    ("torch.load", Verdict.DANGEROUS), ("mypkg.x.__globals__", Verdict.DANGEROUS),
-])
-def test_global_verdicts(name, verdict):
-    assert classify(name) is verdict
 
 
 @pytest.mark.parametrize("content, message", [

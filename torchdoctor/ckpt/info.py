@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 from torchdoctor.ckpt.objects import TensorMeta
+from torchdoctor.ckpt.policy import Use
 
 if TYPE_CHECKING:
     from torchdoctor.ckpt.policy import Verdict
@@ -51,11 +52,15 @@ class PickledObject:
 class GlobalUse:
     """A global the file names, how it was used, and its verdict."""
 
-    qualname: str
+    qualname: str  # module + "." + name, for display (the verdict uses the exact pair)
     verdict: Verdict
     count: int
     called: bool
     pickles: list[str]
+    module: str = ""
+    name: str = ""
+    use: Use = Use.NAMED
+    calls: list[tuple[str, Any]] = field(default_factory=list)  # first (how, args) of the calls
 
 
 @dataclass
@@ -192,7 +197,8 @@ class CheckpointInfo:
             "optimizer_states": [show_path(p) for p in self.optimizer_states],
             "pickled_objects": [{"path": show_path(o.path), "class": o.qualname, "kind": o.kind} for o in self.objects],
             "globals": [
-                {"name": g.qualname, "verdict": str(g.verdict), "count": g.count, "called": g.called}
+                {"name": g.qualname, "verdict": str(g.verdict), "count": g.count, "called": g.called,
+                 "use": str(g.use)}
                 for g in self.globals
             ],
             "problems": self.problems,

@@ -185,3 +185,25 @@ class TensorMeta:
                 return False
             expected *= d
         return True
+
+
+def show_args(args: Any, budget: int = 160) -> str:
+    """A short, inert rendering of call arguments (strings and numbers verbatim, the rest by type)."""
+    def one(v: Any, depth: int = 0) -> str:
+        if isinstance(v, (str, bytes)):
+            return repr(v[:budget])
+        if isinstance(v, (int, float, bool)) or v is None:
+            return repr(v)
+        if isinstance(v, GlobalRef):
+            return v.qualname
+        if isinstance(v, Instance):
+            return f"{v.qualname}(...)"
+        if isinstance(v, TensorMeta):
+            return "<tensor>"
+        if isinstance(v, (tuple, list)) and depth < 3:
+            inner = ", ".join(one(x, depth + 1) for x in v[:6]) + (", ..." if len(v) > 6 else "")
+            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+        return f"<{type(v).__name__}>"
+
+    text = ", ".join(one(a) for a in args[:6]) if isinstance(args, tuple) else one(args)
+    return text if len(text) <= budget else text[: budget - 3] + "..."

@@ -296,7 +296,7 @@ def _read_stacked(path: str, f: IO[bytes], size: int, limits: Limits, *, strict:
     src = Source(f)
     archive = Archive(path, "pickle", size)
     first = scan_pickle(src, None, limits)
-    if first.error and strict:
+    if first.error and strict and not first.globals and not first.events:
         raise CheckpointError(f"{path}: not a PyTorch checkpoint (neither a zip archive nor a pickle)")
     if first.error and not first.globals and not first.events:
         raise CheckpointError(f"{path}: not a readable checkpoint: corrupt pickle ({first.error})")

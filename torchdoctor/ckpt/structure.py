@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 from torchdoctor.ckpt.info import CheckpointInfo, GlobalUse, Path, PickledObject, StateDict, TensorEntry
 from torchdoctor.ckpt.objects import Blob, GlobalRef, Instance, Key, PickledDict, TensorMeta
-from torchdoctor.ckpt.policy import classify
+from torchdoctor.ckpt.policy import Pair, Use, classify
 from torchdoctor.ckpt.reader import Archive
 from torchdoctor.ckpt.unpickler import WEIGHTS_ONLY_OPCODES, short
 
@@ -44,15 +44,23 @@ def analyze(archive: Archive) -> CheckpointInfo:
 
 
 def _globals(archive: Archive) -> list[GlobalUse]:
-    counts: dict[str, int] = defaultdict(int)
-    called: set[str] = set()
-    where: dict[str, list[str]] = defaultdict(list)
+    counts: dict[Pair, int] = defaultdict(int)
+    uses: dict[Pair, Use] = {}
+    calls: dict[Pair, list[tuple[str, Any]]] = defaultdict(list)
+    where: dict[Pair, list[str]] = defaultdict(list)
+    rank = {Use.NAMED: 0, Use.NEW: 1, Use.CALLED: 2}
     for name, scan in archive.pickles:
-        for qualname, count in scan.globals.items():
-            counts[qualname] += count
-            where[qualname].append(name)
-        called.update(scan.calls)
-    return [GlobalUse(q, classify(q), counts[q], q in called, where[q]) for q in sorted(counts)]
+        for pair, count in scan.globals.items():
+            counts[pair] += count
+            where[pair].append(name)
+            use = scan.uses.get(pair, Use.NAMED)
+            if rank[use] >= rank[uses.get(pair, Use.NAMED)]:
+                uses[pair] = use
+        for pair, first in scan.calls.items():
+            calls[pair].extend(first[: 3 - len(calls[pair])])
+    return [GlobalUse(f"{m}.{n}", classify(m, n, uses[(m, n)]), counts[(m, n)], uses[(m, n)] is Use.CALLED,
+                      where[(m, n)], module=m, name=n, use=uses[(m, n)], calls=calls.get((m, n), []))
+            for m, n in sorted(counts)]
 
 
 def _unsupported_opcodes(archive: Archive) -> set[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NoReturn, Optional, Protocol
 
 from torchdoctor.ckpt.objects import Blob, GlobalRef, Inert, Instance, Key, Opaque, PickledDict
+from torchdoctor.ckpt.policy import Pair, Use
 from torchdoctor.ckpt.rebuild import rebuild
 
 # The opcodes torch's weights_only unpickler accepts (torch/_weights_only_unpickler.py, 2.13).
@@ -76,8 +77,9 @@ class PickleScan:
 
     value: Any = None
     protocol: int = 0
-    globals: dict[str, int] = field(default_factory=dict)  # qualname -> how often the pickle names it
-    calls: dict[str, list[tuple[str, Any]]] = field(default_factory=dict)  # qualname -> first (opcode, args)
+    globals: dict[Pair, int] = field(default_factory=dict)  # (module, name) -> how often the pickle names it
+    uses: dict[Pair, Use] = field(default_factory=dict)  # the strongest use of each global (called > new > named)
+    calls: dict[Pair, list[tuple[str, Any]]] = field(default_factory=dict)  # first (how, args) of each call
     events: list[Event] = field(default_factory=list)
     opcodes: set[str] = field(default_factory=set)
     error: Optional[str] = None  # why parsing stopped early (value is then None)
@@ -219,6 +221,7 @@ class _Machine:
         self.marks: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
         self.inline = 0
+        self.proto = 0  # the current PROTO: pickle applies Python 2 name mapping while it is below 3
         self.scan = PickleScan()
 
     # -- helpers -------------------------------------------------------------------------------
@@ -279,23 +282,54 @@ class _Machine:
             self.event(f"{opcode} with a computed module or name ({short(module)}, {short(name)}) that cannot "
                        "be resolved without running the pickle", pos)
             return Opaque("computed global")
-        if self.scan.protocol < 3:  # pickle maps Python 2 names (commands.call -> subprocess.call) the same way
+        if self.proto < 3:  # pickle maps Python 2 names (commands.call -> subprocess.call) per current PROTO
             if (module, name) in _compat_pickle.NAME_MAPPING:
                 module, name = _compat_pickle.NAME_MAPPING[(module, name)]
             elif module in _compat_pickle.IMPORT_MAPPING:
                 module = _compat_pickle.IMPORT_MAPPING[module]
         ref = GlobalRef(module, name)
-        self.scan.globals[ref.qualname] = self.scan.globals.get(ref.qualname, 0) + 1
+        pair = (module, name)
+        self.scan.globals[pair] = self.scan.globals.get(pair, 0) + 1
+        self.scan.uses.setdefault(pair, Use.NAMED)
         return ref
 
-    def call(self, func: Any, args: Any, how: str, pos: int) -> Any:
+    def use(self, func: Any, use: Use, how: str, args: Any, pos: int) -> None:
+        """Record that `func` is instantiated or called (`how` says by which opcode or rebuild function)."""
         if not isinstance(func, GlobalRef):
-            self.event(f"{how} calls {short(func)}, a value computed by the pickle rather than a named global", pos)
-            return Instance(func, args, how)
-        calls = self.scan.calls.setdefault(func.qualname, [])
+            verb = "calls" if use is Use.CALLED else "instantiates"
+            self.event(f"{how} {verb} {short(func)}, a value computed by the pickle rather than a named global", pos)
+            return
+        pair = (func.module, func.name)
+        if use is Use.CALLED or self.scan.uses.get(pair) is not Use.CALLED:
+            self.scan.uses[pair] = use
+        calls = self.scan.calls.setdefault(pair, [])
         if len(calls) < 3:
             calls.append((how, args))
+
+    def smuggled(self, func: GlobalRef, args: Any, pos: int) -> None:
+        """Globals an allowlisted function calls or instantiates with arguments the pickle chose."""
+        if not isinstance(args, tuple):
+            return
+        via = f"via {func.qualname}"
+        if func.qualname == "torch._tensor._rebuild_from_type_v2" and len(args) >= 3:
+            self.use(args[0], Use.CALLED, via, args[2], pos)  # func(*args), then as_subclass(new_type)
+            self.use(args[1], Use.NEW, via, (), pos)
+        elif func.qualname == "copyreg._reconstructor" and len(args) >= 2:
+            self.use(args[0], Use.NEW, via, (), pos)
+            base = args[1]
+            if not (isinstance(base, GlobalRef) and base.qualname == "builtins.object"):
+                self.use(base, Use.CALLED, via, args[2:3], pos)  # base.__new__(cls, state); base.__init__(obj, state)
+        elif func.qualname in ("copyreg.__newobj__", "copyreg.__newobj_ex__", "torch._utils._rebuild_wrapper_subclass"
+                               ) and args:
+            self.use(args[0], Use.NEW, via, args[1:], pos)
+
+    def call(self, func: Any, args: Any, how: str, pos: int) -> Any:
+        use = Use.NEW if how in ("NEWOBJ", "NEWOBJ_EX") else Use.CALLED
+        self.use(func, use, how, args, pos)
+        if not isinstance(func, GlobalRef):
+            return Instance(func, args, how)
         if how == "REDUCE":
+            self.smuggled(func, args, pos)
             if func.qualname in ("collections.OrderedDict", "collections.defaultdict", "builtins.dict"):
                 return PickledDict(func.qualname)
             built = rebuild(func.qualname, args)
@@ -341,6 +375,7 @@ class _Machine:
         proto = self.src.byte()
         if proto > 5:
             self.fail(f"unsupported pickle protocol {proto}")
+        self.proto = proto
         self.scan.protocol = max(self.scan.protocol, proto)
 
     def op_FRAME(self, pos: int) -> None:
@@ -640,13 +675,59 @@ class _Machine:
     def op_BUILD(self, pos: int) -> None:
         state = self.pop()
         target = self.top()
-        if isinstance(target, (Instance, PickledDict)):
+        parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
+        dunders = [k for part in parts if isinstance(part, dict) for k in part
+                   if isinstance(k, str) and k.startswith("__") and k.endswith("__")]
+        if dunders:
+            self.event(f"BUILD sets {', '.join(sorted(dunders)[:4])} on {short(target)}: overriding a dunder makes "
+                       "Python run code the pickle chose", pos)
+        if isinstance(target, Instance) and target.qualname == "joblib.numpy_pickle.NumpyArrayWrapper":
+            self.stack[-1] = self.joblib_array(state, pos)
+        elif isinstance(target, (Instance, PickledDict)):
             target.state = state
         elif isinstance(target, GlobalRef):
             self.event(f"BUILD sets attributes on the imported object {target.qualname}", pos)
         elif hasattr(target, "extra") and isinstance(getattr(target, "extra"), dict):
             target.extra["state"] = state  # tensor placeholders keep their Python state aside
         # BUILD on a plain list/tuple/str would make the real loader fail; nothing runs.
+
+    def joblib_array(self, state: Any, pos: int) -> Any:
+        """joblib writes an array's bytes (or, for object arrays, a nested pickle) right after its BUILD."""
+        if not isinstance(state, dict) or not isinstance(state.get("dtype"), Instance):
+            self.fail("joblib array header without a dtype")
+        spec = state["dtype"].args[0] if isinstance(state["dtype"].args, tuple) and state["dtype"].args else None
+        shape = state.get("shape")
+        if not isinstance(spec, str) or not isinstance(shape, tuple) or not all(type(d) is int for d in shape):
+            self.fail("joblib array header with an unreadable dtype or shape")
+        if spec.startswith("O"):
+            inner = _Machine(self.src, self.persistent_load, self.limits)
+            inner.proto = self.proto
+            try:
+                inner.run()
+            finally:
+                self.merge(inner.scan)
+            return Opaque("numpy object array (nested pickle)")
+        if "numpy_array_alignment_bytes" in state:
+            self.src.skip(self.src.byte())
+        count = 1
+        for d in shape:
+            count *= d
+        digits = spec.lstrip("<>|=").lstrip("biufcmMSUV")
+        size = int(digits) if digits.isdigit() else 1
+        self.src.skip(count * size * (4 if "U" in spec else 1))
+        return Opaque(f"numpy array {shape} {spec}")
+
+    def merge(self, other: PickleScan) -> None:
+        """Fold a nested pickle's globals, calls and events into this scan."""
+        for pair, count in other.globals.items():
+            self.scan.globals[pair] = self.scan.globals.get(pair, 0) + count
+        for pair, use in other.uses.items():
+            if use is Use.CALLED or pair not in self.scan.uses or self.scan.uses[pair] is Use.NAMED:
+                self.scan.uses[pair] = use
+        for pair, calls in other.calls.items():
+            self.scan.calls.setdefault(pair, []).extend(calls[:3])
+        self.scan.events.extend(other.events[:100])
+        self.scan.opcodes |= other.opcodes
 
     def op_PERSID(self, pos: int) -> None:
         self.push(self.persistent_load(self.decode_line(self.src.readline(self.limits.max_line))))

@@ -2,8 +2,9 @@
 state-dict key services (wrapper prefixes, key matching) shared with ``check-ckpt --model``/``--fix``."""
 from torchdoctor.ckpt.info import CheckpointInfo, StateDict, TensorEntry, show_path
 from torchdoctor.ckpt.keys import LOOSE_PREFIXES, Match, best_match, share, wrapper_prefix
-from torchdoctor.ckpt.objects import GlobalRef, Instance, TensorMeta
-from torchdoctor.ckpt.policy import Verdict
+from torchdoctor.ckpt.objects import GlobalRef, Instance, TensorMeta, show_args
+from torchdoctor.ckpt.policy import Use, Verdict, dangerous_reason
 
 __all__ = ["CheckpointInfo", "GlobalRef", "Instance", "LOOSE_PREFIXES", "Match", "StateDict", "TensorEntry",
-           "TensorMeta", "Verdict", "best_match", "share", "show_path", "wrapper_prefix"]
+           "TensorMeta", "Use", "Verdict", "best_match", "dangerous_reason", "share", "show_args", "show_path",
+           "wrapper_prefix"]
