@@ -109,7 +109,7 @@ def test_views_and_shared_storages(files):
 
 @pytest.mark.parametrize("content, message", [
     (None, "no such file"), (b"", "empty file"), (b"just some text\n", "not a PyTorch checkpoint"),
-    (b"\x93NUMPY\x01\x00", "not a PyTorch checkpoint"), (b"PK\x03\x04garbage", "truncated or corrupt zip"),
+    (b"\x93NUMPY\x01\x00", "corrupt .npy header"), (b"PK\x03\x04garbage", "truncated or corrupt zip"),
     (b"\x80\x02\x95garbage", "corrupt pickle"),
 ])
 def test_unreadable_files_raise_the_readers_error(tmp_path, content, message):

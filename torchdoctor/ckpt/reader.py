@@ -19,7 +19,7 @@ from typing import IO, Any, Optional
 from torchdoctor.ckpt.dtypes import SAFETENSORS_DTYPES, STORAGE_DTYPES, itemsize
 from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta
-from torchdoctor.ckpt.unpickler import Limits, PickleParseError, PickleScan, Source, scan_pickle, short
+from torchdoctor.ckpt.unpickler import Event, Limits, PickleParseError, PickleScan, Source, scan_pickle, short
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _PROTO0_STARTS = frozenset(b"(}])cNKJIFSVXUTGld")
@@ -51,6 +51,7 @@ class Archive:
     locators: dict[str, Locator] = field(default_factory=dict)
     zip_records: dict[str, zipfile.ZipInfo] = field(default_factory=dict)  # located on first use
     problems: list[str] = field(default_factory=list)
+    events: list[tuple[str, Event]] = field(default_factory=list)  # container tricks (not tied to one pickle)
 
     def locator(self, key: str) -> Optional[Locator]:
         """Where storage `key`'s bytes are, or None when the file does not hold them."""
@@ -135,12 +136,20 @@ def read_archive(path: str, limits: Limits = Limits()) -> Archive:
 
 
 def _dispatch(path: str, f: IO[bytes], head: bytes, size: int, limits: Limits) -> Archive:
+    archive = _dispatch_format(path, f, head, size, limits)
+    _scan_nested(archive, limits)
+    return archive
+
+
+def _dispatch_format(path: str, f: IO[bytes], head: bytes, size: int, limits: Limits) -> Archive:
     if head[:4] == b"PK\x03\x04":
         return _read_zip(path, f, size, limits)
-    if len(head) >= 262 and head[257:262] == b"ustar":
+    if _is_tar(head):  # torch tries tarfile first: a v7 tar without the ustar magic is read too
         return _read_tar(path, f, size, limits)
+    if head[:6] == b"\x93NUMPY":
+        return _read_npy(path, f, size, limits)
     if _looks_like_safetensors(head, size):
-        return _read_safetensors(path, f, size)
+        return _read_safetensors(path, f, size, head, limits)
     if head[0] == 0x80 and len(head) > 1 and head[1] <= 5:
         return _read_stacked(path, f, size, limits)
     if head[0] in _PROTO0_STARTS:
@@ -157,6 +166,11 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     infos = zf.infolist()
     if not infos:
         raise CheckpointError(f"{path}: empty zip archive")
+    ambiguity = _zip_ambiguity(f, size, infos)
+    if not any(i.filename.endswith("/data.pkl") for i in infos):
+        archive = _read_other_zip(path, f, size, infos, limits)
+        archive.events += [("zip", Event(a, 0)) for a in ambiguity]
+        return archive
     prefix = infos[0].filename.split("/", 1)[0]
     by_name = {i.filename: i for i in infos}
     is_script = f"{prefix}/constants.pkl" in by_name or any(n.startswith(f"{prefix}/code/") for n in by_name)
@@ -178,6 +192,7 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     if is_script:
         archive.details["code_files"] = sum(1 for n in by_name if n.startswith(f"{prefix}/code/") and n.endswith(".py"))
 
+    archive.events += [("zip", Event(a, 0)) for a in ambiguity]
     main = by_name.get(f"{prefix}/data.pkl")
     if main is None:
         others = [n for n in by_name if n.endswith("/data.pkl")]
@@ -200,7 +215,118 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
            and not n.endswith(".pkl")]
     if odd and not is_script:
         archive.details["extra_records"] = odd[:10]
+    if is_script:
+        _inspect_torchscript_code(archive, f, [i for i in infos if "/code/" in i.filename], limits)
     return archive
+
+
+_EOCD = b"PK\x05\x06"
+
+
+def _zip_ambiguity(f: IO[bytes], size: int, infos: list[zipfile.ZipInfo]) -> list[str]:
+    """Ways the archive reads differently in different zip readers (Python's zipfile, torch's miniz)."""
+    out = []
+    names = [i.filename for i in infos]
+    dupes = sorted({n for n in names if names.count(n) > 1}) if len(names) < 5000 else []
+    if dupes:
+        out.append(f"the zip names {dupes[0]!r} twice: zip readers disagree on which copy is loaded, a way to show "
+                   "scanners one pickle and torch.load another")
+    tail_start = max(0, size - (1 << 16) - 22)
+    f.seek(tail_start)
+    tail = f.read()
+    ends = []
+    i = tail.find(_EOCD)
+    while i >= 0 and len(ends) < 8:
+        if i + 22 <= len(tail):
+            cd_size, cd_offset = struct.unpack("<II", tail[i + 12:i + 20])
+            f.seek(cd_offset)
+            if cd_offset + cd_size <= size and f.read(4) == b"PK\x01\x02":
+                ends.append(tail_start + i)
+        i = tail.find(_EOCD, i + 1)
+    if len(ends) > 1:
+        out.append(f"the zip has {len(ends)} end-of-central-directory records pointing at central directories: "
+                   "zip readers pick different ones, so one file can hold two different checkpoints")
+    return out
+
+
+def _read_other_zip(path: str, f: IO[bytes], size: int, infos: list[zipfile.ZipInfo], limits: Limits) -> Archive:
+    """A zip without data.pkl: numpy's .npz or an archive of pickles; every pickle in it is scanned."""
+    npz = any(i.filename.endswith(".npy") for i in infos)
+    archive = Archive(path, "numpy" if npz else "zip-of-pickles", size)
+    archive.details["records"] = len(infos)
+    for info in infos[:_MAX_EXTRA_PICKLES * 4]:
+        try:
+            head = _member_stream(f, info).read(16)
+        except CheckpointError as exc:
+            archive.problems.append(str(exc))
+            continue
+        if head[:6] == b"\x93NUMPY":
+            scan = _scan_npy(_member_stream(f, info), info.file_size, limits)
+        elif head[:1] == b"\x80" or info.filename.endswith((".pkl", ".pickle")):
+            scan = _scan_member(f, info, None, limits, archive)
+        else:
+            continue
+        if scan is not None:
+            archive.pickles.append((info.filename, scan))
+            if scan.error and not archive.problems[-1:] == [f"{info.filename}: {scan.error}"]:
+                archive.problems.append(f"{info.filename}: {scan.error}")
+    if not archive.pickles and not npz:
+        raise CheckpointError(f"{path}: a zip archive without a data.pkl record or pickles, not a checkpoint")
+    return archive
+
+
+_CODE_RISKS = (
+    ("torch.load(", "loads another file with torch.load"), ("torch.save(", "writes files with torch.save"),
+    ("torch.from_file(", "maps an arbitrary file with torch.from_file"),
+    ("load_library(", "loads a native library (torch.ops.load_library)"),
+    ("open(", "opens a file"), ("__import__", "imports a module"), ("os.system", "runs a command"),
+    ("subprocess", "runs a process"), ("torch.classes.", "calls a registered native class"),
+)
+
+
+def _inspect_torchscript_code(archive: Archive, f: IO[bytes], infos: list[zipfile.ZipInfo], limits: Limits) -> None:
+    """TorchScript code that touches files or loads code on load (the CVE-2025-32434 class of bypasses)."""
+    for info in infos[:500]:
+        try:
+            text = _read_member(f, info, limits).decode("utf-8", "replace")
+        except CheckpointError as exc:
+            archive.problems.append(str(exc))
+            continue
+        for needle, what in _CODE_RISKS:
+            if needle in text:
+                line = next(ln.strip() for ln in text.splitlines() if needle in ln)
+                archive.events.append((info.filename.split("/", 1)[-1], Event(
+                    f"TorchScript code {what}: `{line[:120]}` (torch.jit.load runs it, even under weights_only)", 0)))
+
+
+def _read_npy(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
+    """numpy's .npy: an object array is a pickle (run by np.load(allow_pickle=True)); other arrays are bytes."""
+    f.seek(0)
+    archive = Archive(path, "numpy", size)
+    scan = _scan_npy(f, size, limits)
+    if scan is None:
+        raise CheckpointError(f"{path}: corrupt .npy header")
+    if scan.opcodes or scan.error:
+        archive.pickles.append(("npy object array", scan))
+        if scan.error:
+            archive.problems.append(f"npy object array: {scan.error}")
+    return archive
+
+
+def _scan_npy(stream: Any, size: int, limits: Limits) -> Optional[PickleScan]:
+    head = stream.read(10)
+    if len(head) < 10 or head[:6] != b"\x93NUMPY":
+        return None
+    if head[6] == 1:
+        n, used = struct.unpack("<H", head[8:10])[0], 10
+    else:
+        n, used = struct.unpack("<I", head[8:10] + stream.read(2))[0], 12
+    if n > 1 << 20:
+        return None
+    header = stream.read(n).decode("latin-1", "replace")
+    if "'O'" not in header and '"O"' not in header and "|O" not in header:
+        return PickleScan()
+    return scan_pickle(Source(stream, max(0, size - used - n)), None, limits)
 
 
 def _local_data_offset(f: IO[bytes], info: zipfile.ZipInfo) -> int:
@@ -293,7 +419,7 @@ def _storage_from_pid(pid: Any, width: int) -> Optional[StorageRef]:
 def _read_stacked(path: str, f: IO[bytes], size: int, limits: Limits, *, strict: bool = False) -> Archive:
     """Pickles one after another: the legacy format when the first is torch's magic number, else plain pickle."""
     f.seek(0)
-    src = Source(f)
+    src = Source(f, size)
     archive = Archive(path, "pickle", size)
     first = scan_pickle(src, None, limits)
     if first.error and strict and not first.globals and not first.events:
@@ -318,10 +444,14 @@ def _scan_trailing_pickles(archive: Archive, src: Source, limits: Limits, number
     """Scan pickles stacked after the first one: `torch.load` reads (and would execute) several."""
     while number <= _MAX_EXTRA_PICKLES and not src.at_eof():
         head = src.peek(2)
-        if len(head) < 2 or head[0] != 0x80 or head[1] > 5:
+        proto0 = len(head) == 2 and head[0] in _PROTO0_STARTS
+        if len(head) < 2 or not ((head[0] == 0x80 and head[1] <= 5) or proto0):
             archive.details["trailing_bytes"] = True
             return
         scan = scan_pickle(src, None, limits)
+        if scan.error and proto0 and not scan.globals and not scan.events:
+            archive.details["trailing_bytes"] = True  # text that only looks like a protocol-0 pickle
+            return
         archive.pickles.append((f"pickle {number}", scan))
         if scan.error:
             archive.problems.append(f"pickle {number}: {scan.error}")
@@ -386,6 +516,21 @@ def _read_legacy_rest(archive: Archive, src: Source, limits: Limits) -> None:
 
 
 # -- tar (torch <= 0.1.x) -----------------------------------------------------------------------------
+def _is_tar(head: bytes) -> bool:
+    """A tar header: the ustar magic, or (old v7 tars) a header block whose checksum is right."""
+    if len(head) < 512:
+        return False
+    if head[257:262] == b"ustar":
+        return True
+    import tarfile
+
+    try:
+        tarfile.TarInfo.frombuf(head[:512], "utf-8", "surrogateescape")
+    except (tarfile.HeaderError, ValueError):
+        return False
+    return True
+
+
 def _read_tar(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     import tarfile
 
@@ -426,15 +571,22 @@ def _looks_like_safetensors(head: bytes, size: int) -> bool:
     return 2 <= n <= min(size - 8, _MAX_SAFETENSORS_HEADER) and head[8:9] == b"{"
 
 
-def _read_safetensors(path: str, f: IO[bytes], size: int) -> Archive:
+def _read_safetensors(path: str, f: IO[bytes], size: int, head: bytes, limits: Limits) -> Archive:
     import json
 
+    pickled = _polyglot_pickle(path, f, size, head, limits)
     f.seek(0)
     n = struct.unpack("<Q", f.read(8))[0]
     try:
         header = json.loads(f.read(n).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        if pickled is not None:
+            return pickled
         raise CheckpointError(f"{path}: corrupt safetensors header ({exc})") from None
+    if pickled is not None:  # torch.load never reads safetensors: it unpickles this file
+        pickled.events.append(("file", Event("the file sniffs as safetensors but is also a pickle that "
+                                             "torch.load/pickle.load would run", 0)))
+        return pickled
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
     archive = Archive(path, "safetensors", size)
@@ -449,6 +601,43 @@ def _read_safetensors(path: str, f: IO[bytes], size: int) -> Archive:
             root[str(name)] = t
     archive.root = root
     return archive
+
+
+def _polyglot_pickle(path: str, f: IO[bytes], size: int, head: bytes, limits: Limits) -> Optional[Archive]:
+    """The file read as torch.load would (a pickle), when that works and names anything."""
+    if not (head[0] == 0x80 and head[1] <= 5) and head[0] not in _PROTO0_STARTS:
+        return None
+    try:
+        archive = _read_stacked(path, f, size, limits, strict=True)
+    except (CheckpointError, PickleParseError):
+        return None
+    if archive.problems or not any(scan.globals or scan.events for _, scan in archive.pickles):
+        return None
+    return archive
+
+
+def _scan_nested(archive: Archive, limits: Limits) -> None:
+    """Pickles and torch zips stored as bytes values inside the checkpoint (a loader may unpickle them)."""
+    queue = [(name, scan, 0) for name, scan in archive.pickles]
+    while queue:
+        name, scan, depth = queue.pop()
+        for pos, data in scan.nested[:8]:
+            where = f"{name} > bytes at byte {pos}"
+            found: list[tuple[str, PickleScan]] = []
+            if data[:4] == b"PK\x03\x04":
+                try:
+                    inner = _read_zip(where, io.BytesIO(data), len(data), limits)
+                except (CheckpointError, zipfile.BadZipFile, OSError, ValueError, struct.error):
+                    continue
+                found = [(f"{where} > {n}", sc) for n, sc in inner.pickles]
+                archive.events += inner.events
+            else:
+                inner_scan = scan_pickle(Source(io.BytesIO(data), len(data)), None, limits)
+                if inner_scan.globals or inner_scan.events:
+                    found = [(where, inner_scan)]
+            archive.pickles += found
+            if depth < 2:
+                queue += [(n, sc, depth + 1) for n, sc in found]
 
 
 def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Optional[TensorMeta]:

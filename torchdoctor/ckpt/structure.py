@@ -36,7 +36,7 @@ def analyze(archive: Archive) -> CheckpointInfo:
         objects=walker.objects,
         optimizer_states=walker.optimizer_states,
         globals=_globals(archive),
-        events=[(name, ev) for name, scan in archive.pickles for ev in scan.events],
+        events=archive.events + [(name, ev) for name, scan in archive.pickles for ev in scan.events],
         unsupported_opcodes=_unsupported_opcodes(archive),
         top_level=_top_level(archive.root),
         walk_problems=walker.problems,

@@ -50,7 +50,7 @@ _SCALARS = (str, int, float, bool, bytes, type(None))
 class Limits:
     """Bounds on the work one pickle may cause; generous for real checkpoints, small for bombs."""
 
-    max_opcodes: int = 5_000_000  # also bounds the stack, the memo and container sizes
+    max_opcodes: int = 5_000_000  # at least; a longer pickle may have one opcode per byte (bounds stack, memo)
     max_memo: int = 1_000_000
     max_marks: int = 100_000
     max_inline_bytes: int = 1 << 20  # longer str/bytes values become `Blob`s
@@ -83,6 +83,7 @@ class PickleScan:
     events: list[Event] = field(default_factory=list)
     opcodes: set[str] = field(default_factory=set)
     error: Optional[str] = None  # why parsing stopped early (value is then None)
+    nested: list[tuple[int, bytes]] = field(default_factory=list)  # bytes values that are pickles or zips
 
 
 class ByteStream(Protocol):
@@ -221,6 +222,8 @@ class _Machine:
         self.marks: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
         self.inline = 0
+        self.scaled = limits == Limits()  # the default budget grows with the bytes the pickle may span
+        self.nested: list[tuple[int, bytes]] = []  # (byte, value) of bytes values that are pickles or zips
         self.proto = 0  # the current PROTO: pickle applies Python 2 name mapping while it is below 3
         self.scan = PickleScan()
 
@@ -273,6 +276,9 @@ class _Machine:
         if self.inline > self.limits.max_total_inline:
             self.fail(f"more than {self.limits.max_total_inline:,} bytes of strings (a pickle bomb?)")
         data = self.src.read(size)
+        if kind != "str" and len(self.nested) < 16 and (data[:4] == b"PK\x03\x04" or (
+                len(data) > 2 and data[0] == 0x80 and data[1] <= 5 and data[-1:] == b".")):
+            self.nested.append((self.src.tell() - size, data))
         if kind == "str":
             return data.decode("utf-8", "surrogatepass")
         return data if kind == "bytes" else bytearray(data)
@@ -343,7 +349,7 @@ class _Machine:
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> Any:
         src = self.src
-        max_opcodes = self.limits.max_opcodes
+        max_opcodes = max(self.limits.max_opcodes, self.src.remaining or 0) if self.scaled else self.limits.max_opcodes
         dispatch = {code: getattr(self, "op_" + name) for code, name in _OPCODES.items() if name != "STOP"}
         codes: set[int] = set()
         opcount = 0
@@ -745,6 +751,7 @@ def scan_pickle(
     machine = _Machine(src, persistent_load or (lambda pid: Opaque(f"persistent id {short(pid)}")), limits)
     try:
         machine.scan.value = machine.run()
+        machine.scan.nested = machine.nested
     except PickleParseError as exc:
         machine.scan.error = str(exc)
     except (RecursionError, MemoryError, OverflowError, ValueError, TypeError, struct.error) as exc:
