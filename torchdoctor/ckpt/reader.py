@@ -23,6 +23,7 @@ from torchdoctor.ckpt.unpickler import Event, Limits, PickleParseError, PickleSc
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _PROTO0_STARTS = frozenset(b"(}])cNKJIFSVXUTGld")
+_OPCODE_BYTES = frozenset(b"BCMPQabeghijlopqrstu\x8c\x8d\x8e\x8f\x93\x94\x95")
 _MAX_SAFETENSORS_HEADER = 100 << 20
 _MAX_EXTRA_PICKLES = 32
 
@@ -152,7 +153,7 @@ def _dispatch_format(path: str, f: IO[bytes], head: bytes, size: int, limits: Li
         return _read_safetensors(path, f, size, head, limits)
     if head[0] == 0x80 and len(head) > 1 and head[1] <= 5:
         return _read_stacked(path, f, size, limits)
-    if head[0] in _PROTO0_STARTS:
+    if head[0] in _PROTO0_STARTS or head[0] in _OPCODE_BYTES:  # a pickle needs no PROTO: pickle.load reads it
         return _read_stacked(path, f, size, limits, strict=True)
     raise CheckpointError(f"{path}: not a PyTorch checkpoint (unrecognised format, starts with {head[:8]!r})")
 
@@ -605,8 +606,6 @@ def _read_safetensors(path: str, f: IO[bytes], size: int, head: bytes, limits: L
 
 def _polyglot_pickle(path: str, f: IO[bytes], size: int, head: bytes, limits: Limits) -> Optional[Archive]:
     """The file read as torch.load would (a pickle), when that works and names anything."""
-    if not (head[0] == 0x80 and head[1] <= 5) and head[0] not in _PROTO0_STARTS:
-        return None
     try:
         archive = _read_stacked(path, f, size, limits, strict=True)
     except (CheckpointError, PickleParseError):

@@ -1,0 +1,72 @@
+"""The generated hostile corpus (every family and opcode route) and the benign corpus, end to end."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import benign_corpus
+import hostile_corpus
+from torchdoctor.ckpt.api import check_checkpoint
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hostile")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return hostile_corpus.build(str(d / "files"), str(d / "canaries")), str(d / "canaries")
+
+
+def test_every_hostile_sample_is_unsafe_pickle_and_no_canary_appears(hostile):
+    samples, canaries = hostile
+    missed = [name for name, (path, _, _) in samples.items()
+              if "unsafe-pickle" not in {f.name for f in check_checkpoint(path).findings}]
+    assert missed == []
+    assert os.listdir(canaries) == []
+
+
+def test_every_hostile_sample_really_runs_its_payload(hostile, tmp_path):
+    """One subprocess loads the whole corpus as victims would; a sample whose payload does not run fails here."""
+    samples, canaries = hostile
+    spec = tmp_path / "samples.json"
+    spec.write_text(json.dumps(samples))
+    here = os.path.dirname(__file__)
+    out = subprocess.run([sys.executable, "-W", "ignore", os.path.join(here, "hostile_corpus.py"), str(spec)],
+                         capture_output=True, text=True, timeout=120, cwd=here)
+    ran = json.loads(out.stdout.strip().splitlines()[-1])
+    assert [name for name, yes in ran.items() if not yes] == []
+    assert len(ran) == len(samples) >= 35
+
+
+@pytest.fixture(scope="module")
+def benign(tmp_path_factory):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return benign_corpus.build(str(tmp_path_factory.mktemp("benign")), libraries=False)
+
+
+def test_benign_corpus_has_no_unsafe_findings_and_needs_code_exactly_where_torch_refuses(benign):
+    import torch.distributed.tensor  # noqa: F401  (as a DTensor program does)
+
+    wrong = []
+    for name, path in benign.items():
+        report = check_checkpoint(path)
+        names = {f.name for f in report.findings}
+        if "unsafe-pickle" in names or "checkpoint-unreadable" in names:
+            wrong.append((name, sorted(names)))
+        if report.infos[0].format not in ("zip", "legacy"):
+            continue
+        try:
+            torch.load(path, weights_only=True)
+            refused = False
+        except Exception:
+            refused = True
+        if refused != ("needs-code-to-load" in names):
+            wrong.append((name, f"torch refuses={refused}", sorted(names)))
+    assert wrong == []
