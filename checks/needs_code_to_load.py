@@ -34,6 +34,9 @@ NEEDS_CODE_TO_LOAD = Pitfall(
         every global is allowed.
     """,
     fix="""
+        When the pickle *calls* third-party or user code on load (a library enum rebuilt by value, a user
+        class's reduce function), torchdoctor says exactly what runs, with its arguments; it never proposes
+        allowlisting a callable or anything in a file that is also `unsafe-pickle`.
         For a file you trust, allow exactly the globals torchdoctor lists with
         `torch.serialization.add_safe_globals([...])` (or the `torch.serialization.safe_globals([...])` context
         manager). Better, save only tensors and plain Python values: `model.state_dict()`,

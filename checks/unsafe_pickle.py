@@ -12,15 +12,24 @@ UNSAFE_PICKLE = Pitfall(
     code="TD201",
     name="unsafe-pickle",
     severity="error",
-    summary="The pickle names or calls code that runs commands, evaluates code or touches files when loaded.",
+    summary=("The pickle calls or names code outside the allowlist that runs commands, evaluates code or "
+             "writes files."),
     why="""
-        The checkpoint's pickle names or calls code that runs commands, evaluates code, imports modules or
-        touches files when the file is loaded: `os.system`, `subprocess.*`, `builtins.eval`/`exec`/`getattr`/
-        `__import__`, `importlib`, `runpy`, `marshal`, `pickle` itself, `torch.utils.collect_env.run`, … or it
-        uses opcode tricks that run code on imported objects whatever their names (a call of a value the
-        pickle computed, `BUILD`/`SETITEM`/`APPEND` on an imported object, a computed `STACK_GLOBAL`, extension
-        codes). torchdoctor finds this by interpreting the pickle opcode by opcode into inert placeholders: it
-        never imports or calls anything the file names.
+        The checkpoint's pickle calls or names code that runs commands, evaluates code, imports modules or
+        touches files when the file is loaded. torchdoctor decides by an exact allowlist, never by a module
+        prefix: a global is safe only if its `(module, name)` pair is in torch's own `weights_only` allowlist or
+        a short measured list of data types (`argparse.Namespace`, `pathlib` paths, `datetime`, numpy's array
+        and scalar reconstructors, DTensor, ...). Unsafe are: a name with an attribute path (`pathlib` +
+        `os.system`, `enum` + `bltns.exec`: the name part reaches any object), a standard-library, torch or
+        numpy callable outside the allowlist that the pickle *calls* (REDUCE, INST, OBJ, or passed to an
+        allowlisted rebuild function that calls it: `imaplib.IMAP4_stream('id')`, `logging.FileHandler(path)`),
+        known code-running names (`os.system`, `builtins.eval`/`exec`/`getattr`, `torch.load`, ...), a BUILD
+        that sets a dunder such as `__setstate__`, opcode tricks that run code on imported objects (a call of a
+        value the pickle computed, `BUILD`/`SETITEM`/`APPEND` on an imported object, extension codes), and
+        containers that read differently in different readers (two zip central directories, a file that is
+        both safetensors and a pickle, TorchScript code that loads or maps files). torchdoctor interprets every
+        pickle a loader would read (stacked pickles, protocol 0, `.npy` object arrays, pickles nested as bytes)
+        opcode by opcode into inert placeholders: it never imports or calls anything the file names.
 
         `torch.load(path, weights_only=False)` and `pickle.load` execute whatever the pickle asks for. A model
         downloaded from the internet can run a shell command the moment it is loaded, and scanners with a
