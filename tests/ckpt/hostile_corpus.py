@@ -160,6 +160,9 @@ def torchscript(canary: str, path: str) -> None:
     torch.jit.save(torch.jit.script(FromFile()), path)
 
 
+_EXTENSIONS = {"pickle": ".pkl", "pickle-all": ".pkl", "field": ".pkl", "torch": ".pt", "numpy": ".npy"}
+
+
 def build(outdir: str, canaries: str) -> dict[str, tuple[str, str, str]]:
     """Write every sample; name -> (path, loader, canary path)."""
     os.makedirs(outdir, exist_ok=True)
@@ -171,7 +174,7 @@ def build(outdir: str, canaries: str) -> dict[str, tuple[str, str, str]]:
             canary = os.path.join(canaries, name)
             samples[name] = family(canary)[name] + (canary,)
     for name, (data, loader, canary) in samples.items():
-        path = os.path.join(outdir, name + ".bin")
+        path = os.path.join(outdir, name + _EXTENSIONS[loader])
         with open(path, "wb") as f:
             f.write(data)
         out[name] = (path, loader, canary)

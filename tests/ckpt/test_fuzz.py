@@ -6,6 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckpt_builders as b
+import hostile_corpus
 from torchdoctor import registry
 from torchdoctor.ckpt import CheckpointError, read_checkpoint
 from torchdoctor.ckpt.values import scan_values
@@ -26,6 +27,8 @@ def seeds(files):
     corpus = Corpus(open(files[name], "rb").read() for name in SEEDS)
     corpus += [b.dumps({"a": [1, 2.5, "x", (None, True)], "b": b"bytes"}, p) for p in (0, 1, 2, 4, 5)]
     corpus += list(b.opcode_payloads("/nonexistent/canary").values())
+    for family in (hostile_corpus.pickles, hostile_corpus.containers):
+        corpus += [data for data, _ in family("/nonexistent/canary").values()]
     return corpus
 
 
@@ -68,3 +71,41 @@ def test_mutated_files_never_raise_anything_but_the_readers_error(seeds, tmp_pat
     checks = registry.all_checks(registry.Scope.CHECKPOINT)
     for finding in registry.run_fact_checks(checks, registry.Scope.CHECKPOINT, info):
         assert "failed internally" not in finding.message, finding.message
+
+
+def _deflated_zip(member: bytes) -> bytes:
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", member)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name, data", [
+    ("zip-bomb-of-opcodes", lambda: _deflated_zip(b"\x80\x02" + b"N0" * (3 << 20) + b"N.")),
+    ("zip-bomb-of-zeros", lambda: _deflated_zip(b"\x00" * (64 << 20))),
+    ("huge-declared-binbytes", b"\x80\x04\x8e" + (1 << 62).to_bytes(8, "little") + b"."),
+    ("huge-frame", b"\x80\x04\x95" + (1 << 62).to_bytes(8, "little") + b"N."),
+    ("deep-lists", b"\x80\x02" + b"]" * 200_000 + b"a" * 199_999 + b"."),
+    ("deep-protocol0-text", b"(" * 90_000 + b"l" * 90_000 + b"."),
+    ("npy-huge-header", b"\x93NUMPY\x02\x00" + (1 << 31).to_bytes(4, "little") + b"{"),
+    ("stacked-truncated-second", b"\x80\x02K\x01.\x80\x02cposix\nsys"),
+], ids=lambda v: v if isinstance(v, str) else "data")
+def test_bombs_and_huge_lengths_end_fast_with_a_finding_or_the_readers_error(tmp_path, name, data):
+    import time
+
+    path = tmp_path / "bomb.bin"
+    path.write_bytes(data() if callable(data) else data)
+    start = time.perf_counter()
+    try:
+        info = read_checkpoint(str(path))
+    except CheckpointError as exc:
+        assert "\n" not in str(exc)
+    else:
+        info.facts()
+        checks = registry.all_checks(registry.Scope.CHECKPOINT)
+        names = {f.name for f in registry.run_fact_checks(checks, registry.Scope.CHECKPOINT, info)}
+        assert names & {"checkpoint-unreadable", "unsafe-pickle"} or not info.problems, names
+    assert time.perf_counter() - start < 10

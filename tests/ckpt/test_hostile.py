@@ -129,7 +129,7 @@ def test_too_many_opcodes_is_bounded(tmp_path):
     path = tmp_path / "long.pkl"
     path.write_bytes(b"\x80\x02]" + b"Na" * 50_000 + b".")
     with pytest.raises(CheckpointError, match="opcodes"):
-        read_checkpoint(str(path), Limits(max_opcodes=10_000))
+        read_checkpoint(str(path), Limits(max_opcodes=10_000, opcodes_per_byte=0))
     assert len(read_checkpoint(str(path)).archive.root) == 50_000
     memo = tmp_path / "memo.pkl"
     memo.write_bytes(b"\x80\x02N" + b"".join(b"r" + i.to_bytes(4, "little") for i in range(2000)) + b".")

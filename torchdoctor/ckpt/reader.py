@@ -327,7 +327,7 @@ def _scan_npy(stream: Any, size: int, limits: Limits) -> Optional[PickleScan]:
     header = stream.read(n).decode("latin-1", "replace")
     if "'O'" not in header and '"O"' not in header and "|O" not in header:
         return PickleScan()
-    return scan_pickle(Source(stream, max(0, size - used - n)), None, limits)
+    return scan_pickle(Source(stream, max(0, size - used - n), size), None, limits)
 
 
 def _local_data_offset(f: IO[bytes], info: zipfile.ZipInfo) -> int:
@@ -362,7 +362,7 @@ def _scan_member(f: IO[bytes], info: zipfile.ZipInfo, persistent_load: Any, limi
     except CheckpointError as exc:
         archive.problems.append(str(exc))
         return PickleScan(error=str(exc))
-    scan = scan_pickle(Source(stream, info.file_size), persistent_load, limits)
+    scan = scan_pickle(Source(stream, info.file_size, info.compress_size), persistent_load, limits)
     if scan.error:
         archive.problems.append(f"{info.filename}: {scan.error}")
     return scan
@@ -420,7 +420,7 @@ def _storage_from_pid(pid: Any, width: int) -> Optional[StorageRef]:
 def _read_stacked(path: str, f: IO[bytes], size: int, limits: Limits, *, strict: bool = False) -> Archive:
     """Pickles one after another: the legacy format when the first is torch's magic number, else plain pickle."""
     f.seek(0)
-    src = Source(f, size)
+    src = Source(f, size, size)
     archive = Archive(path, "pickle", size)
     first = scan_pickle(src, None, limits)
     if first.error and strict and not first.globals and not first.events:
@@ -551,7 +551,7 @@ def _read_tar(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
                 if stream is None:
                     continue
                 # the first pickle of each record; `tensors`/`storages` continue with raw data
-                scan = scan_pickle(Source(stream, member.size), None, limits)
+                scan = scan_pickle(Source(stream, member.size, member.size), None, limits)
                 archive.pickles.append((name, scan))
                 if scan.error and name in ("sys_info", "pickle"):
                     archive.problems.append(f"tar record {name}: {scan.error}")
@@ -631,7 +631,7 @@ def _scan_nested(archive: Archive, limits: Limits) -> None:
                 found = [(f"{where} > {n}", sc) for n, sc in inner.pickles]
                 archive.events += inner.events
             else:
-                inner_scan = scan_pickle(Source(io.BytesIO(data), len(data)), None, limits)
+                inner_scan = scan_pickle(Source(io.BytesIO(data), len(data), len(data)), None, limits)
                 if inner_scan.globals or inner_scan.events:
                     found = [(where, inner_scan)]
             archive.pickles += found

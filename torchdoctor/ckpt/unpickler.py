@@ -50,7 +50,8 @@ _SCALARS = (str, int, float, bool, bytes, type(None))
 class Limits:
     """Bounds on the work one pickle may cause; generous for real checkpoints, small for bombs."""
 
-    max_opcodes: int = 5_000_000  # at least; a longer pickle may have one opcode per byte (bounds stack, memo)
+    max_opcodes: int = 2_000_000  # at least (also bounds the stack, the memo and container sizes)
+    opcodes_per_byte: int = 8  # ... or this many per byte the pickle occupies on disk (zip bombs stay bounded)
     max_memo: int = 1_000_000
     max_marks: int = 100_000
     max_inline_bytes: int = 1 << 20  # longer str/bytes values become `Blob`s
@@ -97,8 +98,9 @@ class Source:
 
     CHUNK = 1 << 16
 
-    def __init__(self, stream: ByteStream, limit: Optional[int] = None) -> None:
+    def __init__(self, stream: ByteStream, limit: Optional[int] = None, on_disk: int = 0) -> None:
         self.stream = stream
+        self.on_disk = on_disk  # bytes the stream occupies in the file (compressed size for deflated members)
         self.buf = b""
         self.pos = 0
         self.consumed = 0  # bytes before buf[0]
@@ -222,7 +224,6 @@ class _Machine:
         self.marks: list[list[Any]] = []
         self.memo: dict[int, Any] = {}
         self.inline = 0
-        self.scaled = limits == Limits()  # the default budget grows with the bytes the pickle may span
         self.nested: list[tuple[int, bytes]] = []  # (byte, value) of bytes values that are pickles or zips
         self.proto = 0  # the current PROTO: pickle applies Python 2 name mapping while it is below 3
         self.scan = PickleScan()
@@ -349,7 +350,7 @@ class _Machine:
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> Any:
         src = self.src
-        max_opcodes = max(self.limits.max_opcodes, self.src.remaining or 0) if self.scaled else self.limits.max_opcodes
+        max_opcodes = max(self.limits.max_opcodes, self.src.on_disk * self.limits.opcodes_per_byte)
         dispatch = {code: getattr(self, "op_" + name) for code, name in _OPCODES.items() if name != "STOP"}
         codes: set[int] = set()
         opcount = 0
