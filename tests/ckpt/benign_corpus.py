@@ -54,7 +54,8 @@ def _torch_files(out: str) -> dict[str, str]:
         "sparse_nested_meta_f8": {"coo": torch.randn(3, 3).to_sparse(), "csr": torch.randn(3, 3).to_sparse_csr(),
                                   "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
                                   "meta": torch.empty(3, 4, device="meta"),
-                                  "f8": torch.ones(4).to(torch.float8_e4m3fn), "bf16": torch.ones(2, dtype=torch.bfloat16)},
+                                  "f8": torch.ones(4).to(torch.float8_e4m3fn),
+                                  "bf16": torch.ones(2, dtype=torch.bfloat16)},
         "whole_module": model,
         "protocol4": model.state_dict(),
     }

@@ -235,7 +235,7 @@ def _zip_ambiguity(f: IO[bytes], size: int, infos: list[zipfile.ZipInfo]) -> lis
     tail_start = max(0, size - (1 << 16) - 22)
     f.seek(tail_start)
     tail = f.read()
-    ends = []
+    ends: list[int] = []
     i = tail.find(_EOCD)
     while i >= 0 and len(ends) < 8:
         if i + 22 <= len(tail):
