@@ -99,6 +99,9 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
                    "ckpt = torch.load(path)\n"
                    "Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
                    "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace).")
+            if called:
+                fix += ("\nThe file also calls " + ", ".join(g.qualname for g in called[:6]) + ": torchdoctor does not "
+                        "propose allowlisting callables (any file could then call them), so re-saving is the fix.")
         else:
             fix = ("Re-save only tensors and plain Python values; the globals it needs are code it calls, which "
                    "add_safe_globals would let any file call.")

@@ -1,6 +1,8 @@
 """The generated hostile corpus (every family and opcode route) and the benign corpus, end to end."""
 from __future__ import annotations
 
+import argparse
+import enum
 import json
 import os
 import subprocess
@@ -70,3 +72,34 @@ def test_benign_corpus_has_no_unsafe_findings_and_needs_code_exactly_where_torch
         if refused != ("needs-code-to-load" in names):
             wrong.append((name, f"torch refuses={refused}", sorted(names)))
     assert wrong == []
+
+
+class Mode(enum.Enum):
+    """A user enum: pickled by value, so loading calls `Mode(2)`."""
+
+    FAST = 2
+
+
+def test_a_called_user_callable_is_a_warning_that_names_the_call_and_is_never_allowlisted(tmp_path):
+    path = tmp_path / "enum.pt"
+    torch.save({"w": torch.ones(1), "mode": Mode.FAST, "args": argparse.Namespace(lr=0.1)}, path)
+    report = check_checkpoint(path)
+    needs = [f for f in report.findings if f.name == "needs-code-to-load"]
+    assert not [f for f in report.findings if f.name == "unsafe-pickle"]
+    assert any("calls third-party or user code: test_corpus.Mode(2)" in f.message for f in needs)
+    fixes = " ".join(f.fix.title + f.fix.code for f in needs)
+    assert "add_safe_globals([argparse.Namespace])" in fixes and "Mode]" not in fixes and "Mode," not in fixes
+
+
+def test_needs_code_to_load_never_proposes_allowlisting_in_an_unsafe_file(tmp_path):
+    import hostile_corpus as h
+
+    evil = h.pickles(str(tmp_path / "canary"))["attr-pathlib-os-system"][0]
+    clean = tmp_path / "clean.pt"
+    torch.save({"args": argparse.Namespace(lr=0.1)}, clean)
+    import ckpt_builders as b
+
+    path = b.replace_data_pkl(str(clean), str(tmp_path / "evil.pt"), evil)
+    report = check_checkpoint(path)
+    assert "unsafe-pickle" in {f.name for f in report.findings}
+    assert all("add_safe_globals" not in f.fix.title + f.fix.code for f in report.findings if f.fix)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import struct
 import zipfile
 import zlib
@@ -277,11 +278,13 @@ def _read_other_zip(path: str, f: IO[bytes], size: int, infos: list[zipfile.ZipI
 
 
 _CODE_RISKS = (
-    ("torch.load(", "loads another file with torch.load"), ("torch.save(", "writes files with torch.save"),
-    ("torch.from_file(", "maps an arbitrary file with torch.from_file"),
-    ("load_library(", "loads a native library (torch.ops.load_library)"),
-    ("open(", "opens a file"), ("__import__", "imports a module"), ("os.system", "runs a command"),
-    ("subprocess", "runs a process"), ("torch.classes.", "calls a registered native class"),
+    (re.compile(r"\btorch\.load\("), "loads another file with torch.load"),
+    (re.compile(r"\btorch\.save\("), "writes files with torch.save"),
+    (re.compile(r"\btorch\.from_file\("), "maps an arbitrary file with torch.from_file"),
+    (re.compile(r"\bload_library\("), "loads a native library (torch.ops.load_library)"),
+    (re.compile(r"(?<![\w.])open\("), "opens a file"), (re.compile(r"\b__import__\b"), "imports a module"),
+    (re.compile(r"\bos\.(system|popen|exec\w*|spawn\w*)\("), "runs a command"),
+    (re.compile(r"\bsubprocess\."), "runs a process"),
 )
 
 
@@ -293,9 +296,9 @@ def _inspect_torchscript_code(archive: Archive, f: IO[bytes], infos: list[zipfil
         except CheckpointError as exc:
             archive.problems.append(str(exc))
             continue
-        for needle, what in _CODE_RISKS:
-            if needle in text:
-                line = next(ln.strip() for ln in text.splitlines() if needle in ln)
+        for pattern, what in _CODE_RISKS:
+            if pattern.search(text):
+                line = next(ln.strip() for ln in text.splitlines() if pattern.search(ln))
                 archive.events.append((info.filename.split("/", 1)[-1], Event(
                     f"TorchScript code {what}: `{line[:120]}` (torch.jit.load runs it, even under weights_only)", 0)))
 
