@@ -130,7 +130,7 @@ _DANGEROUS_MODULES = (
     "torch.utils.bottleneck", "torch.utils._config_module", "torch._dynamo", "torch._inductor", "torch.fx",
     "torch.jit", "torch.package", "torch.multiprocessing", "torch.distributed.rpc", "torch.serialization",
     "numpy.testing", "numpy.f2py", "numpy.distutils", "pandas.io", "keras", "tensorflow", "pip",
-    "IPython", "ipykernel", "pexpect", "paramiko", "sh",
+    "IPython", "ipykernel", "pexpect", "paramiko", "sh", "aiohttp", "httpx",
 )
 # Individual names that load nested pickles or evaluate code.
 _DANGEROUS_NAMES = {
