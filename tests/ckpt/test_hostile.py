@@ -135,3 +135,34 @@ def test_too_many_opcodes_is_bounded(tmp_path):
     memo.write_bytes(b"\x80\x02N" + b"".join(b"r" + i.to_bytes(4, "little") for i in range(2000)) + b".")
     with pytest.raises(CheckpointError, match="memo entries"):
         read_checkpoint(str(memo), Limits(max_memo=1000))
+
+
+def test_a_zip_naming_data_pkl_twice_is_ambiguous_and_unsafe(tmp_path):
+    """Zip readers disagree on which duplicate they load: the ambiguity itself is unsafe, whatever each holds."""
+    import hostile_corpus
+
+    data = hostile_corpus._torch_zip(b.dumps({"w": 2}), duplicate_first=b.dumps({"w": 1}))
+    path = tmp_path / "twice.pt"
+    path.write_bytes(data)
+    found, _ = unsafe(str(path))
+    assert found and "twice" in found[0].message
+
+
+def test_numpy_files_object_arrays_are_scanned_and_plain_arrays_are_clean(tmp_path, canary):
+    import io
+    import zipfile
+
+    import numpy as np
+
+    plain = tmp_path / "ints.npz"
+    np.savez(plain, a=np.arange(3), b=np.ones(2))
+    assert unsafe(str(plain))[0] == []
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, a=np.array([{"k": 1}], dtype=object))
+    assert unsafe(str(objects))[0] == []
+    evil = io.BytesIO()
+    np.save(evil, np.array([b.reduce_payloads(canary)["os.system"]], dtype=object), allow_pickle=True)
+    path = tmp_path / "evil.npz"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("x.npy", evil.getvalue())
+    assert unsafe(str(path))[0]

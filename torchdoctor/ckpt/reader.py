@@ -264,14 +264,16 @@ def _read_other_zip(path: str, f: IO[bytes], size: int, infos: list[zipfile.ZipI
             continue
         if head[:6] == b"\x93NUMPY":
             scan = _scan_npy(_member_stream(f, info), info.file_size, limits)
+            if scan is None:
+                archive.problems.append(f"{info.filename}: corrupt .npy header")
+            elif scan.error:
+                archive.problems.append(f"{info.filename}: {scan.error}")
         elif head[:1] == b"\x80" or info.filename.endswith((".pkl", ".pickle")):
-            scan = _scan_member(f, info, None, limits, archive)
+            scan = _scan_member(f, info, None, limits, archive)  # records its own problem
         else:
             continue
         if scan is not None:
             archive.pickles.append((info.filename, scan))
-            if scan.error and not archive.problems[-1:] == [f"{info.filename}: {scan.error}"]:
-                archive.problems.append(f"{info.filename}: {scan.error}")
     if not archive.pickles and not npz:
         raise CheckpointError(f"{path}: a zip archive without a data.pkl record or pickles, not a checkpoint")
     return archive
