@@ -354,10 +354,40 @@ class _Machine:
         dispatch = {code: getattr(self, "op_" + name) for code, name in _OPCODES.items() if name != "STOP"}
         codes: set[int] = set()
         opcount = 0
+        memo, max_memo = self.memo, self.limits.max_memo
         try:
             while True:
+                opcount += 1
+                if opcount > max_opcodes:
+                    self.fail(f"more than {max_opcodes:,} pickle opcodes")
                 buf, i = src.buf, src.pos
-                if i < len(buf):
+                if i + 5 < len(buf):
+                    code = buf[i]
+                    # fast paths for the opcodes that make up most of a state_dict's pickle
+                    if code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
+                        if code == 0x72:
+                            index, src.pos = buf[i + 1] | buf[i + 2] << 8 | buf[i + 3] << 16 | buf[i + 4] << 24, i + 5
+                        else:
+                            index, src.pos = buf[i + 1], i + 2
+                        if not self.stack or (index not in memo and len(memo) >= max_memo):
+                            src.pos = i  # the general handler reports the error
+                        else:
+                            memo[index] = self.stack[-1]
+                            codes.add(code)
+                            continue
+                    elif code == 0x68 and buf[i + 1] in memo:  # BINGET of a written entry
+                        self.stack.append(memo[buf[i + 1]])
+                        src.pos = i + 2
+                        codes.add(code)
+                        continue
+                    elif code == 0x4B:  # BININT1
+                        self.stack.append(buf[i + 1])
+                        src.pos = i + 2
+                        codes.add(code)
+                        continue
+                    src.pos = i + 1
+                    pos = src.consumed + i
+                elif i < len(buf):
                     code = buf[i]
                     src.pos = i + 1
                     pos = src.consumed + i
@@ -365,9 +395,6 @@ class _Machine:
                     pos = src.tell()
                     code = src.byte()
                 codes.add(code)
-                opcount += 1
-                if opcount > max_opcodes:
-                    self.fail(f"more than {max_opcodes:,} pickle opcodes")
                 if code == 0x2E:  # STOP
                     return self.pop()
                 handler = dispatch.get(code)
