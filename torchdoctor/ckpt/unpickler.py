@@ -373,18 +373,28 @@ class _Machine:
                             src.pos = i  # the general handler reports the error
                         else:
                             memo[index] = self.stack[-1]
-                            codes.add(code)
                             continue
                     elif code == 0x68 and buf[i + 1] in memo:  # BINGET of a written entry
                         self.stack.append(memo[buf[i + 1]])
                         src.pos = i + 2
-                        codes.add(code)
                         continue
                     elif code == 0x4B:  # BININT1
                         self.stack.append(buf[i + 1])
                         src.pos = i + 2
-                        codes.add(code)
                         continue
+                    elif code == 0x85 and self.stack:  # TUPLE1
+                        self.stack[-1] = (self.stack[-1],)
+                        src.pos = i + 1
+                        continue
+                    elif code == 0x89:  # NEWFALSE
+                        self.stack.append(False)
+                        src.pos = i + 1
+                        continue
+                    elif code == 0x29:  # EMPTY_TUPLE
+                        self.stack.append(())
+                        src.pos = i + 1
+                        continue
+                    # (fast-path opcodes are all ones the weights_only unpickler accepts: not recorded)
                     src.pos = i + 1
                     pos = src.consumed + i
                 elif i < len(buf):
