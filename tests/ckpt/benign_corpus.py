@@ -72,11 +72,12 @@ def _torch_files(out: str) -> dict[str, str]:
 
 def _dtensor(out: str) -> dict[str, str]:
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor  # noqa: F401
-    from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_available():
         return {}
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29561")
     dist.init_process_group("gloo", rank=0, world_size=1)
