@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from torchdoctor.ckpt.dtypes import itemsize
+
 
 class Inert:
     """Base of all placeholders: identity hash and equality, shallow repr."""
@@ -153,8 +155,6 @@ class TensorMeta:
 
     @property
     def itemsize(self) -> int:
-        from torchdoctor.ckpt.dtypes import itemsize
-
         return itemsize(self.dtype)
 
     @property
