@@ -1,10 +1,12 @@
 """`CheckpointInfo`: what the checkpoint checks see, plus its JSON-ready summary (the report's facts)."""
 from __future__ import annotations
 
+import heapq
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+from torchdoctor.ckpt.dtypes import itemsize
 from torchdoctor.ckpt.objects import TensorMeta
 from torchdoctor.ckpt.policy import Use
 
@@ -164,7 +166,14 @@ class CheckpointInfo:
         for e in self.tensors:
             anchor = next((a for a in anchors if e.path[: len(a)] == a), None)
             groups[anchor if anchor is not None else _group_of(e.path)].append(e)
-        largest = sorted(unique, key=lambda e: e.tensor.nbytes, reverse=True)[:10]
+        numel: dict[int, int] = {}  # each tensor's size computed once (files hold up to ~10^5 tensors)
+        nbytes: dict[int, int] = {}
+        for e in self.tensors:
+            key = id(e.tensor)
+            if key not in numel:
+                numel[key] = n = e.tensor.numel
+                nbytes[key] = n * itemsize(e.tensor.dtype)
+        largest = heapq.nlargest(10, unique, key=lambda e: nbytes[id(e.tensor)])
         facts: dict[str, Any] = {
             "path": self.path,
             "format": self.format,
@@ -175,14 +184,14 @@ class CheckpointInfo:
             "tensors": {
                 "count": len(self.tensors),
                 "unique": len(unique),
-                "parameters": sum(e.tensor.numel for e in unique if not e.in_optimizer),
-                "optimizer_state_elements": sum(e.tensor.numel for e in unique if e.in_optimizer),
+                "parameters": sum(numel[id(e.tensor)] for e in unique if not e.in_optimizer),
+                "optimizer_state_elements": sum(numel[id(e.tensor)] for e in unique if e.in_optimizer),
                 "stored_bytes": sum(by_dtype.values()),
                 "bytes_by_dtype": dict(by_dtype.most_common()),
                 "bytes_by_device": dict(by_device.most_common()),
                 "groups": [
-                    {"path": show_path(p), "tensors": len(es), "elements": sum(e.tensor.numel for e in es),
-                     "bytes": sum(e.tensor.nbytes for e in es)}
+                    {"path": show_path(p), "tensors": len(es), "elements": sum(numel[id(e.tensor)] for e in es),
+                     "bytes": sum(nbytes[id(e.tensor)] for e in es)}
                     for p, es in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:30]
                 ],
                 "largest": [
