@@ -1,12 +1,12 @@
 """Decide what a global a pickle names may do: an exact `(module, name)` allowlist, never a prefix.
 
-Three exact sets decide "safe". `TORCH_ALLOWED` is torch's own `weights_only` allowlist
+Two exact sets decide "safe". `TORCH_ALLOWED` is torch's own `weights_only` allowlist
 (torch/_weights_only_unpickler.py `_get_allowed_globals`, torch 2.13; a test keeps it in step with the
 installed torch), plus what torch's own modules register with `add_safe_globals` on import (DTensor,
 nested jagged tensors, device meshes). `DATA` is a short list of data types real checkpoints name
-(measured on transformers, timm, Lightning, accelerate, omegaconf, numpy, joblib and DCP files):
-harmless to construct, though torch's default loader still refuses them. Everything else is judged by
-how the pickle uses it: a name with an attribute path (a dot in the name part), a known code-running
+(measured on files from transformers, Lightning, accelerate, omegaconf, numpy, joblib, DTensor and DCP:
+tests/ckpt/benign_corpus.py), harmless to construct, though torch's default loader still refuses them.
+Everything else is judged by how the pickle uses it: a name with an attribute path (a dot in the name part), a known code-running
 name, or a standard-library/torch/numpy callable the pickle *calls* is dangerous; a class only created
 through NEWOBJ, or third-party/user code, needs that code to load.
 """
