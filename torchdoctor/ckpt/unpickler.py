@@ -354,7 +354,7 @@ class _Machine:
         dispatch = {code: getattr(self, "op_" + name) for code, name in _OPCODES.items() if name != "STOP"}
         codes: set[int] = set()
         opcount = 0
-        memo, max_memo = self.memo, self.limits.max_memo
+        memo, max_memo, max_marks = self.memo, self.limits.max_memo, self.limits.max_marks
         try:
             while True:
                 opcount += 1
@@ -384,6 +384,16 @@ class _Machine:
                         continue
                     elif code == 0x85 and self.stack:  # TUPLE1
                         self.stack[-1] = (self.stack[-1],)
+                        src.pos = i + 1
+                        continue
+                    elif code == 0x28 and len(self.marks) < max_marks:  # MARK
+                        self.marks.append(self.stack)
+                        self.stack = []
+                        src.pos = i + 1
+                        continue
+                    elif code == 0x74 and self.marks:  # TUPLE
+                        items, self.stack = self.stack, self.marks.pop()
+                        self.stack.append(tuple(items))
                         src.pos = i + 1
                         continue
                     elif code == 0x89:  # NEWFALSE
