@@ -82,10 +82,12 @@ def _is_tensor(binding: Binding, index: ModuleIndex) -> bool:
     if isinstance(binding.node, (ast.For, ast.AsyncFor)):
         target = binding.node.target
         elements = target.elts if isinstance(target, ast.Tuple) else []
-        if isinstance(target, ast.Tuple) and len(elements) == 2 and isinstance(elements[1], ast.Tuple):
-            elements = elements[1].elts  # for i, (x, y) in enumerate(loader)
-        names = {ref(e) for e in elements}
         iterable = binding.node.iter
+        if isinstance(iterable, ast.Call) and last(ref(iterable.func)) == "enumerate" and len(elements) == 2:
+            # for i, (x, y) in enumerate(loader): the parts are tensors; `for i, batch in ...`: a whole batch,
+            # which may be a dict-like object that moves in place (transformers' BatchEncoding.to returns self)
+            elements = elements[1].elts if isinstance(elements[1], ast.Tuple) else []
+        names = {ref(e) for e in elements}
         if isinstance(iterable, ast.Call) and last(ref(iterable.func)) == "zip":
             return False  # zip(loader_a, loader_b) unpacks whole batches, which may move in place
         return binding.target in names and any("loader" in n.lower() for n in iter_names(iterable))

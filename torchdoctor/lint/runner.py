@@ -37,7 +37,7 @@ class LintResult:
 
 def read_source(path: str, display: str, project: Optional[ProjectFacts] = None) -> SourceFile:
     """Read and parse one file; a file that cannot be read, decoded or parsed carries a `problem` instead of a tree."""
-    view = ProjectView(project if project is not None else ProjectFacts(), display)
+    view = ProjectView(project if project is not None else ProjectFacts(), display, os.path.abspath(path))
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -141,9 +141,7 @@ def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude
             with open(path, "rb") as fh:
                 data = fh.read()
         except OSError:
-            project.texts[display] = ""
             continue
-        project.texts[display] = data.decode("utf-8", "replace")
         digests[path] = digest(data)
     findings: list[Finding] = []
     unreadable: list[str] = []
