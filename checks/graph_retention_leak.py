@@ -226,8 +226,20 @@ def _leaked_name(value: Optional[ast.expr], loop: Loop, pos: tuple, trained: dic
                   if b.target == name and not b.augmented and b.pos < pos and loop.encloses(b.loop)]
         if before and not graph_refs(max(before, key=lambda b: b.pos).value):
             continue
+        if _is_input(scope, name, pos):
+            continue
         return name
     return None
+
+
+def _is_input(scope: FunctionScope, name: str, pos: tuple) -> bool:
+    """The name holds input data, not a loss: its last binding before `pos` is a parameter (a step method's
+    `batch`) or a loop variable taken from the data (`for batch in loader`). Inputs have no history."""
+    before = [b for b in scope.bindings if b.target == name and b.pos <= pos and not b.augmented]
+    if not before:
+        return False
+    latest = max(before, key=lambda b: b.pos)
+    return isinstance(latest.node, (ast.arg, ast.For, ast.AsyncFor))
 
 
 def _reset_in_loop(scope: FunctionScope, target: str, loop: Loop, node: Optional[ast.AST]) -> bool:

@@ -45,9 +45,19 @@ def test_benchmark_in_the_other_branch_is_quiet(lint):
     assert lint(code) == []
 
 
-def test_torch_load_weights_only_false_is_a_warning(lint, fired):
-    [f] = fired(lint('import torch\nckpt = torch.load("x.pt", weights_only=False)\n'), "unsafe-torch-load")
-    assert f.code == "TD503" and f.severity == Severity.WARNING
+@pytest.mark.parametrize("source", [
+    'path = hf_hub_download("org/model", "model.pt")\nckpt = torch.load(path, weights_only=False)\n',
+    'ckpt = torch.load(urlopen("https://example.com/m.pt"), weights_only=False)\n',
+])
+def test_torch_load_weights_only_false_of_a_download_is_a_warning(lint, fired, source):
+    [f] = fired(lint("import torch\n" + source), "unsafe-torch-load")
+    assert f.code == "TD503" and f.severity == Severity.WARNING and "downloaded" in f.message
+
+
+def test_torch_load_weights_only_false_of_a_local_file_is_a_note(lint, fired):
+    code = 'import torch\ntorch.save(model, "x.pt")\nckpt = torch.load("x.pt", weights_only=False)\n'
+    [f] = fired(lint(code), "unsafe-torch-load")
+    assert f.severity == Severity.INFO  # deliberate: a test loading what it just wrote, a resume
 
 
 def test_torch_load_without_weights_only_is_a_note_fixable_only_for_state_dicts(lint, fired):
