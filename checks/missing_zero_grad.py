@@ -73,7 +73,9 @@ MISSING_ZERO_GRAD = Pitfall(
             The lint rule looks for the smallest loop (or Lightning `training_step` with manual optimization)
             that contains both a `backward()` and an argument-free `optimizer.step()` /
             `scaler.step(optimizer)`, and reports it when nothing in that loop clears the gradients: no
-            `zero_grad()` of that optimizer or of a model, no `p.grad = None`, no helper defined in the file
+            `zero_grad()` of that optimizer, of a model or of another optimizer that may hold the same parameters
+            (built from the same model, or from sources it cannot see, such as `self.optimizers()`), no
+            `p.grad = None`, no helper defined in the file
             that does so, no closure that does so. It stays quiet when the loop hands the optimizer to a
             function it cannot see, and inside `dist_autograd.context()` loops, where gradients live per
             context. `watch` confirms the rest at run time.
@@ -185,6 +187,25 @@ def _clears_grads(call: CallSite, optimizer: str, others: set[str]) -> bool:
     return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and (call.receiver or "").endswith(".grad")
 
 
+def _parameter_source(scope: FunctionScope, optimizer: str) -> Optional[str]:
+    """The model an optimizer was built from (`opt = SGD(model.parameters())` -> `model`); None when unknown."""
+    built = [b.value for b in scope.bindings if b.target == optimizer and b.value is not None]
+    if len(built) != 1 or not isinstance(built[0], ast.Call) or not built[0].args:
+        return None
+    first = built[0].args[0]
+    if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute) and first.func.attr == "parameters":
+        return ref(first.func.value)
+    return None
+
+
+def _may_share_parameters(scope: FunctionScope, a: str, b: str) -> bool:
+    """Two optimizers not known to hold different parameters (one's zero_grad may clear the other's)."""
+    first, second = _parameter_source(scope, a), _parameter_source(scope, b)
+    if first is None or second is None:
+        return True
+    return first == second or first.startswith(second + ".") or second.startswith(first + ".")
+
+
 def _helper_may_clear(call: CallSite, optimizer: str, index: ModuleIndex) -> bool:
     """A call in the loop that might zero the gradients where we cannot see it."""
     local = index.functions.get(call.attr)
@@ -235,7 +256,8 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
 
 
 def _loop_clears(loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
-    others = {o for c in calls_in(scope, loop) if (o := _stepped_optimizer(c, scope, index)) and o != optimizer}
+    others = {o for c in calls_in(scope, loop) if (o := _stepped_optimizer(c, scope, index)) and o != optimizer
+              and not _may_share_parameters(scope, o, optimizer)}
     for call in calls_in(scope, loop):
         if _clears_grads(call, optimizer, others) or _helper_may_clear(call, optimizer, index):
             return True
