@@ -261,3 +261,26 @@ def test_a_whole_enumerated_batch_may_move_in_place_but_its_tensors_do_not(tmp_p
         x.to(device)
     """
     assert lint_one(tmp_path, {"t.py": code}, "t.py") == [("to-result-discarded", 5)]
+
+
+@pytest.mark.parametrize("code, fires", [
+    ("sd = torch.load('m.pt')\nfor k, v in list(sd.items()):\n    sd[k[7:]] = sd.pop(k)\n", True),
+    ("prefix = 'module.'\nnew = {k[len(prefix):]: v for k, v in state_dict.items()}\n", True),
+    ("prefix = 'module.'\nnew = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}\n", False),
+    ("prefix = 'module.'\nprefix = other\nnew = {k[len(prefix):]: v for k, v in state_dict.items()}\n", False),
+])
+def test_prefix_cut_through_a_copy_of_the_items_or_a_named_prefix(tmp_path, code, fires):
+    found = lint_one(tmp_path, {"t.py": "import torch\n" + code}, "t.py")
+    assert [name for name, _ in found] == (["prefix-strip-by-slicing"] if fires else [])
+
+
+@pytest.mark.parametrize("args, fires", [
+    ("ds, 32, True, sampler", True),
+    ("ds, 32, True, batch_sampler=bs", True),
+    ("ds, 32, False, sampler", False),
+    ("ds, 32, True", False),
+])
+def test_shuffle_and_sampler_passed_by_position(tmp_path, args, fires):
+    code = f"from torch.utils.data import DataLoader\nsampler = bs = object()\ntrain_data = DataLoader({args})\n"
+    found = lint_one(tmp_path, {"t.py": code}, "t.py")
+    assert found == ([("shuffle-with-sampler", 3)] if fires else [])
