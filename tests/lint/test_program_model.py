@@ -284,3 +284,22 @@ def test_shuffle_and_sampler_passed_by_position(tmp_path, args, fires):
     code = f"from torch.utils.data import DataLoader\nsampler = bs = object()\ntrain_data = DataLoader({args})\n"
     found = lint_one(tmp_path, {"t.py": code}, "t.py")
     assert found == ([("shuffle-with-sampler", 3)] if fires else [])
+
+
+@pytest.mark.parametrize("line, fires", [
+    ("total_loss = total_loss + loss", True),
+    ("total_loss = loss + total_loss", True),
+    ("total_loss = total_loss + loss.item()", False),
+    ("total_loss = previous + loss", False),  # not an accumulation
+])
+def test_accumulating_a_loss_by_plain_assignment(tmp_path, line, fires):
+    code = f"""
+    total_loss = 0
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        {line}
+    """
+    assert lint_one(tmp_path, {"t.py": code}, "t.py") == ([("graph-retention-leak", 8)] if fires else [])
