@@ -303,3 +303,62 @@ def test_accumulating_a_loss_by_plain_assignment(tmp_path, line, fires):
         {line}
     """
     assert lint_one(tmp_path, {"t.py": code}, "t.py") == ([("graph-retention-leak", 8)] if fires else [])
+
+
+BUILD = """
+import torch
+
+def make_optimizer(cfg, model):
+    params = [p for p in model.parameters() if p.requires_grad]
+    solver = torch.optim.SGD(params, lr=cfg.lr)
+    return solver
+"""
+
+
+@pytest.mark.parametrize("clear, expected", [("", [("missing-zero-grad", 8)]), ("        solver.zero_grad()\n", [])])
+def test_an_optimizer_built_by_a_helper_in_another_file(tmp_path, clear, expected):
+    train = ("from solver import make_optimizer\n\ndef train(cfg, model, loader):\n"
+             "    solver = make_optimizer(cfg, model)\n    for x, y in loader:\n" + clear +
+             "        loss = model(x, y)\n        loss.backward()\n        solver.step()\n")
+    assert lint_one(tmp_path, {"solver.py": BUILD, "train.py": train}, "train.py") == expected
+
+
+STEP = """
+def train_step(model, batch, optimizer):
+    loss = model(*batch)
+    loss.backward()
+    optimizer.step()
+    {clear}
+    return loss.item()
+"""
+
+
+@pytest.mark.parametrize("clear, expected", [("", [("missing-zero-grad", 6)]), ("optimizer.zero_grad()", [])])
+def test_backward_and_step_inside_a_helper_in_another_file(tmp_path, clear, expected):
+    train = ("import torch\nfrom engine import train_step\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+             "for batch in loader:\n    train_step(model, batch, opt)\n")
+    assert lint_one(tmp_path, {"engine.py": STEP.format(clear=clear), "train.py": train}, "train.py") == expected
+
+
+def test_a_loss_scaler_object_running_backward_and_step(tmp_path):
+    code = """
+    import torch
+
+    class NativeScaler:
+        def __init__(self):
+            self._scaler = torch.amp.GradScaler()
+
+        def __call__(self, loss, optimizer):
+            self._scaler.scale(loss).backward()
+            self._scaler.step(optimizer)
+            self._scaler.update()
+
+    def train(model, loader, optimizer):
+        loss_scaler = NativeScaler()
+        for x, y in loader:
+            loss = model(x, y)
+            loss_scaler(loss, optimizer)
+    """
+    assert lint_one(tmp_path, {"t.py": code}, "t.py") == [("missing-zero-grad", 17)]
+    cleared = code.replace("            loss = model(x, y)", "            optimizer.zero_grad()\n            loss = model(x, y)")
+    assert lint_one(tmp_path, {"t.py": cleared}, "t.py") == []

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
+from torchdoctor.lint.flow import is_optimizer_ctor
+from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, ref, resolve
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _GRAD_OFF = ("no_grad", "inference_mode")
@@ -63,6 +64,10 @@ class Summary:
     grad_off: bool  # decorated with no_grad/inference_mode, directly or through a project wrapper
     forwards: frozenset[str]  # names (parameters or free variables) it calls as models with grad enabled
     set_epoch: bool  # calls `.set_epoch(...)`, itself or through the functions it calls
+    returns_optimizer: bool = False  # returns a new torch optimizer (built here or by a function it calls)
+    clears_grads: bool = False  # calls zero_grad()/grad.zero_() or sets `.grad`, itself or through its calls
+    backward: bool = False  # runs a backward itself
+    steps: frozenset[str] = frozenset()  # names it steps as optimizers (`opt.step()`, `scaler.step(opt)`)
 
 
 class Program:
@@ -160,7 +165,8 @@ class Program:
                 if local is not None:
                     return module, local
                 inner = module.parents.get(id(inner.node))
-            return self.lookup(module, func.id)
+            instance = self._instance_call(module, scope, func.id)
+            return instance if instance is not None else self.lookup(module, func.id)
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             if func.value.id in ("self", "cls") and scope.class_name is not None:
                 method = module.methods.get((scope.class_name, func.attr))
@@ -170,6 +176,15 @@ class Program:
                 self.touched.add(target[0])
                 other = self.module(target[0])
                 return self.lookup(other, func.attr) if other is not None else None
+        return None
+
+    def _instance_call(self, module: Module, scope: FunctionScope, name: str) -> Optional[tuple[Module, FunctionScope]]:
+        """`name(...)` where `name` is bound here to an instance of a class of this module: its `__call__`."""
+        for b in scope.bindings_of(name):
+            if isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name):
+                method = module.methods.get((b.value.func.id, "__call__"))
+                if method is not None:
+                    return module, method
         return None
 
     # ---- summaries ----------------------------------------------------------------------------------------
@@ -183,21 +198,54 @@ class Program:
         grad_off = scope.grad_off or self._wrapper_decorated(module, scope)
         forwards = set()
         set_epoch = False
+        clears = any(b.target.endswith(".grad") for b in scope.bindings)
+        backward = False
+        steps = set()
         for call in scope.calls:
+            if call.attr in ("backward", "manual_backward"):
+                backward = True
+            if call.attr == "step" and not call.node.keywords:
+                stepped = call.receiver if not call.node.args else ref(call.node.args[0]) if len(call.node.args) == 1 \
+                    and "scaler" in (call.receiver or "").lower() else None
+                if stepped:
+                    steps.add(stepped)
             if call.attr == "set_epoch":
                 set_epoch = True
+            if call.attr in ("zero_grad", "zero_"):
+                clears = True
             if not (grad_off or call.grad_off):
                 if isinstance(call.node.func, ast.Name):
                     forwards.add(call.node.func.id)
                 elif call.attr == "forward" and call.receiver:
                     forwards.add(call.receiver)
-            if depth < _DEPTH and not set_epoch:
+            if depth < _DEPTH and not (set_epoch and clears):
                 callee = self.resolve_call(module, scope, call)
-                if callee is not None and self.summary(*callee, depth=depth + 1).set_epoch:
-                    set_epoch = True
-        result = Summary(grad_off, frozenset(forwards), set_epoch)
+                if callee is not None:
+                    inner = self.summary(*callee, depth=depth + 1)
+                    set_epoch, clears = set_epoch or inner.set_epoch, clears or inner.clears_grads
+        result = Summary(grad_off, frozenset(forwards), set_epoch,
+                         self._returns_optimizer(module, scope, depth) if depth < _DEPTH else False, clears,
+                         backward, frozenset(steps))
         self._summaries[key] = result
         return result
+
+    def _returns_optimizer(self, module: Module, scope: FunctionScope, depth: int) -> bool:
+        """A `return` gives back a torch optimizer built here (`torch.optim.X(...)`, directly or through a local
+        name) or by another project function."""
+        for ret in scope.returns:
+            values = [ret.value] if ret.value is not None else []
+            if isinstance(ret.value, ast.Name):
+                values += [b.value for b in scope.bindings_of(ret.value.id) if b.value is not None]
+            for value in values:
+                if is_optimizer_ctor(value, module.index):
+                    return True
+                call = next((c for c in scope.calls if c.node is value), None)
+                if call is not None:
+                    callee = self.resolve_call(module, scope, call)
+                    if callee is not None and callee[1] is not scope \
+                            and self.summary(*callee, depth=depth + 1).returns_optimizer:
+                        return True
+        return False
 
     def _wrapper_decorated(self, module: Module, scope: FunctionScope) -> bool:
         """A decorator that is a project function wrapping its target in no_grad/inference_mode."""
