@@ -1,5 +1,6 @@
 """`torchdoctor lint` end to end through click: discovery, formats, ignore comments, config, --fix/--diff."""
 import json
+import os
 import re
 import textwrap
 
@@ -113,8 +114,34 @@ def test_json_and_sarif(project):
     result = sarif_run["results"][0]
     assert rules[result["ruleIndex"]]["id"] == result["ruleId"] == "TD301"
     assert result["level"] == "error"
-    assert result["locations"][0]["physicalLocation"] == {"artifactLocation": {"uri": "train.py"},
-                                                          "region": {"startLine": 7, "startColumn": 9}}
+    assert result["locations"][0]["physicalLocation"] == {
+        "artifactLocation": {"uri": "train.py", "uriBaseId": "%SRCROOT%"}, "region": {"startLine": 7, "startColumn": 9}}
+    assert sarif_run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == project.as_uri() + "/"
+
+
+def test_sarif_uris_are_percent_encoded_and_relative_to_the_project_root(project, tmp_path_factory):
+    (project / "pyproject.toml").write_text("[tool.torchdoctor]\n", encoding="utf-8")
+    write(project, "my scripts/train #1.py", LEAKY)
+    (project / "sub").mkdir()
+    outside = tmp_path_factory.mktemp("elsewhere") / "a b.py"
+    outside.write_text(textwrap.dedent(LEAKY), encoding="utf-8")
+    os.chdir(project / "sub")
+    sarif = json.loads(run("--format", "sarif", "..", str(outside)).output)["runs"][0]
+    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in sarif["results"]}
+    assert uris == {"my%20scripts/train%20%231.py", outside.as_uri()}
+    assert sarif["originalUriBaseIds"]["%SRCROOT%"]["uri"] == project.as_uri() + "/"
+
+
+@pytest.mark.parametrize("prefix, encoding", [(b"", "utf-8"), (b"\xef\xbb\xbf", "utf-8-sig"),
+                                              (b"# -*- coding: latin-1 -*-\r\n# caf\xe9\r\n", "latin-1")])
+def test_fix_keeps_line_endings_and_encoding(project, prefix, encoding):
+    body = b'import argparse\r\np = argparse.ArgumentParser()\r\np.add_argument("--local_rank", type=int, default=0)\r\n'
+    path = write(project, "launch.py", prefix + body)
+    run("--fix")
+    data = path.read_bytes()
+    assert data.startswith(prefix) and b"--local-rank" in data and b"import os\r\n" in data
+    assert data.count(b"\n") == data.count(b"\r\n")  # every line still ends in CRLF
+    data.decode(encoding)
 
 
 def test_console_report(project):

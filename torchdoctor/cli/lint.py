@@ -1,6 +1,7 @@
 """`torchdoctor lint PATH...`: find training-loop pitfalls in source; --fix/--diff apply or show the safe rewrites."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -56,12 +57,13 @@ def lint(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Op
         raise InputError(f"no such file or directory: {exc.args[0]}") from None
     if fmt in ("text", "sarif"):
         from torchdoctor.lint.output import text_entry, to_sarif
+        from torchdoctor.lint.program import find_root
 
         if fmt == "text":
             for f in result.findings:
                 click.echo(text_entry(f))
         else:
-            click.echo(to_sarif(result.findings, linter.checks))
+            click.echo(to_sarif(result.findings, linter.checks, settings.root or find_root(os.getcwd())))
         sys.exit(exit_code(result.findings, settings.fail_on))
     emit(linter.report(result, fixed), fmt, settings.fail_on, facts_view)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.lint.cache import LintCache, default_cache_dir
@@ -50,8 +50,8 @@ def rewrites(result: LintResult) -> Rewrites:
     """The safe rewrites of every file with applicable edits, keyed by display path."""
     changes = {}
     for path, edits in file_edits(result.findings).items():
-        if not _plain_utf8(path):
-            continue  # rewriting would change its encoding (a BOM, or a declared `coding:`)
+        if _encoding(path) is None:
+            continue  # unreadable now: nothing to rewrite
         src = read_source(os.path.abspath(path), path)
         after = apply_edits(src.text, edits) if src.tree is not None else None
         if after is not None and after != src.text:
@@ -62,11 +62,15 @@ def rewrites(result: LintResult) -> Rewrites:
 
 
 def apply_rewrites(changes: Rewrites) -> int:
-    """Write the rewritten files; returns how many findings that fixed."""
+    """Write the rewritten files in the encoding they had (a UTF-8 BOM or a declared `coding:` is kept, and so
+    are their line endings); returns how many findings that fixed."""
     for path, (_, after, _) in changes.items():
-        with open(path, "w", encoding="utf-8", newline="") as fh:
+        encoding = _encoding(path)
+        if encoding is None:
+            continue
+        with open(path, "w", encoding=encoding, newline="") as fh:
             fh.write(after)
-    return sum(count for _, _, count in changes.values())
+    return sum(count for path, (_, _, count) in changes.items())
 
 
 def facts_view(facts: dict[str, Any]) -> "Text":
@@ -90,11 +94,16 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _plain_utf8(path: str) -> bool:
+def _encoding(path: str) -> Optional[str]:
+    """The codec that reads and writes the file back byte for byte (`utf-8-sig` keeps a BOM); None if unreadable."""
+    import io
+    import tokenize
+
     try:
         with open(path, "rb") as fh:
             data = fh.read()
-        data.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
-    return not data.startswith(b"\xef\xbb\xbf")
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        data.decode(encoding)
+    except (OSError, SyntaxError, UnicodeDecodeError, LookupError):
+        return None
+    return encoding

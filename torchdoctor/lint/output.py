@@ -3,6 +3,7 @@ and SARIF 2.1.0 for code-scanning UIs."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Iterable, Optional
 
 from torchdoctor import __version__
@@ -25,8 +26,25 @@ def text_entry(f: Finding) -> str:
     return "\n".join(lines)
 
 
-def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
-    """A SARIF 2.1.0 log with one run; rules are the checks that ran."""
+def artifact_location(file: str, root: str) -> dict[str, str]:
+    """A SARIF artifactLocation: a percent-encoded URI relative to the project root (`uriBaseId` %SRCROOT%), or an
+    absolute `file:` URI for a file outside it."""
+    from pathlib import Path
+    from urllib.parse import quote
+
+    path = os.path.abspath(file)
+    rel = os.path.relpath(path, root) if os.path.splitdrive(path)[0] == os.path.splitdrive(root)[0] else ".."
+    if rel == ".." or rel.startswith(".." + os.sep):
+        return {"uri": Path(path).as_uri()}
+    return {"uri": quote(rel.replace(os.sep, "/")), "uriBaseId": "%SRCROOT%"}
+
+
+def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall], root: Optional[str] = None) -> str:
+    """A SARIF 2.1.0 log with one run; rules are the checks that ran. File URIs are relative to `root` (the
+    project root; default the working directory), which the log names as %SRCROOT%."""
+    from pathlib import Path
+
+    root = os.path.abspath(root or os.getcwd())
     rules = [
         {
             "id": c.code,
@@ -52,7 +70,7 @@ def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
             if f.location.column:
                 region["startColumn"] = f.location.column
             result["locations"] = [{"physicalLocation": {
-                "artifactLocation": {"uri": f.location.file.replace("\\", "/")},
+                "artifactLocation": artifact_location(f.location.file, root),
                 "region": region,
             }}]
         results.append(result)
@@ -62,6 +80,7 @@ def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
         "runs": [{
             "tool": {"driver": {"name": "torchdoctor", "version": __version__,
                                 "informationUri": "https://pypi.org/project/torchdoctor/", "rules": rules}},
+            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path(root).as_uri().rstrip("/") + "/"}},
             "results": results,
         }],
     }

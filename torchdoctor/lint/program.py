@@ -39,6 +39,19 @@ def stamp(path: str) -> str:
     return f"{st.st_mtime_ns}:{st.st_size}"
 
 
+def find_root(folder: str) -> str:
+    """The nearest folder at or above `folder` with a pyproject.toml, setup.py, setup.cfg or .git (as ruff finds
+    a project); `folder` itself when there is none."""
+    current = os.path.abspath(folder)
+    while True:
+        if any(os.path.exists(os.path.join(current, m)) for m in ROOT_MARKERS):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return os.path.abspath(folder)
+        current = parent
+
+
 @dataclass
 class Module:
     """One parsed project module: its index, import table and function definitions."""
@@ -87,17 +100,7 @@ class Program:
         folder = os.path.dirname(path)
         found = self._roots.get(folder)
         if found is None:
-            current = folder
-            while True:
-                if any(os.path.exists(os.path.join(current, m)) for m in ROOT_MARKERS):
-                    found = current
-                    break
-                parent = os.path.dirname(current)
-                if parent == current:
-                    found = folder
-                    break
-                current = parent
-            self._roots[folder] = found
+            found = self._roots[folder] = find_root(folder)
         return found
 
     def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
