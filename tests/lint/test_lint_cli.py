@@ -289,3 +289,34 @@ def test_fix_rewrites_the_state_dict_loop_from_the_dataparallel_faq(project):
         '    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(new_state_dict, "module.")',
         "    model.load_state_dict(new_state_dict)",
     ]
+
+
+def test_console_lists_findings_in_file_order_with_fixable_markers(project):
+    write(project, "a.py", FIXABLE)
+    write(project, "b.py", LEAKY)
+    out = run("--fail-on", "never").output
+    where = [m.group(0) for m in re.finditer(r"\b[ab]\.py:\d+:\d+", out)]
+    assert where == sorted(where, key=lambda w: (w.split(":")[0], int(w.split(":")[1])))
+    assert "[*] fixable with --fix" in out and "fixable with --fix." in out.splitlines()[-1]
+    text = run("--format", "text", "--fail-on", "never").output
+    assert "TD406 local-rank-argument [*] `" in text and "TD301 missing-zero-grad `" in text
+
+
+def test_statistics_counts_findings_per_check(project):
+    write(project, "a.py", FIXABLE)
+    write(project, "b.py", LEAKY)
+    lines = run("--statistics", "--fail-on", "never").output.splitlines()
+    counts = {line.split()[2]: int(line.split()[0]) for line in lines}
+    assert counts["unsafe-torch-load"] == 3 and counts["missing-zero-grad"] == 1
+    assert any("local-rank-argument  [*] 1 fixable" in line for line in lines)
+
+
+def test_build_dist_and_oversized_files(project, monkeypatch):
+    from torchdoctor.lint import runner
+
+    for rel in ("build/lib/x.py", "dist/y.py", "pkg/big.py"):
+        write(project, rel, LEAKY)
+    monkeypatch.setattr(runner, "MAX_FILE_BYTES", 100)
+    doc = json.loads(run("--format", "json", "--fail-on", "never").output)
+    assert [(f["location"]["file"], f["name"]) for f in doc["findings"]] == [("pkg/big.py", "source-unreadable")]
+    assert "larger than the lint limit" in doc["findings"][0]["message"]

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from torchdoctor import registry
+from torchdoctor.findings import Finding
 from torchdoctor.lint.cache import LintCache, default_cache_dir
 from torchdoctor.lint.files import Pattern, compile_pattern
 from torchdoctor.lint.fixes import apply_edits, file_edits
@@ -33,10 +35,13 @@ class Linter:
                 self.excludes.append(compiled)
         self.cache = LintCache(default_cache_dir(), settings.root or os.getcwd(), self.checks) if use_cache else None
 
-    def run(self, cached: bool = True) -> LintResult:
+    def run(self, cached: bool = True, show_progress: bool = False) -> LintResult:
         """Lint every file (raises FileNotFoundError for a path that does not exist); `cached=False` checks
-        every file afresh (cached results carry no rewrites, so --fix and --diff need that)."""
-        return lint_paths(self.paths, self.checks, self.excludes, cache=self.cache if cached else None)
+        every file afresh (cached results carry no rewrites, so --fix and --diff need that). With
+        `show_progress`, a long run draws a progress bar on stderr when that is a terminal."""
+        with _ProgressBar(show_progress) as bar:
+            return lint_paths(self.paths, self.checks, self.excludes, cache=self.cache if cached else None,
+                              progress=bar.update)
 
     def report(self, result: LintResult, fixed: int = 0) -> Report:
         """The report of a run; `fixed` findings were rewritten before it."""
@@ -44,6 +49,77 @@ class Linter:
         if fixed:
             facts["fixed"] = fixed
         return Report(scope="source", findings=result.findings, facts=facts, subject=", ".join(self.paths))
+
+
+PROGRESS_MIN_FILES = 300  # fewer files to check finish before a bar would help
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr for runs that check many files, only when stderr is a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled or total < PROGRESS_MIN_FILES:
+            return
+        if self.bar is None:
+            from rich.progress import Progress
+
+            from torchdoctor.report import make_console
+
+            self.bar = Progress(console=make_console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("Linting", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def __enter__(self) -> "_ProgressBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def is_fixable(f: Finding) -> bool:
+    """Whether `--fix` can rewrite this finding."""
+    return bool(getattr(f, "edits", ()))
+
+
+def statistics(findings: Sequence[Finding]) -> list[str]:
+    """`--statistics`: one line per check, most findings first (`count  code  name  [*] fixable`)."""
+    rows: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        rows.setdefault((f.code, f.name), []).append(f)
+    out = []
+    for (code, name), group in sorted(rows.items(), key=lambda item: (-len(item[1]), item[0])):
+        fixable = sum(1 for f in group if is_fixable(f))
+        out.append(f"{len(group):5d}  {code}  {name}" + (f"  [*] {fixable} fixable" if fixable else ""))
+    return out
+
+
+def render_console(report: Report, fail_on: str) -> None:
+    """The console report of a lint run in file order (as ruff prints), fixable findings marked [*]."""
+    from rich.text import Text
+
+    from torchdoctor.report import make_console, render_finding, summary_line
+
+    console = make_console()
+    console.print(Text(f"torchdoctor {report.scope} · {report.subject}", style="bold"))
+    console.print(facts_view(report.facts))
+    for f in report.findings:
+        console.print()
+        console.print(render_finding(f), crop=False)
+        if is_fixable(f):
+            console.print(Text("     [*] fixable with --fix", style="green"))
+    console.print()
+    summary = summary_line(report, fail_on)
+    fixable = sum(1 for f in report.findings if is_fixable(f))
+    if fixable:
+        summary.append(f" [*] {fixable} fixable with --fix.", style="green")
+    console.print(summary)
 
 
 def rewrites(result: LintResult) -> Rewrites:

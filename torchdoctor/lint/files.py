@@ -9,7 +9,7 @@ from typing import Iterable, Iterator, Optional
 # Never worth descending into (also when no .gitignore says so).
 SKIPPED_DIRS = frozenset({
     ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
-    ".ruff_cache", "node_modules", "site-packages", ".eggs",
+    ".ruff_cache", "node_modules", "site-packages", ".eggs", "build", "dist",
 })
 
 

@@ -15,11 +15,13 @@ SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
 def text_entry(f: Finding) -> str:
-    """One clickable line, as flake8 and ruff print them, then the fix: its title, and its code indented as is."""
+    """One clickable line, as flake8 and ruff print them (`[*]` before the message when --fix can rewrite it),
+    then the fix: its title, and its code indented as is."""
     loc = f.location
     where = f"{loc.file}:{loc.line or 1}:{loc.column or 1}" if loc and loc.file else "<unknown>:1:1"
     message = " ".join(f.message.split())
-    lines = [f"{where}: {f.code} {f.name} {message}"]
+    fixable = "[*] " if getattr(f, "edits", ()) else ""
+    lines = [f"{where}: {f.code} {f.name} {fixable}{message}"]
     if f.fix is not None:
         lines.append(f"    fix:{' ' if f.fix.title else ''}{f.fix.title}")
         lines += [f"        {line}" if line else "" for line in f.fix.code.splitlines()]
