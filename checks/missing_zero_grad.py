@@ -230,8 +230,13 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     bound = scope.bindings_of(key)
     if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
         return False
+    func = bound[0].value.func
+    if not (isinstance(func, ast.Name) or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+        return False  # `x.to(device)`, `f()(...)`: not a call of a project function by name
     call = next((c for c in scope.calls if c.node is bound[0].value), None)
-    found = src.project.callee(scope, call) if call is not None else None
+    if call is None or call.qualname.startswith(("torch.", "torchvision.", "numpy.")):
+        return False
+    found = src.project.callee(scope, call)
     return found is not None and found[1].returns_optimizer
 
 

@@ -180,8 +180,9 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
     overwrite = any(c.attr == "set_overwrite_module_params_on_conversion" and c.node.args
                     and literal(c.node.args[0]) is True for c in index.all_calls())
     for scope in index.scopes:
-        arms = _branch_arms(scope)
+        arms: dict[int, set[tuple[int, int]]] = {}
         for built in optimizers_built(scope, index):
+            arms = arms or _branch_arms(scope)
             for b in scope.bindings:
                 replaced = b.target == built.model or b.target.startswith(built.model + ".") \
                     or built.model.startswith(b.target + ".")

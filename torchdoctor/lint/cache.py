@@ -120,6 +120,9 @@ class LintCache:
         return files if isinstance(files, dict) else {}
 
 
+_FINDING_FIELDS = tuple(f.name for f in fields(Finding))
+
+
 def _finding(d: dict[str, Any], display: str) -> Finding:
     """A cached finding, shown at `display`; one that --fix can rewrite comes back with its edits."""
     d = dict(d)  # the cache entry itself keeps its edits for the next run
@@ -127,7 +130,7 @@ def _finding(d: dict[str, Any], display: str) -> Finding:
     finding = Finding.from_dict({**d, "location": {**d["location"], "file": display} if d["location"] else None})
     if not edits:
         return finding
-    fixable = FixableFinding(**{f.name: getattr(finding, f.name) for f in fields(Finding)})
+    fixable = FixableFinding(**{name: getattr(finding, name) for name in _FINDING_FIELDS})
     fixable.edits = tuple(Edit(tuple(start), tuple(end), text) for start, end, text in edits)
     return fixable
 

@@ -26,8 +26,9 @@ _SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "
 _MAX_MODULE_BYTES = 2_000_000  # larger files are not parsed to answer questions about other files
 _DEPTH = 3  # how many calls deep summaries follow other functions
 # Imports never resolved against the project (the commonest library roots, to save the file look-ups).
-_EXTERNAL = frozenset({"torch", "torch.nn", "torch.utils.data", "torchvision", "numpy", "typing", "os", "sys",
-                       "collections", "__future__", "dataclasses", "functools", "pathlib"})
+_EXTERNAL = frozenset({"torch", "torchvision", "numpy", "typing", "os", "sys", "collections", "__future__",
+                       "dataclasses", "functools", "pathlib", "math", "time", "json", "argparse", "logging", "re",
+                       "random", "itertools", "abc", "copy", "warnings", "subprocess", "shutil"})
 
 
 def stamp(path: str) -> str:
@@ -59,11 +60,18 @@ class Module:
     path: str
     tree: ast.Module
     index: ModuleIndex
-    imports: dict[str, tuple[Optional[str], Optional[str]]] = field(default_factory=dict)  # name -> (file, attr)
+    _imports: Optional[dict[str, tuple[Optional[str], Optional[str]]]] = None  # name -> (file, attr); see imports
     functions: dict[str, FunctionScope] = field(default_factory=dict)  # top-level functions
     methods: dict[tuple[str, str], FunctionScope] = field(default_factory=dict)  # (class, name) -> method
     parents: dict[int, FunctionScope] = field(default_factory=dict)  # id(def node) -> enclosing function
     local_defs: dict[int, dict[str, FunctionScope]] = field(default_factory=dict)  # id(function) -> its defs
+
+    def imports(self, program: "Program") -> dict[str, tuple[Optional[str], Optional[str]]]:
+        """The import table, resolved to project files on first use: name -> (file, attribute or None for a
+        module). Imports resolving outside the project map to (None, ...)."""
+        if self._imports is None:
+            self._imports = _import_table(self, program)
+        return self._imports
 
     def mentions(self, text: str) -> bool:
         """Whether a string constant of the module is `text` (e.g. an environment variable it reads)."""
@@ -92,6 +100,9 @@ class Program:
         self._summaries: dict[tuple[str, int], Summary] = {}
         self._wrappers: dict[tuple[str, int], bool] = {}
         self._trees: dict[str, list[str]] = {}
+        self._tree_stamps: dict[str, str] = {}
+        self._found: dict[tuple[str, str, int], Optional[str]] = {}
+        self._callers: dict[tuple[str, str], dict[int, list[tuple[Module, FunctionScope, CallSite]]]] = {}
         self.touched: set[str] = set()  # modules consulted since the caller last cleared this
 
     # ---- files and modules -------------------------------------------------------------------------------
@@ -129,6 +140,12 @@ class Program:
     def find_module(self, importer: str, dotted: str, level: int) -> Optional[str]:
         """The project file an import names: relative to the importer's package, else from the project root or
         the importer's folder (a script's own folder is first on sys.path); None for anything outside."""
+        key = (os.path.dirname(importer), dotted, level)
+        if key not in self._found:
+            self._found[key] = self._find_module(importer, dotted, level)
+        return self._found[key]
+
+    def _find_module(self, importer: str, dotted: str, level: int) -> Optional[str]:
         parts = dotted.split(".") if dotted else []
         if level:
             base = os.path.dirname(importer)
@@ -150,7 +167,7 @@ class Program:
         """The function `name` means at the top level of `module` (following imports and re-exports)."""
         if name in module.functions:
             return module, module.functions[name]
-        target = module.imports.get(name)
+        target = module.imports(self).get(name)
         if target is None or target[0] is None or target[1] is None or hops > 3:
             return None
         self.touched.add(target[0])
@@ -174,7 +191,7 @@ class Program:
             if func.value.id in ("self", "cls") and scope.class_name is not None:
                 method = module.methods.get((scope.class_name, func.attr))
                 return (module, method) if method is not None else None
-            target = module.imports.get(func.value.id)
+            target = module.imports(self).get(func.value.id)
             if target is not None and target[0] is not None and target[1] is None:  # a project module
                 self.touched.add(target[0])
                 other = self.module(target[0])
@@ -293,31 +310,48 @@ class Program:
         return files
 
     def tree_stamp(self, root: str) -> str:
-        """Changes whenever a Python file under `root` is added, removed or changed."""
-        from torchdoctor.lint.cache import digest
+        """Changes whenever a Python file under `root` is added, removed or changed (computed once per run)."""
+        found = self._tree_stamps.get(root)
+        if found is None:
+            from torchdoctor.lint.cache import digest
 
-        return digest("\n".join(f"{p} {stamp(p)}" for p in self.project_files(root)).encode("utf-8", "surrogatepass"))
+            listing = "\n".join(f"{p} {stamp(p)}" for p in self.project_files(root))
+            found = self._tree_stamps[root] = digest(listing.encode("utf-8", "surrogatepass"))
+        return found
 
     def callers(self, module: Module, scope: FunctionScope) -> Iterator[tuple[Module, FunctionScope, CallSite]]:
         """Every call in the project that resolves to this function (files that never name it are not parsed)."""
-        for path in self.project_files(self.root_of(module.path)):
-            other = module if path == module.path else None
-            if other is None:
-                try:
-                    with open(path, "rb") as fh:
-                        if scope.name.encode() not in fh.read():
-                            continue
-                except OSError:
-                    continue
-                other = self.module(path)
-            if other is None:
-                continue
-            for s in other.index.scopes:
-                for call in s.calls:
-                    if call.attr == scope.name:
-                        found = self.resolve_call(other, s, call)
-                        if found is not None and found[1] is scope:
-                            yield other, s, call
+        yield from self._calls_named(self.root_of(module.path), scope.name).get(id(scope.node), ())
+
+    def _calls_named(self, root: str, name: str) -> dict[int, list[tuple[Module, FunctionScope, CallSite]]]:
+        """Every call `name(...)` or `x.name(...)` in the project under `root`, by the function it resolves to
+        (id of its node); computed once per run and name."""
+        key = (root, name)
+        found = self._callers.get(key)
+        if found is None:
+            found = {}
+            word = name.encode()
+            for path in self.project_files(root):
+                other = self._modules.get(path)
+                if other is None and path not in self._modules:
+                    try:
+                        with open(path, "rb") as fh:
+                            if word not in fh.read():
+                                continue
+                    except OSError:
+                        continue
+                    other = self.module(path)
+                for s in other.index.scopes if other is not None else ():
+                    for call in s.calls:
+                        target = self.resolve_call(other, s, call) if call.attr == name else None
+                        if target is not None:
+                            found.setdefault(id(target[1].node), []).append((other, s, call))
+            self._callers[key] = found
+        return found
+
+    def parsed(self, path: str) -> Optional[Module]:
+        """The module at `path` if this run has parsed it already (so linting it does not parse it again)."""
+        return self._modules.get(path)
 
 
 def _is_grad_off_name(node: ast.expr, module: Module) -> bool:
@@ -331,41 +365,46 @@ def _names_grad_off(expr: ast.expr, module: Module) -> int:
 def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -> Module:
     """Build the import table, function table and closure parents of a parsed module."""
     module = Module(path, tree, index)
-    by_node = {id(s.node): s for s in index.scopes}
-    for scope in index.scopes:
-        for node in _direct_defs(scope.node):
-            inner = by_node.get(id(node))
-            if inner is None:
-                continue
-            if isinstance(scope.node, ast.Module):
-                if inner.class_name is None:
-                    module.functions[inner.name] = inner
-                else:
-                    module.methods[(inner.class_name, inner.name)] = inner
+    for inner in index.scopes:
+        scope = inner.parent
+        if scope is None:
+            continue
+        if isinstance(scope.node, ast.Module):
+            if inner.class_name is None:
+                module.functions[inner.name] = inner
             else:
-                module.parents[id(node)] = scope
-                module.local_defs.setdefault(id(scope.node), {})[inner.name] = inner
-    for stmt in ast.walk(tree):
+                module.methods[(inner.class_name, inner.name)] = inner
+        else:
+            module.parents[id(inner.node)] = scope
+            module.local_defs.setdefault(id(scope.node), {})[inner.name] = inner
+    return module
+
+
+def _import_table(module: Module, program: Program) -> dict[str, tuple[Optional[str], Optional[str]]]:
+    table: dict[str, tuple[Optional[str], Optional[str]]] = {}
+    path = module.path
+    for stmt in _statements(module.tree.body):
         if isinstance(stmt, ast.Import):
             for a in stmt.names:
-                if a.asname or "." not in a.name:
-                    module.imports.setdefault(a.asname or a.name, (program.find_module(path, a.name, 0), None))
-        elif isinstance(stmt, ast.ImportFrom) and (stmt.level or stmt.module not in _EXTERNAL):
+                if (a.asname or "." not in a.name) and a.name.split(".")[0] not in _EXTERNAL:
+                    table.setdefault(a.asname or a.name, (program.find_module(path, a.name, 0), None))
+        elif isinstance(stmt, ast.ImportFrom) and (stmt.level or (stmt.module or "").split(".")[0] not in _EXTERNAL):
             source = program.find_module(path, stmt.module or "", stmt.level)
             for a in stmt.names:
                 if a.name == "*":
                     continue
                 sub = program.find_module(path, f"{stmt.module}.{a.name}" if stmt.module else a.name, stmt.level)
-                module.imports.setdefault(a.asname or a.name, (sub, None) if sub else (source, a.name))
-    return module
+                table.setdefault(a.asname or a.name, (sub, None) if sub else (source, a.name))
+    return table
 
 
-def _direct_defs(node: ast.AST) -> Iterator[ast.AST]:
-    """Function definitions directly inside `node`'s body (through classes and blocks, not other functions)."""
-    stack = list(ast.iter_child_nodes(node))
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement, nested ones included (not the expressions: imports are statements)."""
+    stack = list(reversed(body))
     while stack:
-        child = stack.pop()
-        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield child
-        elif isinstance(child, (ast.stmt, ast.ExceptHandler)) or type(child).__name__ == "match_case":
-            stack.extend(ast.iter_child_nodes(child))
+        stmt = stack.pop()
+        yield stmt
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(stmt, name, None)
+            if block:
+                stack.extend(reversed(block))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import os
 import re
@@ -50,6 +51,12 @@ def read_source(path: str, display: str, project: Optional[ProjectFacts] = None)
     text, problem, line = _decode(data)
     if problem:
         return SourceFile(display, "", problem=problem, problem_line=line, project=view)
+    known = view.facts.program.parsed(view.abspath or "")
+    if known is not None:  # parsed already to answer another file's question: same bytes, same tree
+        src = SourceFile(display, text, known.tree, project=view)
+        src.__dict__["index"] = view.index = known.index
+        view.tree = known.tree
+        return src
     try:
         tree = ast.parse(text, filename=display)
     except SyntaxError as exc:
@@ -137,6 +144,18 @@ def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude
     files whose cached result is still valid are not checked again, and the new results are saved to it.
     `progress(done, total)` is told how many of the files to check are done, as they complete.
     """
+    collecting = gc.isenabled()
+    gc.disable()  # a run builds many syntax trees and no reference cycles: the collector would only walk them
+    try:
+        return _lint_paths(paths, checks, exclude, cwd, jobs, cache, progress)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude: Iterable["str | Pattern"],
+                cwd: Optional[str], jobs: Optional[int], cache: Optional[LintCache],
+                progress: Optional[Callable[[int, int], None]]) -> LintResult:
     started = time.perf_counter()
     cwd = cwd or os.getcwd()
     files = [(path, display_path(path, cwd)) for path in discover(paths, exclude, cwd)]

@@ -87,10 +87,10 @@ class ProjectView:
         is under no_grad or its function is decorated so)."""
         def ask(program: Program, module: Module) -> list[tuple[FunctionScope, CallSite, bool]]:
             root = program.root_of(module.path)
-            self.asked.append(("tree", root, program.tree_stamp(root)))
+            self.asked.append(("tree", root, program.tree_stamp(root)))  # covers every file the answer read
             return [(s, call, call.grad_off or program.summary(other, s).grad_off)
                     for other, s, call in program.callers(module, scope)]
-        return self._ask(ask, [])
+        return self._ask(ask, [], record_files=False)
 
     def callee(self, scope: FunctionScope, call: CallSite) -> Optional[tuple[FunctionScope, Summary]]:
         """The project function a call runs (closure, same-class method, module or imported function) and its
@@ -106,7 +106,7 @@ class ProjectView:
             seen, todo = {module.path}, [module]
             while todo and len(seen) < _MAX_IMPORTED:
                 current = todo.pop(0)  # breadth first: the modules imported directly come first
-                for target, _ in current.imports.values():
+                for target, _ in current.imports(program).values():
                     if target is None or target in seen:
                         continue
                     seen.add(target)
@@ -118,14 +118,15 @@ class ProjectView:
             return False
         return self._ask(ask, False)
 
-    def _ask(self, question: Callable[[Program, Module], T], default: T) -> T:
+    def _ask(self, question: Callable[[Program, Module], T], default: T, record_files: bool = True) -> T:
         module = self.module
         if module is None:
             return default
         program = self.facts.program
         program.touched = set()
         answer = question(program, module)
-        for path in sorted(program.touched - {module.path}):
+        recorded = {q[1] for q in self.asked if q[0] == "file"}
+        for path in sorted(program.touched - recorded - {module.path}) if record_files else ():
             self.asked.append(("file", path, stamp(path)))
         return answer
 
