@@ -81,7 +81,7 @@ class LintCache:
         for f, d in zip(result.findings, findings):
             if d["location"]:
                 d["location"].pop("file", None)
-            if getattr(f, "edits", ()):
+            if isinstance(f, FixableFinding) and f.edits:
                 d["edits"] = [[list(e.start), list(e.end), e.text] for e in f.edits]
         self.entries[path] = {"digest": data_digest, "asked": [list(q) for q in result.asked],
                               "findings": findings, "problem": result.problem}

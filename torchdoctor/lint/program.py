@@ -341,13 +341,18 @@ class Program:
                     except OSError:
                         continue
                     other = self.module(path)
-                for s in other.index.scopes if other is not None else ():
-                    for call in s.calls:
-                        target = self.resolve_call(other, s, call) if call.attr == name else None
-                        if target is not None:
-                            found.setdefault(id(target[1].node), []).append((other, s, call))
+                if other is not None:
+                    self._index_calls(other, name, found)
             self._callers[key] = found
         return found
+
+    def _index_calls(self, module: Module, name: str,
+                     found: dict[int, list[tuple[Module, FunctionScope, CallSite]]]) -> None:
+        for s in module.index.scopes:
+            for call in s.calls:
+                target = self.resolve_call(module, s, call) if call.attr == name else None
+                if target is not None:
+                    found.setdefault(id(target[1].node), []).append((module, s, call))
 
     def parsed(self, path: str) -> Optional[Module]:
         """The module at `path` if this run has parsed it already (so linting it does not parse it again)."""
