@@ -108,8 +108,11 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or not _mentions(src.text):
         return
     launch_text = f"-m {_LAUNCH}" in src.text or f'"{_LAUNCH}"' in src.text or f"'{_LAUNCH}'" in src.text
+    from_torch = _imported_from_torch(src.tree) if "functorch" in src.text else set()
     for call in src.index.all_calls():
         known = _CALLS.get(call.qualname)
+        if known is not None and call.qualname.startswith("functorch.") and call.attr in from_torch:
+            continue  # `try: from torch.func import vmap / except ImportError: from functorch import vmap`
         if known is not None:
             volatile = call.kwarg("volatile")
             if volatile is not None and literal(volatile) is not False:
@@ -147,6 +150,12 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
                     "torchrun (and passes --local-rank, not --local_rank, since 2.0).",
                     fix='Launch with `torchrun --nproc_per_node=N train.py` and read int(os.environ["LOCAL_RANK"]).',
                     location=src.location(command))
+
+
+def _imported_from_torch(tree: ast.Module) -> set[str]:
+    """Names the module imports from torch or torch.func (a functorch import beside it is only a fallback)."""
+    return {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and node.module in ("torch", "torch.func") for a in node.names}
 
 
 def _launch_command(call: ast.Call) -> Optional[ast.AST]:

@@ -157,3 +157,8 @@ def test_a_tensor_norm_method_and_a_local_checkpoint_function_are_quiet(lint):
     code = "import torch\nn = x.norm(dim=1)\ndef checkpoint(f, x):\n    return f(x)\ny = checkpoint(g, x)\n" \
            "m = timm.create_model('resnet50', pretrained=True)\n"
     assert lint(code) == []
+
+
+def test_functorch_as_a_fallback_import_is_quiet(lint):
+    code = "try:\n    from torch.func import vmap\nexcept ImportError:\n    from functorch import vmap\nys = vmap(f)(xs)\n"
+    assert lint(code) == []
