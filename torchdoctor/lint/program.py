@@ -11,6 +11,7 @@ class and closures.
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -313,10 +314,9 @@ class Program:
         """Changes whenever a Python file under `root` is added, removed or changed (computed once per run)."""
         found = self._tree_stamps.get(root)
         if found is None:
-            from torchdoctor.lint.cache import digest
-
             listing = "\n".join(f"{p} {stamp(p)}" for p in self.project_files(root))
-            found = self._tree_stamps[root] = digest(listing.encode("utf-8", "surrogatepass"))
+            found = self._tree_stamps[root] = hashlib.blake2b(listing.encode("utf-8", "surrogatepass"),
+                                                              digest_size=16).hexdigest()
         return found
 
     def callers(self, module: Module, scope: FunctionScope) -> Iterator[tuple[Module, FunctionScope, CallSite]]:
