@@ -362,3 +362,13 @@ def test_a_loss_scaler_object_running_backward_and_step(tmp_path):
     assert lint_one(tmp_path, {"t.py": code}, "t.py") == [("missing-zero-grad", 17)]
     cleared = code.replace("            loss = model(x, y)", "            optimizer.zero_grad()\n            loss = model(x, y)")
     assert lint_one(tmp_path, {"t.py": cleared}, "t.py") == []
+
+
+@pytest.mark.parametrize("source, fires", [
+    ("train_data = DataLoader(ds, batch_size=8)\nfor x, y in train_data:\n    x.to(device)\n", True),
+    ("batches = DataLoader(ds)\nfor i, (x, y) in enumerate(batches):\n    y.cuda()\n", True),
+    ("train_data = make_batches(ds)\nfor x, y in train_data:\n    x.to(device)\n", False),  # unknown objects
+])
+def test_a_loader_not_named_loader(tmp_path, source, fires):
+    code = "from torch.utils.data import DataLoader\n" + source
+    assert lint_one(tmp_path, {"t.py": code}, "t.py") == ([("to-result-discarded", 4)] if fires else [])
