@@ -184,3 +184,19 @@ def test_editing_a_check_module_invalidates_results(tmp_path, monkeypatch):
     assert lint(src, tmp_path / "cache", checks).checked == 0
     plugin.write_text("def rule(src):\n    return []  # edited\n", encoding="utf-8")
     assert lint(src, tmp_path / "cache", checks).checked == 1
+
+
+def test_a_result_that_depends_on_the_callers_of_a_function_follows_them(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "evaluation.py").write_text(textwrap.dedent("""
+        def evaluate(model, loader):
+            model.eval()
+            return [model(x) for x in loader]
+    """), encoding="utf-8")
+    (src / "train.py").write_text("from evaluation import evaluate\nevaluate(model, val_loader)\n", encoding="utf-8")
+    assert [f.name for f in lint(src, tmp_path / "cache").findings] == ["eval-without-no-grad"]
+    (src / "train.py").write_text("import torch\nfrom evaluation import evaluate\nwith torch.no_grad():\n"
+                                  "    evaluate(model, val_loader)\n", encoding="utf-8")
+    second = lint(src, tmp_path / "cache")
+    assert second.findings == [] and second.checked == 2  # evaluation.py is unchanged, its callers are not

@@ -372,3 +372,29 @@ def test_a_loss_scaler_object_running_backward_and_step(tmp_path):
 def test_a_loader_not_named_loader(tmp_path, source, fires):
     code = "from torch.utils.data import DataLoader\n" + source
     assert lint_one(tmp_path, {"t.py": code}, "t.py") == ([("to-result-discarded", 4)] if fires else [])
+
+
+def test_the_project_root_is_found_as_ruff_finds_it(tmp_path):
+    from torchdoctor.lint.program import find_root
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "tools" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "inner").mkdir(parents=True)
+    (tmp_path / "pkg" / "setup.py").write_text("", encoding="utf-8")
+    assert find_root(str(tmp_path / "tools" / "sub")) == str(tmp_path)  # nearest marker upward: .git
+    assert find_root(str(tmp_path / "pkg" / "inner")) == str(tmp_path / "pkg")  # setup.py is nearer
+
+
+def test_a_progress_bar_only_for_long_runs_on_a_terminal(monkeypatch):
+    from torchdoctor.lint import command
+
+    monkeypatch.setattr(command.sys.stderr, "isatty", lambda: True, raising=False)
+    with command._ProgressBar(True) as bar:
+        bar.update(1, command.PROGRESS_MIN_FILES - 1)
+        assert bar.bar is None  # a short run finishes before a bar helps
+        bar.update(1, command.PROGRESS_MIN_FILES)
+        assert bar.bar is not None
+    monkeypatch.setattr(command.sys.stderr, "isatty", lambda: False, raising=False)
+    with command._ProgressBar(True) as quiet:
+        quiet.update(1, 10 * command.PROGRESS_MIN_FILES)
+        assert quiet.bar is None  # piped output gets no bar
