@@ -62,8 +62,8 @@ DEPRECATED_API = Pitfall(
             `torch.backends.cuda.sdp_kernel` (`torch.nn.attention.sdpa_kernel`), `torch.testing.assert_allclose`
             (`assert_close`), torchvision model builders given `pretrained=` (`weights=`), and
             `torch.utils.checkpoint.checkpoint`/`checkpoint_sequential` without `use_reentrant` (its default is
-            changing; pass `use_reentrant=False`). `Variable(..., volatile=True)` and apex.amp are warnings, the rest
-            notes.
+            changing; pass `use_reentrant=False`). `Variable(..., volatile=True)`, which silently does nothing, is a
+            warning; the rest, apex.amp included (projects keep it as a deliberate option for old set-ups), are notes.
         """,
     },
 )
@@ -141,7 +141,7 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
                 "PyTorch itself.",
                 fix='Use torch.amp: `with torch.autocast("cuda"):` for the forward and '
                     '`scaler = torch.amp.GradScaler("cuda")` around backward/step.',
-                location=src.location(call.node), severity=Severity.WARNING)
+                location=src.location(call.node))
         elif launch_text and call.qualname.startswith(_PROCESS_STARTERS):
             command = _launch_command(call.node)
             if command is not None:

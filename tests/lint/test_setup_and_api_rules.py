@@ -121,6 +121,7 @@ def test_deprecated_apis_fire_with_resolved_imports(lint, fired):
     found = fired(lint(code), "deprecated-api")
     assert [f.location.line for f in found] == [5, 6, 7, 8, 9, 10]
     assert found[1].severity == Severity.WARNING and "volatile" in found[1].message
+    assert found[4].severity == Severity.INFO and "apex" in found[4].message  # a deliberate option in most projects
 
 
 def test_local_class_named_variable_is_quiet(lint):
