@@ -1,4 +1,6 @@
-"""deprecated-api: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp and torch.distributed.launch."""
+"""deprecated-api: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp, torch.distributed.launch and the
+APIs TorchFix reports (torch.norm, functorch, sdp_kernel, assert_allclose, torchvision pretrained=, checkpoint
+without use_reentrant)."""
 from __future__ import annotations
 
 import ast
@@ -19,7 +21,8 @@ DEPRECATED_API = Pitfall(
     severity="info",
     summary="""
         Deprecated PyTorch APIs: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp,
-        torch.distributed.launch.
+        torch.distributed.launch, torch.norm, functorch, sdp_kernel, assert_allclose, torchvision pretrained=,
+        checkpoint without use_reentrant.
     """,
     why="""
         Deprecated APIs keep working until they are removed, but some already do nothing: `Variable(x,
@@ -54,7 +57,13 @@ DEPRECATED_API = Pitfall(
             Calls are matched by their qualified name after resolving imports (`from torch.autograd import
             Variable` counts, a local class named `Variable` does not). `torch.distributed.launch` is reported
             where a `subprocess`/`os` call runs `python -m torch.distributed.launch`; a message or docstring that
-            merely mentions it is not. `Variable(..., volatile=True)` and apex.amp are warnings, the rest notes.
+            merely mentions it is not. The notes TorchFix users expect are here too: `torch.norm` (use
+            `torch.linalg.vector_norm`/`matrix_norm`), `functorch.vmap`/`grad`/... (`torch.func`),
+            `torch.backends.cuda.sdp_kernel` (`torch.nn.attention.sdpa_kernel`), `torch.testing.assert_allclose`
+            (`assert_close`), torchvision model builders given `pretrained=` (`weights=`), and
+            `torch.utils.checkpoint.checkpoint`/`checkpoint_sequential` without `use_reentrant` (its default is
+            changing; pass `use_reentrant=False`). `Variable(..., volatile=True)`, which silently does nothing, is a
+            warning; the rest, apex.amp included (projects keep it as a deliberate option for old set-ups), are notes.
         """,
     },
 )
@@ -71,7 +80,17 @@ _CALLS = {
                                 'torch.amp.autocast("cuda", ...)'),
     "torch.cuda.amp.GradScaler": ("torch.cuda.amp.GradScaler is deprecated since PyTorch 2.4",
                                   'torch.amp.GradScaler("cuda", ...)'),
+    "torch.norm": ("torch.norm is deprecated and may be removed",
+                   "torch.linalg.vector_norm (or torch.linalg.matrix_norm for matrices)"),
+    "torch.backends.cuda.sdp_kernel": ("torch.backends.cuda.sdp_kernel is deprecated since PyTorch 2.3",
+                                       "torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION, ...])"),
+    "torch.testing.assert_allclose": ("torch.testing.assert_allclose is deprecated since PyTorch 1.12",
+                                      "torch.testing.assert_close"),
+    **{f"functorch.{name}": (f"functorch.{name} is deprecated: functorch moved into PyTorch as torch.func",
+                             f"torch.func.{name}")
+       for name in ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "jvp", "vjp", "functionalize")},
 }
+_CHECKPOINTS = ("torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential")
 _LAUNCH = "torch.distributed.launch"
 # Calls that run a command line: only their arguments can launch `python -m torch.distributed.launch`.
 _PROCESS_STARTERS = ("subprocess.", "os.system", "os.popen", "os.exec", "os.spawn", "asyncio.create_subprocess")
@@ -80,7 +99,8 @@ _PROCESS_STARTERS = ("subprocess.", "os.system", "os.popen", "os.exec", "os.spaw
 def _mentions(text: str) -> bool:
     """Whether `text` names Variable, set_default_tensor_type, the word `amp` or torch.distributed.launch."""
     return ("Variable" in text or "set_default_tensor_type" in text or _LAUNCH in text
-            or has_word(text, "amp"))
+            or has_word(text, "amp") or "norm" in text or "functorch" in text or "sdp_kernel" in text
+            or "assert_allclose" in text or "pretrained" in text or "checkpoint" in text)
 
 
 @DEPRECATED_API.source
@@ -88,8 +108,11 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or not _mentions(src.text):
         return
     launch_text = f"-m {_LAUNCH}" in src.text or f'"{_LAUNCH}"' in src.text or f"'{_LAUNCH}'" in src.text
+    from_torch = _imported_from_torch(src.tree) if "functorch" in src.text else set()
     for call in src.index.all_calls():
         known = _CALLS.get(call.qualname)
+        if known is not None and call.qualname.startswith("functorch.") and call.attr in from_torch:
+            continue  # `try: from torch.func import vmap / except ImportError: from functorch import vmap`
         if known is not None:
             volatile = call.kwarg("volatile")
             if volatile is not None and literal(volatile) is not False:
@@ -101,13 +124,24 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
                 continue
             yield Finding(f"`{src.snippet(call.node)}`: {known[0]}.", fix=f"Use {known[1]}.",
                           location=src.location(call.node))
+        elif call.qualname in _CHECKPOINTS and call.kwarg("use_reentrant") is None and not call.has_star_kwargs:
+            yield Finding(
+                f"`{src.snippet(call.node)}` does not pass use_reentrant: PyTorch warns and is changing the default "
+                "to False; the reentrant variant also ignores inputs without requires_grad and detached outputs.",
+                fix="Pass use_reentrant=False (the recommended variant) explicitly.",
+                location=src.location(call.node))
+        elif call.qualname.startswith("torchvision.models.") and call.kwarg("pretrained") is not None:
+            yield Finding(
+                f"`{src.snippet(call.node)}`: torchvision's `pretrained=` is deprecated since 0.13 and may be removed.",
+                fix="Pass `weights=` instead, e.g. `resnet50(weights=ResNet50_Weights.DEFAULT)` (or `weights=None`).",
+                location=src.location(call.node))
         elif call.qualname.startswith("apex.amp."):
             yield Finding(
                 f"`{src.snippet(call.node)}`: NVIDIA apex.amp is deprecated and unmaintained; its features are in "
                 "PyTorch itself.",
                 fix='Use torch.amp: `with torch.autocast("cuda"):` for the forward and '
                     '`scaler = torch.amp.GradScaler("cuda")` around backward/step.',
-                location=src.location(call.node), severity=Severity.WARNING)
+                location=src.location(call.node))
         elif launch_text and call.qualname.startswith(_PROCESS_STARTERS):
             command = _launch_command(call.node)
             if command is not None:
@@ -116,6 +150,12 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
                     "torchrun (and passes --local-rank, not --local_rank, since 2.0).",
                     fix='Launch with `torchrun --nproc_per_node=N train.py` and read int(os.environ["LOCAL_RANK"]).',
                     location=src.location(command))
+
+
+def _imported_from_torch(tree: ast.Module) -> set[str]:
+    """Names the module imports from torch or torch.func (a functorch import beside it is only a fallback)."""
+    return {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+            and node.module in ("torch", "torch.func") for a in node.names}
 
 
 def _launch_command(call: ast.Call) -> Optional[ast.AST]:

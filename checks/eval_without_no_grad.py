@@ -61,10 +61,14 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
         "source": """
             The lint rule follows `model.eval()` / `model.train()` in statement order inside one function and
             reports the first call of that model after `eval()` that is not under
-            `no_grad`/`inference_mode`/`set_grad_enabled(...)`, in a function without any backward. A function is
-            only judged when it is called in the same file and never under `no_grad`, and no other linted file
-            names it (the caller may disable grad); models whose parameters are frozen (`requires_grad_(False)`)
-            are skipped. `watch` sees the remaining cases at run time.
+            `no_grad`/`inference_mode`/`set_grad_enabled(...)`, in a function without any backward, including calls
+            of project functions that run the model (passed as an argument, or a closure's free variable). A
+            function is only judged when the program model finds its callers in the project (through imports,
+            closures and methods, read from disk whichever files were given) and none calls it under `no_grad`, and
+            when it is not decorated with `torch.no_grad()`/`inference_mode()` or a project wrapper of them (such as
+            yolov5's `smart_inference_mode`). Models frozen in the file (`m.requires_grad_(False)`, or a loop setting
+            `requires_grad = False` over `m.parameters()`) are skipped. `watch` sees the remaining cases at run
+            time.
         """,
         "runtime": """
             `watch` looks at each forward of a watched model that runs in `eval()` mode with gradients enabled and
@@ -178,13 +182,13 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or ".eval()" not in src.text:
         return
     index = src.index
-    frozen = "requires_grad_(False)" in src.text or ".requires_grad = False" in src.text
+    frozen = _frozen_models(src)
     for scope in index.scopes:
-        if scope.grad_off or frozen or not any(c.attr == "eval" for c in scope.calls):
+        if scope.grad_off or not any(c.attr == "eval" for c in scope.calls):
             continue
         if any(is_backward(c) or c.attr == "set_grad_enabled" for c in scope.calls):
             continue
-        if scope.name != "<module>" and not _called_only_with_grad(src, scope):
+        if scope.name != "<module>" and not _reached_with_grad(src, scope):
             continue
         reported: set[str] = set()
         mode: dict[str, tuple[str, CallSite]] = {}
@@ -196,26 +200,69 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                     continue
                 mode[call.receiver] = ("eval" if off else "train", call)
                 continue
-            model = call.receiver if call.attr == "forward" else ref(call.node.func)
-            state = mode.get(model) if model else None
-            if model is None or state is None or state[0] != "eval" or call.grad_off or model in reported:
+            if call.grad_off:
                 continue
-            reported.add(model)
-            yield Finding(
-                f"`{src.snippet(call.node)}` runs after `{model}.eval()` (line {state[1].node.lineno}) with autograd "
-                "still on, and nothing here is back-propagated: eval() only switches Dropout/BatchNorm, so this "
-                "forward records a graph and keeps its activations for nothing.",
-                fix="Run evaluation under `with torch.no_grad():` (or `torch.inference_mode()`), or decorate the "
-                    "function with `@torch.no_grad()`.",
-                location=src.location(call.node),
-            )
+            for model in _forwarded(src, scope, call, mode):
+                if model in reported or model in frozen:
+                    continue
+                reported.add(model)
+                through = "" if ref(call.node.func) == model or call.attr == "forward" else f" (it calls `{model}`)"
+                yield Finding(
+                    f"`{src.snippet(call.node)}`{through} runs after `{model}.eval()` (line "
+                    f"{mode[model][1].node.lineno}) with autograd still on, and nothing here is back-propagated: "
+                    "eval() only switches Dropout/BatchNorm, so this forward records a graph and keeps its "
+                    "activations for nothing.",
+                    fix="Run evaluation under `with torch.no_grad():` (or `torch.inference_mode()`), or decorate the "
+                        "function with `@torch.no_grad()`.",
+                    location=src.location(call.node),
+                )
 
 
-def _called_only_with_grad(src: SourceFile, scope: FunctionScope) -> bool:
-    """The function is called in this file, never under no_grad, and no other linted file names it."""
-    method = scope.class_name is not None
-    sites = [c for s in src.index.scopes for c in s.calls if c.attr == scope.name
-             and isinstance(c.node.func, ast.Attribute if method else ast.Name)]
-    if not sites or any(c.grad_off for c in sites):
+def _forwarded(src: SourceFile, scope: FunctionScope, call: CallSite,
+               mode: dict[str, tuple[str, CallSite]]) -> Iterator[str]:
+    """The eval-mode models this call runs with grad on: directly (`model(x)`, `model.forward(x)`), or through
+    a project function that calls one (passed as an argument, or a closure's free variable)."""
+    model = call.receiver if call.attr == "forward" else ref(call.node.func)
+    if model is not None and mode.get(model, ("",))[0] == "eval":
+        yield model
+        return
+    if not any(state == "eval" for state, _ in mode.values()):
+        return
+    found = src.project.callee(scope, call)
+    if found is None or found[1].grad_off:
+        return
+    callee, summary = found
+    params = [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args] \
+        if not isinstance(callee.node, ast.Module) else []
+    if callee.class_name is not None and params[:1] in (["self"], ["cls"]):
+        params = params[1:]
+    passed = {p: ref(a) for p, a in zip(params, call.node.args)}
+    passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg})
+    for name in sorted(summary.forwards):
+        model = passed.get(name) if name in params or name in passed else name  # a closure's free variable
+        if model is not None and mode.get(model, ("",))[0] == "eval":
+            yield model
+
+
+def _frozen_models(src: SourceFile) -> set[str]:
+    """Models frozen in this file: `m.requires_grad_(False)`, or `p.requires_grad = False` in a loop over
+    `m.parameters()` (their forwards record no graph of their own)."""
+    frozen = {c.receiver for c in src.index.all_calls() if c.attr == "requires_grad_" and c.receiver
+              and c.node.args and isinstance(c.node.args[0], ast.Constant) and c.node.args[0].value is False}
+    for node in ast.walk(src.tree) if src.tree is not None and "requires_grad = False" in src.text else ():
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Attribute) \
+                and node.iter.func.attr in ("parameters", "named_parameters"):
+            owner = ref(node.iter.func.value)
+            if owner and any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad"
+                                                                 for t in n.targets) for n in ast.walk(node)):
+                frozen.add(owner)
+    return {name for name in frozen if name}
+
+
+def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> bool:
+    """The function is not decorated to run without grad, is called somewhere in the project (found through
+    imports, closures and methods, whichever files this run was given), and never under no_grad."""
+    if src.project.grad_off(scope):
         return False
-    return not src.project.mentioned_elsewhere(scope.name)
+    callers = src.project.callers(scope)
+    return bool(callers) and not any(off for _, _, off in callers)

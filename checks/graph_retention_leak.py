@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
-    FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets, graph_refs, is_backward,
+    Binding, FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets, graph_refs, is_backward, ref,
 )
 
 if TYPE_CHECKING:
@@ -63,10 +63,12 @@ GRAPH_RETENTION_LEAK = Pitfall(
     ),
     details={
         "source": """
-            The lint rule fires on `acc += expr` and `lst.append(expr)` inside a loop when `expr` reads, outside
+            The lint rule fires on `acc += expr`, `acc = acc + expr` and `lst.append(expr)` inside a loop when `expr`
+            reads, outside
             `.item()`/`.detach()`/`float()`, a value that the same loop back-propagates (or that a Lightning
             `training_step` returns), the accumulator itself is never back-propagated, and it is not
-            re-initialised in that loop. Summing loss terms before one `backward()` is therefore quiet.
+            re-initialised in that loop. Summing loss terms before one `backward()` is therefore quiet, and so is
+            keeping input data (a step method's `batch` parameter or a loop variable taken from a loader).
             Accumulations it cannot tie to a backward are left to `watch`, which measures the growth at run time.
         """,
         "runtime": """
@@ -185,7 +187,7 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
             continue
         kept = backprop_names(scope)
         for b in scope.bindings:
-            if b.augmented and b.loop is not None and not b.grad_off and b.target not in kept:
+            if (b.augmented or _accumulates(b)) and b.loop is not None and not b.grad_off and b.target not in kept:
                 leaked = _leaked_name(b.value, b.loop, b.pos, trained, scope)
                 if leaked and not _reset_in_loop(scope, b.target, b.loop, b.node):
                     yield _leak_finding(src, b.node, b.target, leaked, trained)
@@ -226,8 +228,27 @@ def _leaked_name(value: Optional[ast.expr], loop: Loop, pos: tuple, trained: dic
                   if b.target == name and not b.augmented and b.pos < pos and loop.encloses(b.loop)]
         if before and not graph_refs(max(before, key=lambda b: b.pos).value):
             continue
+        if _is_input(scope, name, pos):
+            continue
         return name
     return None
+
+
+def _accumulates(b: Binding) -> bool:
+    """`total = total + loss` (or `loss + total`): the same accumulation as `total += loss`."""
+    value = b.value
+    return isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add) \
+        and (ref(value.left) == b.target or ref(value.right) == b.target)
+
+
+def _is_input(scope: FunctionScope, name: str, pos: tuple) -> bool:
+    """The name holds input data, not a loss: its last binding before `pos` is a parameter (a step method's
+    `batch`) or a loop variable taken from the data (`for batch in loader`). Inputs have no history."""
+    before = [b for b in scope.bindings if b.target == name and b.pos <= pos and not b.augmented]
+    if not before:
+        return False
+    latest = max(before, key=lambda b: b.pos)
+    return isinstance(latest.node, (ast.arg, ast.For, ast.AsyncFor))
 
 
 def _reset_in_loop(scope: FunctionScope, target: str, loop: Loop, node: Optional[ast.AST]) -> bool:

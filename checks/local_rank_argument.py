@@ -47,7 +47,8 @@ LOCAL_RANK_ARGUMENT = Pitfall(
     details={
         "source": """
             The lint rule reports `add_argument("--local_rank", ...)` in a file that never mentions `--local-rank` or
-            `LOCAL_RANK`. `--fix` adds the dashed spelling and, when the argument has `type=int`, a default read from
+            `LOCAL_RANK`, unless the script parses with `parse_known_args` and a project module it imports (directly
+            or through other project modules) reads `LOCAL_RANK`. `--fix` adds the dashed spelling and, when the argument has `type=int`, a default read from
             `LOCAL_RANK` that keeps the old default when the variable is unset (adding `import os` if needed).
         """,
         "env": """
@@ -99,7 +100,10 @@ def parses_only_local_rank(src: SourceFile) -> Iterator[Finding]:
     """`add_argument("--local_rank")` in a file that never mentions --local-rank or LOCAL_RANK."""
     if src.tree is None or "--local_rank" not in src.text or "--local-rank" in src.text or "LOCAL_RANK" in src.text:
         return
-    for call in src.index.all_calls():
+    calls = list(src.index.all_calls())
+    if any(c.attr == "parse_known_args" for c in calls) and src.project.imported_module_mentions("LOCAL_RANK"):
+        return  # the launcher's argument is tolerated and a project module it imports reads the rank from the env
+    for call in calls:
         if call.attr != "add_argument":
             continue
         spelling = next((a for a in call.node.args if literal(a) == "--local_rank"), None)

@@ -73,9 +73,13 @@ MISSING_ZERO_GRAD = Pitfall(
             The lint rule looks for the smallest loop (or Lightning `training_step` with manual optimization)
             that contains both a `backward()` and an argument-free `optimizer.step()` /
             `scaler.step(optimizer)`, and reports it when nothing in that loop clears the gradients: no
-            `zero_grad()` of that optimizer or of a model, no `p.grad = None`, no helper defined in the file
-            that does so, no closure that does so. It stays quiet when the loop hands the optimizer to a
-            function it cannot see, and inside `dist_autograd.context()` loops, where gradients live per
+            `zero_grad()` of that optimizer, of a model or of another optimizer that may hold the same parameters
+            (built from the same model, or from sources it cannot see, such as `self.optimizers()`), no
+            `p.grad = None`, no project function called there (resolved through imports, closures and methods)
+            whose summary clears gradients, no helper defined in the file
+            that does so, no closure that does so. Optimizers returned by a project function that builds one
+            (`solver = make_optimizer(model)`) count as optimizers. It stays quiet when the loop hands the
+            optimizer to a function outside the project, and inside `dist_autograd.context()` loops, where gradients live per
             context. `watch` confirms the rest at run time.
         """,
     },
@@ -165,16 +169,75 @@ class MissingZeroGrad(RuntimeCheck):
 _HARMLESS_WITH_OPTIMIZER = frozenset({"step", "unscale_", "update", "scale", "clip_grad_norm_", "print", "log", "info"})
 
 
-def _stepped_optimizer(call: CallSite, scope: FunctionScope, index: ModuleIndex) -> Optional[str]:
+def _stepped_optimizer(call: CallSite, scope: FunctionScope, index: ModuleIndex,
+                       src: Optional[SourceFile] = None) -> Optional[str]:
     """The optimizer an argument-free `opt.step()` or `scaler.step(opt)` updates, if that is clear."""
     if call.attr != "step" or call.node.keywords:
         return None
-    if not call.node.args and is_optimizer(call.receiver, scope, index):
+    if not call.node.args and (is_optimizer(call.receiver, scope, index) or _made_by_helper(src, scope, call.receiver)):
         return call.receiver
     if len(call.node.args) == 1 and call.receiver and "scaler" in call.receiver.lower():
         key = ref(call.node.args[0])
         return key if is_optimizer(key, scope, index) else None
     return None
+
+
+def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
+                      reported: set[str]) -> Iterator[Finding]:
+    """A project function called in a loop runs backward and steps an optimizer passed to it
+    (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
+    for call in scope.calls:
+        if call.loop is None or not any(_optimizer_arg(src, scope, index, a) for a in call.node.args) \
+                and not any(_optimizer_arg(src, scope, index, k.value) for k in call.node.keywords):
+            continue
+        found = src.project.callee(scope, call)
+        if found is None or not found[1].backward or found[1].clears_grads:
+            continue
+        callee, summary = found
+        params = [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args] \
+            if not isinstance(callee.node, ast.Module) else []
+        if callee.class_name is not None and params[:1] == ["self"]:
+            params = params[1:]
+        passed = {p: ref(a) for p, a in zip(params, call.node.args)}
+        passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg})
+        for param in sorted(summary.steps):
+            optimizer = passed.get(param)
+            if optimizer is None or optimizer in reported or not (
+                    is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer)):
+                continue
+            if _loop_clears(src, call.loop, optimizer, scope, index):
+                continue
+            reported.add(optimizer)
+            yield Finding(
+                f"`{src.snippet(call.node)}` runs backward and `{optimizer}.step()` (in `{callee.name}`) in the loop "
+                f"at line {call.loop.node.lineno}, but `{optimizer}.zero_grad()` is never called there: every "
+                "backward adds to the gradients of all previous iterations, so each step uses their running sum.",
+                fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
+                location=src.location(call.node),
+            )
+
+
+def _optimizer_arg(src: SourceFile, scope: FunctionScope, index: ModuleIndex, arg: ast.expr) -> bool:
+    key = ref(arg)
+    return key is not None and (is_optimizer(key, scope, index) or _made_by_helper(src, scope, key))
+
+
+def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Optional[str]) -> bool:
+    """`key` is bound (only) to what a project function returns, and that function builds an optimizer
+    (`solver = make_optimizer(cfg, model)`, in this file or an imported one)."""
+    if src is None or key is None or "." in key:
+        return False
+    bound = scope.bindings_of(key)
+    if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
+        return False
+    func = bound[0].value.func
+    if not (isinstance(func, ast.Name) or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+        return False  # `x.to(device)`, `f()(...)`: not a call of a project function by name
+    call = next((c for c in scope.calls if c.node is bound[0].value), None)
+    if call is None or call.qualname.startswith(("torch.", "torchvision.", "numpy.")):
+        return False
+    found = src.project.callee(scope, call)
+    return found is not None and found[1].returns_optimizer
 
 
 def _clears_grads(call: CallSite, optimizer: str, others: set[str]) -> bool:
@@ -183,6 +246,25 @@ def _clears_grads(call: CallSite, optimizer: str, others: set[str]) -> bool:
     if call.attr == "zero_grad":
         return call.receiver == optimizer or call.receiver not in others
     return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and (call.receiver or "").endswith(".grad")
+
+
+def _parameter_source(scope: FunctionScope, optimizer: str) -> Optional[str]:
+    """The model an optimizer was built from (`opt = SGD(model.parameters())` -> `model`); None when unknown."""
+    built = [b.value for b in scope.bindings if b.target == optimizer and b.value is not None]
+    if len(built) != 1 or not isinstance(built[0], ast.Call) or not built[0].args:
+        return None
+    first = built[0].args[0]
+    if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute) and first.func.attr == "parameters":
+        return ref(first.func.value)
+    return None
+
+
+def _may_share_parameters(scope: FunctionScope, a: str, b: str) -> bool:
+    """Two optimizers not known to hold different parameters (one's zero_grad may clear the other's)."""
+    first, second = _parameter_source(scope, a), _parameter_source(scope, b)
+    if first is None or second is None:
+        return True
+    return first == second or first.startswith(second + ".") or second.startswith(first + ".")
 
 
 def _helper_may_clear(call: CallSite, optimizer: str, index: ModuleIndex) -> bool:
@@ -207,20 +289,21 @@ def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> O
 
 @MISSING_ZERO_GRAD.source
 def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or "backward" not in src.text or ".step(" not in src.text:
-        return
+    if src.tree is None or ("backward" not in src.text or ".step(" not in src.text) and "opt" not in src.text:
+        return  # neither a backward and a step here, nor an optimizer that a helper might step
     index = src.index
     for scope in index.scopes:
         backwards = [c for c in scope.calls if is_backward(c) and c.loop is not None]
-        if not backwards:
+        if not backwards and not scope.loops:
             continue
         reported: set[str] = set()
+        yield from _steps_in_helpers(src, scope, index, reported)
         for call in scope.calls:
-            optimizer = _stepped_optimizer(call, scope, index)
+            optimizer = _stepped_optimizer(call, scope, index, src)
             if optimizer is None or optimizer in reported:
                 continue
             loop = _smallest_loop_with_backward(call, backwards)
-            if loop is None or _loop_clears(loop, optimizer, scope, index):
+            if loop is None or _loop_clears(src, loop, optimizer, scope, index):
                 continue
             reported.add(optimizer)
             backward = next(b for b in backwards if loop.encloses(b.loop))
@@ -234,10 +317,17 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
             )
 
 
-def _loop_clears(loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
-    others = {o for c in calls_in(scope, loop) if (o := _stepped_optimizer(c, scope, index)) and o != optimizer}
+def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
+    others = {o for c in calls_in(scope, loop) if (o := _stepped_optimizer(c, scope, index)) and o != optimizer
+              and not _may_share_parameters(scope, o, optimizer)}
     for call in calls_in(scope, loop):
-        if _clears_grads(call, optimizer, others) or _helper_may_clear(call, optimizer, index):
+        if _clears_grads(call, optimizer, others):
+            return True
+        found = src.project.callee(scope, call) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None
+        if found is not None:  # a project function: its summary says whether it clears gradients
+            if found[1].clears_grads:
+                return True
+        elif _helper_may_clear(call, optimizer, index):
             return True
         if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
             return True  # distributed autograd keeps gradients per context: nothing to clear

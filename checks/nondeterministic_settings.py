@@ -7,7 +7,7 @@ from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import SourceFile, Spanned, literal
+from torchdoctor.sdk.source import FunctionScope, SourceFile, Spanned, literal
 
 _TRAINING = """
 import torch
@@ -58,8 +58,9 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
     details={
         "source": """
             The lint rule reports `cudnn.benchmark = True` in a file that also sets `cudnn.deterministic = True` or
-            calls `torch.use_deterministic_algorithms(True)`, unless the two sit in different branches of one `if`;
-            this contradiction is a warning. The other settings (seeds, worker seeding) depend on run-time state
+            calls `torch.use_deterministic_algorithms(True)`, unless the two sit in different branches of one `if` or
+            the same function switches determinism off (`use_deterministic_algorithms(False)`) before the benchmark
+            line (settings apply in order); this contradiction is a warning. The other settings (seeds, worker seeding) depend on run-time state
             and are checked by `watch`.
         """,
         "runtime": """
@@ -138,8 +139,11 @@ def nondeterministic_settings(src: SourceFile) -> Iterator[Finding]:
     benchmark: Optional[Spanned] = None
     deterministic: Optional[Spanned] = None
     for scope in src.index.scopes:
+        switched_off = _determinism_turned_off(scope)
         for b in scope.bindings:
             if b.target.endswith("cudnn.benchmark") and literal(b.value) is True:
+                if any(pos < b.pos for pos in switched_off):
+                    continue  # determinism was switched off before this line: benchmark mode is what they want
                 benchmark = benchmark or b.node
             elif b.target.endswith("cudnn.deterministic") and literal(b.value) is True:
                 deterministic = deterministic or b.node
@@ -157,6 +161,15 @@ def nondeterministic_settings(src: SourceFile) -> Iterator[Finding]:
         location=src.location(benchmark),
         severity=Severity.WARNING,
     )
+
+
+def _determinism_turned_off(scope: FunctionScope) -> list[tuple]:
+    """Where this function switches determinism off (`use_deterministic_algorithms(False)`,
+    `cudnn.deterministic = False`): settings apply in order, so a benchmark after that is no conflict."""
+    off = [c.pos for c in scope.calls if c.attr == "use_deterministic_algorithms" and c.node.args
+           and literal(c.node.args[0]) is False]
+    off += [b.pos for b in scope.bindings if b.target.endswith("cudnn.deterministic") and literal(b.value) is False]
+    return off
 
 
 def _exclusive(tree: ast.Module, a: int, b: int) -> bool:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from typing import TypeGuard
 
 _CONSUME = "torch.nn.modules.utils.consume_prefix_in_state_dict_if_present"
-_SLICE_TEXT = re.compile(r"\[\s*(?:7|10|len\(\s*['\"][\w.]*\.['\"]\s*\))\s*:\s*\]")
+_SLICE_TEXT = re.compile(r"\[\s*(?:7|10|len\(\s*(?:['\"][\w.]*\.['\"]|\w+)\s*\))\s*:\s*\]")
 # What a state dict is usually called; other dicts whose keys are sliced are not this pitfall.
 _STATE_NAME = re.compile(r"state|sd\b|ckpt|checkpoint|weights|param|pretrained|model", re.I)
 
@@ -59,22 +59,25 @@ PREFIX_STRIP_BY_SLICING = Pitfall(
     ),
     details={
         "source": """
-            Slices by 7 (`module.`), 10 (`_orig_mod.`) or `len("prefix")` of the key of a loop or comprehension over
-            `.items()`/`.keys()` are reported, unless the key is checked with `startswith`/`replace` in the same
-            loop.
+            Slices by 7 (`module.`), 10 (`_orig_mod.`), `len("prefix")` or `len(name)` (a name assigned once, to a
+            string ending in a dot) of the key of a loop or comprehension over `.items()`/`.keys()` (also wrapped in
+            `list(...)`, `tuple(...)` or `sorted(...)`) are reported, unless the key is checked with
+            `startswith`/`replace` in the same loop.
         """,
     },
 )
 
 
-def _prefix(node: ast.Subscript) -> Optional[str]:
-    """The prefix a `k[7:]`-style slice cuts: 7 -> 'module.', 10 -> '_orig_mod.', len('x.') -> 'x.'."""
+def _prefix(node: ast.Subscript, strings: dict[str, str]) -> Optional[str]:
+    """The prefix a `k[7:]`-style slice cuts: 7 -> 'module.', 10 -> '_orig_mod.', len('x.') -> 'x.', and
+    len(prefix) for a name bound once to a string (`strings`)."""
     s = node.slice
     if not isinstance(s, ast.Slice) or s.upper is not None or s.step is not None:
         return None
     lower = s.lower
     if isinstance(lower, ast.Call) and isinstance(lower.func, ast.Name) and lower.func.id == "len" and len(lower.args) == 1:
-        text = literal(lower.args[0])
+        arg = lower.args[0]
+        text = strings.get(arg.id) if isinstance(arg, ast.Name) else literal(arg)
         if isinstance(text, str):
             return text if text.endswith(".") else None
     number = literal(lower)
@@ -88,6 +91,9 @@ def _key_loops(tree: ast.AST) -> Iterator[tuple[ast.AST, str, ast.expr]]:
         pairs = [(g.target, g.iter) for g in gens] if gens else (
             [(node.target, node.iter)] if isinstance(node, ast.For) else [])
         for target, iterable in pairs:
+            if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and len(iterable.args) == 1 \
+                    and iterable.func.id in ("list", "tuple", "sorted"):
+                iterable = iterable.args[0]  # `for k, v in list(sd.items())` (a copy, to edit the dict)
             if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute) \
                     and iterable.func.attr in ("items", "keys") and not iterable.args:
                 key = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else target
@@ -95,10 +101,22 @@ def _key_loops(tree: ast.AST) -> Iterator[tuple[ast.AST, str, ast.expr]]:
                     yield node, key.id, iterable.func.value
 
 
+def _string_names(tree: ast.Module) -> dict[str, str]:
+    """Names assigned exactly once in the file, to a string literal (`prefix = "module."`)."""
+    seen: dict[str, list[object]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    seen.setdefault(target.id, []).append(literal(node.value))
+    return {name: values[0] for name, values in seen.items() if len(values) == 1 and isinstance(values[0], str)}
+
+
 @PREFIX_STRIP_BY_SLICING.source
 def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or ":]" not in src.text or not _SLICE_TEXT.search(src.text):
         return
+    strings = _string_names(src.tree)
     for loop, key, state in _key_loops(src.tree):
         if not _STATE_NAME.search(src.segment(state)):
             continue
@@ -107,7 +125,7 @@ def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
                and ref(n.func.value) == key for n in inside):
             continue  # guarded: only prefixed keys are cut
         for node in inside:
-            if isinstance(node, ast.Subscript) and ref(node.value) == key and (prefix := _prefix(node)):
+            if isinstance(node, ast.Subscript) and ref(node.value) == key and (prefix := _prefix(node, strings)):
                 yield FixableFinding(
                     f"`{src.snippet(node)}` cuts {len(prefix)} characters off every key of `{src.snippet(state)}`, "
                     f"assuming each one starts with '{prefix}': a key without it loses real characters "

@@ -62,9 +62,9 @@ SAMPLER_EPOCH_NOT_SET = Pitfall(
         "source": """
             The lint rule reports a shuffling `DistributedSampler` feeding a DataLoader that is read inside a loop
             nested in another loop (or passed to a function called in a loop) when no `set_epoch(...)` call exists
-            in the file (matched on the syntax tree, so the word in a comment does not count) and no other linted
-            file calls `.set_epoch(`. When the call may be elsewhere it stays quiet and `watch` checks each epoch at
-            run time.
+            in the file (matched on the syntax tree, so the word in a comment does not count) and no project function
+            called in the epoch loop calls it (calls are followed through imports, closures and methods of the same
+            class, a few levels deep, from the project on disk). `watch` checks each epoch at run time.
         """,
         "runtime": """
             While a session is active, `DataLoader.__iter__` is patched (the original is restored at exit) so that
@@ -122,12 +122,10 @@ def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
     index = src.index
     if any(c.attr == "set_epoch" for c in index.all_calls()):
         return
-    if src.project.set_epoch_called_elsewhere():
-        return  # the project calls set_epoch in another module; the runtime check confirms it per epoch
     for scope, sampler, name in _shuffling_samplers(index):
         for loader in _loaders_of(scope, sampler, name):
             line = _epoch_loop_line(scope, loader)
-            if line is None:
+            if line is None or _set_epoch_in_callee(src, scope, line):
                 continue
             yield Finding(
                 f"`{src.snippet(sampler.node)}` feeds `{loader}`, which is read once per epoch (loop at line {line}), "
@@ -137,6 +135,17 @@ def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
                 location=src.location(sampler.node),
             )
             break
+
+
+def _set_epoch_in_callee(src: SourceFile, scope: FunctionScope, line: int) -> bool:
+    """A project function called in the epoch loop calls set_epoch (itself or through its own calls)."""
+    loop = next(lp for lp in scope.loops if lp.node.lineno == line)
+    for call in scope.calls:
+        if loop.encloses(call.loop):
+            found = src.project.callee(scope, call)
+            if found is not None and found[1].set_epoch:
+                return True
+    return False
 
 
 def _shuffling_samplers(index: ModuleIndex) -> Iterator[tuple[FunctionScope, CallSite, Optional[str]]]:

@@ -1,10 +1,11 @@
 """shuffle-with-sampler: `DataLoader(shuffle=True, sampler=...)`, which PyTorch refuses at start-up."""
 from __future__ import annotations
 
-from typing import Iterator
+import ast
+from typing import Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Pitfall
-from torchdoctor.sdk.source import SourceFile, last, literal
+from torchdoctor.sdk.source import CallSite, SourceFile, last, literal
 
 _SETUP = """
 import torch
@@ -44,20 +45,34 @@ SHUFFLE_WITH_SAMPLER = Pitfall(
         setup=_SETUP,
     ),
     details={
-        "source": "Only a literal `shuffle=True` next to a sampler that is not a literal `None` is reported.",
+        "source": "Only a literal `shuffle=True` next to a sampler that is not a literal `None` is reported, whether "
+                  "they are passed by keyword or by position (`DataLoader(ds, 32, True, sampler)`).",
     },
 )
 
 
+# DataLoader(dataset, batch_size=1, shuffle=None, sampler=None, batch_sampler=None, ...): positions of each.
+_POSITION = {"shuffle": 2, "sampler": 3, "batch_sampler": 4}
+
+
+def _argument(call: CallSite, name: str) -> Optional[ast.expr]:
+    """A DataLoader argument, by keyword or by position."""
+    value = call.kwarg(name)
+    if value is None and len(call.node.args) > _POSITION[name] \
+            and not any(isinstance(a, ast.Starred) for a in call.node.args[:_POSITION[name] + 1]):
+        value = call.node.args[_POSITION[name]]
+    return value
+
+
 @SHUFFLE_WITH_SAMPLER.source
 def shuffle_with_sampler(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or "shuffle" not in src.text or "ampler" not in src.text:
+    if src.tree is None or "DataLoader" not in src.text or "ampler" not in src.text:
         return
     for call in src.index.all_calls():
-        if not last(call.qualname).endswith("DataLoader") or literal(call.kwarg("shuffle")) is not True:
+        if not last(call.qualname).endswith("DataLoader") or literal(_argument(call, "shuffle")) is not True:
             continue
         for option in ("sampler", "batch_sampler"):
-            value = call.kwarg(option)
+            value = _argument(call, option)
             if value is not None and literal(value) is not None:
                 yield Finding(
                     f"`{src.snippet(call.node)}` passes shuffle=True together with {option}=: DataLoader raises "

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import SourceFile, is_module_ctor, literal, ref
+from torchdoctor.sdk.source import FunctionScope, SourceFile, is_module_ctor, literal, ref
 
 from ._optimizer_builds import optimizers_built, rebuilt_after
 
@@ -79,7 +79,9 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
         "source": """
             The lint rule finds `optimizer = torch.optim.X(model.parameters(), ...)` and a later assignment in the
             same function of a newly built module or parameter to `model`, `model.<attr>` or a parent of the modules
-            the optimizer was built from, with no re-built optimizer or `add_param_group` after it. Moving the model
+            the optimizer was built from, with no re-built optimizer or `add_param_group` after it, when the old
+            optimizer is still used after the replacement and the two assignments are not in different arms of one
+            `if` (only one of them runs). Moving the model
             with `.to()`/`.cuda()` after building the optimizer is fine by default (the Parameter objects are
             updated in place), so that is only reported under
             `torch.__future__.set_overwrite_module_params_on_conversion(True)`. Replacements it cannot see (in
@@ -135,6 +137,41 @@ def _wraps(value: ast.Call, target: str) -> bool:
     return any(ref(a) == target for a in [*value.args, *(k.value for k in value.keywords)])
 
 
+def _branch_arms(scope: FunctionScope) -> dict[int, set[tuple[int, int]]]:
+    """id(statement) -> the (if statement, arm) pairs it sits in (0: the body, 1: the else part)."""
+    arms: dict[int, set[tuple[int, int]]] = {}
+
+    def visit(stmts: list[ast.stmt], inherited: frozenset[tuple[int, int]]) -> None:
+        for stmt in stmts:
+            arms[id(stmt)] = set(inherited)
+            if isinstance(stmt, ast.If):
+                visit(stmt.body, inherited | {(id(stmt), 0)})
+                visit(stmt.orelse, inherited | {(id(stmt), 1)})
+            elif not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                for field in ("body", "orelse", "finalbody"):
+                    visit(getattr(stmt, field, None) or [], inherited)
+                for handler in getattr(stmt, "handlers", None) or []:
+                    visit(handler.body, inherited)
+
+    visit(getattr(scope.node, "body", []), frozenset())
+    return arms
+
+
+def _exclusive(arms: dict[int, set[tuple[int, int]]], a: ast.AST, b: ast.AST) -> bool:
+    """The two statements sit in different arms of one `if`: at most one of them runs."""
+    first, second = arms.get(id(a), set()), arms.get(id(b), set())
+    return any((node, 1 - arm) in second for node, arm in first)
+
+
+def _used_after(scope: FunctionScope, name: str, pos: tuple) -> bool:
+    """`name` is read after `pos` in this function (the old optimizer still takes part in something)."""
+    for node in ast.walk(scope.node):
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load) \
+                and (node.lineno, node.col_offset) > pos and ref(node) == name:
+            return True
+    return False
+
+
 @STALE_OPTIMIZER_PARAMS.source
 def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "parameters()" not in src.text:
@@ -143,12 +180,16 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
     overwrite = any(c.attr == "set_overwrite_module_params_on_conversion" and c.node.args
                     and literal(c.node.args[0]) is True for c in index.all_calls())
     for scope in index.scopes:
+        arms: dict[int, set[tuple[int, int]]] = {}
         for built in optimizers_built(scope, index):
+            arms = arms or _branch_arms(scope)
             for b in scope.bindings:
                 replaced = b.target == built.model or b.target.startswith(built.model + ".") \
                     or built.model.startswith(b.target + ".")
                 if not replaced or b.pos <= built.binding.pos or b.augmented or rebuilt_after(scope, built, b.pos):
                     continue
+                if _exclusive(arms, built.binding.node, b.node) or not _used_after(scope, built.optimizer, b.pos):
+                    continue  # the two never run together, or the old optimizer is never used again
                 if isinstance(b.value, ast.Call) and is_module_ctor(b.value, index) and not _wraps(b.value, b.target):
                     yield Finding(
                         f"`{src.snippet(b.node)}` (line {b.pos[0]}) replaces part of `{built.model}` after "

@@ -6,7 +6,9 @@ import re
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Pitfall
-from torchdoctor.sdk.source import TENSOR_FACTORIES, Binding, ModuleIndex, SourceFile, iter_names, last, qualname, ref
+from torchdoctor.sdk.source import (
+    TENSOR_FACTORIES, Binding, FunctionScope, ModuleIndex, SourceFile, iter_names, last, qualname, ref,
+)
 
 _SETUP = """
 import torch
@@ -52,7 +54,8 @@ TO_RESULT_DISCARDED = Pitfall(
     details={
         "source": """
             Only names known to hold tensors are reported (built by a torch tensor factory, unpacked from a loop over
-            a data loader, or annotated `Tensor`); `model.to(device)` and unknown objects (which may move in place)
+            a data loader — a name containing "loader" or one bound to `DataLoader(...)` in the same function — or
+            annotated `Tensor`); `model.to(device)` and unknown objects (which may move in place)
             are quiet. This check has no run-time counterpart.
         """,
     },
@@ -74,7 +77,15 @@ def _has_move_statement(text: str) -> bool:
     return False
 
 
-def _is_tensor(binding: Binding, index: ModuleIndex) -> bool:
+def _is_loader(name: str, scope: FunctionScope, index: ModuleIndex) -> bool:
+    """Named like a loader, or bound in this function to a `DataLoader(...)` (whatever its name)."""
+    if "loader" in name.lower():
+        return True
+    return any(isinstance(b.value, ast.Call) and last(qualname(b.value.func, index)).endswith("DataLoader")
+               for b in scope.bindings_of(name))
+
+
+def _is_tensor(binding: Binding, index: ModuleIndex, scope: FunctionScope) -> bool:
     value = binding.value
     if isinstance(binding.node, ast.arg):
         ann = binding.node.annotation
@@ -82,13 +93,15 @@ def _is_tensor(binding: Binding, index: ModuleIndex) -> bool:
     if isinstance(binding.node, (ast.For, ast.AsyncFor)):
         target = binding.node.target
         elements = target.elts if isinstance(target, ast.Tuple) else []
-        if isinstance(target, ast.Tuple) and len(elements) == 2 and isinstance(elements[1], ast.Tuple):
-            elements = elements[1].elts  # for i, (x, y) in enumerate(loader)
-        names = {ref(e) for e in elements}
         iterable = binding.node.iter
+        if isinstance(iterable, ast.Call) and last(ref(iterable.func)) == "enumerate" and len(elements) == 2:
+            # for i, (x, y) in enumerate(loader): the parts are tensors; `for i, batch in ...`: a whole batch,
+            # which may be a dict-like object that moves in place (transformers' BatchEncoding.to returns self)
+            elements = elements[1].elts if isinstance(elements[1], ast.Tuple) else []
+        names = {ref(e) for e in elements}
         if isinstance(iterable, ast.Call) and last(ref(iterable.func)) == "zip":
             return False  # zip(loader_a, loader_b) unpacks whole batches, which may move in place
-        return binding.target in names and any("loader" in n.lower() for n in iter_names(iterable))
+        return binding.target in names and any(_is_loader(n, scope, index) for n in iter_names(iterable))
     if isinstance(value, ast.Call):
         qual = qualname(value.func, index)
         return qual.startswith("torch.") and last(qual) in TENSOR_FACTORIES
@@ -105,7 +118,7 @@ def to_result_discarded(src: SourceFile) -> Iterator[Finding]:
             if not call.discarded or call.attr not in _MOVES or not call.receiver or "." in call.receiver:
                 continue
             bindings = [b for b in scope.bindings if b.target == call.receiver and b.pos <= call.pos]
-            if bindings and all(_is_tensor(b, index) for b in bindings):
+            if bindings and all(_is_tensor(b, index, scope) for b in bindings):
                 yield Finding(
                     f"`{src.snippet(call.node)}` throws its result away: unlike a module's .to(), a tensor's "
                     f".{call.attr}() returns a new tensor and leaves `{call.receiver}` where it was.",

@@ -5,7 +5,7 @@ import ast
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Pitfall, Severity
-from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, FunctionScope, SourceFile, Spanned, end_of, literal
+from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, FunctionScope, SourceFile, Spanned, end_of, literal, ref
 
 _SETUP = """
 import torch
@@ -46,8 +46,10 @@ UNSAFE_TORCH_LOAD = Pitfall(
     ),
     details={
         "source": """
-            An explicit `weights_only=False` is a warning; a call without `weights_only` is a note, fixable when its
-            result is only passed to `load_state_dict` (directly or by constant key).
+            An explicit `weights_only=False` is a warning when the file is downloaded (a URL, or a `*download*` /
+            `urlopen` call feeding the path) and otherwise a note (a deliberate choice, e.g. a test loading what it
+            just wrote); a call without `weights_only` is a note, fixable when its result is only passed to
+            `load_state_dict` (directly or by constant key).
         """,
     },
 )
@@ -70,6 +72,24 @@ def _only_a_state_dict(load: CallSite, scope: FunctionScope) -> bool:
     return bool(uses) and all(id(n) in allowed for n in uses) and len(scope.bindings_of(name)) == 1
 
 
+def _downloaded(scope: FunctionScope, load: CallSite) -> bool:
+    """The file comes from the network: a URL literal, or a `*download*`/`urlopen` call (directly or through
+    the name passed to torch.load)."""
+    arg = load.node.args[0] if load.node.args else load.kwarg("f")
+    values: list[ast.expr] = [arg] if arg is not None else []
+    if isinstance(arg, ast.Name):
+        values += [b.value for b in scope.bindings_of(arg.id) if b.value is not None and b.pos < load.pos]
+    for value in values:
+        for node in ast.walk(value):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("http://", "https://")):
+                return True
+            if isinstance(node, ast.Call):
+                name = (ref(node.func) or "").rsplit(".", 1)[-1].lower()
+                if "download" in name or name == "urlopen":
+                    return True
+    return False
+
+
 @UNSAFE_TORCH_LOAD.source
 def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "load(" not in src.text:
@@ -80,12 +100,15 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
                 continue
             flag = call.kwarg("weights_only")
             if flag is not None and literal(flag) is False:
+                downloaded = _downloaded(scope, call)
                 yield Finding(
                     f"`{src.snippet(call.node)}` unpickles with weights_only=False: loading the file runs whatever "
-                    "code its pickle names, so a checkpoint from elsewhere can take over the machine.",
+                    "code its pickle names, so a checkpoint from elsewhere can take over the machine"
+                    + (" (and this one is downloaded)." if downloaded else "; fine for files you made yourself."),
                     fix="Load with weights_only=True (allow your own classes with "
                         "torch.serialization.add_safe_globals([...])), or only load files you made.",
                     location=src.location(call.node),
+                    severity=None if downloaded else Severity.INFO,
                 )
             elif flag is None:
                 edits: tuple[Edit, ...] = ()

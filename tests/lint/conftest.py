@@ -24,7 +24,6 @@ def lint(tmp_path) -> Callable[..., list[Finding]]:
             path = tmp_path / fname
             path.write_text(textwrap.dedent(text), encoding="utf-8")
             sources[fname] = read_source(str(path), fname, project)
-            project.texts[fname] = sources[fname].text
         return check_source(sources[name], SOURCE_CHECKS)
 
     return run

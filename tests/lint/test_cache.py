@@ -67,12 +67,17 @@ def test_an_edited_file_is_checked_again(tmp_path):
 def test_a_change_in_another_file_that_a_result_depends_on_invalidates_it(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "train.py").write_text(SAMPLER, encoding="utf-8")
+    calls_helper = SAMPLER.replace("        for batch in loader:", "        each_epoch(loader, epoch)\n"
+                                   "        for batch in loader:").replace("\ndef fit", "from loop import each_epoch\n\ndef fit")
+    (src / "train.py").write_text(calls_helper, encoding="utf-8")
+    (src / "loop.py").write_text("def each_epoch(loader, epoch):\n    pass\n", encoding="utf-8")
     assert [f.name for f in lint(src, tmp_path / "cache").findings] == ["sampler-epoch-not-set"]
     (src / "loop.py").write_text("def each_epoch(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n",
                                  encoding="utf-8")
     second = lint(src, tmp_path / "cache")
     assert second.findings == [] and second.checked == 2  # train.py is unchanged, but its answer changed
+    (src / "other.py").write_text("x = 1\n", encoding="utf-8")
+    assert lint(src, tmp_path / "cache").checked == 1  # a file train.py never consulted changes nothing
     (src / "loop.py").unlink()
     third = lint(src, tmp_path / "cache")
     assert [f.name for f in third.findings] == ["sampler-epoch-not-set"] and third.checked == 1
@@ -179,3 +184,19 @@ def test_editing_a_check_module_invalidates_results(tmp_path, monkeypatch):
     assert lint(src, tmp_path / "cache", checks).checked == 0
     plugin.write_text("def rule(src):\n    return []  # edited\n", encoding="utf-8")
     assert lint(src, tmp_path / "cache", checks).checked == 1
+
+
+def test_a_result_that_depends_on_the_callers_of_a_function_follows_them(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "evaluation.py").write_text(textwrap.dedent("""
+        def evaluate(model, loader):
+            model.eval()
+            return [model(x) for x in loader]
+    """), encoding="utf-8")
+    (src / "train.py").write_text("from evaluation import evaluate\nevaluate(model, val_loader)\n", encoding="utf-8")
+    assert [f.name for f in lint(src, tmp_path / "cache").findings] == ["eval-without-no-grad"]
+    (src / "train.py").write_text("import torch\nfrom evaluation import evaluate\nwith torch.no_grad():\n"
+                                  "    evaluate(model, val_loader)\n", encoding="utf-8")
+    second = lint(src, tmp_path / "cache")
+    assert second.findings == [] and second.checked == 2  # evaluation.py is unchanged, its callers are not

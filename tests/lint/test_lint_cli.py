@@ -1,5 +1,6 @@
 """`torchdoctor lint` end to end through click: discovery, formats, ignore comments, config, --fix/--diff."""
 import json
+import os
 import re
 import textwrap
 
@@ -113,8 +114,34 @@ def test_json_and_sarif(project):
     result = sarif_run["results"][0]
     assert rules[result["ruleIndex"]]["id"] == result["ruleId"] == "TD301"
     assert result["level"] == "error"
-    assert result["locations"][0]["physicalLocation"] == {"artifactLocation": {"uri": "train.py"},
-                                                          "region": {"startLine": 7, "startColumn": 9}}
+    assert result["locations"][0]["physicalLocation"] == {
+        "artifactLocation": {"uri": "train.py", "uriBaseId": "%SRCROOT%"}, "region": {"startLine": 7, "startColumn": 9}}
+    assert sarif_run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == project.as_uri() + "/"
+
+
+def test_sarif_uris_are_percent_encoded_and_relative_to_the_project_root(project, tmp_path_factory):
+    (project / "pyproject.toml").write_text("[tool.torchdoctor]\n", encoding="utf-8")
+    write(project, "my scripts/train #1.py", LEAKY)
+    (project / "sub").mkdir()
+    outside = tmp_path_factory.mktemp("elsewhere") / "a b.py"
+    outside.write_text(textwrap.dedent(LEAKY), encoding="utf-8")
+    os.chdir(project / "sub")
+    sarif = json.loads(run("--format", "sarif", "..", str(outside)).output)["runs"][0]
+    uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in sarif["results"]}
+    assert uris == {"my%20scripts/train%20%231.py", outside.as_uri()}
+    assert sarif["originalUriBaseIds"]["%SRCROOT%"]["uri"] == project.as_uri() + "/"
+
+
+@pytest.mark.parametrize("prefix, encoding", [(b"", "utf-8"), (b"\xef\xbb\xbf", "utf-8-sig"),
+                                              (b"# -*- coding: latin-1 -*-\r\n# caf\xe9\r\n", "latin-1")])
+def test_fix_keeps_line_endings_and_encoding(project, prefix, encoding):
+    body = b'import argparse\r\np = argparse.ArgumentParser()\r\np.add_argument("--local_rank", type=int, default=0)\r\n'
+    path = write(project, "launch.py", prefix + body)
+    run("--fix")
+    data = path.read_bytes()
+    assert data.startswith(prefix) and b"--local-rank" in data and b"import os\r\n" in data
+    assert data.count(b"\n") == data.count(b"\r\n")  # every line still ends in CRLF
+    data.decode(encoding)
 
 
 def test_console_report(project):
@@ -262,3 +289,34 @@ def test_fix_rewrites_the_state_dict_loop_from_the_dataparallel_faq(project):
         '    torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(new_state_dict, "module.")',
         "    model.load_state_dict(new_state_dict)",
     ]
+
+
+def test_console_lists_findings_in_file_order_with_fixable_markers(project):
+    write(project, "a.py", FIXABLE)
+    write(project, "b.py", LEAKY)
+    out = run("--fail-on", "never").output
+    where = [m.group(0) for m in re.finditer(r"\b[ab]\.py:\d+:\d+", out)]
+    assert where == sorted(where, key=lambda w: (w.split(":")[0], int(w.split(":")[1])))
+    assert "[*] fixable with --fix" in out and "fixable with --fix." in out.splitlines()[-1]
+    text = run("--format", "text", "--fail-on", "never").output
+    assert "TD406 local-rank-argument [*] `" in text and "TD301 missing-zero-grad `" in text
+
+
+def test_statistics_counts_findings_per_check(project):
+    write(project, "a.py", FIXABLE)
+    write(project, "b.py", LEAKY)
+    lines = run("--statistics", "--fail-on", "never").output.splitlines()
+    counts = {line.split()[2]: int(line.split()[0]) for line in lines}
+    assert counts["unsafe-torch-load"] == 3 and counts["missing-zero-grad"] == 1
+    assert any("local-rank-argument  [*] 1 fixable" in line for line in lines)
+
+
+def test_build_dist_and_oversized_files(project, monkeypatch):
+    from torchdoctor.lint import runner
+
+    for rel in ("build/lib/x.py", "dist/y.py", "pkg/big.py"):
+        write(project, rel, LEAKY)
+    monkeypatch.setattr(runner, "MAX_FILE_BYTES", 100)
+    doc = json.loads(run("--format", "json", "--fail-on", "never").output)
+    assert [(f["location"]["file"], f["name"]) for f in doc["findings"]] == [("pkg/big.py", "source-unreadable")]
+    assert "larger than the lint limit" in doc["findings"][0]["message"]

@@ -45,9 +45,19 @@ def test_benchmark_in_the_other_branch_is_quiet(lint):
     assert lint(code) == []
 
 
-def test_torch_load_weights_only_false_is_a_warning(lint, fired):
-    [f] = fired(lint('import torch\nckpt = torch.load("x.pt", weights_only=False)\n'), "unsafe-torch-load")
-    assert f.code == "TD503" and f.severity == Severity.WARNING
+@pytest.mark.parametrize("source", [
+    'path = hf_hub_download("org/model", "model.pt")\nckpt = torch.load(path, weights_only=False)\n',
+    'ckpt = torch.load(urlopen("https://example.com/m.pt"), weights_only=False)\n',
+])
+def test_torch_load_weights_only_false_of_a_download_is_a_warning(lint, fired, source):
+    [f] = fired(lint("import torch\n" + source), "unsafe-torch-load")
+    assert f.code == "TD503" and f.severity == Severity.WARNING and "downloaded" in f.message
+
+
+def test_torch_load_weights_only_false_of_a_local_file_is_a_note(lint, fired):
+    code = 'import torch\ntorch.save(model, "x.pt")\nckpt = torch.load("x.pt", weights_only=False)\n'
+    [f] = fired(lint(code), "unsafe-torch-load")
+    assert f.severity == Severity.INFO  # deliberate: a test loading what it just wrote, a resume
 
 
 def test_torch_load_without_weights_only_is_a_note_fixable_only_for_state_dicts(lint, fired):
@@ -111,9 +121,45 @@ def test_deprecated_apis_fire_with_resolved_imports(lint, fired):
     found = fired(lint(code), "deprecated-api")
     assert [f.location.line for f in found] == [5, 6, 7, 8, 9, 10]
     assert found[1].severity == Severity.WARNING and "volatile" in found[1].message
+    assert found[4].severity == Severity.INFO and "apex" in found[4].message  # a deliberate option in most projects
 
 
 def test_local_class_named_variable_is_quiet(lint):
     code = ('"""Do not use torch.distributed.launch."""\nclass Variable:\n    pass\nv = Variable()\n'
             'warnings.warn("python -m torch.distributed.launch is deprecated, use torchrun")\n')
+    assert lint(code) == []
+
+
+@pytest.mark.parametrize("bad, good", [
+    ("n = torch.norm(x, dim=1)", "n = torch.linalg.vector_norm(x, dim=1)"),
+    ("from functorch import vmap\nys = vmap(f)(xs)", "from torch.func import vmap\nys = vmap(f)(xs)"),
+    ("import functorch\ng = functorch.grad(f)", "g = torch.func.grad(f)"),
+    ("with torch.backends.cuda.sdp_kernel(enable_math=False):\n    pass",
+     "with torch.nn.attention.sdpa_kernel([]):\n    pass"),
+    ("torch.testing.assert_allclose(a, b)", "torch.testing.assert_close(a, b)"),
+    ("import torchvision\nm = torchvision.models.resnet50(pretrained=True)",
+     "import torchvision\nm = torchvision.models.resnet50(weights=None)"),
+    ("from torchvision.models import resnet18\nm = resnet18(pretrained=False)",
+     "from torchvision.models import resnet18\nm = resnet18(weights='DEFAULT')"),
+    ("from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x)",
+     "from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x, use_reentrant=False)"),
+    ("import torch.utils.checkpoint as cp\ny = cp.checkpoint_sequential(blocks, 2, x)",
+     "import torch.utils.checkpoint as cp\ny = cp.checkpoint_sequential(blocks, 2, x, use_reentrant=True)"),
+])
+def test_torchfix_deprecations_are_notes_and_their_replacements_quiet(lint, fired, bad, good):
+    [f] = fired(lint("import torch\n" + bad + "\n"), "deprecated-api")
+    lines = bad.split("\n")
+    call_line = max(i for i, line in enumerate(lines) if not line.startswith(" ")) + 2  # after `import torch`
+    assert f.severity == Severity.INFO and f.location.line == call_line
+    assert lint("import torch\n" + good + "\n") == []
+
+
+def test_a_tensor_norm_method_and_a_local_checkpoint_function_are_quiet(lint):
+    code = "import torch\nn = x.norm(dim=1)\ndef checkpoint(f, x):\n    return f(x)\ny = checkpoint(g, x)\n" \
+           "m = timm.create_model('resnet50', pretrained=True)\n"
+    assert lint(code) == []
+
+
+def test_functorch_as_a_fallback_import_is_quiet(lint):
+    code = "try:\n    from torch.func import vmap\nexcept ImportError:\n    from functorch import vmap\nys = vmap(f)(xs)\n"
     assert lint(code) == []

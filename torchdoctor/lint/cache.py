@@ -12,15 +12,15 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
 from torchdoctor import __version__, registry
 from torchdoctor.findings import Finding
-from torchdoctor.lint.source import ProjectFacts
+from torchdoctor.lint.source import Edit, FixableFinding, ProjectFacts
 
 CACHE_DIR_ENV = "TORCHDOCTOR_CACHE_DIR"
-_FORMAT = 2
+_FORMAT = 3
 
 
 def default_cache_dir() -> str:
@@ -68,8 +68,7 @@ class LintCache:
         try:
             if any(project.answer(display, *question[:-1]) != question[-1] for question in entry["asked"]):
                 return None
-            findings = [Finding.from_dict({**d, "location": {**d["location"], "file": display} if d["location"] else None})
-                        for d in entry["findings"]]
+            findings = [_finding(d, display) for d in entry["findings"]]
             return FileResult(findings, entry["asked"], problem=entry["problem"])
         except (KeyError, TypeError, ValueError):
             return None
@@ -79,9 +78,11 @@ class LintCache:
         if not result.cacheable:
             return
         findings = [f.to_dict() for f in result.findings]
-        for d in findings:
+        for f, d in zip(result.findings, findings):
             if d["location"]:
                 d["location"].pop("file", None)
+            if isinstance(f, FixableFinding) and f.edits:
+                d["edits"] = [[list(e.start), list(e.end), e.text] for e in f.edits]
         self.entries[path] = {"digest": data_digest, "asked": [list(q) for q in result.asked],
                               "findings": findings, "problem": result.problem}
         self.changed = True
@@ -117,6 +118,21 @@ class LintCache:
             return {}
         files = data.get("files")
         return files if isinstance(files, dict) else {}
+
+
+_FINDING_FIELDS = tuple(f.name for f in fields(Finding))
+
+
+def _finding(d: dict[str, Any], display: str) -> Finding:
+    """A cached finding, shown at `display`; one that --fix can rewrite comes back with its edits."""
+    d = dict(d)  # the cache entry itself keeps its edits for the next run
+    edits = d.pop("edits", None)
+    finding = Finding.from_dict({**d, "location": {**d["location"], "file": display} if d["location"] else None})
+    if not edits:
+        return finding
+    fixable = FixableFinding(**{name: getattr(finding, name) for name in _FINDING_FIELDS})
+    fixable.edits = tuple(Edit(tuple(start), tuple(end), text) for start, end, text in edits)
+    return fixable
 
 
 def _fingerprint(checks: Sequence[registry.Pitfall]) -> str:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Sequence
+import sys
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from torchdoctor import registry
+from torchdoctor.findings import Finding
 from torchdoctor.lint.cache import LintCache, default_cache_dir
 from torchdoctor.lint.files import Pattern, compile_pattern
 from torchdoctor.lint.fixes import apply_edits, file_edits
@@ -33,10 +35,13 @@ class Linter:
                 self.excludes.append(compiled)
         self.cache = LintCache(default_cache_dir(), settings.root or os.getcwd(), self.checks) if use_cache else None
 
-    def run(self, cached: bool = True) -> LintResult:
+    def run(self, cached: bool = True, show_progress: bool = False) -> LintResult:
         """Lint every file (raises FileNotFoundError for a path that does not exist); `cached=False` checks
-        every file afresh (cached results carry no rewrites, so --fix and --diff need that)."""
-        return lint_paths(self.paths, self.checks, self.excludes, cache=self.cache if cached else None)
+        every file afresh (cached results carry no rewrites, so --fix and --diff need that). With
+        `show_progress`, a long run draws a progress bar on stderr when that is a terminal."""
+        with _ProgressBar(show_progress) as bar:
+            return lint_paths(self.paths, self.checks, self.excludes, cache=self.cache if cached else None,
+                              progress=bar.update)
 
     def report(self, result: LintResult, fixed: int = 0) -> Report:
         """The report of a run; `fixed` findings were rewritten before it."""
@@ -46,12 +51,83 @@ class Linter:
         return Report(scope="source", findings=result.findings, facts=facts, subject=", ".join(self.paths))
 
 
+PROGRESS_MIN_FILES = 300  # fewer files to check finish before a bar would help
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr for runs that check many files, only when stderr is a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.bar: Any = None
+        self.task: Any = None
+
+    def update(self, done: int, total: int) -> None:
+        if not self.enabled or total < PROGRESS_MIN_FILES:
+            return
+        if self.bar is None:
+            from rich.progress import Progress
+
+            from torchdoctor.report import make_console
+
+            self.bar = Progress(console=make_console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("Linting", total=total)
+        self.bar.update(self.task, completed=done)
+
+    def __enter__(self) -> "_ProgressBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def is_fixable(f: Finding) -> bool:
+    """Whether `--fix` can rewrite this finding."""
+    return bool(getattr(f, "edits", ()))
+
+
+def statistics(findings: Sequence[Finding]) -> list[str]:
+    """`--statistics`: one line per check, most findings first (`count  code  name  [*] fixable`)."""
+    rows: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        rows.setdefault((f.code, f.name), []).append(f)
+    out = []
+    for (code, name), group in sorted(rows.items(), key=lambda item: (-len(item[1]), item[0])):
+        fixable = sum(1 for f in group if is_fixable(f))
+        out.append(f"{len(group):5d}  {code}  {name}" + (f"  [*] {fixable} fixable" if fixable else ""))
+    return out
+
+
+def render_console(report: Report, fail_on: str) -> None:
+    """The console report of a lint run in file order (as ruff prints), fixable findings marked [*]."""
+    from rich.text import Text
+
+    from torchdoctor.report import make_console, render_finding, summary_line
+
+    console = make_console()
+    console.print(Text(f"torchdoctor {report.scope} · {report.subject}", style="bold"))
+    console.print(facts_view(report.facts))
+    for f in report.findings:
+        console.print()
+        console.print(render_finding(f), crop=False)
+        if is_fixable(f):
+            console.print(Text("     [*] fixable with --fix", style="green"))
+    console.print()
+    summary = summary_line(report, fail_on)
+    fixable = sum(1 for f in report.findings if is_fixable(f))
+    if fixable:
+        summary.append(f" [*] {fixable} fixable with --fix.", style="green")
+    console.print(summary)
+
+
 def rewrites(result: LintResult) -> Rewrites:
     """The safe rewrites of every file with applicable edits, keyed by display path."""
     changes = {}
     for path, edits in file_edits(result.findings).items():
-        if not _plain_utf8(path):
-            continue  # rewriting would change its encoding (a BOM, or a declared `coding:`)
+        if _encoding(path) is None:
+            continue  # unreadable now: nothing to rewrite
         src = read_source(os.path.abspath(path), path)
         after = apply_edits(src.text, edits) if src.tree is not None else None
         if after is not None and after != src.text:
@@ -62,11 +138,15 @@ def rewrites(result: LintResult) -> Rewrites:
 
 
 def apply_rewrites(changes: Rewrites) -> int:
-    """Write the rewritten files; returns how many findings that fixed."""
+    """Write the rewritten files in the encoding they had (a UTF-8 BOM or a declared `coding:` is kept, and so
+    are their line endings); returns how many findings that fixed."""
     for path, (_, after, _) in changes.items():
-        with open(path, "w", encoding="utf-8", newline="") as fh:
+        encoding = _encoding(path)
+        if encoding is None:
+            continue
+        with open(path, "w", encoding=encoding, newline="") as fh:
             fh.write(after)
-    return sum(count for _, _, count in changes.values())
+    return sum(count for path, (_, _, count) in changes.items())
 
 
 def facts_view(facts: dict[str, Any]) -> "Text":
@@ -90,11 +170,16 @@ def counted(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _plain_utf8(path: str) -> bool:
+def _encoding(path: str) -> Optional[str]:
+    """The codec that reads and writes the file back byte for byte (`utf-8-sig` keeps a BOM); None if unreadable."""
+    import io
+    import tokenize
+
     try:
         with open(path, "rb") as fh:
             data = fh.read()
-        data.decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return False
-    return not data.startswith(b"\xef\xbb\xbf")
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        data.decode(encoding)
+    except (OSError, SyntaxError, UnicodeDecodeError, LookupError):
+        return None
+    return encoding

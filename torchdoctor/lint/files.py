@@ -9,7 +9,7 @@ from typing import Iterable, Iterator, Optional
 # Never worth descending into (also when no .gitignore says so).
 SKIPPED_DIRS = frozenset({
     ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
-    ".ruff_cache", "node_modules", "site-packages", ".eggs",
+    ".ruff_cache", "node_modules", "site-packages", ".eggs", "build", "dist",
 })
 
 
@@ -171,5 +171,8 @@ def _walk(top: str, inherited: list[Pattern], excludes: list[Pattern]) -> Iterat
 def display_path(path: str, cwd: Optional[str] = None) -> str:
     """The path as the user will click it: relative to the working directory when inside it."""
     cwd = cwd or os.getcwd()
+    prefix = cwd.rstrip(os.sep) + os.sep
+    if path.startswith(prefix) and os.path.isabs(path):  # the common case, without os.path.relpath's cost
+        return path[len(prefix):]
     rel = os.path.relpath(path, cwd)
     return path if rel.startswith("..") else rel

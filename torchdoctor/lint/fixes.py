@@ -3,10 +3,14 @@ from __future__ import annotations
 
 import ast
 import difflib
+import re
 from typing import Iterable, Optional
 
 from torchdoctor.findings import Finding
 from torchdoctor.lint.source import Edit
+
+_LINE_END = re.compile(r"\r\n|\r|\n")
+_LINE_KEEP = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # lines as `ast` counts them, with their endings
 
 
 def file_edits(findings: Iterable[Finding]) -> dict[str, list[Edit]]:
@@ -19,9 +23,17 @@ def file_edits(findings: Iterable[Finding]) -> dict[str, list[Edit]]:
     return out
 
 
+def newline_of(text: str) -> str:
+    """The line ending a file uses (its first one; `\n` when it has none)."""
+    match = _LINE_END.search(text)
+    return match.group() if match else "\n"
+
+
 def apply_edits(text: str, edits: Iterable[Edit]) -> Optional[str]:
-    """The text with `edits` applied (last first); None when two edits overlap or the result is not valid Python."""
-    lines = text.splitlines(keepends=True)
+    """The text with `edits` applied (last first); None when two edits overlap or the result is not valid Python.
+    Inserted line breaks take the file's own line ending (a CRLF file stays CRLF)."""
+    newline = newline_of(text)
+    lines = _LINE_KEEP.findall(text)
     starts = [0]
     for line in lines:
         starts.append(starts[-1] + len(line))
@@ -36,7 +48,7 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> Optional[str]:
             return None
     out = text
     for start, end, new in spans:
-        out = out[:start] + new + out[end:]
+        out = out[:start] + (new.replace("\n", newline) if newline != "\n" else new) + out[end:]
     try:
         ast.parse(out)
     except (SyntaxError, ValueError):

@@ -111,8 +111,20 @@ def backward_targets(call: CallSite) -> list[ast.expr]:
     `self.manual_backward(loss)`, `accelerator.backward(loss)`, `torch.autograd.backward(loss)`."""
     func = call.node.func
     if isinstance(func, ast.Attribute):
+        if call.node.args and not _tensor_like(func.value):
+            return [call.node.args[0]]  # `accelerator.backward(loss)`: the receiver only runs the backward
         return [func.value, *call.node.args[:1]]
     return list(call.node.args[:1])
+
+
+def _tensor_like(node: ast.expr) -> bool:
+    """A backward receiver that is itself a tensor expression (`loss`, `out.sum()`, `scaler.scale(loss)`)
+    rather than an object whose `backward(loss)` method runs one (`accelerator`, `self`, `fabric`)."""
+    if isinstance(node, ast.Call):
+        return True
+    name = ref(node) or ""
+    return name not in ("self", "torch.autograd", "autograd") and not name.endswith(("accelerator", "fabric",
+                                                                                     "trainer", "engine"))
 
 
 def is_backward(call: CallSite) -> bool:

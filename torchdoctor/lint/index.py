@@ -112,6 +112,7 @@ class FunctionScope:
     bindings: list[Binding] = field(default_factory=list)
     loops: list[Loop] = field(default_factory=list)
     returns: list[ast.Return] = field(default_factory=list)
+    parent: Optional["FunctionScope"] = None  # the function (or module body) this one is defined in
 
     def bindings_of(self, target: str) -> list[Binding]:
         return [b for b in self.bindings if b.target == target]
@@ -197,7 +198,7 @@ class _Indexer:
             for d in node.decorator_list:
                 self.expr(d, scope, loop, off)
             decorated_off = any(self.is_grad_off(d) or last(resolve(d, self.aliases)) in _GRAD_OFF for d in node.decorator_list)
-            inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop)
+            inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop, parent=scope)
             self.scopes.append(inner)
             for param in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
                 inner.bindings.append(Binding(param.arg, None, param, None, decorated_off, (node.lineno, node.col_offset)))

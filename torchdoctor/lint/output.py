@@ -3,6 +3,7 @@ and SARIF 2.1.0 for code-scanning UIs."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Iterable, Optional
 
 from torchdoctor import __version__
@@ -14,19 +15,38 @@ SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 
 
 def text_entry(f: Finding) -> str:
-    """One clickable line, as flake8 and ruff print them, then the fix: its title, and its code indented as is."""
+    """One clickable line, as flake8 and ruff print them (`[*]` before the message when --fix can rewrite it),
+    then the fix: its title, and its code indented as is."""
     loc = f.location
     where = f"{loc.file}:{loc.line or 1}:{loc.column or 1}" if loc and loc.file else "<unknown>:1:1"
     message = " ".join(f.message.split())
-    lines = [f"{where}: {f.code} {f.name} {message}"]
+    fixable = "[*] " if getattr(f, "edits", ()) else ""
+    lines = [f"{where}: {f.code} {f.name} {fixable}{message}"]
     if f.fix is not None:
         lines.append(f"    fix:{' ' if f.fix.title else ''}{f.fix.title}")
         lines += [f"        {line}" if line else "" for line in f.fix.code.splitlines()]
     return "\n".join(lines)
 
 
-def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
-    """A SARIF 2.1.0 log with one run; rules are the checks that ran."""
+def artifact_location(file: str, root: str) -> dict[str, str]:
+    """A SARIF artifactLocation: a percent-encoded URI relative to the project root (`uriBaseId` %SRCROOT%), or an
+    absolute `file:` URI for a file outside it."""
+    from pathlib import Path
+    from urllib.parse import quote
+
+    path = os.path.abspath(file)
+    rel = os.path.relpath(path, root) if os.path.splitdrive(path)[0] == os.path.splitdrive(root)[0] else ".."
+    if rel == ".." or rel.startswith(".." + os.sep):
+        return {"uri": Path(path).as_uri()}
+    return {"uri": quote(rel.replace(os.sep, "/")), "uriBaseId": "%SRCROOT%"}
+
+
+def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall], root: Optional[str] = None) -> str:
+    """A SARIF 2.1.0 log with one run; rules are the checks that ran. File URIs are relative to `root` (the
+    project root; default the working directory), which the log names as %SRCROOT%."""
+    from pathlib import Path
+
+    root = os.path.abspath(root or os.getcwd())
     rules = [
         {
             "id": c.code,
@@ -52,7 +72,7 @@ def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
             if f.location.column:
                 region["startColumn"] = f.location.column
             result["locations"] = [{"physicalLocation": {
-                "artifactLocation": {"uri": f.location.file.replace("\\", "/")},
+                "artifactLocation": artifact_location(f.location.file, root),
                 "region": region,
             }}]
         results.append(result)
@@ -62,6 +82,7 @@ def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall]) -> str:
         "runs": [{
             "tool": {"driver": {"name": "torchdoctor", "version": __version__,
                                 "informationUri": "https://pypi.org/project/torchdoctor/", "rules": rules}},
+            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path(root).as_uri().rstrip("/") + "/"}},
             "results": results,
         }],
     }

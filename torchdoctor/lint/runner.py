@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import ast
+import gc
 import io
 import os
 import re
 import time
 import tokenize
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.findings import Finding, Location, fold
@@ -16,6 +17,7 @@ from torchdoctor.lint.cache import FileResult, LintCache, digest
 from torchdoctor.lint.files import Pattern, discover, display_path
 from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
 
+MAX_FILE_BYTES = 2_000_000  # a larger .py file is generated data, not a training script: skipped with a finding
 _IGNORE = re.compile(r"#\s*torchdoctor:\s*ignore(?:\[([^\]]*)\])?")
 _ALL = "*"
 
@@ -37,15 +39,24 @@ class LintResult:
 
 def read_source(path: str, display: str, project: Optional[ProjectFacts] = None) -> SourceFile:
     """Read and parse one file; a file that cannot be read, decoded or parsed carries a `problem` instead of a tree."""
-    view = ProjectView(project if project is not None else ProjectFacts(), display)
+    view = ProjectView(project if project is not None else ProjectFacts(), display, os.path.abspath(path))
     try:
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
         return SourceFile(display, "", problem=f"could not be read: {exc.strerror or exc}", project=view)
+    if len(data) > MAX_FILE_BYTES:
+        return SourceFile(display, "", problem=f"larger than the lint limit ({len(data) / 1e6:.1f} MB > "
+                          f"{MAX_FILE_BYTES / 1e6:.0f} MB); skipped", problem_line=1, project=view)
     text, problem, line = _decode(data)
     if problem:
         return SourceFile(display, "", problem=problem, problem_line=line, project=view)
+    known = view.facts.program.parsed(view.abspath or "")
+    if known is not None:  # parsed already to answer another file's question: same bytes, same tree
+        src = SourceFile(display, text, known.tree, project=view)
+        src.__dict__["index"] = view.index = known.index
+        view.tree = known.tree
+        return src
     try:
         tree = ast.parse(text, filename=display)
     except SyntaxError as exc:
@@ -125,12 +136,26 @@ def _check(src: SourceFile, checks: Sequence[registry.Pitfall]) -> FileResult:
 
 
 def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude: Iterable["str | Pattern"] = (),
-               cwd: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[LintCache] = None) -> LintResult:
+               cwd: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[LintCache] = None,
+               progress: Optional[Callable[[int, int], None]] = None) -> LintResult:
     """Lint every Python file under `paths`; raises FileNotFoundError for a path that does not exist.
 
     Large runs are spread over `jobs` forked worker processes (default: the usable CPUs). With a `cache`,
     files whose cached result is still valid are not checked again, and the new results are saved to it.
+    `progress(done, total)` is told how many of the files to check are done, as they complete.
     """
+    collecting = gc.isenabled()
+    gc.disable()  # a run builds many syntax trees and no reference cycles: the collector would only walk them
+    try:
+        return _lint_paths(paths, checks, exclude, cwd, jobs, cache, progress)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude: Iterable["str | Pattern"],
+                cwd: Optional[str], jobs: Optional[int], cache: Optional[LintCache],
+                progress: Optional[Callable[[int, int], None]]) -> LintResult:
     started = time.perf_counter()
     cwd = cwd or os.getcwd()
     files = [(path, display_path(path, cwd)) for path in discover(paths, exclude, cwd)]
@@ -141,9 +166,7 @@ def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude
             with open(path, "rb") as fh:
                 data = fh.read()
         except OSError:
-            project.texts[display] = ""
             continue
-        project.texts[display] = data.decode("utf-8", "replace")
         digests[path] = digest(data)
     findings: list[Finding] = []
     unreadable: list[str] = []
@@ -158,9 +181,9 @@ def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude
                 unreadable.append(display)
     jobs = jobs or usable_cpus()
     if jobs > 1 and len(todo) >= _POOL_MIN_FILES and _can_fork():
-        results = _lint_in_workers(todo, checks, project, jobs)
+        results = _lint_in_workers(todo, checks, project, jobs, progress)
     else:
-        results = _lint_files(todo, checks, project)
+        results = _lint_files(todo, checks, project, progress)
     for (path, display), result in zip(todo, results):
         findings.extend(result.findings)
         if result.problem is not None:
@@ -192,16 +215,21 @@ def _can_fork() -> bool:
 
 
 def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall],
-                project: ProjectFacts) -> list[FileResult]:
-    return [_check(read_source(path, display, project), checks) for path, display in files]
+                project: ProjectFacts, progress: Optional[Callable[[int, int], None]] = None) -> list[FileResult]:
+    results = []
+    for path, display in files:
+        results.append(_check(read_source(path, display, project), checks))
+        if progress is not None:
+            progress(len(results), len(files))
+    return results
 
 
 def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:
     return _lint_files(files, _WORKER_STATE["checks"], _WORKER_STATE["project"])
 
 
-def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall],
-                     project: ProjectFacts, jobs: int) -> list[FileResult]:
+def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall], project: ProjectFacts,
+                     jobs: int, progress: Optional[Callable[[int, int], None]] = None) -> list[FileResult]:
     """Forked workers inherit the checks and project facts; each lints a slice of the files (results in order)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -211,7 +239,12 @@ def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry
     chunks = [files[i:i + size] for i in range(0, len(files), size)]
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            return [r for part in pool.map(_worker_lint, chunks) for r in part]
+            results: list[FileResult] = []
+            for part in pool.map(_worker_lint, chunks):
+                results.extend(part)
+                if progress is not None:
+                    progress(len(results), len(files))
+            return results
     finally:
         _WORKER_STATE.clear()
 

@@ -5,14 +5,16 @@ import ast
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Optional, Union
+from typing import Callable, Optional, TypeVar, Union
 
 from torchdoctor.findings import Finding, Location
-from torchdoctor.lint.index import ModuleIndex, build_index
+from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index
+from torchdoctor.lint.program import Module, Program, Summary, stamp
 
-# A `.set_epoch(` call on a line where no `#` comes before it (cross-file facts are read from text).
+T = TypeVar("T")
+_MAX_IMPORTED = 400  # modules followed when asking what a file's imports contain
+
 _LINE_END = re.compile(r"\r\n|\r|\n")
-_SET_EPOCH_CALL = re.compile(r"^[^#\n]*\.set_epoch\(", re.MULTILINE)
 
 
 # The nodes `ast.parse` gives a source span (the ones a finding or an edit points at).
@@ -28,28 +30,17 @@ def end_of(node: Spanned) -> tuple[int, int]:
 
 @dataclass
 class ProjectFacts:
-    """Cheap cross-file facts over every file linted in one run (read from text, used only to stay quiet)."""
+    """What one run knows about the project: the program model, shared by every file the run checks."""
 
-    texts: dict[str, str] = field(default_factory=dict)
-    _mentions: dict[str, frozenset[str]] = field(default_factory=dict, init=False, repr=False)
+    program: Program = field(default_factory=Program)
 
-    def answer(self, path: str, question: str, *args: str) -> bool:
-        """The answer to a `ProjectView` question asked by the file at `path`."""
-        if question == "set-epoch-called-elsewhere":
-            return bool(self._set_epoch_callers - {path})
-        if question == "mentioned-elsewhere":
-            return bool(self._files_mentioning(args[0]) - {path})
+    def answer(self, path: str, question: str, *args: str) -> str:
+        """The current answer to a dependency a file recorded: a module's stamp, or a project tree's stamp."""
+        if question == "file":
+            return stamp(args[0])
+        if question == "tree":
+            return self.program.tree_stamp(args[0])
         raise ValueError(f"unknown project question {question!r}")
-
-    @cached_property
-    def _set_epoch_callers(self) -> frozenset[str]:
-        return frozenset(path for path, text in self.texts.items() if "set_epoch" in text and _SET_EPOCH_CALL.search(text))
-
-    def _files_mentioning(self, name: str) -> frozenset[str]:
-        found = self._mentions.get(name)
-        if found is None:
-            found = self._mentions[name] = frozenset(p for p, text in self.texts.items() if has_word(text, name))
-        return found
 
 
 def has_word(text: str, word: str) -> bool:
@@ -70,24 +61,73 @@ def _is_word_char(c: str) -> bool:
 
 @dataclass
 class ProjectView:
-    """The project as one file sees it. Each question and its answer is recorded: the lint cache reuses the
-    file's result only while every answer still holds."""
+    """The project as one file sees it: questions to the program model. Every other module an answer used
+    (and the project tree, for questions about callers) is recorded with its stamp, so the lint cache reuses
+    the file's result only while all of them are unchanged."""
 
     facts: ProjectFacts
     path: str
+    abspath: Optional[str] = None
+    tree: Optional[ast.Module] = None
+    index: Optional[ModuleIndex] = None
     asked: list[tuple] = field(default_factory=list)
 
-    def set_epoch_called_elsewhere(self) -> bool:
-        """Whether another linted file calls `.set_epoch(` (outside a comment)."""
-        return self._ask("set-epoch-called-elsewhere")
+    @cached_property
+    def module(self) -> Optional[Module]:
+        if self.abspath is None or self.tree is None or self.index is None:
+            return None
+        return self.facts.program.add(self.abspath, self.tree, self.index)
 
-    def mentioned_elsewhere(self, name: str) -> bool:
-        """Whether `name` appears as a word in another linted file (e.g. a function imported there)."""
-        return self._ask("mentioned-elsewhere", name)
+    def grad_off(self, scope: FunctionScope) -> bool:
+        """Whether the function runs with grad disabled by its decorators (torch's or a project wrapper)."""
+        return self._ask(lambda p, m: p.summary(m, scope).grad_off, scope.grad_off)
 
-    def _ask(self, *question: str) -> bool:
-        answer = self.facts.answer(self.path, *question)
-        self.asked.append((*question, answer))
+    def callers(self, scope: FunctionScope) -> list[tuple[FunctionScope, CallSite, bool]]:
+        """Every call of this function in the project, with its scope and whether grad is off there (the call
+        is under no_grad or its function is decorated so)."""
+        def ask(program: Program, module: Module) -> list[tuple[FunctionScope, CallSite, bool]]:
+            root = program.root_of(module.path)
+            self.asked.append(("tree", root, program.tree_stamp(root)))  # covers every file the answer read
+            return [(s, call, call.grad_off or program.summary(other, s).grad_off)
+                    for other, s, call in program.callers(module, scope)]
+        return self._ask(ask, [], record_files=False)
+
+    def callee(self, scope: FunctionScope, call: CallSite) -> Optional[tuple[FunctionScope, Summary]]:
+        """The project function a call runs (closure, same-class method, module or imported function) and its
+        summary; None when it is not defined in the project."""
+        def ask(program: Program, module: Module) -> Optional[tuple[FunctionScope, Summary]]:
+            found = program.resolve_call(module, scope, call)
+            return (found[1], program.summary(*found)) if found is not None else None
+        return self._ask(ask, None)
+
+    def imported_module_mentions(self, text: str) -> bool:
+        """Whether a project module this file imports (or one those import) has the string constant `text`."""
+        def ask(program: Program, module: Module) -> bool:
+            seen, todo = {module.path}, [module]
+            while todo and len(seen) < _MAX_IMPORTED:
+                current = todo.pop(0)  # breadth first: the modules imported directly come first
+                for target, _ in current.imports(program).values():
+                    if target is None or target in seen:
+                        continue
+                    seen.add(target)
+                    other = program.module(target)
+                    if other is not None and other.mentions(text):
+                        return True
+                    if other is not None:
+                        todo.append(other)
+            return False
+        return self._ask(ask, False)
+
+    def _ask(self, question: Callable[[Program, Module], T], default: T, record_files: bool = True) -> T:
+        module = self.module
+        if module is None:
+            return default
+        program = self.facts.program
+        program.touched = set()
+        answer = question(program, module)
+        recorded = {q[1] for q in self.asked if q[0] == "file"}
+        for path in sorted(program.touched - recorded - {module.path}) if record_files else ():
+            self.asked.append(("file", path, stamp(path)))
         return answer
 
 
@@ -120,7 +160,9 @@ class SourceFile:
 
     @cached_property
     def index(self) -> ModuleIndex:
-        return build_index(self.tree if self.tree is not None else ast.Module(body=[], type_ignores=[]))
+        index = build_index(self.tree if self.tree is not None else ast.Module(body=[], type_ignores=[]))
+        self.project.tree, self.project.index = self.tree, index
+        return index
 
     @cached_property
     def lines(self) -> list[str]:

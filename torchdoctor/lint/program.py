@@ -1,0 +1,415 @@
+"""The program model behind cross-function and cross-file lint questions.
+
+Modules are read from disk on demand (the project root is found as ruff finds it: the nearest folder
+upward with a pyproject.toml, setup.py, setup.cfg or .git), so the answer for one file never depends on
+which other files a run was given. Per module: the import table (relative and absolute imports resolved to
+project files) and the functions it defines; per function: a `Summary` computed once (grad disabled by a
+decorator, including project-defined wrappers such as yolov5's `smart_inference_mode`; the names it calls
+as models outside no_grad; whether it calls `set_epoch`). Calls resolve through imports, methods of the same
+class and closures.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from torchdoctor.lint.flow import is_optimizer_ctor
+from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, ref, resolve
+
+ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+_GRAD_OFF = ("no_grad", "inference_mode")
+# Folders never searched for callers (the same ones discovery skips, plus build outputs).
+_SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache",
+                        ".pytest_cache", ".ruff_cache", "node_modules", "site-packages", ".eggs", "build", "dist"})
+_MAX_MODULE_BYTES = 2_000_000  # larger files are not parsed to answer questions about other files
+_DEPTH = 3  # how many calls deep summaries follow other functions
+# Imports never resolved against the project (the commonest library roots, to save the file look-ups).
+_EXTERNAL = frozenset({"torch", "torchvision", "numpy", "typing", "os", "sys", "collections", "__future__",
+                       "dataclasses", "functools", "pathlib", "math", "time", "json", "argparse", "logging", "re",
+                       "random", "itertools", "abc", "copy", "warnings", "subprocess", "shutil"})
+
+
+def stamp(path: str) -> str:
+    """A file's modification stamp (what a cached result depending on it records); '' when it is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ""
+    return f"{st.st_mtime_ns}:{st.st_size}"
+
+
+def find_root(folder: str) -> str:
+    """The nearest folder at or above `folder` with a pyproject.toml, setup.py, setup.cfg or .git (as ruff finds
+    a project); `folder` itself when there is none."""
+    current = os.path.abspath(folder)
+    while True:
+        if any(os.path.exists(os.path.join(current, m)) for m in ROOT_MARKERS):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return os.path.abspath(folder)
+        current = parent
+
+
+@dataclass
+class Module:
+    """One parsed project module: its index, import table and function definitions."""
+
+    path: str
+    tree: ast.Module
+    index: ModuleIndex
+    _imports: Optional[dict[str, tuple[Optional[str], Optional[str]]]] = None  # name -> (file, attr); see imports
+    functions: dict[str, FunctionScope] = field(default_factory=dict)  # top-level functions
+    methods: dict[tuple[str, str], FunctionScope] = field(default_factory=dict)  # (class, name) -> method
+    parents: dict[int, FunctionScope] = field(default_factory=dict)  # id(def node) -> enclosing function
+    local_defs: dict[int, dict[str, FunctionScope]] = field(default_factory=dict)  # id(function) -> its defs
+
+    def imports(self, program: "Program") -> dict[str, tuple[Optional[str], Optional[str]]]:
+        """The import table, resolved to project files on first use: name -> (file, attribute or None for a
+        module). Imports resolving outside the project map to (None, ...)."""
+        if self._imports is None:
+            self._imports = _import_table(self, program)
+        return self._imports
+
+    def mentions(self, text: str) -> bool:
+        """Whether a string constant of the module is `text` (e.g. an environment variable it reads)."""
+        return any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(self.tree))
+
+
+@dataclass
+class Summary:
+    """What one function does, as far as the lint rules ask (computed once per function and run)."""
+
+    grad_off: bool  # decorated with no_grad/inference_mode, directly or through a project wrapper
+    forwards: frozenset[str]  # names (parameters or free variables) it calls as models with grad enabled
+    set_epoch: bool  # calls `.set_epoch(...)`, itself or through the functions it calls
+    returns_optimizer: bool = False  # returns a new torch optimizer (built here or by a function it calls)
+    clears_grads: bool = False  # calls zero_grad()/grad.zero_() or sets `.grad`, itself or through its calls
+    backward: bool = False  # runs a backward itself
+    steps: frozenset[str] = frozenset()  # names it steps as optimizers (`opt.step()`, `scaler.step(opt)`)
+
+
+class Program:
+    """The project model of one lint run: modules parsed on demand and cached, summaries cached per function."""
+
+    def __init__(self) -> None:
+        self._roots: dict[str, str] = {}
+        self._modules: dict[str, Optional[Module]] = {}
+        self._summaries: dict[tuple[str, int], Summary] = {}
+        self._wrappers: dict[tuple[str, int], bool] = {}
+        self._trees: dict[str, list[str]] = {}
+        self._tree_stamps: dict[str, str] = {}
+        self._found: dict[tuple[str, str, int], Optional[str]] = {}
+        self._callers: dict[tuple[str, str], dict[int, list[tuple[Module, FunctionScope, CallSite]]]] = {}
+        self.touched: set[str] = set()  # modules consulted since the caller last cleared this
+
+    # ---- files and modules -------------------------------------------------------------------------------
+    def root_of(self, path: str) -> str:
+        """The project root of the file at absolute `path` (its own folder when no marker is found)."""
+        folder = os.path.dirname(path)
+        found = self._roots.get(folder)
+        if found is None:
+            found = self._roots[folder] = find_root(folder)
+        return found
+
+    def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
+        """Register a module already parsed by the run (so it is not parsed twice)."""
+        module = self._modules.get(path)
+        if module is None or module.tree is not tree:
+            module = self._modules[path] = _module(path, tree, index, self)
+        return module
+
+    def module(self, path: str) -> Optional[Module]:
+        """The module at absolute `path`, parsed from disk once; None when it cannot be read or parsed."""
+        self.touched.add(path)
+        if path in self._modules:
+            return self._modules[path]
+        module = None
+        try:
+            if os.path.getsize(path) <= _MAX_MODULE_BYTES:
+                with open(path, "rb") as fh:
+                    tree = ast.parse(fh.read(), filename=path)
+                module = _module(path, tree, build_index(tree), self)
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            module = None
+        self._modules[path] = module
+        return module
+
+    def find_module(self, importer: str, dotted: str, level: int) -> Optional[str]:
+        """The project file an import names: relative to the importer's package, else from the project root or
+        the importer's folder (a script's own folder is first on sys.path); None for anything outside."""
+        key = (os.path.dirname(importer), dotted, level)
+        if key not in self._found:
+            self._found[key] = self._find_module(importer, dotted, level)
+        return self._found[key]
+
+    def _find_module(self, importer: str, dotted: str, level: int) -> Optional[str]:
+        parts = dotted.split(".") if dotted else []
+        if level:
+            base = os.path.dirname(importer)
+            for _ in range(level - 1):
+                base = os.path.dirname(base)
+            bases = [base]
+        else:
+            root = self.root_of(importer)
+            bases = [os.path.dirname(importer), root, os.path.join(root, "src")]
+        for base in bases:
+            target = os.path.join(base, *parts)
+            for candidate in (target + ".py", os.path.join(target, "__init__.py")):
+                if os.path.isfile(candidate):
+                    return candidate
+        return None
+
+    # ---- resolution ---------------------------------------------------------------------------------------
+    def lookup(self, module: Module, name: str, hops: int = 0) -> Optional[tuple[Module, FunctionScope]]:
+        """The function `name` means at the top level of `module` (following imports and re-exports)."""
+        if name in module.functions:
+            return module, module.functions[name]
+        target = module.imports(self).get(name)
+        if target is None or target[0] is None or target[1] is None or hops > 3:
+            return None
+        self.touched.add(target[0])
+        other = self.module(target[0])
+        return self.lookup(other, target[1], hops + 1) if other is not None else None
+
+    def resolve_call(self, module: Module, scope: FunctionScope, call: CallSite) -> Optional[tuple[Module, FunctionScope]]:
+        """The function a call runs, when the project defines it: a closure or local def, a method of the same
+        class (`self.f()`), a module function, or an imported one (`f()`, `mod.f()`)."""
+        func = call.node.func
+        if isinstance(func, ast.Name):
+            inner: Optional[FunctionScope] = scope
+            while inner is not None and not isinstance(inner.node, ast.Module):  # closures, innermost first
+                local = module.local_defs.get(id(inner.node), {}).get(func.id)
+                if local is not None:
+                    return module, local
+                inner = module.parents.get(id(inner.node))
+            instance = self._instance_call(module, scope, func.id)
+            return instance if instance is not None else self.lookup(module, func.id)
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            if func.value.id in ("self", "cls") and scope.class_name is not None:
+                method = module.methods.get((scope.class_name, func.attr))
+                return (module, method) if method is not None else None
+            target = module.imports(self).get(func.value.id)
+            if target is not None and target[0] is not None and target[1] is None:  # a project module
+                self.touched.add(target[0])
+                other = self.module(target[0])
+                return self.lookup(other, func.attr) if other is not None else None
+        return None
+
+    def _instance_call(self, module: Module, scope: FunctionScope, name: str) -> Optional[tuple[Module, FunctionScope]]:
+        """`name(...)` where `name` is bound here to an instance of a class of this module: its `__call__`."""
+        for b in scope.bindings_of(name):
+            if isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name):
+                method = module.methods.get((b.value.func.id, "__call__"))
+                if method is not None:
+                    return module, method
+        return None
+
+    # ---- summaries ----------------------------------------------------------------------------------------
+    def summary(self, module: Module, scope: FunctionScope, depth: int = 0) -> Summary:
+        """The summary of one function (cached)."""
+        key = (module.path, id(scope.node))
+        found = self._summaries.get(key)
+        if found is not None:
+            return found
+        self._summaries[key] = Summary(scope.grad_off, frozenset(), False)  # recursion guard
+        grad_off = scope.grad_off or self._wrapper_decorated(module, scope)
+        forwards = set()
+        set_epoch = False
+        clears = any(b.target.endswith(".grad") for b in scope.bindings)
+        backward = False
+        steps = set()
+        for call in scope.calls:
+            if call.attr in ("backward", "manual_backward"):
+                backward = True
+            if call.attr == "step" and not call.node.keywords:
+                stepped = call.receiver if not call.node.args else ref(call.node.args[0]) if len(call.node.args) == 1 \
+                    and "scaler" in (call.receiver or "").lower() else None
+                if stepped:
+                    steps.add(stepped)
+            if call.attr == "set_epoch":
+                set_epoch = True
+            if call.attr in ("zero_grad", "zero_"):
+                clears = True
+            if not (grad_off or call.grad_off):
+                if isinstance(call.node.func, ast.Name):
+                    forwards.add(call.node.func.id)
+                elif call.attr == "forward" and call.receiver:
+                    forwards.add(call.receiver)
+            if depth < _DEPTH and not (set_epoch and clears):
+                callee = self.resolve_call(module, scope, call)
+                if callee is not None:
+                    inner = self.summary(*callee, depth=depth + 1)
+                    set_epoch, clears = set_epoch or inner.set_epoch, clears or inner.clears_grads
+        result = Summary(grad_off, frozenset(forwards), set_epoch,
+                         self._returns_optimizer(module, scope, depth) if depth < _DEPTH else False, clears,
+                         backward, frozenset(steps))
+        self._summaries[key] = result
+        return result
+
+    def _returns_optimizer(self, module: Module, scope: FunctionScope, depth: int) -> bool:
+        """A `return` gives back a torch optimizer built here (`torch.optim.X(...)`, directly or through a local
+        name) or by another project function."""
+        for ret in scope.returns:
+            values = [ret.value] if ret.value is not None else []
+            if isinstance(ret.value, ast.Name):
+                values += [b.value for b in scope.bindings_of(ret.value.id) if b.value is not None]
+            for value in values:
+                if is_optimizer_ctor(value, module.index):
+                    return True
+                call = next((c for c in scope.calls if c.node is value), None)
+                if call is not None:
+                    callee = self.resolve_call(module, scope, call)
+                    if callee is not None and callee[1] is not scope \
+                            and self.summary(*callee, depth=depth + 1).returns_optimizer:
+                        return True
+        return False
+
+    def _wrapper_decorated(self, module: Module, scope: FunctionScope) -> bool:
+        """A decorator that is a project function wrapping its target in no_grad/inference_mode."""
+        if isinstance(scope.node, ast.Module):
+            return False
+        for d in scope.node.decorator_list:
+            name = d.func if isinstance(d, ast.Call) else d
+            if not isinstance(name, (ast.Name, ast.Attribute)):
+                continue
+            fake = CallSite(ast.Call(func=name, args=[], keywords=[]), "", last(resolve(name, {})), None, None, False, (0, 0))
+            parent = module.parents.get(id(scope.node)) or module.index.scopes[0]
+            found = self.resolve_call(module, parent, fake)
+            if found is not None and self.is_grad_off_wrapper(*found):
+                return True
+        return False
+
+    def is_grad_off_wrapper(self, module: Module, scope: FunctionScope) -> bool:
+        """The function (with its closures) names no_grad/inference_mode other than in a `with`, and returns
+        something: it builds a decorator or wrapped callable that runs its target without grad."""
+        key = (module.path, id(scope.node))
+        if key not in self._wrappers:
+            used = withs = 0
+            for node in ast.walk(scope.node):
+                if isinstance(node, (ast.With, ast.AsyncWith)):
+                    withs += sum(1 for item in node.items if _names_grad_off(item.context_expr, module))
+                elif isinstance(node, (ast.Attribute, ast.Name)) and _is_grad_off_name(node, module):
+                    used += 1
+            returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(scope.node))
+            self._wrappers[key] = used > withs and returns
+        return self._wrappers[key]
+
+    # ---- callers -------------------------------------------------------------------------------------------
+    def project_files(self, root: str) -> list[str]:
+        """Every Python file under `root` (build outputs, virtual environments and VCS folders skipped)."""
+        files = self._trees.get(root)
+        if files is None:
+            files = []
+            for folder, dirs, names in os.walk(root):
+                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+                files.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
+            self._trees[root] = files
+        return files
+
+    def tree_stamp(self, root: str) -> str:
+        """Changes whenever a Python file under `root` is added, removed or changed (computed once per run)."""
+        found = self._tree_stamps.get(root)
+        if found is None:
+            listing = "\n".join(f"{p} {stamp(p)}" for p in self.project_files(root))
+            found = self._tree_stamps[root] = hashlib.blake2b(listing.encode("utf-8", "surrogatepass"),
+                                                              digest_size=16).hexdigest()
+        return found
+
+    def callers(self, module: Module, scope: FunctionScope) -> Iterator[tuple[Module, FunctionScope, CallSite]]:
+        """Every call in the project that resolves to this function (files that never name it are not parsed)."""
+        yield from self._calls_named(self.root_of(module.path), scope.name).get(id(scope.node), ())
+
+    def _calls_named(self, root: str, name: str) -> dict[int, list[tuple[Module, FunctionScope, CallSite]]]:
+        """Every call `name(...)` or `x.name(...)` in the project under `root`, by the function it resolves to
+        (id of its node); computed once per run and name."""
+        key = (root, name)
+        found = self._callers.get(key)
+        if found is None:
+            found = {}
+            word = name.encode()
+            for path in self.project_files(root):
+                other = self._modules.get(path)
+                if other is None and path not in self._modules:
+                    try:
+                        with open(path, "rb") as fh:
+                            if word not in fh.read():
+                                continue
+                    except OSError:
+                        continue
+                    other = self.module(path)
+                if other is not None:
+                    self._index_calls(other, name, found)
+            self._callers[key] = found
+        return found
+
+    def _index_calls(self, module: Module, name: str,
+                     found: dict[int, list[tuple[Module, FunctionScope, CallSite]]]) -> None:
+        for s in module.index.scopes:
+            for call in s.calls:
+                target = self.resolve_call(module, s, call) if call.attr == name else None
+                if target is not None:
+                    found.setdefault(id(target[1].node), []).append((module, s, call))
+
+    def parsed(self, path: str) -> Optional[Module]:
+        """The module at `path` if this run has parsed it already (so linting it does not parse it again)."""
+        return self._modules.get(path)
+
+
+def _is_grad_off_name(node: ast.expr, module: Module) -> bool:
+    return last(resolve(node, module.index.aliases)) in _GRAD_OFF
+
+
+def _names_grad_off(expr: ast.expr, module: Module) -> int:
+    return sum(1 for n in ast.walk(expr) if isinstance(n, (ast.Attribute, ast.Name)) and _is_grad_off_name(n, module))
+
+
+def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -> Module:
+    """Build the import table, function table and closure parents of a parsed module."""
+    module = Module(path, tree, index)
+    for inner in index.scopes:
+        scope = inner.parent
+        if scope is None:
+            continue
+        if isinstance(scope.node, ast.Module):
+            if inner.class_name is None:
+                module.functions[inner.name] = inner
+            else:
+                module.methods[(inner.class_name, inner.name)] = inner
+        else:
+            module.parents[id(inner.node)] = scope
+            module.local_defs.setdefault(id(scope.node), {})[inner.name] = inner
+    return module
+
+
+def _import_table(module: Module, program: Program) -> dict[str, tuple[Optional[str], Optional[str]]]:
+    table: dict[str, tuple[Optional[str], Optional[str]]] = {}
+    path = module.path
+    for stmt in _statements(module.tree.body):
+        if isinstance(stmt, ast.Import):
+            for a in stmt.names:
+                if (a.asname or "." not in a.name) and a.name.split(".")[0] not in _EXTERNAL:
+                    table.setdefault(a.asname or a.name, (program.find_module(path, a.name, 0), None))
+        elif isinstance(stmt, ast.ImportFrom) and (stmt.level or (stmt.module or "").split(".")[0] not in _EXTERNAL):
+            source = program.find_module(path, stmt.module or "", stmt.level)
+            for a in stmt.names:
+                if a.name == "*":
+                    continue
+                sub = program.find_module(path, f"{stmt.module}.{a.name}" if stmt.module else a.name, stmt.level)
+                table.setdefault(a.asname or a.name, (sub, None) if sub else (source, a.name))
+    return table
+
+
+def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement, nested ones included (not the expressions: imports are statements)."""
+    stack = list(reversed(body))
+    while stack:
+        stmt = stack.pop()
+        yield stmt
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            block = getattr(stmt, name, None)
+            if block:
+                stack.extend(reversed(block))
