@@ -42,6 +42,9 @@ class TorchProbe:
     openmp_runtimes: list[str] = field(default_factory=list)  # distinct OpenMP libraries mapped
     numpy_version: Optional[str] = None
     numpy_error: Optional[str] = None  # the torch<->numpy bridge failing, with its message
+    git_version: Optional[str] = None  # the commit torch was built from
+    hang_stack: list[str] = field(default_factory=list)  # where a hanging probe was, innermost frame first
+    companion_errors: dict[str, str] = field(default_factory=dict)  # torchvision/torchaudio import errors
 
 
 @dataclass

@@ -1,9 +1,11 @@
 """Run the torch probe in a subprocess with a timeout, so a broken or hanging torch becomes a fact."""
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import os
+import re
 import queue
 import subprocess
 import sys
@@ -20,6 +22,31 @@ _FIELDS = {f.name for f in dataclasses.fields(TorchProbe)}
 _EOF = None
 
 
+def dump_after(timeout: float) -> float:
+    """When the probe dumps its stacks: shortly before the parent gives up on it."""
+    return max(0.2, timeout - min(2.0, timeout * 0.2))
+
+
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+
+
+def hang_stack(stderr: list[str]) -> list[str]:
+    """The main thread's stack from faulthandler's dump ("file:line in function", innermost first),
+    without the import machinery's frozen frames and the probe's own."""
+    stack: list[str] = []
+    in_main = False
+    for line in stderr:
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent call first)")):
+            if stack:
+                break  # faulthandler prints the current (main) thread first
+            in_main = True
+            continue
+        m = _FRAME.match(line.rstrip("\n"))
+        if in_main and m and not m.group(1).startswith(("<frozen", "<string>")):
+            stack.append(f"{m.group(1)}:{m.group(2)} in {m.group(3)}")
+    return stack
+
+
 class RunningProbe:
     """A started probe. `result()` waits (up to the timeout) for its facts; under torchrun,
     `exchange()` then hands it this rank's payload and, on rank 0, returns every rank's."""
@@ -27,14 +54,13 @@ class RunningProbe:
     def __init__(self, timeout: float, cwd: Optional[str] = None, exchange_timeout: Optional[float] = None) -> None:
         self.timeout = timeout
         self.started = time.monotonic()
-        env = dict(os.environ)
-        env.setdefault("PYTHONIOENCODING", "utf-8")
+        args = [sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8"), f"{dump_after(timeout):g}"]
         if exchange_timeout is not None:
-            env["TORCHDOCTOR_PROBE_EXCHANGE"] = str(exchange_timeout)
+            args.append(str(exchange_timeout))
+        # The user's environment exactly: what is diagnosed is how *their* `python` imports torch.
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8")],
-            stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env, text=True, errors="replace",
+            args, stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, text=True, encoding="utf-8", errors="replace",
         )
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self._stderr: list[str] = []
@@ -61,9 +87,11 @@ class RunningProbe:
                 return None, False
             if line.startswith(MARKER):
                 try:
-                    return json.loads(line[len(MARKER):]), False
-                except ValueError:
+                    payload = ast.literal_eval(line[len(MARKER):].strip())
+                except (ValueError, SyntaxError):
                     continue
+                if isinstance(payload, dict):
+                    return payload, False
 
     def _stop(self) -> None:
         if self.proc.poll() is None:
@@ -90,7 +118,10 @@ class RunningProbe:
             self._stop()
         elif payload is None:  # ended before "ready": it crashed, so there is nothing to exchange
             self._stop()
-        return build_probe(payloads, self._stderr, timed_out, self.timeout, self.proc.returncode)
+        probe = build_probe(payloads, self._stderr, timed_out, self.timeout, self.proc.returncode)
+        if timed_out:
+            probe.seconds = time.monotonic() - self.started
+        return probe
 
     def exchange(self, payload: dict[str, Any], timeout: float) -> Optional[dict[str, Any]]:
         """Send this rank's payload; on rank 0 return {"ranks": [...], "missing": [...]}, else None."""
@@ -126,7 +157,11 @@ def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bo
             if key in _FIELDS:
                 setattr(probe, key, value)
     err_lines = [line.rstrip("\n") for line in stderr if line.strip()]
-    probe.stderr_tail = err_lines[-12:]
+    dump = next((i for i, line in enumerate(err_lines) if line.startswith("Timeout (")), None)
+    if dump is not None:
+        probe.hang_stack = hang_stack(err_lines[dump + 1:])
+        err_lines = err_lines[:dump]
+    probe.stderr_tail = [line for line in err_lines if '"<string>"' not in line][-12:]
     if timed_out:
         probe.timed_out = True
         if not got_build:
@@ -138,8 +173,8 @@ def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bo
     elif not got_build:
         probe.ok = False
         probe.error_type = "ProbeFailed"
-        tail = " | ".join(err_lines[-3:]) or "no output"
-        probe.error = f"the probe exited with status {returncode}: {tail}"
+        tail = " | ".join(probe.stderr_tail[-3:]) or "no output"
+        probe.error = f"the Python process that imported torch exited with status {returncode}: {tail}"
     for dev in probe.cuda_devices:
         if isinstance(dev.get("capability"), list):
             dev["capability"] = tuple(dev["capability"])

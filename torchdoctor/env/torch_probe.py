@@ -1,31 +1,62 @@
 """The torch probe: run as ``python -c <this file's source>`` in a subprocess by `torchdoctor env`.
 
-It imports torch the way the user's own scripts would (the working directory first on sys.path) and
-prints JSON lines prefixed with a marker: first the build facts, then the CUDA facts, so a hang in CUDA
-initialisation still leaves the build facts behind, then a "ready" line. Standard library and torch only;
-it never imports torchdoctor.
+It imports torch the way the user's own scripts would (the working directory first on sys.path, the
+user's environment unchanged) and prints Python-literal lines prefixed with a marker: first the build
+facts, then the CUDA facts, so a hang in CUDA initialisation still leaves the build facts behind, then a
+"ready" line. Standard library and torch only; it never imports torchdoctor. Arguments: the seconds after
+which faulthandler dumps every thread's stack (the parent kills it soon after), and under torchrun the
+exchange timeout.
 
-Under torchrun (TORCHDOCTOR_PROBE_EXCHANGE=<timeout s> in its environment) it then reads one JSON line
-from stdin, this rank's summary and findings, and shares it through the launcher's TCPStore: every rank
+Under torchrun it then reads one JSON line from stdin, this rank's summary and findings, and shares it through the launcher's TCPStore: every rank
 writes its key, rank 0 collects all of them (waiting at most the timeout) and prints them as "ranks".
 """
-import json
+import faulthandler
 import os
 import sys
 import time
-import traceback
-from types import ModuleType
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+
+# Only built-in modules (and `os`, loaded before the search path is read) are imported before `import torch`:
+# the user's `json.py` or `typing.py` must break torch's own import, never the probe's. Payloads are printed
+# as Python literals (ascii), read back with `ast.literal_eval`, so no json is needed before torch.
 
 MARKER = "@@torchdoctor-probe@@"
+COMPANIONS = ("torchvision", "torchaudio")  # import-tested when their build differs from torch's
 
 
-def emit(kind: str, payload: dict[str, Any]) -> None:
-    sys.stdout.write(MARKER + json.dumps({"kind": kind, **payload}, default=str) + "\n")
+def plain(value: object) -> object:
+    """`value` as a literal `ast.literal_eval` reads back (anything else becomes its str)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return str(value)
+
+
+def emit(kind: str, payload: "dict[str, object]") -> None:
+    sys.stdout.write(MARKER + ascii(plain({"kind": kind, **payload})) + "\n")
     sys.stdout.flush()
 
 
-def openmp_runtimes() -> list[str]:
+def frames(tb: object) -> "list[str]":
+    """The traceback's frames outside this probe, as "file:line in function" (no `traceback` module)."""
+    out = []
+    while tb is not None:
+        code = tb.tb_frame.f_code  # type: ignore[attr-defined]
+        if code.co_filename != "<string>":
+            out.append(f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}")  # type: ignore[attr-defined]
+        tb = tb.tb_next  # type: ignore[attr-defined]
+    return out[-8:]
+
+
+def openmp_runtimes() -> "list[str]":
     """Distinct OpenMP runtime libraries mapped into this process (Linux only)."""
     found = set()
     try:
@@ -40,8 +71,8 @@ def openmp_runtimes() -> list[str]:
     return sorted(found)
 
 
-def config_highlights(torch: ModuleType) -> dict[str, str]:
-    out: dict[str, str] = {}
+def config_highlights(torch: "ModuleType") -> "dict[str, str]":
+    out: "dict[str, str]" = {}
     try:
         show = torch.__config__.show()
         for line in show.splitlines():
@@ -59,43 +90,33 @@ def config_highlights(torch: ModuleType) -> dict[str, str]:
     return out
 
 
-def main() -> None:
-    start = time.perf_counter()
+def torch_location() -> "str | None":
+    """Where `import torch` went (or would go), without importing anything else from the user's folders."""
+    mod = sys.modules.get("torch")
+    if mod is not None:
+        return getattr(mod, "__file__", None)
     try:
-        import torch
-    except BaseException as exc:  # noqa: B902 - SystemExit from a broken package counts too
-        spec_file = None
-        mod = sys.modules.get("torch")
-        if mod is not None:
-            spec_file = getattr(mod, "__file__", None)
-        else:
-            try:
-                import importlib.util
+        import importlib.util
 
-                spec = importlib.util.find_spec("torch")
-                spec_file = spec.origin if spec else None
-            except Exception:
-                pass
-        emit("build", {
-            "ok": False,
-            "seconds": time.perf_counter() - start,
-            "error_type": type(exc).__name__,
-            "error": str(exc),
-            "traceback_tail": traceback.format_exc().strip().splitlines()[-8:],
-            "torch_file": spec_file,
-        })
-        return
-    seconds = time.perf_counter() - start
-    build: dict[str, Any] = {
+        spec = importlib.util.find_spec("torch")
+        return spec.origin if spec else None
+    except Exception:
+        return None
+
+
+def build_facts(torch: "ModuleType", seconds: float) -> "dict[str, object]":
+    """The build facts; raises (AttributeError, ...) when what was imported is not a working torch."""
+    build: "dict[str, object]" = {
         "ok": True,
         "seconds": seconds,
         "torch_file": getattr(torch, "__file__", None),
-        "version": getattr(torch, "__version__", None),
-        "cuda": getattr(torch.version, "cuda", None),
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
         "debug": getattr(torch.version, "debug", None),
         "num_threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
+        "git_version": getattr(torch.version, "git_version", None),
     }
     build.update(config_highlights(torch))
     try:
@@ -114,19 +135,71 @@ def main() -> None:
     except Exception as exc:
         build["numpy_error"] = f"{type(exc).__name__}: {exc}"
     build["openmp_runtimes"] = openmp_runtimes()
+    build["companion_errors"] = companion_errors(str(torch.__version__))
+    return build
+
+
+def companion_errors(torch_version: str) -> "dict[str, str]":
+    """Import errors of torchvision/torchaudio, tried only when their version.py names another build than
+    torch's (a `+cu130` torchvision on a `+cpu` torch fails with "operator torchvision::nms does not exist")."""
+    import importlib.util
+
+    errors = {}
+    torch_tag = torch_version.partition("+")[2]
+    for name in COMPANIONS:
+        try:
+            spec = importlib.util.find_spec(name)
+            folder = spec.submodule_search_locations[0] if spec and spec.submodule_search_locations else None
+            if folder is None:
+                continue
+            with open(folder + "/version.py", encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except Exception:
+            continue
+        tag = text.partition("__version__ = ")[2].split("\n", 1)[0].strip("'\" ").partition("+")[2]
+        if tag == torch_tag:
+            continue
+        try:
+            __import__(name)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}".strip()
+    return errors
+
+
+def main() -> None:
+    dump_after = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+    if dump_after > 0:  # the parent kills a hanging probe: print where it hangs just before that
+        faulthandler.dump_traceback_later(dump_after, exit=False)
+    start = time.perf_counter()
+    try:
+        import torch
+
+        build = build_facts(torch, time.perf_counter() - start)
+    except BaseException as exc:  # noqa: B902 - SystemExit from a broken package counts too
+        emit("build", {
+            "ok": False,
+            "seconds": time.perf_counter() - start,
+            "error_type": type(exc).__name__,
+            "error": str(exc),
+            "traceback_tail": frames(exc.__traceback__),
+            "torch_file": torch_location(),
+        })
+        return
     emit("build", build)
 
-    cuda: dict[str, Any] = {}
+    cuda: "dict[str, object]" = {}
     if build["cuda"] or build["hip"]:
         cuda = cuda_facts(torch)
         emit("cuda", cuda)
+    faulthandler.cancel_dump_traceback_later()
     emit("ready", {})
-    if os.environ.get("TORCHDOCTOR_PROBE_EXCHANGE"):
-        exchange(float(os.environ["TORCHDOCTOR_PROBE_EXCHANGE"]), {**build, **cuda})
+    if len(sys.argv) > 2:
+        exchange(float(sys.argv[2]), {**build, **cuda})
 
 
-def cuda_facts(torch: ModuleType) -> dict[str, Any]:
-    cuda: dict[str, Any] = {"cuda_available": False, "cuda_device_count": 0, "cuda_devices": []}
+def cuda_facts(torch: "ModuleType") -> "dict[str, object]":
+    devices: "list[dict[str, object]]" = []
+    cuda: "dict[str, object]" = {"cuda_available": False, "cuda_device_count": 0, "cuda_devices": devices}
     try:
         cuda["cuda_device_count"] = torch.cuda.device_count()
         cuda["cuda_available"] = torch.cuda.is_available()
@@ -136,7 +209,7 @@ def cuda_facts(torch: ModuleType) -> dict[str, Any]:
             except Exception:
                 pass
             for i in range(torch.cuda.device_count()):
-                cuda["cuda_devices"].append({
+                devices.append({
                     "name": torch.cuda.get_device_name(i),
                     "capability": list(torch.cuda.get_device_capability(i)),
                 })
@@ -147,8 +220,9 @@ def cuda_facts(torch: ModuleType) -> dict[str, Any]:
     return cuda
 
 
-def exchange(timeout: float, build: dict[str, Any]) -> None:
+def exchange(timeout: float, build: "dict[str, object]") -> None:
     """Share this rank's payload (stdin) through the launcher's store; rank 0 prints every rank's."""
+    import json
     from datetime import timedelta
 
     from torch.distributed import TCPStore
