@@ -73,15 +73,16 @@ TORCH_IMPORT_FAILURE = Pitfall(
     details={
         "env": """
             `torchdoctor env` runs `import torch` in a subprocess of the same Python interpreter, started in the working
-            directory (as your scripts see it), with a time limit (`--timeout`, 60 s by default). If the import raises,
-            exits without reporting, or runs past the limit, this check fires as an error. It picks the cause, in order:
-            a hang; a `torch/__init__.py` found outside the installed torch package; torch not installed at all; a
-            circular
-            import; `cannot open shared object file`; `undefined symbol`; a NumPy 1.x/2.x ABI error; otherwise it prints
-            the exception and suggests a clean reinstall of the same version. Run torchdoctor with the interpreter you
-            train with (`python -m torchdoctor env`) so it probes the same install. When the import succeeds this check
-            is
-            silent; problems seen after a successful import are reported by the other env checks.
+            directory with your environment unchanged (as your scripts see it), with a time limit (`--timeout`, 60 s by
+            default). If the import raises, exits without reporting, or runs past the limit, this check fires as an
+            error with one cause and that cause's fix, picked in order: a hang (with the stack where it was, dumped by
+            `faulthandler` just before the probe is stopped, and how long it ran); a `torch` found outside the
+            installed torch package; a shadowing file the error or the hanging stack names (the fix renames it, never
+            a reinstall); torch not installed at all; a circular import; `cannot open shared object file`;
+            `undefined symbol`; a NumPy 1.x/2.x ABI error; other shadowing files; otherwise it quotes the exception
+            and suggests a clean reinstall of the same version. Every pip command names the interpreter
+            (`/path/to/python -m pip`). When the import succeeds this check is silent; a slow import is
+            [slow-torch-import](slow-torch-import.md).
         """,
     },
 )

@@ -33,10 +33,13 @@ def test_probe_on_this_machine():
 def test_probe_subprocess_times_out_on_a_hanging_import(tmp_path, monkeypatch):
     fake = tmp_path / "torch"
     fake.mkdir()
-    (fake / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    (fake / "__init__.py").write_text("import time\n\ndef wait_for_lock():\n    time.sleep(60)\n\nwait_for_lock()\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     result = probe.RunningProbe(timeout=1.5, cwd=str(tmp_path)).result()
     assert not result.ok and result.timed_out and "did not finish within 1.5 s" in result.error
+    init = str(fake / "__init__.py")
+    assert result.hang_stack == [f"{init}:4 in wait_for_lock", f"{init}:6 in <module>"]  # faulthandler's dump
+    assert 1.5 <= result.seconds < 5 and not any("Timeout" in line for line in result.stderr_tail)
 
 
 def test_shadowing_finds_stdlib_and_torch_copies_but_not_editable_installs(tmp_path):

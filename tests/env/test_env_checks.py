@@ -58,9 +58,47 @@ def test_import_failure_undefined_symbol(gpu_facts):
 
 def test_import_failure_hang(cpu_facts):
     cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, timed_out=True, error_type="Timeout",
-                                          error="`import torch` did not finish within 60 s")
+                                          error="`import torch` did not finish within 60 s", seconds=60.2,
+                                          hang_stack=["/nfs/site/torch/_C.py:3 in <module>",
+                                                      "/nfs/site/torch/__init__.py:40 in <module>"])
     f = one("torch-import-failure", cpu_facts)
-    assert "hangs" in f.message and "importtime" in f.fix.title
+    assert "hangs" in f.message and "importtime" in f.fix.title and "after 60 s" in f.message
+    assert "at /nfs/site/torch/_C.py:3 in <module> (called from /nfs/site/torch/__init__.py:40" in f.message
+
+
+def test_import_failure_hang_inside_a_shadowing_file(cpu_facts):
+    cpu_facts.shadowing = [PathEntry(name="socket", path="/work/socket.py", origin_dir="/work")]
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, timed_out=True, error_type="Timeout",
+                                          seconds=60.0, hang_stack=["/work/socket.py:2 in <module>"])
+    f = one("torch-import-failure", cpu_facts)
+    assert "hung in /work/socket.py" in f.message and f.fix.title.startswith("Rename /work/socket.py")
+
+
+@pytest.mark.parametrize("error", ["cannot import name 'deepcopy' from 'copy' (/work/copy.py)",
+                                   "module 'copy' has no attribute 'deepcopy'"])
+def test_import_failure_explained_by_a_shadowing_file_carries_its_fix(cpu_facts, error):
+    cpu_facts.shadowing = [PathEntry(name="copy", path="/work/copy.py", origin_dir="/work")]
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="ImportError", error=error)
+    f = one("torch-import-failure", cpu_facts)
+    assert "Cause: /work/copy.py shadows the module `copy` that torch imports" in f.message
+    assert f.fix.title.startswith("Rename /work/copy.py") and "reinstall" not in f.fix.title
+
+
+def test_import_failure_without_a_known_cause_reinstalls_with_this_interpreter(cpu_facts):
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="OSError", error="bad ELF")
+    f = one("torch-import-failure", cpu_facts)
+    assert "see the error above" not in f.message and "OSError: bad ELF" in f.message
+    assert "/usr/bin/python3 -m pip install --force-reinstall torch==2.13.0 " in f.fix.title
+
+
+# slow-torch-import ------------------------------------------------------------------------------
+
+def test_slow_torch_import(cpu_facts):
+    assert run_check("slow-torch-import", cpu_facts) == []  # 2 s
+    cpu_facts.torch.seconds = 9.5
+    assert run_check("slow-torch-import", cpu_facts) == []
+    cpu_facts.torch.seconds = 31.0
+    assert "took 31 s" in one("slow-torch-import", cpu_facts, Severity.WARNING).message
 
 
 def test_import_failure_not_installed(cpu_facts):
