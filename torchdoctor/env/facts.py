@@ -188,6 +188,7 @@ class EnvFacts:
     launch: Optional[LaunchFacts] = None  # set when launched for torch.distributed
     ranks: list[RankFacts] = field(default_factory=list)  # every rank's summary (rank 0 under torchrun)
     missing_ranks: list[int] = field(default_factory=list)  # ranks that did not report in time
+    missing_doing: dict[str, str] = field(default_factory=dict)  # rank -> what it last said it was doing
 
     @property
     def torch_cuda(self) -> Optional[str]:

@@ -53,6 +53,7 @@ class RunningProbe:
 
     def __init__(self, timeout: float, cwd: Optional[str] = None, exchange_timeout: Optional[float] = None) -> None:
         self.timeout = timeout
+        self.exchange_timeout = exchange_timeout
         self.started = time.monotonic()
         args = [sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8"), f"{dump_after(timeout):g}"]
         if exchange_timeout is not None:
@@ -62,6 +63,7 @@ class RunningProbe:
             args, stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, text=True, encoding="utf-8", errors="replace",
         )
+        self.unreachable: Optional[str] = None  # why the launcher's store could not be reached (torchrun)
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self._stderr: list[str] = []
         out, err = self.proc.stdout, self.proc.stderr
@@ -101,14 +103,21 @@ class RunningProbe:
 
     def result(self) -> TorchProbe:
         """The torch facts, however the probe ended: finished, failed, or still hanging at the timeout."""
-        deadline = self.started + self.timeout
+        deadline = base = self.started + self.timeout
         payloads: list[dict[str, Any]] = []
         timed_out = False
         while True:
             payload, timed_out = self._next_payload(deadline)
             if payload is None or payload.get("kind") == "ready":
                 break
-            payloads.append(payload)
+            if payload.get("kind") == "connecting":  # to the launcher's store: that wait is not the probe's time
+                base, deadline = deadline, deadline + 3 * (self.exchange_timeout or 0) + 5
+            elif payload.get("kind") == "rendezvous":
+                deadline = base + float(payload.get("waited") or 0)
+            elif payload.get("kind") == "unreachable":
+                self.unreachable = f"the launcher's store at MASTER_ADDR:MASTER_PORT: {payload.get('error')}"
+            else:
+                payloads.append(payload)
         if timed_out or self.proc.stdin is None:
             if not timed_out:
                 try:
@@ -124,7 +133,8 @@ class RunningProbe:
         return probe
 
     def exchange(self, payload: dict[str, Any], timeout: float) -> Optional[dict[str, Any]]:
-        """Send this rank's payload; on rank 0 return {"ranks": [...], "missing": [...]}, else None."""
+        """Send this rank's payload; on rank 0 return {"ranks": [...], "missing": [...], "doing": {...}};
+        on another rank {"kind": "sent"} once its summary is in the store; None when it could not be shared."""
         if self.proc.poll() is not None or self.proc.stdin is None:
             return None
         try:
@@ -139,9 +149,10 @@ class RunningProbe:
             got, timed_out = self._next_payload(deadline)
             if got is None:
                 break
-            if got.get("kind") == "ranks":
+            if got.get("kind") in ("ranks", "sent"):
                 answer = got
                 break
+
         self._stop()
         return answer
 

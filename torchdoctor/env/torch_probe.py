@@ -187,14 +187,31 @@ def main() -> None:
         return
     emit("build", build)
 
+    rendezvous = None
+    if len(sys.argv) > 2:  # under torchrun; the parent extends its deadline by the time spent connecting
+        faulthandler.cancel_dump_traceback_later()
+        emit("connecting", {})
+        before = time.perf_counter()
+        try:
+            rendezvous = Rendezvous(float(sys.argv[2]))
+        except Exception as exc:
+            emit("unreachable", {"error": f"{type(exc).__name__}: {exc}"})
+        waited = time.perf_counter() - before
+        emit("rendezvous", {"waited": waited})
+        if dump_after > 0:
+            faulthandler.dump_traceback_later(max(0.1, dump_after - (before - start)), exit=False)
     cuda: "dict[str, object]" = {}
     if build["cuda"] or build["hip"]:
+        if rendezvous:
+            rendezvous.status("initialising CUDA")
         cuda = cuda_facts(torch)
         emit("cuda", cuda)
     faulthandler.cancel_dump_traceback_later()
+    if rendezvous:
+        rendezvous.status("checking its machine (torch-free facts, NVML, the checks)")
     emit("ready", {})
-    if len(sys.argv) > 2:
-        exchange(float(sys.argv[2]), {**build, **cuda})
+    if rendezvous:
+        rendezvous.exchange({**build, **cuda})
 
 
 def cuda_facts(torch: "ModuleType") -> "dict[str, object]":
@@ -220,40 +237,59 @@ def cuda_facts(torch: "ModuleType") -> "dict[str, object]":
     return cuda
 
 
-def exchange(timeout: float, build: "dict[str, object]") -> None:
-    """Share this rank's payload (stdin) through the launcher's store; rank 0 prints every rank's."""
-    import json
-    from datetime import timedelta
+class Rendezvous:
+    """This rank's connection to the launcher's TCPStore: it posts what the rank is doing (so rank 0 can say
+    what a rank that never reported was doing), then shares the summary; rank 0 prints every rank's."""
 
-    from torch.distributed import TCPStore
+    def __init__(self, timeout: float) -> None:
+        from datetime import timedelta
 
-    payload = json.loads(sys.stdin.readline() or "{}")
-    payload["torch"] = {k: build.get(k) for k in ("version", "cuda", "cudnn", "hip", "nccl")}
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=None if agent else world,
-                     is_master=(rank == 0 and not agent), timeout=timedelta(seconds=timeout),
-                     wait_for_workers=False)
-    prefix = "torchdoctor/env/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") + "/"
-    store.set(prefix + str(rank), json.dumps(payload))
-    if rank != 0:
-        try:  # keep a non-agent store's clients alive until rank 0 has read everything
-            store.wait([prefix + "collected"], timedelta(seconds=timeout))
-        except Exception:
-            pass
-        return
-    deadline = time.monotonic() + timeout
-    pending = set(range(world))
-    ranks = []
-    while pending and time.monotonic() < deadline:
-        for r in sorted(pending):
-            if store.check([prefix + str(r)]):
-                ranks.append(json.loads(store.get(prefix + str(r))))
-                pending.discard(r)
-        if pending:
-            time.sleep(0.05)
-    store.set(prefix + "collected", "1")
-    emit("ranks", {"ranks": ranks, "missing": sorted(pending)})
+        from torch.distributed import TCPStore
+
+        self.timeout = timeout
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.prefix = "torchdoctor/env/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") + "/"
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        self.store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world_size=None if agent else self.world, is_master=(self.rank == 0 and not agent),
+                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
+
+    def status(self, doing: str) -> None:
+        self.store.set(f"{self.prefix}doing/{self.rank}", doing)
+
+    def exchange(self, build: "dict[str, object]") -> None:
+        """Share this rank's payload (stdin); rank 0 collects every rank's, waiting at most the timeout."""
+        import json
+        from datetime import timedelta
+
+        payload = json.loads(sys.stdin.readline() or "{}")
+        payload["torch"] = {k: build.get(k) for k in ("version", "cuda", "cudnn", "hip", "nccl")}
+        store, prefix = self.store, self.prefix
+        store.set(prefix + str(self.rank), json.dumps(payload))
+        if self.rank != 0:
+            emit("sent", {})
+            try:  # keep a non-agent store's clients alive until rank 0 has read everything
+                store.wait([prefix + "collected"], timedelta(seconds=self.timeout))
+            except Exception:
+                pass
+            return
+        deadline = time.monotonic() + self.timeout
+        pending = set(range(self.world))
+        ranks = []
+        while pending and time.monotonic() < deadline:
+            for r in sorted(pending):
+                if store.check([prefix + str(r)]):
+                    ranks.append(json.loads(store.get(prefix + str(r))))
+                    pending.discard(r)
+            if pending:
+                time.sleep(0.05)
+        doing = {}
+        for r in pending:
+            key = f"{prefix}doing/{r}"
+            if store.check([key]):
+                doing[str(r)] = store.get(key).decode("utf-8", "replace")
+        store.set(prefix + "collected", "1")
+        emit("ranks", {"ranks": ranks, "missing": sorted(pending), "doing": doing})
 
 
 if __name__ == "__main__":
