@@ -93,13 +93,13 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
     launch = facts.launch
     if launch is not None and launch.run_id is None and launch.local_rank_arg is None and not ranks \
             and not facts.missing_ranks:
-        names = [n for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if n in facts.env_vars]
-        if names:
+        launch_vars = [n for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if n in facts.env_vars]
+        if launch_vars:
             yield Finding(
-                f"{', '.join(f'{n}={facts.env_vars[n]}' for n in names)} are set, but no launcher started this "
+                f"{', '.join(f'{n}={facts.env_vars[n]}' for n in launch_vars)} are set, but no launcher started this "
                 "process, so only this machine was examined. Left in a shell, they make the next "
                 "`init_process_group()` wait for ranks that never come.",
-                fix=f"unset {' '.join(names)} (or launch with `torchrun --nproc-per-node N -m torchdoctor env`; "
+                fix=f"unset {' '.join(launch_vars)} (or launch with `torchrun --nproc-per-node N -m torchdoctor env`; "
                     "`--distributed` compares ranks started by another launcher).",
                 severity=Severity.INFO,
             )
