@@ -159,7 +159,25 @@ def test_packages_pinned_to_another_torch_or_to_numpy_1(tmp_path, monkeypatch):
     facts = packages.collect_packages()
     assert facts.versions["torchvision"] == "0.29.2"
     assert facts.torch_requirements["torchvision"] == ">=2.14.0" and "oldcv" not in facts.torch_requirements
-    assert facts.numpy1_only == ["oldcv"]
+    assert facts.numpy_requirements["oldcv"] == "<2,>=1.21" and "torchvision" not in facts.numpy_requirements
+    assert not [u for u in facts.unmet if u.dist in ("torchvision", "oldcv")]  # scipy is only an extra's
+
+
+def test_unmet_requirements_like_pip_check(tmp_path, monkeypatch):
+    """A real pass over this interpreter's packages plus two fake distributions, one requiring a missing
+    package and one an installed package (click) in a version that is not installed."""
+    for name, requires in (("needsmissing", "no-such-dist-xyz>=1"), ("needsoldclick", "click<1"),
+                           ("happy", "click>=1"), ("onlyonwindows", "no-such-dist-xyz; sys_platform == 'win32'")):
+        info = tmp_path / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nRequires-Dist: {requires}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from importlib.metadata import version
+
+    unmet = {u.dist: u for u in packages.collect_packages().unmet}
+    assert set(unmet) == {"needsmissing", "needsoldclick"}  # this interpreter itself passes `pip check`
+    assert unmet["needsmissing"].installed is None and unmet["needsmissing"].requirement == "no-such-dist-xyz>=1"
+    assert unmet["needsoldclick"].installed == version("click") and unmet["needsoldclick"].requirement_name == "click"
 
 
 def test_long_variables_are_cut_in_the_summary_but_not_in_the_facts():
@@ -168,3 +186,18 @@ def test_long_variables_are_cut_in_the_summary_but_not_in_the_facts():
     constraint = "cuda>=12.4 " + " ".join(f"brand=tesla,driver>={n},driver<{n + 1}" for n in range(470, 560, 10))
     assert _short(constraint).endswith("...") and len(_short(constraint)) == 60
     assert _short("0,1") == "0,1"
+
+
+def test_probe_imports_a_companion_built_for_another_variant(tmp_path, monkeypatch):
+    fake = tmp_path / "torchvision"
+    fake.mkdir()
+    (fake / "version.py").write_text("__version__ = '0.28.0+cu130'\ngit_version = 'abc'\n")
+    (fake / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    audio = tmp_path / "torchaudio"
+    audio.mkdir()
+    (audio / "version.py").write_text("__version__ = '%s'\n" % __import__("torch").__version__)  # same build
+    (audio / "__init__.py").write_text("raise RuntimeError('same build: never imported')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    result = probe.RunningProbe(timeout=120, cwd=str(tmp_path)).result()
+    assert result.ok and result.companion_errors == {
+        "torchvision": "RuntimeError: operator torchvision::nms does not exist"}

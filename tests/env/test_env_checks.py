@@ -191,7 +191,65 @@ def test_torchvision_for_another_torch(cpu_facts):
     f = one("companion-version-mismatch", cpu_facts, Severity.ERROR)
     assert "torchvision 0.29.2 requires torch>=2.14.0" in f.message
     assert "torchvision::nms does not exist" in f.message
-    assert 'pip install "torchvision==0.28.*" --index-url https://download.pytorch.org/whl/cpu' in f.fix.title
+    assert ('/usr/bin/python3 -m pip install "torch==2.13.0" "torchvision==0.28.*" '
+            '--index-url https://download.pytorch.org/whl/cpu') in f.fix.title
+
+
+def test_pypi_cuda_torchvision_on_a_cpu_torch(cpu_facts, monkeypatch):
+    """The explain page's Bad example: a plain PyPI torchvision (a CUDA build on Linux) next to a +cpu torch,
+    confirmed by the probe's failed import."""
+    import platform
+
+    monkeypatch.setattr(platform, "system", lambda: "Linux")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    cpu_facts.packages["torchvision"] = "0.28.0"
+    cpu_facts.torch.companion_errors = {"torchvision": "RuntimeError: operator torchvision::nms does not exist"}
+    f = one("companion-version-mismatch", cpu_facts, Severity.ERROR)
+    assert "is a PyPI (CUDA) build while torch is +cpu" in f.message
+    assert "Importing it fails: RuntimeError: operator torchvision::nms does not exist" in f.message
+    cpu_facts.packages["torchvision"] = "0.28.0+cpu"
+    cpu_facts.torch.companion_errors = {}
+    assert run_check("companion-version-mismatch", cpu_facts) == []
+
+
+def test_no_torchaudio_exists_for_this_torch(cpu_facts):
+    cpu_facts.packages["torchaudio"] = "2.11.0+cpu"
+    f = one("companion-version-mismatch", cpu_facts)
+    assert "no torchaudio release exists for torch 2.13" in f.message and "2.13.*" not in f.fix.title
+    assert "-m pip uninstall torchaudio" in f.fix.title
+
+
+def test_torch_newer_than_the_release_table_says_matching(cpu_facts):
+    cpu_facts.torch_dist_version = cpu_facts.torch.version = "2.99.0+cpu"
+    cpu_facts.packages.update(torch="2.99.0+cpu", torchvision="0.28.0+cu130")
+    f = one("companion-version-mismatch", cpu_facts)
+    assert "0.114" not in f.fix.title and "matching torch 2.99.0" in f.fix.title
+
+
+def test_release_table_covers_the_installed_torch():
+    """Kept in step: every torch 2.m up to the one installed here has a row (checked against PyPI's releases:
+    torchvision 0.(m+15) for every m, torchaudio up to 2.11, torchtext up to 0.18)."""
+    from importlib.metadata import version
+
+    from torchdoctor.checks.companion_version_mismatch import COMPANION_RELEASES
+
+    minor = int(version("torch").split(".")[1])
+    assert all(m in COMPANION_RELEASES for m in range(minor + 1))
+    assert COMPANION_RELEASES[5] == {"torchvision": "0.20", "torchaudio": "2.5", "torchtext": None}
+    assert COMPANION_RELEASES[13]["torchaudio"] is None and COMPANION_RELEASES[3]["torchtext"] == "0.18"
+
+
+def test_unmet_requirements(cpu_facts):
+    from torchdoctor.env.facts import UnmetRequirement
+
+    assert run_check("unmet-requirement", cpu_facts) == []
+    cpu_facts.unmet_requirements = [UnmetRequirement("transformers", "4.48.0", "tokenizers<0.22,>=0.21", "0.22.1"),
+                                    UnmetRequirement("timm", "1.0", "huggingface_hub", None)]
+    f = one("unmet-requirement", cpu_facts, Severity.WARNING)
+    assert "transformers 4.48.0 requires tokenizers<0.22,>=0.21, but tokenizers 0.22.1 is installed" in f.message
+    assert "timm 1.0 requires huggingface_hub, but it is not installed" in f.message
+    assert f.fix.title == ('/usr/bin/python3 -m pip install "huggingface_hub" "tokenizers<0.22,>=0.21" '
+                           '"torch==2.13.0"')
 
 
 def test_cuda_variant_mismatch(gpu_facts):
@@ -208,9 +266,23 @@ def test_numpy_missing(cpu_facts):
 
 
 def test_numpy_2_with_packages_pinned_below_2(cpu_facts):
-    cpu_facts.numpy1_only = ["opencv-python"]
+    cpu_facts.numpy_requirements = {"opencv-python": "<2", "scipy": ">=1.22"}
     f = one("numpy-problem", cpu_facts)
-    assert "opencv-python" in f.message and "NumPy 1.x" in f.message
+    assert "opencv-python (numpy<2)" in f.message and "NumPy 1.x" in f.message and "scipy" not in f.message
+    assert f.fix.title.startswith('/usr/bin/python3 -m pip install "numpy<2" "torch==2.13.0"')
+
+
+def test_numpy_1_with_packages_requiring_numpy_2(cpu_facts):
+    cpu_facts.packages["numpy"] = "1.26.4"
+    cpu_facts.numpy_requirements = {"opencv-python": "<2", "scikit-learn": ">=2.0"}
+    f = one("numpy-problem", cpu_facts)
+    assert "scikit-learn (numpy>=2.0) exclude it" in f.message and "opencv" not in f.message
+    assert '-m pip install "numpy>=2" "torch==2.13.0"' in f.fix.title
+
+
+def test_numpy_every_package_accepts_is_quiet(cpu_facts):
+    cpu_facts.numpy_requirements = {"scipy": ">=1.22", "pandas": ">=1.26,<3"}
+    assert run_check("numpy-problem", cpu_facts) == []
 
 
 def test_numpy_bridge_broken(cpu_facts):
@@ -329,7 +401,15 @@ def test_omp_unset_with_several_local_processes(gpu_facts):
 def test_two_openmp_runtimes(cpu_facts):
     cpu_facts.torch.openmp_runtimes = ["/site-packages/torch/lib/libgomp.so.1", "/conda/lib/libiomp5.so"]
     f = one("duplicate-openmp", cpu_facts, Severity.WARNING)
-    assert "libiomp5.so" in f.message and "OMP: Error #15" in f.message
+    assert "libiomp5.so" in f.message and "OMP: Error #15" in f.message and "LD_PRELOAD" not in f.fix.title
+
+
+def test_two_openmp_runtimes_because_of_ld_preload(cpu_facts):
+    cpu_facts.torch.openmp_runtimes = ["/site-packages/torch/lib/libgomp.so.1", "/opt/intel/lib/libiomp5.so"]
+    cpu_facts.env_vars["LD_PRELOAD"] = "/usr/lib/libtcmalloc.so /opt/intel/lib/libiomp5.so"
+    f = one("duplicate-openmp", cpu_facts)
+    assert "LD_PRELOAD=/usr/lib/libtcmalloc.so /opt/intel/lib/libiomp5.so forces /opt/intel/lib/libiomp5.so" in f.message
+    assert f.fix.title.startswith("Take /opt/intel/lib/libiomp5.so out of LD_PRELOAD")
 
 
 # gpu-health -------------------------------------------------------------------------------------

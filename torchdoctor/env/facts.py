@@ -7,6 +7,7 @@ capability 12.0, a 470 driver, a 64 MiB /dev/shm) without the hardware. Every fi
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -137,6 +138,22 @@ class PathEntry:
 
 
 @dataclass
+class UnmetRequirement:
+    """An installed distribution's declared requirement that what is installed does not meet (`pip check`)."""
+
+    dist: str
+    version: str
+    requirement: str  # e.g. "tokenizers<0.22,>=0.21"
+    installed: Optional[str] = None  # the installed version of the required package; None: not installed
+
+    @property
+    def requirement_name(self) -> str:
+        """The required package's name: "tokenizers" of "tokenizers<0.22,>=0.21"."""
+        m = re.match(r"[A-Za-z0-9._-]+", self.requirement)
+        return m.group(0) if m else self.requirement
+
+
+@dataclass
 class LaunchFacts:
     """How this process was launched for torch.distributed (RANK, WORLD_SIZE, ... as the launcher set them)."""
 
@@ -182,7 +199,8 @@ class EnvFacts:
     env_vars: dict[str, str] = field(default_factory=dict)
     packages: dict[str, str] = field(default_factory=dict)  # companion distribution -> version
     torch_requirements: dict[str, str] = field(default_factory=dict)  # distribution -> its torch requirement
-    numpy1_only: list[str] = field(default_factory=list)  # distributions requiring numpy<2
+    numpy_requirements: dict[str, str] = field(default_factory=dict)  # distribution -> its numpy requirement
+    unmet_requirements: list[UnmetRequirement] = field(default_factory=list)  # other than torch's and numpy's
     shadowing: list[PathEntry] = field(default_factory=list)
     cwd: str = "."
     launch: Optional[LaunchFacts] = None  # set when launched for torch.distributed

@@ -9,6 +9,9 @@ from typing import Optional
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from torchdoctor.env.facts import UnmetRequirement
 
 # Packages whose versions matter when torch misbehaves; shown in the report when installed.
 COMPANIONS = (
@@ -25,36 +28,38 @@ _CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)
 class PackageFacts:
     versions: dict[str, str] = field(default_factory=dict)
     torch_requirements: dict[str, str] = field(default_factory=dict)
-    numpy1_only: list[str] = field(default_factory=list)
+    numpy_requirements: dict[str, str] = field(default_factory=dict)
+    unmet: list[UnmetRequirement] = field(default_factory=list)
     torch_location: Optional[str] = None
     torch_cuda: Optional[str] = None
 
 
 _NAME = re.compile(r"^Name:\s*(\S+)", re.M)
 _VERSION = re.compile(r"^Version:\s*(\S+)", re.M)
-# Only the requirements on torch and numpy matter; the rest of the metadata is never parsed.
-_REQUIRES = re.compile(r"^Requires-Dist:\s*((?:torch|numpy)\b.*)$", re.M | re.I)
-
-
-def _applies(req: Requirement) -> bool:
-    return req.marker is None or req.marker.evaluate({"extra": ""})
+_REQUIRES = re.compile(r"^Requires-Dist:\s*(.*)$", re.M)
 
 
 def _requirements(metadata_text: str) -> list[Requirement]:
+    """The distribution's requirements that apply here (optional extras are skipped, as pip check does)."""
     out = []
     for line in _REQUIRES.findall(metadata_text):
+        if "extra" in line and re.search(r"\bextra\s*==", line):
+            continue
         try:
             req = Requirement(line.strip())
-        except InvalidRequirement:
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                out.append(req)
+        except (InvalidRequirement, ValueError):
             continue
-        if canonicalize_name(req.name) in ("torch", "numpy") and _applies(req):
-            out.append(req)
     return out
 
 
-def _numpy_below_2(req: Requirement) -> bool:
-    return bool(req.specifier) and not req.specifier.contains("2.0.0", prereleases=True) \
-        and req.specifier.contains("1.26.4")
+def _satisfied(req: Requirement, version: str) -> bool:
+    try:
+        return req.specifier.contains(Version(version).base_version if "+" in version else version,
+                                      prereleases=True)
+    except InvalidVersion:
+        return True  # a version pip could not compare either is not reported
 
 
 def read_torch_cuda(version_py: Path) -> Optional[str]:
@@ -68,9 +73,12 @@ def read_torch_cuda(version_py: Path) -> Optional[str]:
 
 def collect_packages() -> PackageFacts:
     """One pass over installed distributions (their METADATA read as text, never imported): companion
-    versions, every torch requirement, and numpy<2 pins."""
+    versions, every torch and numpy requirement, and, like `pip check`, every other declared requirement
+    that the installed packages do not meet."""
     facts = PackageFacts()
     seen: set[str] = set()
+    installed: dict[str, str] = {}
+    declared: list[tuple[str, str, Requirement]] = []
     for dist in metadata.distributions():
         text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
         m = _NAME.search(text)
@@ -78,18 +86,25 @@ def collect_packages() -> PackageFacts:
         if not name or name in seen:
             continue  # the first one on sys.path wins, as it does for imports
         seen.add(name)
+        v = _VERSION.search(text)
+        installed[name] = v.group(1) if v else dist.version
         if name in COMPANIONS:
-            v = _VERSION.search(text)
-            facts.versions[name] = v.group(1) if v else dist.version
+            facts.versions[name] = installed[name]
         for req in _requirements(text):
-            if canonicalize_name(req.name) == "torch" and name != "torch" and str(req.specifier):
+            target = canonicalize_name(req.name)
+            if target == "torch" and name != "torch" and str(req.specifier):
                 facts.torch_requirements[name] = str(req.specifier)
-            elif canonicalize_name(req.name) == "numpy" and _numpy_below_2(req):
-                facts.numpy1_only.append(name)
+            elif target == "numpy" and str(req.specifier):
+                facts.numpy_requirements[name] = str(req.specifier)
+            elif target not in ("torch", "numpy"):
+                declared.append((name, installed[name], req))
         if name == "torch":
             init = Path(str(dist.locate_file("torch/__init__.py")))
             if init.is_file():
                 facts.torch_location = str(init.parent)
                 facts.torch_cuda = read_torch_cuda(init.parent / "version.py")
-    facts.numpy1_only.sort()
+    for name, version, req in declared:
+        have = installed.get(canonicalize_name(req.name))
+        if have is None or not _satisfied(req, have):
+            facts.unmet.append(UnmetRequirement(name, version, str(req).split(";")[0].strip(), have))
     return facts
