@@ -201,3 +201,37 @@ def test_probe_imports_a_companion_built_for_another_variant(tmp_path, monkeypat
     result = probe.RunningProbe(timeout=120, cwd=str(tmp_path)).result()
     assert result.ok and result.companion_errors == {
         "torchvision": "RuntimeError: operator torchvision::nms does not exist"}
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_limits_of_this_process_and_its_ancestors(tmp_path):
+    write(tmp_path / "memory.max", "max\n")
+    write(tmp_path / "job" / "memory.max", str(8 * 1024 ** 3))
+    write(tmp_path / "job" / "step" / "memory.max", str(2 * 1024 ** 3))  # the tightest wins
+    write(tmp_path / "job" / "step" / "memory.current", str(1024 ** 3))
+    write(tmp_path / "job" / "cpu.max", "150000 100000\n")
+    limits = system.read_cgroup(tmp_path, "0::/job/step\n")
+    assert (limits.cpus, limits.memory_limit, limits.memory_used) == (1.5, 2 * 1024 ** 3, 1024 ** 3)
+
+
+def test_cgroup_v1_limits_and_unlimited(tmp_path):
+    proc = "5:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", str(2 * 1024 ** 3))
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.usage_in_bytes", str(512 * 1024 ** 2))
+    write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "200000")
+    write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us", "100000")
+    limits = system.read_cgroup(tmp_path, proc)
+    assert (limits.cpus, limits.memory_limit, limits.memory_used) == (2.0, 2 * 1024 ** 3, 512 * 1024 ** 2)
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712")
+    write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "-1")
+    assert system.read_cgroup(tmp_path, proc) == system.CgroupLimits()  # no limits: the host's figures stand
+
+
+def test_cache_folders_follow_the_variables(tmp_path):
+    dirs = system.cache_dirs({"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert dirs["HF_HOME"] == str(tmp_path / "hf") and dirs["TORCH_HOME"] == str(tmp_path / "xdg" / "torch")
+    assert system._existing(str(tmp_path / "not" / "yet")) == str(tmp_path)

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from env_fixtures import healthy_cpu_facts, healthy_gpu_facts, run_check
+from env_fixtures import GiB, healthy_cpu_facts, healthy_gpu_facts, run_check
 from torchdoctor import registry
 from torchdoctor.env.facts import GpuFacts, GpuProcess, PathEntry
 from torchdoctor.findings import Severity
@@ -464,3 +464,63 @@ def test_a_stopped_process_is_named_stopped(gpu_facts):
                                                      parent_pid=70, command="python train.py")]
     assert "pid 78" in one("gpu-memory-held", gpu_facts, Severity.INFO).message
     assert "stopped (Ctrl-Z" in one("gpu-memory-held", gpu_facts, Severity.INFO).message
+
+
+# machine: cgroup memory, /dev/shm free, cache folders, open files, variables ------------------------
+
+def test_container_memory_limit_replaces_the_hosts(cpu_facts):
+    cpu_facts.system.memory_total, cpu_facts.system.memory_available = 64 * GiB, 60 * GiB
+    cpu_facts.system.cgroup_memory_limit, cpu_facts.system.cgroup_memory_used = 2 * GiB, int(1.7 * GiB)
+    f = one("low-resources", cpu_facts)
+    assert "Only 307.2 MiB of the 2 GiB this container may use (its cgroup memory limit; the host has 64 GiB)" \
+        in f.message
+    assert "--memory" in f.fix.title
+    cpu_facts.system.cgroup_memory_used = GiB // 4  # 1.75 GiB left of 2: fine
+    assert run_check("low-resources", cpu_facts) == []
+
+
+def test_cache_folder_nearly_full(cpu_facts):
+    cpu_facts.system.cache_free = {"HF_HOME": ("/home/me/.cache/huggingface", GiB // 2),
+                                   "TMPDIR": ("/tmp", 40 * GiB)}
+    f = one("low-resources", cpu_facts)
+    assert "for HF_HOME (/home/me/.cache/huggingface)" in f.message and "export HF_HOME=" in f.fix.title
+
+
+def test_shm_large_but_nearly_full(cpu_facts):
+    cpu_facts.system.shm_free = 300 * 1024 ** 2
+    f = one("shm-too-small", cpu_facts)
+    assert "is 12 GiB but only 300 MiB is free" in f.message
+    cpu_facts.system.shm_free = 11 * GiB
+    assert run_check("shm-too-small", cpu_facts) == []
+
+
+@pytest.mark.parametrize("soft, hard, severity", [(256, 4096, Severity.WARNING), (1024, 1048576, Severity.INFO),
+                                                  (1024, 1024, None), (65536, 65536, None), (None, None, None)])
+def test_open_files_limit(cpu_facts, soft, hard, severity):
+    cpu_facts.system.open_files_soft, cpu_facts.system.open_files_hard = soft, hard
+    findings = run_check("open-files-limit", cpu_facts)
+    assert [f.severity for f in findings] == ([severity] if severity else [])
+    if soft == 256:
+        assert "ulimit -n 4096" in findings[0].fix.title and "received 0 items of ancdata" in findings[0].message
+
+
+@pytest.mark.parametrize("variables, expected", [
+    ({"CUDA_LAUNCH_BLOCKING": "1"}, ["CUDA_LAUNCH_BLOCKING=1 is set"]),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:true"}, ["unknown option 'expandable_segment' (did you mean "
+                                                              "expandable_segments?)"]),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb=128"}, ["'max_split_size_mb=128' is not key:value"]),
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:yes"}, ["'yes' is not a valid value for expandable_segments"]),
+    ({"OMP_NUM_THREADS": "auto"}, ["OMP_NUM_THREADS='auto' is not a positive whole number"]),
+    ({"OMP_NUM_THREADS": ""}, ["OMP_NUM_THREADS='' is not"]),
+    # must NOT flag
+    ({"CUDA_LAUNCH_BLOCKING": "0", "OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "4,2",
+      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128,"
+                                 "roundup_power2_divisions:[256:1,512:2,>:8],garbage_collection_threshold:0.6"}, []),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, []),
+])
+def test_env_var_misconfigured(cpu_facts, variables, expected):
+    cpu_facts.env_vars.update(variables)
+    findings = run_check("env-var-misconfigured", cpu_facts)
+    assert len(findings) == len(expected) and all(e in f.message for e, f in zip(expected, findings))
+    if "ALLOC_CONF" in str(variables) and expected:
+        assert findings[0].severity == Severity.ERROR

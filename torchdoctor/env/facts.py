@@ -118,12 +118,18 @@ class SystemFacts:
     cpu_physical: Optional[int] = None
     cpu_affinity: Optional[int] = None  # CPUs this process may run on
     cgroup_cpu_limit: Optional[float] = None  # CPUs allowed by a container quota
+    cgroup_memory_limit: Optional[int] = None  # bytes a container's cgroup allows (psutil shows the host's)
+    cgroup_memory_used: Optional[int] = None  # bytes charged to that cgroup now
     memory_total: Optional[int] = None
     memory_available: Optional[int] = None
     disk_path: str = "."
     disk_total: Optional[int] = None
     disk_free: Optional[int] = None
     shm_total: Optional[int] = None  # /dev/shm size, None where there is none
+    shm_free: Optional[int] = None
+    open_files_soft: Optional[int] = None  # `ulimit -n`; None: unknown or unlimited
+    open_files_hard: Optional[int] = None
+    cache_free: dict[str, tuple[str, int]] = field(default_factory=dict)  # TMPDIR/TORCH_HOME/HF_HOME -> (path, free)
     container: Optional[str] = None  # "docker", "kubernetes", "container" or None
 
 

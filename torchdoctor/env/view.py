@@ -74,9 +74,17 @@ def facts_view(facts: dict[str, Any]) -> Table:
     if sysf.get("cgroup_cpu_limit"):
         cpu += f" · container quota {sysf['cgroup_cpu_limit']:g} CPUs"
     table.add_row("CPU", cpu)
-    table.add_row("Memory", f"{byte_size(sysf.get('memory_available'))} available of {byte_size(sysf.get('memory_total'))}"
-                            f" · disk {byte_size(sysf.get('disk_free'))} free at {sysf.get('disk_path')}")
+    memory = f"{byte_size(sysf.get('memory_available'))} available of {byte_size(sysf.get('memory_total'))}"
+    if sysf.get("cgroup_memory_limit"):
+        memory += f" · container limit {byte_size(sysf['cgroup_memory_limit'])}"
+        if sysf.get("cgroup_memory_used") is not None:
+            memory += f" ({byte_size(sysf['cgroup_memory_used'])} used)"
+    table.add_row("Memory", memory + f" · disk {byte_size(sysf.get('disk_free'))} free at {sysf.get('disk_path')}")
     shm = byte_size(sysf["shm_total"]) if sysf.get("shm_total") is not None else "none"
+    if sysf.get("shm_free") is not None:
+        shm += f" ({byte_size(sysf['shm_free'])} free)"
+    if sysf.get("open_files_soft"):
+        shm += f" · open files limit {sysf['open_files_soft']}"
     table.add_row("/dev/shm", shm + (f" · in {sysf['container']}" if sysf.get("container") else ""))
     for label, value in _gpu_rows(facts["nvidia"], torch):
         table.add_row(label, value)
