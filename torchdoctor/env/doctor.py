@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.env.facts import EnvFacts, NvidiaFacts
@@ -64,14 +64,16 @@ class FactCollection:
             self.probe.proc.kill()
             self.probe.proc.wait()
 
-    def finish(self) -> EnvFacts:
-        """Gather the torch-free facts, then wait for NVML and the probe."""
+    def finish(self, progress: Callable[[str], None] = lambda step: None) -> EnvFacts:
+        """Gather the torch-free facts, then wait for NVML and the probe; `progress` hears each step."""
         from torchdoctor.env.packages import collect_packages
         from torchdoctor.env.shadowing import find_shadowing, installed_modules, search_dirs
         from torchdoctor.env.system import collect_system, relevant_env
         from torchdoctor.env.toolkit import collect_toolkit
 
+        progress("reading installed packages (metadata, requirements)")
         packages = collect_packages()
+        progress("reading the OS, CPU, memory, disks, /dev/shm, container limits")
         facts = EnvFacts(
             cwd=self.cwd,
             system=collect_system(self.cwd),
@@ -86,8 +88,10 @@ class FactCollection:
             toolkit=collect_toolkit(),
             shadowing=find_shadowing(search_dirs(self.cwd), installed_modules(packages.torch_location)),
         )
+        progress("asking the NVIDIA driver (NVML) about GPUs")
         self._nvml.join(NVML_TIMEOUT_S + 1)
         facts.nvidia = self._nvidia[0] if self._nvidia else NvidiaFacts(unavailable_reason="NVML did not answer")
+        progress("importing torch in a subprocess (as your scripts would)")
         facts.torch = self.probe.result()
         return facts
 

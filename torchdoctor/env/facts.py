@@ -44,6 +44,8 @@ class TorchProbe:
     numpy_version: Optional[str] = None
     numpy_error: Optional[str] = None  # the torch<->numpy bridge failing, with its message
     git_version: Optional[str] = None  # the commit torch was built from
+    xpu_available: Optional[bool] = None
+    xnnpack: Optional[bool] = None
     hang_stack: list[str] = field(default_factory=list)  # where a hanging probe was, innermost frame first
     companion_errors: dict[str, str] = field(default_factory=dict)  # torchvision/torchaudio import errors
 
@@ -213,6 +215,7 @@ class EnvFacts:
     ranks: list[RankFacts] = field(default_factory=list)  # every rank's summary (rank 0 under torchrun)
     missing_ranks: list[int] = field(default_factory=list)  # ranks that did not report in time
     missing_doing: dict[str, str] = field(default_factory=dict)  # rank -> what it last said it was doing
+    report_details: dict[str, str] = field(default_factory=dict)  # OS, compilers, lscpu, conda (--format markdown)
 
     @property
     def torch_cuda(self) -> Optional[str]:

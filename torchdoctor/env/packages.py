@@ -21,6 +21,9 @@ COMPANIONS = (
     "nvidia-cudnn-cu13", "nvidia-cublas-cu12", "nvidia-cublas", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
     "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime",
 )
+# collect_env's "Versions of relevant libraries" name patterns, plus torch's usual companions.
+RELEVANT = re.compile(r"torch|numpy|mypy|flake8|triton|optree|onnx|nccl|cudnn|cublas|cuda|xformers|flash|"
+                      r"lightning|transformers|accelerate|deepspeed|apex|nvidia|mkl|intel-openmp|magma")
 _CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", re.M)
 
 
@@ -88,7 +91,7 @@ def collect_packages() -> PackageFacts:
         seen.add(name)
         v = _VERSION.search(text)
         installed[name] = v.group(1) if v else dist.version
-        if name in COMPANIONS:
+        if name in COMPANIONS or RELEVANT.search(name):
             facts.versions[name] = installed[name]
         for req in _requirements(text):
             target = canonicalize_name(req.name)

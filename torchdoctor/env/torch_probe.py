@@ -119,6 +119,12 @@ def build_facts(torch: "ModuleType", seconds: float) -> "dict[str, object]":
         "git_version": getattr(torch.version, "git_version", None),
     }
     build.update(config_highlights(torch))
+    for key, get in (("xpu_available", lambda: torch.xpu.is_available()),
+                     ("xnnpack", lambda: bool(__import__("torch.backends.xnnpack").backends.xnnpack.enabled))):
+        try:
+            build[key] = get()
+        except Exception:
+            build[key] = None
     try:
         build["arch_list"] = torch.cuda.get_arch_list()
     except Exception:
