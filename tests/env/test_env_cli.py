@@ -192,3 +192,21 @@ def test_spinner_only_on_a_terminal(monkeypatch):
     with env_cli._spinner("console") as progress:
         progress("importing torch in a subprocess")
     assert steps == ["examining this machine…", "importing torch in a subprocess…"]
+
+
+def test_fresh_install_brings_numpy():
+    """The README's quick start installs torch and torchdoctor only: numpy must come as a dependency, or the
+    first report a newcomer sees is numpy-problem's 'NumPy is not installed'."""
+    import re
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(re.match(r"numpy\b", d) for d in deps)
+    quick_start = re.search(r"## Quick start.*?```bash\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
+    assert "pip install ." in quick_start and "numpy" not in quick_start  # one way to get it, not two
