@@ -87,6 +87,7 @@ def isolate_cli() -> None:
         return
     dirs = unsafe_dirs(sys.path, os.environ)
     if not any(holds_modules(d) for d in dirs):
+        _start_probe(sys.argv[1:])
         return
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     real_dirs = {os.path.realpath(d) for d in dirs}
@@ -101,12 +102,21 @@ def isolate_cli() -> None:
     os.execve(sys.executable, args, env)
 
 
+def _start_probe(args: list[str]) -> None:
+    """`torchdoctor env` starts its torch probe now, before the command line is imported (see `start_early`)."""
+    if args[:1] == ["env"]:
+        from torchdoctor.env.probe import start_early
+
+        start_early(args)
+
+
 def run_isolated() -> None:
     """The re-executed process: put the user's PYTHONPATH back for the probe, then run the command line."""
     saved = os.environ.pop(SAVED_PYTHONPATH, None)
     if saved is not None:
         os.environ["PYTHONPATH"] = saved
     sys.argv[0] = "torchdoctor"
+    _start_probe(sys.argv[1:])
     from torchdoctor.cli import main
 
     main()

@@ -235,3 +235,19 @@ def test_cache_folders_follow_the_variables(tmp_path):
     dirs = system.cache_dirs({"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "xdg")})
     assert dirs["HF_HOME"] == str(tmp_path / "hf") and dirs["TORCH_HOME"] == str(tmp_path / "xdg" / "torch")
     assert system._existing(str(tmp_path / "not" / "yet")) == str(tmp_path)
+
+
+def test_env_starts_its_probe_early_and_adopts_it_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    probe.start_early(["env", "--distributed"])
+    probe.start_early(["lint", "x.py"])
+    assert probe._EARLY == []  # only `env` on one machine starts early
+    probe.start_early(["env", "--format", "json", "--timeout=30"])
+    try:
+        assert probe.adopt_early(60.0, str(tmp_path), None) is None  # started for other settings
+        early = probe.adopt_early(30.0, str(tmp_path), None)
+        assert early is not None and early.timeout == 30.0 and probe.adopt_early(30.0, str(tmp_path), None) is None
+    finally:
+        for p in [early, *probe._EARLY]:
+            p._stop()
+        probe._EARLY.clear()

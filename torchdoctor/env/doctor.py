@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.env.facts import EnvFacts, NvidiaFacts
-from torchdoctor.env.probe import RunningProbe
+from torchdoctor.env.probe import RunningProbe, adopt_early
 from torchdoctor.report import Report
 from torchdoctor.settings import DEFAULT_FAIL_ON, load_settings
 
@@ -50,7 +50,8 @@ class FactCollection:
                  exchange_timeout: Optional[float] = None) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.exchange_timeout = exchange_timeout
-        self.probe = RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout)
+        self.probe = adopt_early(probe_timeout, self.cwd, exchange_timeout) or \
+            RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout)
         self._nvidia: list[NvidiaFacts] = []
         self._nvml = threading.Thread(target=lambda: self._nvidia.append(_nvidia_with_timeout(NVML_TIMEOUT_S)),
                                       name="torchdoctor-nvml-wait", daemon=True)

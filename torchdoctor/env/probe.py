@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import atexit
 import dataclasses
 import json
 import os
@@ -54,6 +55,7 @@ class RunningProbe:
     def __init__(self, timeout: float, cwd: Optional[str] = None, exchange_timeout: Optional[float] = None) -> None:
         self.timeout = timeout
         self.exchange_timeout = exchange_timeout
+        self.cwd = os.path.abspath(cwd or os.getcwd())
         self.started = time.monotonic()
         args = [sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8"), f"{dump_after(timeout):g}"]
         if exchange_timeout is not None:
@@ -190,3 +192,38 @@ def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bo
         if isinstance(dev.get("capability"), list):
             dev["capability"] = tuple(dev["capability"])
     return probe
+
+
+_EARLY: list[RunningProbe] = []
+
+
+def start_early(args: list[str]) -> None:
+    """For `torchdoctor env` on one machine: start the probe before the command line and its checks are
+    imported (a fifth of a second), so that `import torch` is all `env` waits for. Ranks under a launcher
+    and `--distributed` start theirs later, with the exchange; an unused probe is killed at exit."""
+    if args[:1] != ["env"] or "--distributed" in args or "-h" in args or "--help" in args \
+            or os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    timeout = 60.0
+    for i, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith("--timeout=") else \
+            args[i + 1] if arg == "--timeout" and i + 1 < len(args) else None
+        if value is not None:
+            try:
+                timeout = float(value)
+            except ValueError:
+                return  # click reports it
+    _EARLY.append(RunningProbe(timeout))
+    atexit.register(_kill_unused)
+
+
+def adopt_early(timeout: float, cwd: str, exchange_timeout: Optional[float]) -> Optional[RunningProbe]:
+    """The probe `start_early` started, if it was started for these settings."""
+    if _EARLY and exchange_timeout is None and _EARLY[0].timeout == timeout and _EARLY[0].cwd == cwd:
+        return _EARLY.pop()
+    return None
+
+
+def _kill_unused() -> None:
+    for probe in _EARLY:
+        probe._stop()
