@@ -16,10 +16,12 @@ import sys
 SAVED_PYTHONPATH = "TORCHDOCTOR_USER_PYTHONPATH"
 _IMPORTABLE = (".py", ".pyc", ".pyw", ".so", ".pyd")
 # Runs first in the re-executed process: drops '' (the working directory) from sys.path before any import,
-# appends torchdoctor's own folder when it was only found through a dropped one, then runs the command line.
+# appends torchdoctor's own folder when it was only found through a dropped one, restores the user's environment,
+# then runs the command line.
 BOOT = ("import sys; sys.path[:1] = [] if sys.path[:1] == [''] else sys.path[:1]; "
         "root = sys.argv.pop(1); sys.path.extend([root] if root else []); "
-        "from torchdoctor.isolation import run_isolated; run_isolated()")
+        "from torchdoctor.isolation import restore_environment; restore_environment(); "
+        "from torchdoctor.cli import main; main()")
 
 
 def is_cli_launch(argv: list[str], orig_argv: "list[str] | None", main_file: "str | None") -> bool:
@@ -110,13 +112,11 @@ def _start_probe(args: list[str]) -> None:
         start_early(args)
 
 
-def run_isolated() -> None:
-    """The re-executed process: put the user's PYTHONPATH back for the probe, then run the command line."""
+def restore_environment() -> None:
+    """In the re-executed process, before the command line runs: put the user's PYTHONPATH back for the
+    probe, and start the probe of `torchdoctor env`."""
     saved = os.environ.pop(SAVED_PYTHONPATH, None)
     if saved is not None:
         os.environ["PYTHONPATH"] = saved
     sys.argv[0] = "torchdoctor"
     _start_probe(sys.argv[1:])
-    from torchdoctor.cli import main
-
-    main()
