@@ -23,10 +23,14 @@ COMMANDS = {
 }
 
 
+# As installed: bytecode caches are used (pip compiles them at install); PYTHONDONTWRITEBYTECODE would make
+# every run of an editable checkout compile torchdoctor from source, which no installed copy does.
+ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "NO_COLOR": "1"}
+
+
 def timed(cmd: list[str], cwd: str) -> float:
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300,
-                   env={**os.environ, "NO_COLOR": "1"})
+    subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, env=ENV)
     return time.perf_counter() - start
 
 
