@@ -68,7 +68,7 @@ def _requirements(header: str) -> list[tuple[str, str]]:
                 SpecifierSet(spec)  # a malformed specifier is skipped, as it cannot be compared
         except (InvalidMarker, InvalidSpecifier, UndefinedEnvironmentName, ValueError):
             continue
-        out.append((canonicalize_name(m.group(1)), spec))
+        out.append((str(canonicalize_name(m.group(1))), spec))
     return out
 
 
