@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -28,10 +29,17 @@ COMMANDS = {
 ENV = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "NO_COLOR": "1"}
 
 
+CPU: dict[str, list[float]] = {}  # CPU seconds (user + sys) of each run's whole process tree
+
+
 def timed(cmd: list[str], cwd: str) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300, env=ENV)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault(" ".join(cmd[1:]), []).append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return wall
 
 
 def main() -> None:
@@ -46,12 +54,16 @@ def main() -> None:
             for name, cmd in COMMANDS.items():
                 samples[name].append(timed(cmd, cwd))
     med = {name: statistics.median(v) for name, v in samples.items()}
+    cpu = {name: statistics.median(CPU[" ".join(cmd[1:])][1:]) for name, cmd in COMMANDS.items()}
     for name, values in samples.items():
-        print(f"{name:16s} median {med[name]:.3f} s  (min {min(values):.3f}, max {max(values):.3f}, n={len(values)})")
+        print(f"{name:16s} median {med[name]:.3f} s  (min {min(values):.3f}, max {max(values):.3f}, n={len(values)})"
+              f"  CPU {cpu[name]:.2f} s")
     env = med["torchdoctor env"]
     print(f"env / collect_env  = {env / med['collect_env']:.2f}x  (target <= 0.80x)")
     print(f"env / import torch = {env / med['import torch']:.2f}x  (target <= 1.10x)")
     print(f"markdown / env     = {med['env markdown'] / env:.2f}x  (target <= 1.00x, within noise)")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall ratios need an idle machine; "
+          f"CPU env / import torch = {cpu['torchdoctor env'] / cpu['import torch']:.2f}x)")
 
 
 if __name__ == "__main__":
