@@ -1,11 +1,13 @@
 """Small helpers shared by the environment pitfalls (versions, wheel indexes, GPU processes)."""
 from __future__ import annotations
 
+import os
 import re
+import shlex
 from typing import Optional
 
 from torchdoctor.sdk import byte_size
-from torchdoctor.sdk.env import EnvFacts, GpuProcess
+from torchdoctor.sdk.env import EnvFacts, GpuProcess, PathEntry
 
 GiB = 1024 ** 3
 # CUDA variants PyTorch has published wheels for (download.pytorch.org/whl/<tag>).
@@ -49,12 +51,31 @@ def best_wheel_cuda(max_cuda: Optional[tuple[int, int]], min_cuda: tuple[int, in
         max((c for c in fits if c[0] == max_cuda[0]), default=None)
 
 
+def pip(facts: EnvFacts) -> str:
+    """`/path/to/python -m pip`: pip of the very interpreter that was examined, not whatever `pip` is on PATH."""
+    return f"{shlex.quote(facts.system.python_executable or 'python')} -m pip"
+
+
 def pip_install(facts: EnvFacts, cuda: Optional[tuple[int, int]], force: bool = True) -> str:
     """The exact pip command that installs this torch version for `cuda` (None: the CPU build)."""
     version = facts.torch_version
     pin = f"torch=={base_version(version)}" if version else "torch"
     tag = cuda_tag(cuda) if cuda else "cpu"
-    return f"pip install {'--force-reinstall ' if force else ''}{pin} --index-url {INDEX_URL.format(tag=tag)}"
+    return f"{pip(facts)} install {'--force-reinstall ' if force else ''}{pin} --index-url {INDEX_URL.format(tag=tag)}"
+
+
+def torch_pin(facts: EnvFacts) -> str:
+    """`"torch==2.13.0"` (local tag dropped) to add to a pip command so that pip keeps this torch."""
+    version = facts.torch_version
+    return f'"torch=={base_version(version)}"' if version else ""
+
+
+def rename_fix(entry: PathEntry) -> str:
+    """How to get a shadowing file or folder out of the way (shared by module-shadowing and the import failure)."""
+    is_file = os.path.basename(entry.path) != entry.name
+    cache = os.path.join(os.path.dirname(entry.path), "__pycache__")
+    return (f"Rename {entry.path} (e.g. to my_{entry.name}{'.py' if is_file else ''}) and delete {cache}"
+            + (f", or take {entry.origin_dir} off PYTHONPATH." if entry.via == "PYTHONPATH" else "."))
 
 
 def has_nvidia(facts: EnvFacts) -> bool:

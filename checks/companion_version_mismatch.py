@@ -1,14 +1,22 @@
 """companion-version-mismatch: torchvision/torchaudio/torchtext (or another package) built for another torch."""
 from __future__ import annotations
 
+import platform
 from typing import Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
-from ._envutil import MACHINE_STATE, base_version, local_tag, major_minor
+from ._envutil import MACHINE_STATE, base_version, local_tag, major_minor, pip, torch_pin
 
-COMPANION_MINOR_OFFSET = {"torchvision": (0, 15), "torchtext": (0, 15), "torchaudio": (2, 0)}
+# The companion release series published for each torch 2.m (PyPI, November 2026); None: no release exists.
+# tests/env/test_env_checks.py fails when the installed torch is newer than this table: extend it then.
+COMPANION_RELEASES: dict[int, dict[str, Optional[str]]] = {
+    m: {"torchvision": f"0.{m + 15}", "torchaudio": f"2.{m}" if m <= 11 else None,
+        "torchtext": f"0.{m + 15}" if m <= 3 else None}
+    for m in range(0, 15)
+}
+COMPANION_MINOR_OFFSET = ("torchvision", "torchaudio", "torchtext")  # companions built for one torch release
 
 COMPANION_VERSION_MISMATCH = Pitfall(
     code="TD106",
@@ -66,41 +74,68 @@ COMPANION_VERSION_MISMATCH = Pitfall(
     ),
     details={
         "env": """
-            From package metadata alone (nothing is imported), for each installed package on torchdoctor's list of torch
-            companions (torchvision, torchaudio, torchtext, torchdata, triton, xformers, flash-attn, lightning,
-            accelerate, transformers, deepspeed, apex, ...) it reports an error when:
+            From package metadata, for each installed package on torchdoctor's list of torch companions
+            (torchvision, torchaudio, torchtext, torchdata, triton, xformers, flash-attn, lightning, accelerate,
+            transformers, deepspeed, apex, ...) it reports an error when:
 
             - the package's own `Requires-Dist: torch ...` specifier excludes the installed torch version (local tag
               dropped);
-            - torchvision/torchtext is not 0.(m+15).\\* or torchaudio not 2.m.\\* for torch 2.m;
-            - torchvision/torchaudio/torchtext carries a different local tag (`+cu121` vs `+cu124`, `+cpu`).
+            - torchvision/torchaudio/torchtext is not the release series published for this torch (a table of
+              PyPI's releases: torchvision 0.(m+15) for torch 2.m, torchaudio 2.m up to 2.11, torchtext up to 0.18);
+              where no release exists for this torch, the fix says so instead of proposing a version; for a torch
+              newer than the table, the fix asks for "the release matching" it without inventing a number;
+            - torchvision/torchaudio/torchtext is built for another variant: another local tag (`+cu121` vs
+              `+cu124`), or, on Linux x86-64, a plain PyPI wheel (built for CUDA) next to a `+cpu` torch or the
+              reverse;
+            - the torch probe, which imports torchvision/torchaudio only when their `version.py` names another
+              build than torch's, saw the import fail (e.g. `operator torchvision::nms does not exist`): the
+              finding quotes the error.
 
-            It stays quiet when torch's version is unknown. The release-numbering rule is applied only to torch 2.x, the
-            local tags only when both sides carry one (plain PyPI wheels have none); packages other than torchvision,
-            torchaudio and torchtext are checked only against their own torch requirement.
+            It stays quiet when torch's version is unknown. A plain PyPI wheel next to a `+cuXXX` one is not
+            reported (which CUDA the PyPI wheel has cannot be told from its version). The fix uses this interpreter's
+            pip (`/path/to/python -m pip`), keeps torch pinned and uses torch's wheel index.
         """,
     },
 )
 
 
-def _matching_companion(name: str, torch_version: str) -> Optional[str]:
-    """The release series of `name` that goes with this torch 2.x (None when no rule applies)."""
+def _matching_companion(name: str, torch_version: str) -> "tuple[Optional[str], bool]":
+    """(release series of `name` built for this torch 2.x, whether the table knows this torch)."""
     mm = major_minor(torch_version)
     if mm is None or mm[0] != 2 or name not in COMPANION_MINOR_OFFSET:
+        return None, False
+    row = COMPANION_RELEASES.get(mm[1])
+    return (row[name], True) if row is not None else (None, False)
+
+
+def _variant(tag: Optional[str]) -> Optional[str]:
+    """'cpu', 'cu124', 'rocm6.2', ... or, for a wheel without a local tag on Linux x86-64 (PyPI's default,
+    built for CUDA), 'pypi'."""
+    return tag or ("pypi" if platform.system() == "Linux" and platform.machine() == "x86_64" else None)
+
+
+def _variant_problem(name: str, ours: Optional[str], theirs: Optional[str]) -> Optional[str]:
+    """Why `name`'s build variant does not go with torch's, if it doesn't."""
+    a, b = _variant(ours), _variant(theirs)
+    if a is None or b is None or a == b or name not in COMPANION_MINOR_OFFSET:
         return None
-    major, offset = COMPANION_MINOR_OFFSET[name]
-    return f"{major}.{mm[1] + offset}" if major == 0 else f"2.{mm[1]}"
+    if "pypi" in (a, b) and "cpu" not in (a, b):
+        return None  # PyPI's default CUDA build next to a +cuXXX one: cannot tell which CUDA
+    describe = {"pypi": "a PyPI (CUDA) build"}
+    return f"is {describe.get(b, f'a +{b} build')} while torch is {describe.get(a, f'+{a}')}"
 
 
 @COMPANION_VERSION_MISMATCH.env
 def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
-    """Packages whose torch requirement, release number or local tag excludes this torch."""
+    """Packages whose torch requirement, release number or build variant excludes this torch, or whose
+    import failed in the probe."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     torch_version = facts.torch_version
     if not torch_version:
         return
     base = base_version(torch_version)
+    ours = local_tag(torch_version)
     for name, version in sorted(facts.packages.items()):
         if name == "torch":
             continue
@@ -112,20 +147,39 @@ def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
                     problems.append(f"requires torch{spec}")
             except InvalidSpecifier:
                 pass
-        want = _matching_companion(name, torch_version)
-        if want and major_minor(version) != major_minor(want):
-            problems.append(f"is the release for another torch (torch {base} goes with {name} {want}.*)")
-        ours, theirs = local_tag(torch_version), local_tag(version)
-        if ours and theirs and ours != theirs and name in COMPANION_MINOR_OFFSET:
-            problems.append(f"is a +{theirs} build while torch is +{ours}")
-        if not problems:
+        want, known = _matching_companion(name, torch_version)
+        if known and (want is None or major_minor(version) != major_minor(want)):
+            problems.append(f"is the release for another torch (torch {base} goes with {name} {want}.*)"
+                            if want else f"is the release for another torch (no {name} release exists for "
+                                         f"torch {'.'.join(base.split('.')[:2])})")
+        variant = _variant_problem(name, ours, local_tag(version))
+        if variant:
+            problems.append(variant)
+        error = facts.torch.companion_errors.get(name)
+        if not problems and not error:
             continue
-        target = f"{name}=={want}.*" if want else name
-        extra = (" Importing it fails with 'RuntimeError: operator torchvision::nms does not exist'."
-                 if name == "torchvision" else "")
+        if not problems:
+            problems.append("does not import with this torch")
+        if want:
+            target = f'"{name}=={want}.*"'
+        elif known:
+            target = ""
+        else:
+            target = f'"{name}"  # the {name} release matching torch {base}'
+        index = f" --index-url https://download.pytorch.org/whl/{ours}" if ours else ""
+        seen = (f" Importing it fails: {error}." if error else
+                " Importing it fails with 'RuntimeError: operator torchvision::nms does not exist'."
+                if name == "torchvision" else "")
+        if target:
+            fix = f"Install the matching release from the same index as torch, keeping torch: " \
+                  f"{pip(facts)} install {torch_pin(facts)} {target.split('  #')[0]}{index}"
+            if not want:
+                fix += f" (pick the {name} release matching torch {base}; see its release notes)"
+        else:
+            fix = f"No {name} release exists for this torch: {pip(facts)} uninstall {name}, or install the torch " \
+                  f"release it was built for."
         yield Finding(
-            f"{name} {version} {' and '.join(problems)}, but torch {torch_version} is installed.{extra}",
-            fix=f"Install the matching release from the same index as torch: pip install \"{target}\""
-                + (f" --index-url https://download.pytorch.org/whl/{ours}" if ours else ""),
+            f"{name} {version} {' and '.join(problems)}, but torch {torch_version} is installed.{seen}",
+            fix=fix,
             key=name,
         )

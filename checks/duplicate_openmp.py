@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Pitfall
@@ -77,6 +78,9 @@ DUPLICATE_OPENMP = Pitfall(
 )
 
 
+_RUNTIMES = ("libgomp", "libiomp5", "libomp")
+
+
 @DUPLICATE_OPENMP.env
 def duplicate_openmp(facts: EnvFacts) -> Iterator[Finding]:
     """Several OpenMP runtime families, or two libiomp5 copies, loaded by torch and numpy."""
@@ -89,10 +93,19 @@ def duplicate_openmp(facts: EnvFacts) -> Iterator[Finding]:
     if len(families) < 2 and len(families.get("Intel libiomp5", [])) < 2:
         return
     ok_var = " KMP_DUPLICATE_LIB_OK is set, which only hides the crash." if "KMP_DUPLICATE_LIB_OK" in facts.env_vars else ""
+    preload = facts.env_vars.get("LD_PRELOAD", "")
+    preloaded = [p for p in re.split(r"[\s:]+", preload) if p and os.path.basename(p).startswith(_RUNTIMES)]
+    if preloaded:
+        cause = f" LD_PRELOAD={preload} forces {', '.join(preloaded)} into every process."
+        fix = (f"Take {', '.join(preloaded)} out of LD_PRELOAD (`unset LD_PRELOAD`, or set it without that library, "
+               "in your shell profile or job script) so that torch uses the OpenMP runtime it ships with.")
+    else:
+        cause = ""
+        fix = ("Install torch and numpy from one source (all pip, or all conda from one channel; conda: "
+               "`conda install nomkl` for numpy) so that one OpenMP runtime is used.")
     yield Finding(
         f"`import torch` + `import numpy` load several OpenMP runtimes: {'; '.join(libs)}. Two runtimes "
         "oversubscribe threads, and two libiomp5 copies abort with 'OMP: Error #15: Initializing "
-        f"libiomp5.so, but found libiomp5.so already initialized'.{ok_var}",
-        fix="Install torch and numpy from one source (all pip, or all conda from one channel; conda: "
-            "`conda install nomkl` for numpy) so that one OpenMP runtime is used.",
+        f"libiomp5.so, but found libiomp5.so already initialized'.{cause}{ok_var}",
+        fix=fix,
     )

@@ -80,8 +80,12 @@ LOW_RESOURCES = Pitfall(
     details={
         "env": """
             With psutil: a warning when available RAM is below 1 GiB or below 5 % of total RAM, and a warning when free
-            space on the disk holding the working directory is below 2 GiB or below 2 % of that disk. It looks only at
-            the working directory's disk: run `torchdoctor env` from where you save checkpoints. Swap, GPU memory (see
+            space on the disk holding the working directory is below 2 GiB or below 2 % of that disk. Inside a
+            container whose cgroup (v1 `memory.limit_in_bytes` or v2 `memory.max`, the tightest along the process's
+            cgroup and its ancestors) allows less than the host has, the limit and the cgroup's usage replace the
+            host's RAM figures, which psutil reports. Free space where `TMPDIR`, `TORCH_HOME` and `HF_HOME` (their
+            defaults when unset) point is checked against 2 GiB too. Run `torchdoctor env` from where you save
+            checkpoints. Swap, GPU memory (see
             [gpu-memory-held](gpu-memory-held.md)) and `/dev/shm` (see [shm-too-small](shm-too-small.md)) are not part
             of
             this check.
@@ -92,19 +96,39 @@ LOW_RESOURCES = Pitfall(
 
 @LOW_RESOURCES.env
 def low_resources(facts: EnvFacts) -> Iterator[Finding]:
-    """Available RAM or free disk below an absolute or relative floor."""
+    """Available RAM (within a container's memory limit) or free disk below an absolute or relative floor."""
     s = facts.system
-    if s.memory_available is not None and s.memory_total and (
-            s.memory_available < LOW_RAM or s.memory_available < 0.05 * s.memory_total):
+    total, available, where = s.memory_total, s.memory_available, "RAM"
+    limit = s.cgroup_memory_limit
+    if limit is not None and (total is None or limit < total):
+        total = limit
+        where = f"this container may use (its cgroup memory limit; the host has {byte_size(s.memory_total)})"
+        if s.cgroup_memory_used is not None:
+            available = max(0, min(available if available is not None else limit, limit - s.cgroup_memory_used))
+    if available is not None and total and (available < LOW_RAM or available < 0.05 * total):
         yield Finding(
-            f"Only {byte_size(s.memory_available)} of {byte_size(s.memory_total)} RAM is available: DataLoader workers and "
+            f"Only {byte_size(available)} of {'the ' if where != 'RAM' else ''}{byte_size(total)} {where} is available: "
+            "DataLoader workers and "
             "torch.load will be OOM-killed ('DataLoader worker ... is killed by signal: Killed').",
-            fix="Stop other jobs (`ps aux --sort=-rss | head`), lower num_workers, or load checkpoints with mmap=True.",
+            fix="Stop other jobs (`ps aux --sort=-rss | head`), lower num_workers, or load checkpoints with mmap=True"
+                + (", or give the container more memory (`docker run --memory=...`)." if where != "RAM" else "."),
         )
-    if s.disk_free is not None and s.disk_total and (s.disk_free < LOW_DISK or s.disk_free < 0.02 * s.disk_total):
-        yield Finding(
-            f"Only {byte_size(s.disk_free)} free on the disk holding {s.disk_path}: torch.save of a checkpoint can fail "
-            "half-way and leave a truncated file ('PytorchStreamReader failed reading zip archive').",
-            fix="Free space (old checkpoints, ~/.cache/torch, ~/.cache/huggingface) or save checkpoints elsewhere.",
-            location=Location(file=s.disk_path),
-        )
+    disks = [("the working directory", s.disk_path, s.disk_free, s.disk_total)]
+    disks += [(name, path, free, None) for name, (path, free) in sorted(s.cache_free.items())]
+    for what, path, free, size in disks:
+        if free is None or not (free < LOW_DISK or (size and free < 0.02 * size)):
+            continue
+        if what != "the working directory":
+            yield Finding(
+                f"Only {byte_size(free)} free for {what} ({path}): downloads of weights and datasets, and "
+                "temporary files (torch.compile, DataLoader), fail half-way with 'No space left on device'.",
+                fix=f"Free space there, or point {what} at a disk with room (`export {what}=/big/disk/...`).",
+                location=Location(file=path),
+            )
+        else:
+            yield Finding(
+                f"Only {byte_size(free)} free on the disk holding {path}: torch.save of a checkpoint can fail "
+                "half-way and leave a truncated file ('PytorchStreamReader failed reading zip archive').",
+                fix="Free space (old checkpoints, ~/.cache/torch, ~/.cache/huggingface) or save checkpoints elsewhere.",
+                location=Location(file=path),
+            )

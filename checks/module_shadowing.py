@@ -7,7 +7,7 @@ from typing import Iterator
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.env import THIRD_PARTY, EnvFacts
 
-from ._envutil import MACHINE_STATE
+from ._envutil import MACHINE_STATE, rename_fix
 
 MODULE_SHADOWING = Pitfall(
     code="TD108",
@@ -99,8 +99,6 @@ def module_shadowing(facts: EnvFacts) -> Iterator[Finding]:
             f"The {kind} {entry.path} shadows {what} `{entry.name}`: Python searches {entry.origin_dir} "
             f"({entry.via}) before site-packages, so `import {entry.name}` loads it instead, which shows up "
             f"as {symptom}.",
-            fix=f"Rename {entry.path} (e.g. to my_{entry.name}{'.py' if kind == 'file' else ''}) and delete "
-                f"{os.path.join(os.path.dirname(entry.path), '__pycache__')}"
-                + (f", or take {entry.origin_dir} off PYTHONPATH." if entry.via == "PYTHONPATH" else "."),
+            fix=rename_fix(entry),
             location=Location(file=entry.path),
         )

@@ -6,7 +6,7 @@ from typing import Iterator
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
-from ._envutil import MACHINE_STATE
+from ._envutil import MACHINE_STATE, pip, torch_pin
 
 NUMPY_PROBLEM = Pitfall(
     code="TD107",
@@ -67,10 +67,12 @@ NUMPY_PROBLEM = Pitfall(
             - NumPy is not installed while torch is (a machine without torch is not reported);
             - the torch probe's `torch.from_numpy(numpy.zeros(1))` failed, or `import torch` printed the
               "compiled using NumPy 1.x" message: the finding quotes the error;
-            - NumPy 2.x is installed and an installed package's metadata requires `numpy<2`: the finding names those
-              packages.
+            - an installed package's metadata requires a NumPy the installed one does not satisfy, both ways
+              (`numpy<2` with NumPy 2.x, `numpy>=2` with NumPy 1.x): the finding names those packages and their
+              requirements.
 
-            NumPy 1.x alongside packages pinned below 2, and NumPy 2.x with no such pins, are not reported. Import
+            NumPy versions every installed package accepts are not reported. Fixes name this interpreter
+            (`/path/to/python -m pip`) and keep torch pinned. Import
             errors that stop `import torch` itself are reported by [torch-import-failure](torch-import-failure.md), and
             a
             `numpy.py` in your project by [module-shadowing](module-shadowing.md).
@@ -79,29 +81,54 @@ NUMPY_PROBLEM = Pitfall(
 )
 
 
+def _excluding(facts: EnvFacts, numpy: str) -> list[tuple[str, str]]:
+    """The installed distributions whose numpy requirement excludes the installed NumPy."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    out = []
+    for name, spec in sorted(facts.numpy_requirements.items()):
+        try:
+            if not SpecifierSet(spec).contains(numpy.split("+")[0], prereleases=True):
+                out.append((name, spec))
+        except InvalidSpecifier:
+            continue
+    return out
+
+
 @NUMPY_PROBLEM.env
 def numpy_problem(facts: EnvFacts) -> Iterator[Finding]:
-    """NumPy missing under torch, unusable by torch, or 2.x while installed packages require numpy<2."""
+    """NumPy missing under torch, unusable by torch, or excluded by an installed package's numpy requirement
+    (numpy<2 with NumPy 2.x, numpy>=2 with NumPy 1.x)."""
     numpy = facts.packages.get("numpy")
     if numpy is None:
         if facts.torch_version:
             yield Finding(
                 "NumPy is not installed: `import torch` warns 'Failed to initialize NumPy: No module named "
                 "numpy', and tensor.numpy() / torch.from_numpy() / DataLoader collation of arrays fail.",
-                fix="pip install numpy",
+                fix=f"{pip(facts)} install numpy",
             )
         return
     abi_text = " ".join(facts.torch.stderr_tail)
+    excluded = _excluding(facts, numpy)
     if facts.torch.numpy_error or "compiled using NumPy 1.x" in abi_text:
         detail = facts.torch.numpy_error or "a module compiled using NumPy 1.x cannot run in NumPy 2.x"
         yield Finding(
             f"torch cannot use NumPy {numpy}: {detail}.",
-            fix="pip install \"numpy<2\" (or upgrade the packages compiled against NumPy 1.x)",
+            fix=f"{pip(facts)} install \"numpy<2\" {torch_pin(facts)} (or upgrade the packages compiled against "
+                "NumPy 1.x)",
         )
-    elif numpy.split(".")[0] == "2" and facts.numpy1_only:
-        names = ", ".join(facts.numpy1_only)
+    elif excluded:
+        names = ", ".join(f"{name} (numpy{spec})" for name, spec in excluded)
+        if numpy.split(".")[0] == "1":
+            symptom = ("they were built against NumPy 2 and fail to import with 'numpy.core.multiarray failed to "
+                       "import' or AttributeErrors on NumPy 1.x")
+            want = "numpy>=2"
+        else:
+            symptom = ("importing them fails with 'A module that was compiled using NumPy 1.x cannot be run in "
+                       "NumPy 2.x'")
+            want = "numpy<2"
         yield Finding(
-            f"NumPy {numpy} is installed, but {names} require numpy<2: importing them fails with "
-            "'A module that was compiled using NumPy 1.x cannot be run in NumPy 2.x'.",
-            fix=f"pip install \"numpy<2\", or upgrade {names} to releases built for NumPy 2",
+            f"NumPy {numpy} is installed, but {names} exclude it: {symptom}.",
+            fix=f"{pip(facts)} install \"{want}\" {torch_pin(facts)}, or move {', '.join(n for n, _ in excluded)} to "
+                "releases that accept the NumPy you keep",
         )

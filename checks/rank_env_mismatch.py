@@ -57,7 +57,9 @@ RANK_ENV_MISMATCH = Pitfall(
     details={
         "env": """
             `torchdoctor env` notices that it was launched as one rank of several (RANK, WORLD_SIZE, MASTER_ADDR and
-            MASTER_PORT set; `--distributed` insists on it). Each rank gathers its own facts and findings; its torch
+            MASTER_PORT set by torchrun, which also sets TORCHELASTIC_RUN_ID, or by torch.distributed.launch, which
+            passes `--local-rank`; `--distributed` insists on it for other launchers). The same variables without
+            a launcher are an info note, with no waiting: they are usually left over in a shell. Each rank gathers its own facts and findings; its torch
             probe then writes a short summary into the launcher's TCPStore (torchrun's agent store, or one rank 0
             hosts), and rank 0 collects every summary, waiting at most `--timeout` seconds: a rank that never comes
             is reported, never waited for. Rank 0 compares the summaries and prints one report for the whole job,
@@ -85,14 +87,34 @@ def _describe(groups: dict[Any, list[int]]) -> str:
 
 @RANK_ENV_MISMATCH.env
 def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
-    """Ranks that did not report, or that disagree on what every rank must share."""
+    """Ranks that did not report, or that disagree on what every rank must share; launch variables
+    without a launcher are a note."""
     ranks = facts.ranks
+    launch = facts.launch
+    if launch is not None and launch.run_id is None and launch.local_rank_arg is None and not ranks \
+            and not facts.missing_ranks:
+        launch_vars = [n for n in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if n in facts.env_vars]
+        if launch_vars:
+            yield Finding(
+                f"{', '.join(f'{n}={facts.env_vars[n]}' for n in launch_vars)} are set, but no launcher started this "
+                "process, so only this machine was examined. Left in a shell, they make the next "
+                "`init_process_group()` wait for ranks that never come.",
+                fix=f"unset {' '.join(launch_vars)} (or launch with `torchrun --nproc-per-node N -m torchdoctor env`; "
+                    "`--distributed` compares ranks started by another launcher).",
+                severity=Severity.INFO,
+            )
     if facts.missing_ranks:
+        doing = [f"rank {r} was {facts.missing_doing[str(r)]}" for r in facts.missing_ranks
+                 if str(r) in facts.missing_doing]
+        silent = [str(r) for r in facts.missing_ranks if str(r) not in facts.missing_doing]
+        if silent:
+            doing.append(f"rank {', '.join(silent)} never reached the launcher's store (still importing torch, "
+                         "crashed before, or cannot reach MASTER_ADDR:MASTER_PORT)")
         yield Finding(
-            f"Rank(s) {', '.join(map(str, facts.missing_ranks))} did not report to rank 0 in time: they crashed "
-            "before torchdoctor ran, hang (e.g. in CUDA initialisation), or cannot reach MASTER_ADDR:MASTER_PORT.",
-            fix="Look at those ranks' own output (torchrun prints it with --tee 3 / --log-dir), and check that "
-                "every node can reach MASTER_ADDR:MASTER_PORT.",
+            f"Rank(s) {', '.join(map(str, facts.missing_ranks))} did not report to rank 0 in time: "
+            + "; ".join(doing) + ".",
+            fix="Read those ranks' own reports: a rank that cannot reach rank 0 prints its own (torchrun shows it "
+                "with --tee 3 / --log-dir); check that every node can reach MASTER_ADDR:MASTER_PORT.",
         )
     if len(ranks) < 2:
         return

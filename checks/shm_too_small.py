@@ -65,9 +65,9 @@ SHM_TOO_SMALL = Pitfall(
     ),
     details={
         "env": """
-            It reads the total size of `/dev/shm` with `os.statvfs` and reports a warning when it is below 1 GiB,
-            whether or
-            not you run in a container. It checks the size, not the free space at that moment. Machines without
+            It reads the size and free space of `/dev/shm` with `os.statvfs` and reports a warning when the size is
+            below 1 GiB, whether or not you run in a container, or when the size is enough but less than 1 GiB of it
+            is free (leftover segments of killed workers or crashed jobs). Machines without
             `/dev/shm` (macOS, Windows) are not reported; on a normal Linux host `/dev/shm` is half the RAM and passes.
         """,
     },
@@ -77,7 +77,15 @@ SHM_TOO_SMALL = Pitfall(
 @SHM_TOO_SMALL.env
 def shm_too_small(facts: EnvFacts) -> Iterator[Finding]:
     """/dev/shm smaller than DataLoader workers and NCCL need."""
-    shm = facts.system.shm_total
+    shm, free = facts.system.shm_total, facts.system.shm_free
+    if shm is not None and shm >= SHM_MIN and free is not None and free < SHM_MIN:
+        yield Finding(
+            f"/dev/shm is {byte_size(shm)} but only {byte_size(free)} is free: segments left by killed DataLoader "
+            "workers or crashed jobs fill it, and the next workers die with 'Bus error' / 'No space left on device'.",
+            fix="See what fills it (`ls -la --sort=size /dev/shm | head`; `df -h /dev/shm`) and delete the segments "
+                "of processes that are gone (torch_*, nccl-*, psm_*), or stop the jobs that hold them.",
+            location=Location(file="/dev/shm"),
+        )
     if shm is None or shm >= SHM_MIN:
         return
     yield Finding(

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Iterator
+from typing import Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.env import EnvFacts
+from torchdoctor.sdk.env import EnvFacts, PathEntry
 
-from ._envutil import MACHINE_STATE, best_wheel_cuda, has_nvidia, major_minor, pip_install
+from ._envutil import MACHINE_STATE, best_wheel_cuda, has_nvidia, major_minor, pip, pip_install, rename_fix, torch_pin
 
 TORCH_IMPORT_FAILURE = Pitfall(
     code="TD101",
@@ -73,23 +73,50 @@ TORCH_IMPORT_FAILURE = Pitfall(
     details={
         "env": """
             `torchdoctor env` runs `import torch` in a subprocess of the same Python interpreter, started in the working
-            directory (as your scripts see it), with a time limit (`--timeout`, 60 s by default). If the import raises,
-            exits without reporting, or runs past the limit, this check fires as an error. It picks the cause, in order:
-            a hang; a `torch/__init__.py` found outside the installed torch package; torch not installed at all; a
-            circular
-            import; `cannot open shared object file`; `undefined symbol`; a NumPy 1.x/2.x ABI error; otherwise it prints
-            the exception and suggests a clean reinstall of the same version. Run torchdoctor with the interpreter you
-            train with (`python -m torchdoctor env`) so it probes the same install. When the import succeeds this check
-            is
-            silent; problems seen after a successful import are reported by the other env checks.
+            directory with your environment unchanged (as your scripts see it), with a time limit (`--timeout`, 60 s by
+            default). If the import raises, exits without reporting, or runs past the limit, this check fires as an
+            error with one cause and that cause's fix, picked in order: a hang (with the stack where it was, dumped by
+            `faulthandler` just before the probe is stopped, and how long it ran); a `torch` found outside the
+            installed torch package; a shadowing file the error or the hanging stack names (the fix renames it, never
+            a reinstall); torch not installed at all; a circular import; `cannot open shared object file`;
+            `undefined symbol`; a NumPy 1.x/2.x ABI error; other shadowing files; otherwise it quotes the exception
+            and suggests a clean reinstall of the same version. Every pip command names the interpreter
+            (`/path/to/python -m pip`). When the import succeeds this check is silent; a slow import is
+            [slow-torch-import](slow-torch-import.md).
         """,
     },
 )
 
 
+def _culprit(facts: EnvFacts, text: str) -> Optional[PathEntry]:
+    """The shadowing file that the error (or the hanging stack) points at, if one does."""
+    for entry in facts.shadowing:
+        if entry.path in text or f"'{entry.name}'" in text or f"module {entry.name} " in text:
+            return entry
+    return None
+
+
+def _hang(facts: EnvFacts) -> "tuple[str, str]":
+    probe = facts.torch
+    ran = f" after {probe.seconds:.0f} s" if probe.seconds else ""
+    where = ""
+    if probe.hang_stack:
+        where = f"; it was at {probe.hang_stack[0]}"
+        if len(probe.hang_stack) > 1:
+            where += " (called from " + ", ".join(probe.hang_stack[1:4]) + ")"
+    culprit = _culprit(facts, " ".join(probe.hang_stack))
+    if culprit:
+        return f"it hung in {culprit.path}, which shadows `{culprit.name}`{where}{ran}", rename_fix(culprit)
+    return (f"it was stopped{ran} without finishing{where}",
+            "Look at the code at that line; to time every module: `python -X importtime -c \"import torch\" 2>&1 | "
+            "tail`. Usual culprits: torch on a slow network filesystem, a sitecustomize/usercustomize doing I/O, "
+            "a stale lock in ~/.cache.")
+
+
 @TORCH_IMPORT_FAILURE.env
 def torch_import_failure(facts: EnvFacts) -> Iterator[Finding]:
-    """When the probe's `import torch` failed or hung: the error and its most likely cause."""
+    """When the probe's `import torch` failed or hung: the error and its one most likely cause, with that
+    cause's fix (a shadowing file is renamed, never answered with a reinstall)."""
     probe = facts.torch
     if probe.ok:
         return
@@ -98,15 +125,21 @@ def torch_import_failure(facts: EnvFacts) -> Iterator[Finding]:
     text = " ".join([error, *probe.traceback_tail, *probe.stderr_tail])
     reinstall = pip_install(facts, major_minor(facts.torch_cuda))
     where = Location(file=probe.torch_file) if probe.torch_file else None
+    culprit = _culprit(facts, text)
     if probe.timed_out:
-        cause = "it hung"
-        fix = ("See where it stops: `python -X importtime -c \"import torch\" 2>&1 | tail` or "
-               "`py-spy dump --pid <pid>` while it hangs. Usual culprits: torch on a slow network "
-               "filesystem, a sitecustomize/usercustomize doing I/O, a stale lock in ~/.cache.")
+        cause, fix = _hang(facts)
+        error = ""
     elif probe.torch_file and installed and not probe.torch_file.startswith(installed.rstrip("/") + "/"):
-        cause = f"Python found {probe.torch_file} first, not the installed torch in {installed}"
         found = os.path.dirname(probe.torch_file) if probe.torch_file.endswith("__init__.py") else probe.torch_file
-        fix = f"Rename or move {found} (or take its folder off PYTHONPATH), and delete the __pycache__ beside it."
+        cause = f"Python found {found} first, not the installed torch in {installed}"
+        torch_entry = next((e for e in facts.shadowing if e.name == "torch"), None)
+        fix = rename_fix(torch_entry) if torch_entry else \
+            f"Rename or move {found} (or take its folder off PYTHONPATH), and delete the __pycache__ beside it."
+    elif culprit is not None:
+        what = "torch" if culprit.name == "torch" else f"the module `{culprit.name}` that torch imports"
+        cause = f"{culprit.path} shadows {what}"
+        fix = rename_fix(culprit)
+        where = Location(file=culprit.path)
     elif facts.torch_dist_version is None and ("No module named 'torch'" in text or probe.torch_file):
         cause = f"torch is not installed for {facts.system.python_executable or 'this Python'}"
         cuda = best_wheel_cuda(major_minor(facts.nvidia.driver_cuda)) if has_nvidia(facts) else None
@@ -116,19 +149,25 @@ def torch_import_failure(facts: EnvFacts) -> Iterator[Finding]:
             fix = f"Move {probe.torch_file} out of the way, then: " + fix
     elif "partially initialized module" in text or "circular import" in text:
         cause = "a circular import: a file named like a module torch imports (e.g. random.py, copy.py) shadows it"
-        fix = "Rename the shadowing file named in the module-shadowing finding (and delete __pycache__)."
+        fix = ("Rename the file in your script's folder or on PYTHONPATH named like the module in the error, "
+               "and delete the __pycache__ beside it.")
     elif m := re.search(r"(lib[\w.+-]+\.so[\w.]*): cannot open shared object file", text):
         cause = f"the shared library {m.group(1)} that this torch build links against is missing"
         fix = ("Reinstall torch so pip brings its CUDA libraries (nvidia-* packages) again, and unset "
                f"LD_LIBRARY_PATH entries that point at other CUDA installs: {reinstall}")
     elif "undefined symbol" in text:
         cause = "undefined symbols: parts of two different torch/CUDA installs are mixed (pip over conda, LD_LIBRARY_PATH, a stale copy)"
-        fix = ("Run `pip uninstall torch` until it says it is not installed (and `conda remove pytorch` in conda "
-               f"envs), unset LD_LIBRARY_PATH, then: {reinstall}")
+        fix = (f"Run `{pip(facts)} uninstall torch` until it says it is not installed (and `conda remove pytorch` "
+               f"in conda envs), unset LD_LIBRARY_PATH, then: {reinstall}")
     elif "numpy" in text.lower() and ("multiarray" in text or "NumPy 1.x" in text or "_ARRAY_API" in text):
         cause = "a NumPy ABI mismatch: a package compiled against NumPy 1.x meets NumPy 2.x"
-        fix = "pip install \"numpy<2\" (or upgrade the packages compiled against NumPy 1.x)"
+        fix = f"{pip(facts)} install \"numpy<2\" {torch_pin(facts)} (or upgrade the packages compiled against NumPy 1.x)"
+    elif facts.shadowing:
+        names = ", ".join(e.path for e in facts.shadowing)
+        cause = f"most likely {names}, shadowing modules that torch imports (see module-shadowing)"
+        fix = rename_fix(facts.shadowing[0])
     else:
-        cause = "see the error above"
+        cause = "no known cause matched; the error is the exception `import torch` raised"
         fix = f"Reinstall torch cleanly: {reinstall}"
-    yield Finding(f"`import torch` failed ({cause}). {error}", fix=fix, location=where)
+    head = f"`import torch` fails: {error}. Cause: {cause}." if error else f"`import torch` hangs: {cause}."
+    yield Finding(head, fix=fix, location=where)

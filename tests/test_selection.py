@@ -30,7 +30,7 @@ def _elsewhere(tmp_path, monkeypatch):
         def __exit__(self, *exc):
             pass
 
-        def finish(self):
+        def finish(self, progress=lambda step: None):
             return EnvFacts()
 
     monkeypatch.setattr(doctor, "FactCollection", NoProbe)

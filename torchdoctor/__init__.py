@@ -4,7 +4,11 @@ Importing this package does not import torch; the front doors that need it impor
 """
 from __future__ import annotations
 
-from typing import Any
+from torchdoctor.isolation import isolate_cli
+
+isolate_cli()  # the command line re-executes itself away from a `random.py` in the user's folders
+
+from typing import Any  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -109,12 +109,42 @@ def free_port():
 def test_a_rank_that_never_comes_does_not_hang_rank_0():
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
-    result = run([sys.executable, "-m", "torchdoctor", "env", "--timeout", "4", "--format", "json"], env=env)
+    result = run([sys.executable, "-m", "torchdoctor", "env", "--distributed", "--timeout", "4", "--format", "json"],
+                 env=env)
     assert result.returncode == 1, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["facts"]["missing_ranks"] == [1]
     assert any(f["name"] == "rank-env-mismatch" and "Rank(s) 1 did not report" in f["message"]
-               for f in report["findings"])
+               and "rank 1 never reached the launcher's store" in f["message"] for f in report["findings"])
+
+
+@pytest.mark.slow
+def test_a_rank_that_cannot_reach_rank_0_reports_locally():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "port"}  # fails at once (an unreachable address fails after TCPStore's retries)
+    result = run([sys.executable, "-m", "torchdoctor", "env", "--distributed", "--format", "json"], env=env)
+    assert result.stderr.startswith("torchdoctor: rank 1 could not report to rank 0 (the launcher's store at "
+                                    "MASTER_ADDR:MASTER_PORT"), result.stderr[-2000:]
+    report = json.loads(result.stdout)  # its own report, printed where it ran
+    assert report["facts"]["torch"]["ok"] is True and result.returncode == 0
+
+
+def test_rank_0_says_what_a_missing_rank_was_doing():
+    findings = mismatch([rank(0)], missing=[1, 2])
+    facts = EnvFacts(ranks=[rank(0)], missing_ranks=[1, 2], missing_doing={"1": "initialising CUDA"})
+    [f] = registry.run_fact_checks([registry.get("rank-env-mismatch")], "env", facts)
+    assert "rank 1 was initialising CUDA; rank 2 never reached the launcher's store" in f.message
+    assert "never reached" in findings[0].message
+
+
+def test_launch_variables_without_a_launcher_are_a_note_not_a_wait():
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    result = run([sys.executable, "-m", "torchdoctor", "env", "--timeout", "60", "--format", "json"], env=env)
+    report = json.loads(result.stdout)
+    [note] = [f for f in report["findings"] if f["name"] == "rank-env-mismatch"]
+    assert note["severity"] == "info" and note["message"].startswith("RANK=0, WORLD_SIZE=2, MASTER_ADDR=127.0.0.1")
+    assert "unset RANK WORLD_SIZE MASTER_ADDR MASTER_PORT" in note["fix"]["title"]
+    assert result.returncode == 0 and report["facts"]["ranks"] == []
 
 
 def test_distributed_flag_without_a_launcher_is_a_usage_error():

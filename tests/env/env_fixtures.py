@@ -42,7 +42,7 @@ def healthy_cpu_facts() -> EnvFacts:
         torch_dist_version="2.13.0+cpu",
         torch_dist_location="/site-packages/torch",
         nvidia=NvidiaFacts(unavailable_reason="no NVIDIA driver is installed"),
-        system=SystemFacts(python="3.11.7", cpu_logical=2, cpu_physical=2, cpu_affinity=2,
+        system=SystemFacts(python="3.11.7", python_executable="/usr/bin/python3", cpu_logical=2, cpu_physical=2, cpu_affinity=2,
                            memory_total=24 * GiB, memory_available=23 * GiB, disk_path="/work",
                            disk_total=250 * GiB, disk_free=60 * GiB, shm_total=12 * GiB),
         packages={"torch": "2.13.0+cpu", "numpy": "2.4.6"},

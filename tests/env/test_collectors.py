@@ -33,10 +33,13 @@ def test_probe_on_this_machine():
 def test_probe_subprocess_times_out_on_a_hanging_import(tmp_path, monkeypatch):
     fake = tmp_path / "torch"
     fake.mkdir()
-    (fake / "__init__.py").write_text("import time\ntime.sleep(60)\n")
+    (fake / "__init__.py").write_text("import time\n\ndef wait_for_lock():\n    time.sleep(60)\n\nwait_for_lock()\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     result = probe.RunningProbe(timeout=1.5, cwd=str(tmp_path)).result()
     assert not result.ok and result.timed_out and "did not finish within 1.5 s" in result.error
+    init = str(fake / "__init__.py")
+    assert result.hang_stack == [f"{init}:4 in wait_for_lock", f"{init}:6 in <module>"]  # faulthandler's dump
+    assert 1.5 <= result.seconds < 5 and not any("Timeout" in line for line in result.stderr_tail)
 
 
 def test_shadowing_finds_stdlib_and_torch_copies_but_not_editable_installs(tmp_path):
@@ -156,7 +159,25 @@ def test_packages_pinned_to_another_torch_or_to_numpy_1(tmp_path, monkeypatch):
     facts = packages.collect_packages()
     assert facts.versions["torchvision"] == "0.29.2"
     assert facts.torch_requirements["torchvision"] == ">=2.14.0" and "oldcv" not in facts.torch_requirements
-    assert facts.numpy1_only == ["oldcv"]
+    assert facts.numpy_requirements["oldcv"] == "<2,>=1.21" and "torchvision" not in facts.numpy_requirements
+    assert not [u for u in facts.unmet if u.dist in ("torchvision", "oldcv")]  # scipy is only an extra's
+
+
+def test_unmet_requirements_like_pip_check(tmp_path, monkeypatch):
+    """A real pass over this interpreter's packages plus two fake distributions, one requiring a missing
+    package and one an installed package (click) in a version that is not installed."""
+    for name, requires in (("needsmissing", "no-such-dist-xyz>=1"), ("needsoldclick", "click<1"),
+                           ("happy", "click>=1"), ("onlyonwindows", "no-such-dist-xyz; sys_platform == 'win32'")):
+        info = tmp_path / f"{name}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nRequires-Dist: {requires}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from importlib.metadata import version
+
+    unmet = {u.dist: u for u in packages.collect_packages().unmet}
+    assert set(unmet) == {"needsmissing", "needsoldclick"}  # this interpreter itself passes `pip check`
+    assert unmet["needsmissing"].installed is None and unmet["needsmissing"].requirement == "no-such-dist-xyz>=1"
+    assert unmet["needsoldclick"].installed == version("click") and unmet["needsoldclick"].requirement_name == "click"
 
 
 def test_long_variables_are_cut_in_the_summary_but_not_in_the_facts():
@@ -165,3 +186,68 @@ def test_long_variables_are_cut_in_the_summary_but_not_in_the_facts():
     constraint = "cuda>=12.4 " + " ".join(f"brand=tesla,driver>={n},driver<{n + 1}" for n in range(470, 560, 10))
     assert _short(constraint).endswith("...") and len(_short(constraint)) == 60
     assert _short("0,1") == "0,1"
+
+
+def test_probe_imports_a_companion_built_for_another_variant(tmp_path, monkeypatch):
+    fake = tmp_path / "torchvision"
+    fake.mkdir()
+    (fake / "version.py").write_text("__version__ = '0.28.0+cu130'\ngit_version = 'abc'\n")
+    (fake / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    audio = tmp_path / "torchaudio"
+    audio.mkdir()
+    (audio / "version.py").write_text("__version__ = '%s'\n" % __import__("torch").__version__)  # same build
+    (audio / "__init__.py").write_text("raise RuntimeError('same build: never imported')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    result = probe.RunningProbe(timeout=120, cwd=str(tmp_path)).result()
+    assert result.ok and result.companion_errors == {
+        "torchvision": "RuntimeError: operator torchvision::nms does not exist"}
+
+
+def write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_cgroup_v2_limits_of_this_process_and_its_ancestors(tmp_path):
+    write(tmp_path / "memory.max", "max\n")
+    write(tmp_path / "job" / "memory.max", str(8 * 1024 ** 3))
+    write(tmp_path / "job" / "step" / "memory.max", str(2 * 1024 ** 3))  # the tightest wins
+    write(tmp_path / "job" / "step" / "memory.current", str(1024 ** 3))
+    write(tmp_path / "job" / "cpu.max", "150000 100000\n")
+    limits = system.read_cgroup(tmp_path, "0::/job/step\n")
+    assert (limits.cpus, limits.memory_limit, limits.memory_used) == (1.5, 2 * 1024 ** 3, 1024 ** 3)
+
+
+def test_cgroup_v1_limits_and_unlimited(tmp_path):
+    proc = "5:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", str(2 * 1024 ** 3))
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.usage_in_bytes", str(512 * 1024 ** 2))
+    write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "200000")
+    write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us", "100000")
+    limits = system.read_cgroup(tmp_path, proc)
+    assert (limits.cpus, limits.memory_limit, limits.memory_used) == (2.0, 2 * 1024 ** 3, 512 * 1024 ** 2)
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712")
+    write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "-1")
+    assert system.read_cgroup(tmp_path, proc) == system.CgroupLimits()  # no limits: the host's figures stand
+
+
+def test_cache_folders_follow_the_variables(tmp_path):
+    dirs = system.cache_dirs({"HF_HOME": str(tmp_path / "hf"), "XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert dirs["HF_HOME"] == str(tmp_path / "hf") and dirs["TORCH_HOME"] == str(tmp_path / "xdg" / "torch")
+    assert system._existing(str(tmp_path / "not" / "yet")) == str(tmp_path)
+
+
+def test_env_starts_its_probe_early_and_adopts_it_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    probe.start_early(["env", "--distributed"])
+    probe.start_early(["lint", "x.py"])
+    assert probe._EARLY == []  # only `env` on one machine starts early
+    probe.start_early(["env", "--format", "json", "--timeout=30"])
+    try:
+        assert probe.adopt_early(60.0, str(tmp_path), None) is None  # started for other settings
+        early = probe.adopt_early(30.0, str(tmp_path), None)
+        assert early is not None and early.timeout == 30.0 and probe.adopt_early(30.0, str(tmp_path), None) is None
+    finally:
+        for p in [early, *probe._EARLY]:
+            p._stop()
+        probe._EARLY.clear()

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from env_fixtures import healthy_cpu_facts, healthy_gpu_facts, run_check
+from env_fixtures import GiB, healthy_cpu_facts, healthy_gpu_facts, run_check
 from torchdoctor import registry
 from torchdoctor.env.facts import GpuFacts, GpuProcess, PathEntry
 from torchdoctor.findings import Severity
@@ -36,7 +36,7 @@ def test_import_failure_shadowed_by_a_folder(cpu_facts):
         cpu_facts.torch, ok=False, error_type="ImportError", error="fake torch: broken on purpose",
         torch_file="/home/me/project/torch/__init__.py", version=None)
     f = one("torch-import-failure", cpu_facts, Severity.ERROR)
-    assert "/home/me/project/torch/__init__.py" in f.message and "/site-packages/torch" in f.message
+    assert "/home/me/project/torch first" in f.message and "/site-packages/torch" in f.message
     assert "fake torch: broken on purpose" in f.message
 
 
@@ -58,9 +58,47 @@ def test_import_failure_undefined_symbol(gpu_facts):
 
 def test_import_failure_hang(cpu_facts):
     cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, timed_out=True, error_type="Timeout",
-                                          error="`import torch` did not finish within 60 s")
+                                          error="`import torch` did not finish within 60 s", seconds=60.2,
+                                          hang_stack=["/nfs/site/torch/_C.py:3 in <module>",
+                                                      "/nfs/site/torch/__init__.py:40 in <module>"])
     f = one("torch-import-failure", cpu_facts)
-    assert "hung" in f.message and "importtime" in f.fix.title
+    assert "hangs" in f.message and "importtime" in f.fix.title and "after 60 s" in f.message
+    assert "at /nfs/site/torch/_C.py:3 in <module> (called from /nfs/site/torch/__init__.py:40" in f.message
+
+
+def test_import_failure_hang_inside_a_shadowing_file(cpu_facts):
+    cpu_facts.shadowing = [PathEntry(name="socket", path="/work/socket.py", origin_dir="/work")]
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, timed_out=True, error_type="Timeout",
+                                          seconds=60.0, hang_stack=["/work/socket.py:2 in <module>"])
+    f = one("torch-import-failure", cpu_facts)
+    assert "hung in /work/socket.py" in f.message and f.fix.title.startswith("Rename /work/socket.py")
+
+
+@pytest.mark.parametrize("error", ["cannot import name 'deepcopy' from 'copy' (/work/copy.py)",
+                                   "module 'copy' has no attribute 'deepcopy'"])
+def test_import_failure_explained_by_a_shadowing_file_carries_its_fix(cpu_facts, error):
+    cpu_facts.shadowing = [PathEntry(name="copy", path="/work/copy.py", origin_dir="/work")]
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="ImportError", error=error)
+    f = one("torch-import-failure", cpu_facts)
+    assert "Cause: /work/copy.py shadows the module `copy` that torch imports" in f.message
+    assert f.fix.title.startswith("Rename /work/copy.py") and "reinstall" not in f.fix.title
+
+
+def test_import_failure_without_a_known_cause_reinstalls_with_this_interpreter(cpu_facts):
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="OSError", error="bad ELF")
+    f = one("torch-import-failure", cpu_facts)
+    assert "see the error above" not in f.message and "OSError: bad ELF" in f.message
+    assert "/usr/bin/python3 -m pip install --force-reinstall torch==2.13.0 " in f.fix.title
+
+
+# slow-torch-import ------------------------------------------------------------------------------
+
+def test_slow_torch_import(cpu_facts):
+    assert run_check("slow-torch-import", cpu_facts) == []  # 2 s
+    cpu_facts.torch.seconds = 9.5
+    assert run_check("slow-torch-import", cpu_facts) == []
+    cpu_facts.torch.seconds = 31.0
+    assert "took 31 s" in one("slow-torch-import", cpu_facts, Severity.WARNING).message
 
 
 def test_import_failure_not_installed(cpu_facts):
@@ -68,7 +106,7 @@ def test_import_failure_not_installed(cpu_facts):
                                           error="No module named 'torch'", torch_file=None, version=None)
     cpu_facts.torch_dist_version = cpu_facts.torch_dist_location = None
     f = one("torch-import-failure", cpu_facts)
-    assert "not installed" in f.message and "pip install torch " in f.fix.title
+    assert "not installed" in f.message and "/usr/bin/python3 -m pip install torch " in f.fix.title
 
 
 # cpu-only-build ---------------------------------------------------------------------------------
@@ -153,7 +191,65 @@ def test_torchvision_for_another_torch(cpu_facts):
     f = one("companion-version-mismatch", cpu_facts, Severity.ERROR)
     assert "torchvision 0.29.2 requires torch>=2.14.0" in f.message
     assert "torchvision::nms does not exist" in f.message
-    assert 'pip install "torchvision==0.28.*" --index-url https://download.pytorch.org/whl/cpu' in f.fix.title
+    assert ('/usr/bin/python3 -m pip install "torch==2.13.0" "torchvision==0.28.*" '
+            '--index-url https://download.pytorch.org/whl/cpu') in f.fix.title
+
+
+def test_pypi_cuda_torchvision_on_a_cpu_torch(cpu_facts, monkeypatch):
+    """The explain page's Bad example: a plain PyPI torchvision (a CUDA build on Linux) next to a +cpu torch,
+    confirmed by the probe's failed import."""
+    import platform
+
+    monkeypatch.setattr(platform, "system", lambda: "Linux")
+    monkeypatch.setattr(platform, "machine", lambda: "x86_64")
+    cpu_facts.packages["torchvision"] = "0.28.0"
+    cpu_facts.torch.companion_errors = {"torchvision": "RuntimeError: operator torchvision::nms does not exist"}
+    f = one("companion-version-mismatch", cpu_facts, Severity.ERROR)
+    assert "is a PyPI (CUDA) build while torch is +cpu" in f.message
+    assert "Importing it fails: RuntimeError: operator torchvision::nms does not exist" in f.message
+    cpu_facts.packages["torchvision"] = "0.28.0+cpu"
+    cpu_facts.torch.companion_errors = {}
+    assert run_check("companion-version-mismatch", cpu_facts) == []
+
+
+def test_no_torchaudio_exists_for_this_torch(cpu_facts):
+    cpu_facts.packages["torchaudio"] = "2.11.0+cpu"
+    f = one("companion-version-mismatch", cpu_facts)
+    assert "no torchaudio release exists for torch 2.13" in f.message and "2.13.*" not in f.fix.title
+    assert "-m pip uninstall torchaudio" in f.fix.title
+
+
+def test_torch_newer_than_the_release_table_says_matching(cpu_facts):
+    cpu_facts.torch_dist_version = cpu_facts.torch.version = "2.99.0+cpu"
+    cpu_facts.packages.update(torch="2.99.0+cpu", torchvision="0.28.0+cu130")
+    f = one("companion-version-mismatch", cpu_facts)
+    assert "0.114" not in f.fix.title and "matching torch 2.99.0" in f.fix.title
+
+
+def test_release_table_covers_the_installed_torch():
+    """Kept in step: every torch 2.m up to the one installed here has a row (checked against PyPI's releases:
+    torchvision 0.(m+15) for every m, torchaudio up to 2.11, torchtext up to 0.18)."""
+    from importlib.metadata import version
+
+    from torchdoctor.checks.companion_version_mismatch import COMPANION_RELEASES
+
+    minor = int(version("torch").split(".")[1])
+    assert all(m in COMPANION_RELEASES for m in range(minor + 1))
+    assert COMPANION_RELEASES[5] == {"torchvision": "0.20", "torchaudio": "2.5", "torchtext": None}
+    assert COMPANION_RELEASES[13]["torchaudio"] is None and COMPANION_RELEASES[3]["torchtext"] == "0.18"
+
+
+def test_unmet_requirements(cpu_facts):
+    from torchdoctor.env.facts import UnmetRequirement
+
+    assert run_check("unmet-requirement", cpu_facts) == []
+    cpu_facts.unmet_requirements = [UnmetRequirement("transformers", "4.48.0", "tokenizers<0.22,>=0.21", "0.22.1"),
+                                    UnmetRequirement("timm", "1.0", "huggingface_hub", None)]
+    f = one("unmet-requirement", cpu_facts, Severity.WARNING)
+    assert "transformers 4.48.0 requires tokenizers<0.22,>=0.21, but tokenizers 0.22.1 is installed" in f.message
+    assert "timm 1.0 requires huggingface_hub, but it is not installed" in f.message
+    assert f.fix.title == ('/usr/bin/python3 -m pip install "huggingface_hub" "tokenizers<0.22,>=0.21" '
+                           '"torch==2.13.0"')
 
 
 def test_cuda_variant_mismatch(gpu_facts):
@@ -170,9 +266,23 @@ def test_numpy_missing(cpu_facts):
 
 
 def test_numpy_2_with_packages_pinned_below_2(cpu_facts):
-    cpu_facts.numpy1_only = ["opencv-python"]
+    cpu_facts.numpy_requirements = {"opencv-python": "<2", "scipy": ">=1.22"}
     f = one("numpy-problem", cpu_facts)
-    assert "opencv-python" in f.message and "NumPy 1.x" in f.message
+    assert "opencv-python (numpy<2)" in f.message and "NumPy 1.x" in f.message and "scipy" not in f.message
+    assert f.fix.title.startswith('/usr/bin/python3 -m pip install "numpy<2" "torch==2.13.0"')
+
+
+def test_numpy_1_with_packages_requiring_numpy_2(cpu_facts):
+    cpu_facts.packages["numpy"] = "1.26.4"
+    cpu_facts.numpy_requirements = {"opencv-python": "<2", "scikit-learn": ">=2.0"}
+    f = one("numpy-problem", cpu_facts)
+    assert "scikit-learn (numpy>=2.0) exclude it" in f.message and "opencv" not in f.message
+    assert '-m pip install "numpy>=2" "torch==2.13.0"' in f.fix.title
+
+
+def test_numpy_every_package_accepts_is_quiet(cpu_facts):
+    cpu_facts.numpy_requirements = {"scipy": ">=1.22", "pandas": ">=1.26,<3"}
+    assert run_check("numpy-problem", cpu_facts) == []
 
 
 def test_numpy_bridge_broken(cpu_facts):
@@ -291,7 +401,15 @@ def test_omp_unset_with_several_local_processes(gpu_facts):
 def test_two_openmp_runtimes(cpu_facts):
     cpu_facts.torch.openmp_runtimes = ["/site-packages/torch/lib/libgomp.so.1", "/conda/lib/libiomp5.so"]
     f = one("duplicate-openmp", cpu_facts, Severity.WARNING)
-    assert "libiomp5.so" in f.message and "OMP: Error #15" in f.message
+    assert "libiomp5.so" in f.message and "OMP: Error #15" in f.message and "LD_PRELOAD" not in f.fix.title
+
+
+def test_two_openmp_runtimes_because_of_ld_preload(cpu_facts):
+    cpu_facts.torch.openmp_runtimes = ["/site-packages/torch/lib/libgomp.so.1", "/opt/intel/lib/libiomp5.so"]
+    cpu_facts.env_vars["LD_PRELOAD"] = "/usr/lib/libtcmalloc.so /opt/intel/lib/libiomp5.so"
+    f = one("duplicate-openmp", cpu_facts)
+    assert "LD_PRELOAD=/usr/lib/libtcmalloc.so /opt/intel/lib/libiomp5.so forces /opt/intel/lib/libiomp5.so" in f.message
+    assert f.fix.title.startswith("Take /opt/intel/lib/libiomp5.so out of LD_PRELOAD")
 
 
 # gpu-health -------------------------------------------------------------------------------------
@@ -346,3 +464,63 @@ def test_a_stopped_process_is_named_stopped(gpu_facts):
                                                      parent_pid=70, command="python train.py")]
     assert "pid 78" in one("gpu-memory-held", gpu_facts, Severity.INFO).message
     assert "stopped (Ctrl-Z" in one("gpu-memory-held", gpu_facts, Severity.INFO).message
+
+
+# machine: cgroup memory, /dev/shm free, cache folders, open files, variables ------------------------
+
+def test_container_memory_limit_replaces_the_hosts(cpu_facts):
+    cpu_facts.system.memory_total, cpu_facts.system.memory_available = 64 * GiB, 60 * GiB
+    cpu_facts.system.cgroup_memory_limit, cpu_facts.system.cgroup_memory_used = 2 * GiB, int(1.7 * GiB)
+    f = one("low-resources", cpu_facts)
+    assert "Only 307.2 MiB of the 2 GiB this container may use (its cgroup memory limit; the host has 64 GiB)" \
+        in f.message
+    assert "--memory" in f.fix.title
+    cpu_facts.system.cgroup_memory_used = GiB // 4  # 1.75 GiB left of 2: fine
+    assert run_check("low-resources", cpu_facts) == []
+
+
+def test_cache_folder_nearly_full(cpu_facts):
+    cpu_facts.system.cache_free = {"HF_HOME": ("/home/me/.cache/huggingface", GiB // 2),
+                                   "TMPDIR": ("/tmp", 40 * GiB)}
+    f = one("low-resources", cpu_facts)
+    assert "for HF_HOME (/home/me/.cache/huggingface)" in f.message and "export HF_HOME=" in f.fix.title
+
+
+def test_shm_large_but_nearly_full(cpu_facts):
+    cpu_facts.system.shm_free = 300 * 1024 ** 2
+    f = one("shm-too-small", cpu_facts)
+    assert "is 12 GiB but only 300 MiB is free" in f.message
+    cpu_facts.system.shm_free = 11 * GiB
+    assert run_check("shm-too-small", cpu_facts) == []
+
+
+@pytest.mark.parametrize("soft, hard, severity", [(256, 4096, Severity.WARNING), (1024, 1048576, Severity.INFO),
+                                                  (1024, 1024, None), (65536, 65536, None), (None, None, None)])
+def test_open_files_limit(cpu_facts, soft, hard, severity):
+    cpu_facts.system.open_files_soft, cpu_facts.system.open_files_hard = soft, hard
+    findings = run_check("open-files-limit", cpu_facts)
+    assert [f.severity for f in findings] == ([severity] if severity else [])
+    if soft == 256:
+        assert "ulimit -n 4096" in findings[0].fix.title and "received 0 items of ancdata" in findings[0].message
+
+
+@pytest.mark.parametrize("variables, expected", [
+    ({"CUDA_LAUNCH_BLOCKING": "1"}, ["CUDA_LAUNCH_BLOCKING=1 is set"]),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:true"}, ["unknown option 'expandable_segment' (did you mean "
+                                                              "expandable_segments?)"]),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb=128"}, ["'max_split_size_mb=128' is not key:value"]),
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:yes"}, ["'yes' is not a valid value for expandable_segments"]),
+    ({"OMP_NUM_THREADS": "auto"}, ["OMP_NUM_THREADS='auto' is not a positive whole number"]),
+    ({"OMP_NUM_THREADS": ""}, ["OMP_NUM_THREADS='' is not"]),
+    # must NOT flag
+    ({"CUDA_LAUNCH_BLOCKING": "0", "OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "4,2",
+      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128,"
+                                 "roundup_power2_divisions:[256:1,512:2,>:8],garbage_collection_threshold:0.6"}, []),
+    ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, []),
+])
+def test_env_var_misconfigured(cpu_facts, variables, expected):
+    cpu_facts.env_vars.update(variables)
+    findings = run_check("env-var-misconfigured", cpu_facts)
+    assert len(findings) == len(expected) and all(e in f.message for e, f in zip(expected, findings))
+    if "ALLOC_CONF" in str(variables) and expected:
+        assert findings[0].severity == Severity.ERROR

@@ -79,7 +79,7 @@ def test_select_and_fail_on_with_synthetic_facts(monkeypatch):
         def __exit__(self, *exc):
             pass
 
-        def finish(self):
+        def finish(self, progress=lambda step: None):
             return facts
 
     monkeypatch.setattr(doctor, "FactCollection", Collected)
@@ -93,3 +93,120 @@ def test_select_and_fail_on_with_synthetic_facts(monkeypatch):
     assert only.exit_code == 1 and "shm-too-small" not in only.output
     ignored = runner.invoke(cli, ["env", "--ignore", "shm-too-small,gpu-health", "--fail-on", "info"])
     assert ignored.exit_code == 0 and "No problems found" in ignored.output
+
+
+def fake_collection(monkeypatch, facts):
+    from torchdoctor.env import doctor
+
+    class Collected:
+        def __init__(self, **options):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def finish(self, progress=lambda step: None):
+            progress("importing torch in a subprocess")
+            return facts
+
+    monkeypatch.setattr(doctor, "FactCollection", Collected)
+
+
+# Every field `python -m torch.utils.collect_env` prints (torch 2.13), and the markdown row that covers it.
+COLLECT_ENV_FIELDS = {
+    "PyTorch version": "| PyTorch |", "Is debug build": "debug build:", "CUDA used to build PyTorch":
+    "| CUDA used to build PyTorch |", "ROCM used to build PyTorch": "| ROCm used to build PyTorch |", "OS": "| OS |",
+    "GCC version": "GCC:", "Clang version": "Clang:", "CMake version": "CMake:", "Libc version": "| Libc |",
+    "Python version": "| Python |", "Python platform": "| Python platform |", "Is CUDA available": "| CUDA available |",
+    "CUDA runtime version": "| CUDA toolkit (nvcc) |", "CUDA_MODULE_LOADING set to": "| CUDA_MODULE_LOADING |",
+    "GPU models and configuration": "| GPU models and configuration |", "Nvidia driver version": "| NVIDIA driver |",
+    "cuDNN version": "| cuDNN |", "Is XPU available": "| XPU available |", "HIP runtime version": "| HIP runtime |",
+    "MIOpen runtime version": "| cuDNN |",  # the same row, named MIOpen on ROCm builds
+    "Is XNNPACK available": "| XNNPACK available |", "Caching allocator config": "| Caching allocator config |",
+    "CPU": "CPU (lscpu)", "Versions of relevant libraries": "**Relevant packages (pip)**",
+}
+
+
+def test_markdown_report_covers_collect_env(monkeypatch):
+    from env_fixtures import healthy_gpu_facts
+
+    facts = healthy_gpu_facts()
+    facts.torch.xpu_available, facts.torch.xnnpack, facts.torch.debug = False, True, False
+    facts.system.shm_total = 64 * 1024 ** 2
+    facts.env_vars["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    fake_collection(monkeypatch, facts)
+    result = CliRunner().invoke(cli, ["env", "--format", "markdown"])
+    out = result.output
+    missing = [name for name, row in COLLECT_ENV_FIELDS.items() if row not in out]
+    if not __import__("shutil").which("lscpu"):  # no lscpu (macOS): the CPU row alone
+        missing.remove("CPU")
+    assert missing == [] and result.exit_code == 0
+    assert "| PyTorch | 2.5.1+cu124 (debug build: no) |" in out and "| cuDNN | 90100 |" in out
+    assert "GPU0: NVIDIA A100-SXM4-80GB (sm_80), 80 GiB; GPU1:" in out
+    assert "| Caching allocator config | PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True |" in out
+    assert "torchvision==0.20.1+cu124" in out
+    assert "- **warning TD111 shm-too-small**: /dev/shm is only 64 MiB" in out
+
+
+def test_verbose_lists_the_checks_that_passed_by_area(monkeypatch):
+    from env_fixtures import healthy_cpu_facts
+
+    facts = healthy_cpu_facts()
+    facts.system.shm_total = 64 * 1024 ** 2
+    fake_collection(monkeypatch, facts)
+    out = CliRunner().invoke(cli, ["env", "-v"], env={"COLUMNS": "300"}).output
+    machine = next(line for line in out.splitlines() if line.startswith("✓ machine"))
+    assert "low-resources" in machine and "shm-too-small" not in machine  # it fired
+    assert "✓ torch install" in out and "torch-import-failure" in out
+    plain = CliRunner().invoke(cli, ["env"]).output
+    assert "Checks that passed" not in plain
+
+
+def test_spinner_only_on_a_terminal(monkeypatch):
+    from torchdoctor.cli import env as env_cli
+
+    with env_cli._spinner("json") as progress:
+        progress("importing torch")  # nothing to show: not the console format
+    steps = []
+
+    class Status:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def update(self, text):
+            steps.append(text)
+
+    class Console:
+        def status(self, text):
+            steps.append(text)
+            return Status()
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr("torchdoctor.report.make_console", lambda stderr: Console())
+    with env_cli._spinner("console") as progress:
+        progress("importing torch in a subprocess")
+    assert steps == ["examining this machine…", "importing torch in a subprocess…"]
+
+
+def test_fresh_install_brings_numpy():
+    """The README's quick start installs torch and torchdoctor only: numpy must come as a dependency, or the
+    first report a newcomer sees is numpy-problem's 'NumPy is not installed'."""
+    import re
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(re.match(r"numpy\b", d) for d in deps)
+    quick_start = re.search(r"## Quick start.*?```bash\n(.*?)```", (root / "README.md").read_text(), re.S).group(1)
+    assert "pip install ." in quick_start and "numpy" not in quick_start  # one way to get it, not two

@@ -50,6 +50,12 @@ def multi_rank_problem(launch: Optional[LaunchFacts]) -> Optional[str]:
     return None
 
 
+def launched_by_launcher(launch: Optional[LaunchFacts]) -> bool:
+    """Whether a launcher started this process (torchrun's run id, or torch.distributed.launch's --local-rank),
+    as opposed to RANK/WORLD_SIZE/MASTER_* left over in a shell."""
+    return launch is not None and (launch.run_id is not None or launch.local_rank_arg is not None)
+
+
 def rank_summary(facts: EnvFacts, findings: list[Finding]) -> dict[str, Any]:
     """This rank's payload for rank 0 (the probe adds the torch versions before sending it)."""
     launch = facts.launch or LaunchFacts()

@@ -4,11 +4,11 @@ from __future__ import annotations
 import os
 import platform
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.env.facts import EnvFacts, NvidiaFacts
-from torchdoctor.env.probe import RunningProbe
+from torchdoctor.env.probe import RunningProbe, adopt_early
 from torchdoctor.report import Report
 from torchdoctor.settings import DEFAULT_FAIL_ON, load_settings
 
@@ -50,7 +50,8 @@ class FactCollection:
                  exchange_timeout: Optional[float] = None) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.exchange_timeout = exchange_timeout
-        self.probe = RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout)
+        self.probe = adopt_early(probe_timeout, self.cwd, exchange_timeout) or \
+            RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout)
         self._nvidia: list[NvidiaFacts] = []
         self._nvml = threading.Thread(target=lambda: self._nvidia.append(_nvidia_with_timeout(NVML_TIMEOUT_S)),
                                       name="torchdoctor-nvml-wait", daemon=True)
@@ -64,29 +65,34 @@ class FactCollection:
             self.probe.proc.kill()
             self.probe.proc.wait()
 
-    def finish(self) -> EnvFacts:
-        """Gather the torch-free facts, then wait for NVML and the probe."""
+    def finish(self, progress: Callable[[str], None] = lambda step: None) -> EnvFacts:
+        """Gather the torch-free facts, then wait for NVML and the probe; `progress` hears each step."""
         from torchdoctor.env.packages import collect_packages
         from torchdoctor.env.shadowing import find_shadowing, installed_modules, search_dirs
         from torchdoctor.env.system import collect_system, relevant_env
         from torchdoctor.env.toolkit import collect_toolkit
 
+        progress("reading installed packages (metadata, requirements)")
         packages = collect_packages()
+        progress("reading the OS, CPU, memory, disks, /dev/shm, container limits")
         facts = EnvFacts(
             cwd=self.cwd,
             system=collect_system(self.cwd),
             env_vars=relevant_env(),
             packages=packages.versions,
             torch_requirements=packages.torch_requirements,
-            numpy1_only=packages.numpy1_only,
+            numpy_requirements=packages.numpy_requirements,
+            unmet_requirements=packages.unmet,
             torch_dist_version=packages.versions.get("torch"),
             torch_dist_location=packages.torch_location,
             torch_dist_cuda=packages.torch_cuda,
             toolkit=collect_toolkit(),
             shadowing=find_shadowing(search_dirs(self.cwd), installed_modules(packages.torch_location)),
         )
+        progress("asking the NVIDIA driver (NVML) about GPUs")
         self._nvml.join(NVML_TIMEOUT_S + 1)
         facts.nvidia = self._nvidia[0] if self._nvidia else NvidiaFacts(unavailable_reason="NVML did not answer")
+        progress("importing torch in a subprocess (as your scripts would)")
         facts.torch = self.probe.result()
         return facts
 

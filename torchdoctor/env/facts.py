@@ -7,6 +7,7 @@ capability 12.0, a 470 driver, a 64 MiB /dev/shm) without the hardware. Every fi
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -42,6 +43,11 @@ class TorchProbe:
     openmp_runtimes: list[str] = field(default_factory=list)  # distinct OpenMP libraries mapped
     numpy_version: Optional[str] = None
     numpy_error: Optional[str] = None  # the torch<->numpy bridge failing, with its message
+    git_version: Optional[str] = None  # the commit torch was built from
+    xpu_available: Optional[bool] = None
+    xnnpack: Optional[bool] = None
+    hang_stack: list[str] = field(default_factory=list)  # where a hanging probe was, innermost frame first
+    companion_errors: dict[str, str] = field(default_factory=dict)  # torchvision/torchaudio import errors
 
 
 @dataclass
@@ -114,12 +120,18 @@ class SystemFacts:
     cpu_physical: Optional[int] = None
     cpu_affinity: Optional[int] = None  # CPUs this process may run on
     cgroup_cpu_limit: Optional[float] = None  # CPUs allowed by a container quota
+    cgroup_memory_limit: Optional[int] = None  # bytes a container's cgroup allows (psutil shows the host's)
+    cgroup_memory_used: Optional[int] = None  # bytes charged to that cgroup now
     memory_total: Optional[int] = None
     memory_available: Optional[int] = None
     disk_path: str = "."
     disk_total: Optional[int] = None
     disk_free: Optional[int] = None
     shm_total: Optional[int] = None  # /dev/shm size, None where there is none
+    shm_free: Optional[int] = None
+    open_files_soft: Optional[int] = None  # `ulimit -n`; None: unknown or unlimited
+    open_files_hard: Optional[int] = None
+    cache_free: dict[str, tuple[str, int]] = field(default_factory=dict)  # TMPDIR/TORCH_HOME/HF_HOME -> (path, free)
     container: Optional[str] = None  # "docker", "kubernetes", "container" or None
 
 
@@ -131,6 +143,22 @@ class PathEntry:
     path: str
     origin_dir: str  # the folder on Python's search path it sits in
     via: str = "the working directory"  # why that folder is searched: the working directory or PYTHONPATH
+
+
+@dataclass
+class UnmetRequirement:
+    """An installed distribution's declared requirement that what is installed does not meet (`pip check`)."""
+
+    dist: str
+    version: str
+    requirement: str  # e.g. "tokenizers<0.22,>=0.21"
+    installed: Optional[str] = None  # the installed version of the required package; None: not installed
+
+    @property
+    def requirement_name(self) -> str:
+        """The required package's name: "tokenizers" of "tokenizers<0.22,>=0.21"."""
+        m = re.match(r"[A-Za-z0-9._-]+", self.requirement)
+        return m.group(0) if m else self.requirement
 
 
 @dataclass
@@ -179,12 +207,15 @@ class EnvFacts:
     env_vars: dict[str, str] = field(default_factory=dict)
     packages: dict[str, str] = field(default_factory=dict)  # companion distribution -> version
     torch_requirements: dict[str, str] = field(default_factory=dict)  # distribution -> its torch requirement
-    numpy1_only: list[str] = field(default_factory=list)  # distributions requiring numpy<2
+    numpy_requirements: dict[str, str] = field(default_factory=dict)  # distribution -> its numpy requirement
+    unmet_requirements: list[UnmetRequirement] = field(default_factory=list)  # other than torch's and numpy's
     shadowing: list[PathEntry] = field(default_factory=list)
     cwd: str = "."
     launch: Optional[LaunchFacts] = None  # set when launched for torch.distributed
     ranks: list[RankFacts] = field(default_factory=list)  # every rank's summary (rank 0 under torchrun)
     missing_ranks: list[int] = field(default_factory=list)  # ranks that did not report in time
+    missing_doing: dict[str, str] = field(default_factory=dict)  # rank -> what it last said it was doing
+    report_details: dict[str, str] = field(default_factory=dict)  # OS, compilers, lscpu, conda (--format markdown)
 
     @property
     def torch_cuda(self) -> Optional[str]:

@@ -7,8 +7,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.markers import InvalidMarker, Marker, UndefinedEnvironmentName
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from torchdoctor.env.facts import UnmetRequirement
 
 # Packages whose versions matter when torch misbehaves; shown in the report when installed.
 COMPANIONS = (
@@ -18,6 +22,9 @@ COMPANIONS = (
     "nvidia-cudnn-cu13", "nvidia-cublas-cu12", "nvidia-cublas", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
     "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime",
 )
+# collect_env's "Versions of relevant libraries" name patterns, plus torch's usual companions.
+RELEVANT = re.compile(r"torch|numpy|mypy|flake8|triton|optree|onnx|nccl|cudnn|cublas|cuda|xformers|flash|"
+                      r"lightning|transformers|accelerate|deepspeed|apex|nvidia|mkl|intel-openmp|magma")
 _CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", re.M)
 
 
@@ -25,36 +32,52 @@ _CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)
 class PackageFacts:
     versions: dict[str, str] = field(default_factory=dict)
     torch_requirements: dict[str, str] = field(default_factory=dict)
-    numpy1_only: list[str] = field(default_factory=list)
+    numpy_requirements: dict[str, str] = field(default_factory=dict)
+    unmet: list[UnmetRequirement] = field(default_factory=list)
     torch_location: Optional[str] = None
     torch_cuda: Optional[str] = None
 
 
 _NAME = re.compile(r"^Name:\s*(\S+)", re.M)
 _VERSION = re.compile(r"^Version:\s*(\S+)", re.M)
-# Only the requirements on torch and numpy matter; the rest of the metadata is never parsed.
-_REQUIRES = re.compile(r"^Requires-Dist:\s*((?:torch|numpy)\b.*)$", re.M | re.I)
+_REQUIRES = re.compile(r"^Requires-Dist:\s*(.*)$", re.M)
 
 
-def _applies(req: Requirement) -> bool:
-    return req.marker is None or req.marker.evaluate({"extra": ""})
+_REQ_LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(.*)$")
 
 
-def _requirements(metadata_text: str) -> list[Requirement]:
+def _requirements(header: str) -> list[tuple[str, str]]:
+    """The distribution's requirements that apply here, as (canonical name, specifier): optional extras are
+    skipped, as pip check does. Parsed with packaging's specifier and marker classes only where a line has
+    them (its full requirement parser costs a tenth of a second over a typical environment)."""
     out = []
-    for line in _REQUIRES.findall(metadata_text):
-        try:
-            req = Requirement(line.strip())
-        except InvalidRequirement:
+    for line in _REQUIRES.findall(header):
+        if "extra" in line and re.search(r"\bextra\s*==", line):
             continue
-        if canonicalize_name(req.name) in ("torch", "numpy") and _applies(req):
-            out.append(req)
+        m = _REQ_LINE.match(line)
+        if m is None:
+            continue
+        spec, _, marker = m.group(2).partition(";")
+        spec = spec.strip().strip("()").strip()
+        if spec.startswith("@"):
+            continue  # a direct URL: no version to compare
+        try:
+            if marker.strip() and not Marker(marker.strip()).evaluate({"extra": ""}):
+                continue
+            if spec:
+                SpecifierSet(spec)  # a malformed specifier is skipped, as it cannot be compared
+        except (InvalidMarker, InvalidSpecifier, UndefinedEnvironmentName, ValueError):
+            continue
+        out.append((str(canonicalize_name(m.group(1))), spec))
     return out
 
 
-def _numpy_below_2(req: Requirement) -> bool:
-    return bool(req.specifier) and not req.specifier.contains("2.0.0", prereleases=True) \
-        and req.specifier.contains("1.26.4")
+def _satisfied(spec: str, version: str) -> bool:
+    try:
+        return SpecifierSet(spec).contains(Version(version).base_version if "+" in version else version,
+                                           prereleases=True)
+    except (InvalidVersion, InvalidSpecifier):
+        return True  # a version pip could not compare either is not reported
 
 
 def read_torch_cuda(version_py: Path) -> Optional[str]:
@@ -68,28 +91,38 @@ def read_torch_cuda(version_py: Path) -> Optional[str]:
 
 def collect_packages() -> PackageFacts:
     """One pass over installed distributions (their METADATA read as text, never imported): companion
-    versions, every torch requirement, and numpy<2 pins."""
+    versions, every torch and numpy requirement, and, like `pip check`, every other declared requirement
+    that the installed packages do not meet."""
     facts = PackageFacts()
     seen: set[str] = set()
+    installed: dict[str, str] = {}
+    declared: list[tuple[str, str, str, str]] = []
     for dist in metadata.distributions():
-        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+        # the headers end at the first blank line; the long description after it is never read
+        text = (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").partition("\n\n")[0]
         m = _NAME.search(text)
         name = canonicalize_name(m.group(1)) if m else ""
         if not name or name in seen:
             continue  # the first one on sys.path wins, as it does for imports
         seen.add(name)
-        if name in COMPANIONS:
-            v = _VERSION.search(text)
-            facts.versions[name] = v.group(1) if v else dist.version
-        for req in _requirements(text):
-            if canonicalize_name(req.name) == "torch" and name != "torch" and str(req.specifier):
-                facts.torch_requirements[name] = str(req.specifier)
-            elif canonicalize_name(req.name) == "numpy" and _numpy_below_2(req):
-                facts.numpy1_only.append(name)
+        v = _VERSION.search(text)
+        installed[name] = v.group(1) if v else dist.version
+        if name in COMPANIONS or RELEVANT.search(name):
+            facts.versions[name] = installed[name]
+        for target, spec in _requirements(text):
+            if target == "torch" and name != "torch" and spec:
+                facts.torch_requirements[name] = str(SpecifierSet(spec))
+            elif target == "numpy" and spec:
+                facts.numpy_requirements[name] = str(SpecifierSet(spec))
+            elif target not in ("torch", "numpy"):
+                declared.append((name, installed[name], target, spec))
         if name == "torch":
             init = Path(str(dist.locate_file("torch/__init__.py")))
             if init.is_file():
                 facts.torch_location = str(init.parent)
                 facts.torch_cuda = read_torch_cuda(init.parent / "version.py")
-    facts.numpy1_only.sort()
+    for name, version, target, spec in declared:
+        have = installed.get(target)
+        if have is None or (spec and not _satisfied(spec, have)):
+            facts.unmet.append(UnmetRequirement(name, version, target + str(SpecifierSet(spec)), have))
     return facts

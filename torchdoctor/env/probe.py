@@ -1,9 +1,12 @@
 """Run the torch probe in a subprocess with a timeout, so a broken or hanging torch becomes a fact."""
 from __future__ import annotations
 
+import ast
+import atexit
 import dataclasses
 import json
 import os
+import re
 import queue
 import subprocess
 import sys
@@ -20,22 +23,49 @@ _FIELDS = {f.name for f in dataclasses.fields(TorchProbe)}
 _EOF = None
 
 
+def dump_after(timeout: float) -> float:
+    """When the probe dumps its stacks: shortly before the parent gives up on it."""
+    return max(0.2, timeout - min(2.0, timeout * 0.2))
+
+
+_FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
+
+
+def hang_stack(stderr: list[str]) -> list[str]:
+    """The main thread's stack from faulthandler's dump ("file:line in function", innermost first),
+    without the import machinery's frozen frames and the probe's own."""
+    stack: list[str] = []
+    in_main = False
+    for line in stderr:
+        if line.startswith(("Thread 0x", "Current thread 0x", "Stack (most recent call first)")):
+            if stack:
+                break  # faulthandler prints the current (main) thread first
+            in_main = True
+            continue
+        m = _FRAME.match(line.rstrip("\n"))
+        if in_main and m and not m.group(1).startswith(("<frozen", "<string>")):
+            stack.append(f"{m.group(1)}:{m.group(2)} in {m.group(3)}")
+    return stack
+
+
 class RunningProbe:
     """A started probe. `result()` waits (up to the timeout) for its facts; under torchrun,
     `exchange()` then hands it this rank's payload and, on rank 0, returns every rank's."""
 
     def __init__(self, timeout: float, cwd: Optional[str] = None, exchange_timeout: Optional[float] = None) -> None:
         self.timeout = timeout
+        self.exchange_timeout = exchange_timeout
+        self.cwd = os.path.abspath(cwd or os.getcwd())
         self.started = time.monotonic()
-        env = dict(os.environ)
-        env.setdefault("PYTHONIOENCODING", "utf-8")
+        args = [sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8"), f"{dump_after(timeout):g}"]
         if exchange_timeout is not None:
-            env["TORCHDOCTOR_PROBE_EXCHANGE"] = str(exchange_timeout)
+            args.append(str(exchange_timeout))
+        # The user's environment exactly: what is diagnosed is how *their* `python` imports torch.
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8")],
-            stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env, text=True, errors="replace",
+            args, stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, text=True, encoding="utf-8", errors="replace",
         )
+        self.unreachable: Optional[str] = None  # why the launcher's store could not be reached (torchrun)
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self._stderr: list[str] = []
         out, err = self.proc.stdout, self.proc.stderr
@@ -61,9 +91,11 @@ class RunningProbe:
                 return None, False
             if line.startswith(MARKER):
                 try:
-                    return json.loads(line[len(MARKER):]), False
-                except ValueError:
+                    payload = ast.literal_eval(line[len(MARKER):].strip())
+                except (ValueError, SyntaxError):
                     continue
+                if isinstance(payload, dict):
+                    return payload, False
 
     def _stop(self) -> None:
         if self.proc.poll() is None:
@@ -73,14 +105,21 @@ class RunningProbe:
 
     def result(self) -> TorchProbe:
         """The torch facts, however the probe ended: finished, failed, or still hanging at the timeout."""
-        deadline = self.started + self.timeout
+        deadline = base = self.started + self.timeout
         payloads: list[dict[str, Any]] = []
         timed_out = False
         while True:
             payload, timed_out = self._next_payload(deadline)
             if payload is None or payload.get("kind") == "ready":
                 break
-            payloads.append(payload)
+            if payload.get("kind") == "connecting":  # to the launcher's store: that wait is not the probe's time
+                base, deadline = deadline, deadline + 3 * (self.exchange_timeout or 0) + 5
+            elif payload.get("kind") == "rendezvous":
+                deadline = base + float(payload.get("waited") or 0)
+            elif payload.get("kind") == "unreachable":
+                self.unreachable = f"the launcher's store at MASTER_ADDR:MASTER_PORT: {payload.get('error')}"
+            else:
+                payloads.append(payload)
         if timed_out or self.proc.stdin is None:
             if not timed_out:
                 try:
@@ -90,10 +129,14 @@ class RunningProbe:
             self._stop()
         elif payload is None:  # ended before "ready": it crashed, so there is nothing to exchange
             self._stop()
-        return build_probe(payloads, self._stderr, timed_out, self.timeout, self.proc.returncode)
+        probe = build_probe(payloads, self._stderr, timed_out, self.timeout, self.proc.returncode)
+        if timed_out:
+            probe.seconds = time.monotonic() - self.started
+        return probe
 
     def exchange(self, payload: dict[str, Any], timeout: float) -> Optional[dict[str, Any]]:
-        """Send this rank's payload; on rank 0 return {"ranks": [...], "missing": [...]}, else None."""
+        """Send this rank's payload; on rank 0 return {"ranks": [...], "missing": [...], "doing": {...}};
+        on another rank {"kind": "sent"} once its summary is in the store; None when it could not be shared."""
         if self.proc.poll() is not None or self.proc.stdin is None:
             return None
         try:
@@ -108,9 +151,10 @@ class RunningProbe:
             got, timed_out = self._next_payload(deadline)
             if got is None:
                 break
-            if got.get("kind") == "ranks":
+            if got.get("kind") in ("ranks", "sent"):
                 answer = got
                 break
+
         self._stop()
         return answer
 
@@ -126,7 +170,11 @@ def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bo
             if key in _FIELDS:
                 setattr(probe, key, value)
     err_lines = [line.rstrip("\n") for line in stderr if line.strip()]
-    probe.stderr_tail = err_lines[-12:]
+    dump = next((i for i, line in enumerate(err_lines) if line.startswith("Timeout (")), None)
+    if dump is not None:
+        probe.hang_stack = hang_stack(err_lines[dump + 1:])
+        err_lines = err_lines[:dump]
+    probe.stderr_tail = [line for line in err_lines if '"<string>"' not in line][-12:]
     if timed_out:
         probe.timed_out = True
         if not got_build:
@@ -138,9 +186,44 @@ def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bo
     elif not got_build:
         probe.ok = False
         probe.error_type = "ProbeFailed"
-        tail = " | ".join(err_lines[-3:]) or "no output"
-        probe.error = f"the probe exited with status {returncode}: {tail}"
+        tail = " | ".join(probe.stderr_tail[-3:]) or "no output"
+        probe.error = f"the Python process that imported torch exited with status {returncode}: {tail}"
     for dev in probe.cuda_devices:
         if isinstance(dev.get("capability"), list):
             dev["capability"] = tuple(dev["capability"])
     return probe
+
+
+_EARLY: list[RunningProbe] = []
+
+
+def start_early(args: list[str]) -> None:
+    """For `torchdoctor env` on one machine: start the probe before the command line and its checks are
+    imported (a fifth of a second), so that `import torch` is all `env` waits for. Ranks under a launcher
+    and `--distributed` start theirs later, with the exchange; an unused probe is killed at exit."""
+    if args[:1] != ["env"] or "--distributed" in args or "-h" in args or "--help" in args \
+            or os.environ.get("TORCHELASTIC_RUN_ID"):
+        return
+    timeout = 60.0
+    for i, arg in enumerate(args):
+        value = arg.split("=", 1)[1] if arg.startswith("--timeout=") else \
+            args[i + 1] if arg == "--timeout" and i + 1 < len(args) else None
+        if value is not None:
+            try:
+                timeout = float(value)
+            except ValueError:
+                return  # click reports it
+    _EARLY.append(RunningProbe(timeout))
+    atexit.register(_kill_unused)
+
+
+def adopt_early(timeout: float, cwd: str, exchange_timeout: Optional[float]) -> Optional[RunningProbe]:
+    """The probe `start_early` started, if it was started for these settings."""
+    if _EARLY and exchange_timeout is None and _EARLY[0].timeout == timeout and _EARLY[0].cwd == cwd:
+        return _EARLY.pop()
+    return None
+
+
+def _kill_unused() -> None:
+    for probe in _EARLY:
+        probe._stop()

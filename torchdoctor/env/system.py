@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -36,19 +37,109 @@ def _cpu_model() -> Optional[str]:
     return platform.processor() or None
 
 
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2**63-1
+
+
+@dataclass
+class CgroupLimits:
+    """What a container's cgroup (v1 or v2) allows this process: psutil reports the host's totals."""
+
+    cpus: Optional[float] = None
+    memory_limit: Optional[int] = None
+    memory_used: Optional[int] = None
+
+
+def _read(path: Path) -> Optional[str]:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _chain(base: Path, rel: str) -> list[Path]:
+    """The process's cgroup folder under `base` and every ancestor up to `base` (limits are hierarchical)."""
+    parts = [p for p in rel.strip("/").split("/") if p]
+    return [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def read_cgroup(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Optional[str] = None) -> CgroupLimits:
+    """CPU quota and memory limit/usage of this process's cgroup (`/proc/self/cgroup` says which), the
+    tightest along its ancestors; v2 (`cpu.max`, `memory.max`) and v1 (`cpu.cfs_quota_us`,
+    `memory.limit_in_bytes`)."""
+    if proc_cgroup is None:
+        proc_cgroup = _read(Path("/proc/self/cgroup")) or ""
+    v1: dict[str, str] = {}
+    v2 = "/"
+    for line in proc_cgroup.splitlines():
+        _, controllers, rel = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            v2 = rel
+        for c in controllers.split(","):
+            v1[c] = rel
+    out = CgroupLimits()
+    cpus: list[float] = []
+    limits: list[int] = []
+    for d in _chain(root, v2):
+        cpu_max = (_read(d / "cpu.max") or "max").split()
+        if cpu_max[0] != "max" and len(cpu_max) == 2 and cpu_max[0].isdigit() and cpu_max[1].isdigit():
+            cpus.append(int(cpu_max[0]) / int(cpu_max[1]))
+        mem = _read(d / "memory.max")
+        if mem and mem.isdigit():
+            limits.append(int(mem))
+        if out.memory_used is None and (used := _read(d / "memory.current")) and used.isdigit():
+            out.memory_used = int(used)
+    for ctl in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        for d in _chain(root / ctl, v1.get("cpu", "/")):
+            quota, period = _read(d / "cpu.cfs_quota_us"), _read(d / "cpu.cfs_period_us")
+            if quota and period and quota.isdigit() and period.isdigit() and int(period) > 0:
+                cpus.append(int(quota) / int(period))
+    for d in _chain(root / "memory", v1.get("memory", "/")):
+        mem = _read(d / "memory.limit_in_bytes")
+        if mem and mem.isdigit() and int(mem) < UNLIMITED:
+            limits.append(int(mem))
+        if out.memory_used is None and (used := _read(d / "memory.usage_in_bytes")) and used.isdigit():
+            out.memory_used = int(used)
+    out.cpus = min(cpus) if cpus else None
+    out.memory_limit = min(limits) if limits else None
+    if out.memory_limit is None:
+        out.memory_used = None
+    return out
+
+
 def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
     """CPUs a container quota allows (cgroup v2 cpu.max or v1 cfs quota), None when unlimited."""
+    return read_cgroup(root, "").cpus
+
+
+def open_files_limit() -> "tuple[Optional[int], Optional[int]]":
+    """The soft and hard limit on open files (`ulimit -n`), None where unknown or unlimited."""
     try:
-        quota, period = (root / "cpu.max").read_text().split()[:2]
-        return None if quota == "max" else int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:
-        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
-        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
-    except (OSError, ValueError):
-        return None
+        import resource
+    except ImportError:  # Windows
+        return None, None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return (None if soft == resource.RLIM_INFINITY else soft), (None if hard == resource.RLIM_INFINITY else hard)
+
+
+def _existing(path: str) -> str:
+    """`path`, or its nearest existing parent (a cache folder not created yet lands on that disk)."""
+    p = Path(path).expanduser()
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    return str(p)
+
+
+def cache_dirs(environ: Mapping[str, str]) -> dict[str, str]:
+    """Where temporary files, torch hub/checkpoint downloads and Hugging Face downloads go."""
+    import tempfile
+
+    xdg = environ.get("XDG_CACHE_HOME") or "~/.cache"
+    dirs = {
+        "TMPDIR": tempfile.gettempdir(),
+        "TORCH_HOME": environ.get("TORCH_HOME") or os.path.join(xdg, "torch"),
+        "HF_HOME": environ.get("HF_HOME") or os.path.join(xdg, "huggingface"),
+    }
+    return {name: os.path.expanduser(path) for name, path in dirs.items()}
 
 
 def container_kind() -> Optional[str]:
@@ -78,10 +169,18 @@ def collect_system(cwd: str) -> SystemFacts:
         cpu_model=_cpu_model(),
         cpu_logical=psutil.cpu_count(logical=True),
         cpu_physical=psutil.cpu_count(logical=False),
-        cgroup_cpu_limit=cgroup_cpu_limit(),
         container=container_kind(),
         disk_path=cwd,
     )
+    cgroup = read_cgroup()
+    facts.cgroup_cpu_limit, facts.cgroup_memory_limit = cgroup.cpus, cgroup.memory_limit
+    facts.cgroup_memory_used = cgroup.memory_used
+    facts.open_files_soft, facts.open_files_hard = open_files_limit()
+    for name, path in cache_dirs(os.environ).items():
+        try:
+            facts.cache_free[name] = (path, psutil.disk_usage(_existing(path)).free)
+        except OSError:
+            pass
     if hasattr(os, "sched_getaffinity"):
         facts.cpu_affinity = len(os.sched_getaffinity(0))
     mem = psutil.virtual_memory()
@@ -95,6 +194,7 @@ def collect_system(cwd: str) -> SystemFacts:
         try:
             st = os.statvfs("/dev/shm")
             facts.shm_total = st.f_blocks * st.f_frsize
+            facts.shm_free = st.f_bavail * st.f_frsize
         except OSError:
             pass
     return facts

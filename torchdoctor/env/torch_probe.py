@@ -1,31 +1,62 @@
 """The torch probe: run as ``python -c <this file's source>`` in a subprocess by `torchdoctor env`.
 
-It imports torch the way the user's own scripts would (the working directory first on sys.path) and
-prints JSON lines prefixed with a marker: first the build facts, then the CUDA facts, so a hang in CUDA
-initialisation still leaves the build facts behind, then a "ready" line. Standard library and torch only;
-it never imports torchdoctor.
+It imports torch the way the user's own scripts would (the working directory first on sys.path, the
+user's environment unchanged) and prints Python-literal lines prefixed with a marker: first the build
+facts, then the CUDA facts, so a hang in CUDA initialisation still leaves the build facts behind, then a
+"ready" line. Standard library and torch only; it never imports torchdoctor. Arguments: the seconds after
+which faulthandler dumps every thread's stack (the parent kills it soon after), and under torchrun the
+exchange timeout.
 
-Under torchrun (TORCHDOCTOR_PROBE_EXCHANGE=<timeout s> in its environment) it then reads one JSON line
-from stdin, this rank's summary and findings, and shares it through the launcher's TCPStore: every rank
+Under torchrun it then reads one JSON line from stdin, this rank's summary and findings, and shares it through the launcher's TCPStore: every rank
 writes its key, rank 0 collects all of them (waiting at most the timeout) and prints them as "ranks".
 """
-import json
+import faulthandler
 import os
 import sys
 import time
-import traceback
-from types import ModuleType
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import ModuleType
+
+# Only built-in modules (and `os`, loaded before the search path is read) are imported before `import torch`:
+# the user's `json.py` or `typing.py` must break torch's own import, never the probe's. Payloads are printed
+# as Python literals (ascii), read back with `ast.literal_eval`, so no json is needed before torch.
 
 MARKER = "@@torchdoctor-probe@@"
+COMPANIONS = ("torchvision", "torchaudio")  # import-tested when their build differs from torch's
 
 
-def emit(kind: str, payload: dict[str, Any]) -> None:
-    sys.stdout.write(MARKER + json.dumps({"kind": kind, **payload}, default=str) + "\n")
+def plain(value: object) -> object:
+    """`value` as a literal `ast.literal_eval` reads back (anything else becomes its str)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else str(value)
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    return str(value)
+
+
+def emit(kind: str, payload: "dict[str, object]") -> None:
+    sys.stdout.write(MARKER + ascii(plain({"kind": kind, **payload})) + "\n")
     sys.stdout.flush()
 
 
-def openmp_runtimes() -> list[str]:
+def frames(tb: object) -> "list[str]":
+    """The traceback's frames outside this probe, as "file:line in function" (no `traceback` module)."""
+    out = []
+    while tb is not None:
+        code = tb.tb_frame.f_code  # type: ignore[attr-defined]
+        if code.co_filename != "<string>":
+            out.append(f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}")  # type: ignore[attr-defined]
+        tb = tb.tb_next  # type: ignore[attr-defined]
+    return out[-8:]
+
+
+def openmp_runtimes() -> "list[str]":
     """Distinct OpenMP runtime libraries mapped into this process (Linux only)."""
     found = set()
     try:
@@ -40,8 +71,8 @@ def openmp_runtimes() -> list[str]:
     return sorted(found)
 
 
-def config_highlights(torch: ModuleType) -> dict[str, str]:
-    out: dict[str, str] = {}
+def config_highlights(torch: "ModuleType") -> "dict[str, str]":
+    out: "dict[str, str]" = {}
     try:
         show = torch.__config__.show()
         for line in show.splitlines():
@@ -59,45 +90,41 @@ def config_highlights(torch: ModuleType) -> dict[str, str]:
     return out
 
 
-def main() -> None:
-    start = time.perf_counter()
+def torch_location() -> "str | None":
+    """Where `import torch` went (or would go), without importing anything else from the user's folders."""
+    mod = sys.modules.get("torch")
+    if mod is not None:
+        return getattr(mod, "__file__", None)
     try:
-        import torch
-    except BaseException as exc:  # noqa: B902 - SystemExit from a broken package counts too
-        spec_file = None
-        mod = sys.modules.get("torch")
-        if mod is not None:
-            spec_file = getattr(mod, "__file__", None)
-        else:
-            try:
-                import importlib.util
+        import importlib.util
 
-                spec = importlib.util.find_spec("torch")
-                spec_file = spec.origin if spec else None
-            except Exception:
-                pass
-        emit("build", {
-            "ok": False,
-            "seconds": time.perf_counter() - start,
-            "error_type": type(exc).__name__,
-            "error": str(exc),
-            "traceback_tail": traceback.format_exc().strip().splitlines()[-8:],
-            "torch_file": spec_file,
-        })
-        return
-    seconds = time.perf_counter() - start
-    build: dict[str, Any] = {
+        spec = importlib.util.find_spec("torch")
+        return spec.origin if spec else None
+    except Exception:
+        return None
+
+
+def build_facts(torch: "ModuleType", seconds: float) -> "dict[str, object]":
+    """The build facts; raises (AttributeError, ...) when what was imported is not a working torch."""
+    build: "dict[str, object]" = {
         "ok": True,
         "seconds": seconds,
         "torch_file": getattr(torch, "__file__", None),
-        "version": getattr(torch, "__version__", None),
-        "cuda": getattr(torch.version, "cuda", None),
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
         "hip": getattr(torch.version, "hip", None),
         "debug": getattr(torch.version, "debug", None),
         "num_threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
+        "git_version": getattr(torch.version, "git_version", None),
     }
     build.update(config_highlights(torch))
+    for key, get in (("xpu_available", lambda: torch.xpu.is_available()),
+                     ("xnnpack", lambda: bool(__import__("torch.backends.xnnpack").backends.xnnpack.enabled))):
+        try:
+            build[key] = get()
+        except Exception:
+            build[key] = None
     try:
         build["arch_list"] = torch.cuda.get_arch_list()
     except Exception:
@@ -114,19 +141,88 @@ def main() -> None:
     except Exception as exc:
         build["numpy_error"] = f"{type(exc).__name__}: {exc}"
     build["openmp_runtimes"] = openmp_runtimes()
+    build["companion_errors"] = companion_errors(str(torch.__version__))
+    return build
+
+
+def companion_errors(torch_version: str) -> "dict[str, str]":
+    """Import errors of torchvision/torchaudio, tried only when their version.py names another build than
+    torch's (a `+cu130` torchvision on a `+cpu` torch fails with "operator torchvision::nms does not exist")."""
+    import importlib.util
+
+    errors = {}
+    torch_tag = torch_version.partition("+")[2]
+    for name in COMPANIONS:
+        try:
+            spec = importlib.util.find_spec(name)
+            folder = spec.submodule_search_locations[0] if spec and spec.submodule_search_locations else None
+            if folder is None:
+                continue
+            with open(folder + "/version.py", encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except Exception:
+            continue
+        tag = text.partition("__version__ = ")[2].split("\n", 1)[0].strip("'\" ").partition("+")[2]
+        if tag == torch_tag:
+            continue
+        try:
+            __import__(name)
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}".strip()
+    return errors
+
+
+def main() -> None:
+    dump_after = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+    if dump_after > 0:  # the parent kills a hanging probe: print where it hangs just before that
+        faulthandler.dump_traceback_later(dump_after, exit=False)
+    start = time.perf_counter()
+    try:
+        import torch
+
+        build = build_facts(torch, time.perf_counter() - start)
+    except BaseException as exc:  # noqa: B902 - SystemExit from a broken package counts too
+        emit("build", {
+            "ok": False,
+            "seconds": time.perf_counter() - start,
+            "error_type": type(exc).__name__,
+            "error": str(exc),
+            "traceback_tail": frames(exc.__traceback__),
+            "torch_file": torch_location(),
+        })
+        return
     emit("build", build)
 
-    cuda: dict[str, Any] = {}
+    rendezvous = None
+    if len(sys.argv) > 2:  # under torchrun; the parent extends its deadline by the time spent connecting
+        faulthandler.cancel_dump_traceback_later()
+        emit("connecting", {})
+        before = time.perf_counter()
+        try:
+            rendezvous = Rendezvous(float(sys.argv[2]))
+        except Exception as exc:
+            emit("unreachable", {"error": f"{type(exc).__name__}: {exc}"})
+        waited = time.perf_counter() - before
+        emit("rendezvous", {"waited": waited})
+        if dump_after > 0:
+            faulthandler.dump_traceback_later(max(0.1, dump_after - (before - start)), exit=False)
+    cuda: "dict[str, object]" = {}
     if build["cuda"] or build["hip"]:
+        if rendezvous:
+            rendezvous.status("initialising CUDA")
         cuda = cuda_facts(torch)
         emit("cuda", cuda)
+    faulthandler.cancel_dump_traceback_later()
+    if rendezvous:
+        rendezvous.status("checking its machine (torch-free facts, NVML, the checks)")
     emit("ready", {})
-    if os.environ.get("TORCHDOCTOR_PROBE_EXCHANGE"):
-        exchange(float(os.environ["TORCHDOCTOR_PROBE_EXCHANGE"]), {**build, **cuda})
+    if rendezvous:
+        rendezvous.exchange({**build, **cuda})
 
 
-def cuda_facts(torch: ModuleType) -> dict[str, Any]:
-    cuda: dict[str, Any] = {"cuda_available": False, "cuda_device_count": 0, "cuda_devices": []}
+def cuda_facts(torch: "ModuleType") -> "dict[str, object]":
+    devices: "list[dict[str, object]]" = []
+    cuda: "dict[str, object]" = {"cuda_available": False, "cuda_device_count": 0, "cuda_devices": devices}
     try:
         cuda["cuda_device_count"] = torch.cuda.device_count()
         cuda["cuda_available"] = torch.cuda.is_available()
@@ -136,7 +232,7 @@ def cuda_facts(torch: ModuleType) -> dict[str, Any]:
             except Exception:
                 pass
             for i in range(torch.cuda.device_count()):
-                cuda["cuda_devices"].append({
+                devices.append({
                     "name": torch.cuda.get_device_name(i),
                     "capability": list(torch.cuda.get_device_capability(i)),
                 })
@@ -147,39 +243,59 @@ def cuda_facts(torch: ModuleType) -> dict[str, Any]:
     return cuda
 
 
-def exchange(timeout: float, build: dict[str, Any]) -> None:
-    """Share this rank's payload (stdin) through the launcher's store; rank 0 prints every rank's."""
-    from datetime import timedelta
+class Rendezvous:
+    """This rank's connection to the launcher's TCPStore: it posts what the rank is doing (so rank 0 can say
+    what a rank that never reported was doing), then shares the summary; rank 0 prints every rank's."""
 
-    from torch.distributed import TCPStore
+    def __init__(self, timeout: float) -> None:
+        from datetime import timedelta
 
-    payload = json.loads(sys.stdin.readline() or "{}")
-    payload["torch"] = {k: build.get(k) for k in ("version", "cuda", "cudnn", "hip", "nccl")}
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=None if agent else world,
-                     is_master=(rank == 0 and not agent), timeout=timedelta(seconds=timeout),
-                     wait_for_workers=False)
-    prefix = "torchdoctor/env/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") + "/"
-    store.set(prefix + str(rank), json.dumps(payload))
-    if rank != 0:
-        try:  # keep a non-agent store's clients alive until rank 0 has read everything
-            store.wait([prefix + "collected"], timedelta(seconds=timeout))
-        except Exception:
-            pass
-        return
-    deadline = time.monotonic() + timeout
-    pending = set(range(world))
-    ranks = []
-    while pending and time.monotonic() < deadline:
-        for r in sorted(pending):
-            if store.check([prefix + str(r)]):
-                ranks.append(json.loads(store.get(prefix + str(r))))
-                pending.discard(r)
-        if pending:
-            time.sleep(0.05)
-    store.set(prefix + "collected", "1")
-    emit("ranks", {"ranks": ranks, "missing": sorted(pending)})
+        from torch.distributed import TCPStore
+
+        self.timeout = timeout
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.prefix = "torchdoctor/env/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") + "/"
+        agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        self.store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                              world_size=None if agent else self.world, is_master=(self.rank == 0 and not agent),
+                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
+
+    def status(self, doing: str) -> None:
+        self.store.set(f"{self.prefix}doing/{self.rank}", doing)
+
+    def exchange(self, build: "dict[str, object]") -> None:
+        """Share this rank's payload (stdin); rank 0 collects every rank's, waiting at most the timeout."""
+        import json
+        from datetime import timedelta
+
+        payload = json.loads(sys.stdin.readline() or "{}")
+        payload["torch"] = {k: build.get(k) for k in ("version", "cuda", "cudnn", "hip", "nccl")}
+        store, prefix = self.store, self.prefix
+        store.set(prefix + str(self.rank), json.dumps(payload))
+        if self.rank != 0:
+            emit("sent", {})
+            try:  # keep a non-agent store's clients alive until rank 0 has read everything
+                store.wait([prefix + "collected"], timedelta(seconds=self.timeout))
+            except Exception:
+                pass
+            return
+        deadline = time.monotonic() + self.timeout
+        pending = set(range(self.world))
+        ranks = []
+        while pending and time.monotonic() < deadline:
+            for r in sorted(pending):
+                if store.check([prefix + str(r)]):
+                    ranks.append(json.loads(store.get(prefix + str(r))))
+                    pending.discard(r)
+            if pending:
+                time.sleep(0.05)
+        doing = {}
+        for r in pending:
+            key = f"{prefix}doing/{r}"
+            if store.check([key]):
+                doing[str(r)] = store.get(key).decode("utf-8", "replace")
+        store.set(prefix + "collected", "1")
+        emit("ranks", {"ranks": ranks, "missing": sorted(pending), "doing": doing})
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
@@ -74,9 +75,17 @@ def facts_view(facts: dict[str, Any]) -> Table:
     if sysf.get("cgroup_cpu_limit"):
         cpu += f" · container quota {sysf['cgroup_cpu_limit']:g} CPUs"
     table.add_row("CPU", cpu)
-    table.add_row("Memory", f"{byte_size(sysf.get('memory_available'))} available of {byte_size(sysf.get('memory_total'))}"
-                            f" · disk {byte_size(sysf.get('disk_free'))} free at {sysf.get('disk_path')}")
+    memory = f"{byte_size(sysf.get('memory_available'))} available of {byte_size(sysf.get('memory_total'))}"
+    if sysf.get("cgroup_memory_limit"):
+        memory += f" · container limit {byte_size(sysf['cgroup_memory_limit'])}"
+        if sysf.get("cgroup_memory_used") is not None:
+            memory += f" ({byte_size(sysf['cgroup_memory_used'])} used)"
+    table.add_row("Memory", memory + f" · disk {byte_size(sysf.get('disk_free'))} free at {sysf.get('disk_path')}")
     shm = byte_size(sysf["shm_total"]) if sysf.get("shm_total") is not None else "none"
+    if sysf.get("shm_free") is not None:
+        shm += f" ({byte_size(sysf['shm_free'])} free)"
+    if sysf.get("open_files_soft"):
+        shm += f" · open files limit {sysf['open_files_soft']}"
     table.add_row("/dev/shm", shm + (f" · in {sysf['container']}" if sysf.get("container") else ""))
     for label, value in _gpu_rows(facts["nvidia"], torch):
         table.add_row(label, value)
@@ -101,3 +110,20 @@ def _short(value: str, limit: int = 60) -> str:
     """A variable's value cut for the summary table (CUDA images set NVIDIA_REQUIRE_CUDA to dozens of
     constraints); `--format json` keeps it whole."""
     return value if len(value) <= limit else value[: limit - 3] + "..."
+
+
+def passed_view(facts_table: Table, passed: list[str], areas: dict[str, tuple[str, ...]]) -> Group:
+    """The facts, then one ✓ line per area listing the checks that found nothing (`env -v`)."""
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 2), title_justify="left")
+    table.add_column(style="bold green", no_wrap=True)
+    table.add_column(overflow="fold")
+    placed: set[str] = set()
+    for area, names in areas.items():
+        ok = [n for n in names if n in passed]
+        placed.update(ok)
+        if ok:
+            table.add_row(f"✓ {area}", ", ".join(ok))
+    others = [n for n in passed if n not in placed]
+    if others:
+        table.add_row("✓ other", ", ".join(others))
+    return Group(facts_table, Text(""), Text("Checks that passed", style="bold"), table)

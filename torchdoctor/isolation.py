@@ -1,0 +1,122 @@
+"""Run the `torchdoctor` command line isolated from the user's project: a `random.py` in the working
+directory, the script's folder or on PYTHONPATH must not break the tool that diagnoses it.
+
+`torchdoctor/__init__.py` calls `isolate_cli()` first thing when the process is the command line
+(`torchdoctor ...` or `python -m torchdoctor ...`). If a folder searched before the standard library holds
+anything importable, the process re-executes itself as `python -c BOOT` with that folder off `sys.path`
+and PYTHONPATH taken out of its environment (kept aside, and put back before anything runs, so the torch
+probe still sees exactly the user's environment). Only `sys` and `os` are used here: they are loaded
+before Python reads the search path, so nothing here can be shadowed.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+SAVED_PYTHONPATH = "TORCHDOCTOR_USER_PYTHONPATH"
+_IMPORTABLE = (".py", ".pyc", ".pyw", ".so", ".pyd")
+# Runs first in the re-executed process: drops '' (the working directory) from sys.path before any import,
+# appends torchdoctor's own folder when it was only found through a dropped one, restores the user's environment,
+# then runs the command line.
+BOOT = ("import sys; sys.path[:1] = [] if sys.path[:1] == [''] else sys.path[:1]; "
+        "root = sys.argv.pop(1); sys.path.extend([root] if root else []); "
+        "from torchdoctor.isolation import restore_environment; restore_environment(); "
+        "from torchdoctor.cli import main; main()")
+
+
+def is_cli_launch(argv: list[str], orig_argv: "list[str] | None", main_file: "str | None") -> bool:
+    """True when this process is the torchdoctor command line: the console script, or `-m torchdoctor`
+    (while `-m` locates the package, `sys.argv[0]` is "-m")."""
+    if argv[:1] == ["-m"]:
+        if orig_argv is None:  # Python 3.9 has no sys.orig_argv; only `-m torchdoctor` imports us this early
+            return True
+        for i, arg in enumerate(orig_argv):
+            if arg == "-m":
+                return orig_argv[i + 1: i + 2] == ["torchdoctor"]
+            if arg.startswith("-m"):
+                return arg[2:] == "torchdoctor"
+        return False
+    if not argv or main_file is None:
+        return False
+    name = os.path.basename(argv[0]).lower()
+    script = name in ("torchdoctor", "torchdoctor.exe", "torchdoctor-script.py")
+    return script and os.path.realpath(main_file) == os.path.realpath(argv[0])
+
+
+def unsafe_dirs(path: list[str], environ: "dict[str, str] | os._Environ[str]") -> list[str]:
+    """Folders Python searches before the standard library that the user controls: the script's folder or
+    the working directory (`sys.path[0]`), and PYTHONPATH entries."""
+    dirs: list[str] = []
+    if not getattr(sys.flags, "safe_path", False) and not sys.flags.isolated and path:
+        dirs.append(path[0] or os.getcwd())
+    if not sys.flags.ignore_environment:
+        pythonpath = environ.get("PYTHONPATH")
+        dirs += [p or os.getcwd() for p in pythonpath.split(os.pathsep)] if pythonpath else []
+    return [d for d in dirs if d and os.path.isdir(d)]
+
+
+def holds_modules(folder: str) -> bool:
+    """Whether `folder` has anything an `import` could pick up (a module file or a regular package)."""
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.name.endswith(_IMPORTABLE):
+                    return True
+                if entry.is_dir() and os.path.isfile(os.path.join(entry.path, "__init__.py")):
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def interpreter_options() -> list[str]:
+    """The interpreter options of this process, to pass on to the re-executed one."""
+    flags = sys.flags
+    opts = ["-O"] * flags.optimize
+    opts += ["-B"] if flags.dont_write_bytecode else []
+    opts += ["-s"] if flags.no_user_site else []
+    opts += ["-E"] if flags.ignore_environment else []
+    opts += ["-u"] if "-u" in (getattr(sys, "orig_argv", None) or []) else []
+    opts += [f"-W{w}" for w in sys.warnoptions]
+    opts += [f"-X{k}" if v is True else f"-X{k}={v}" for k, v in getattr(sys, "_xoptions", {}).items()]
+    return opts
+
+
+def isolate_cli() -> None:
+    """Re-execute this command-line process without the user's folders on `sys.path` when they hold modules."""
+    if not is_cli_launch(sys.argv, getattr(sys, "orig_argv", None),
+                         getattr(sys.modules.get("__main__"), "__file__", None)):
+        return
+    dirs = unsafe_dirs(sys.path, os.environ)
+    if not any(holds_modules(d) for d in dirs):
+        _start_probe(sys.argv[1:])
+        return
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    real_dirs = {os.path.realpath(d) for d in dirs}
+    root = package_root if os.path.realpath(package_root) in real_dirs else ""
+    env = dict(os.environ)
+    if "PYTHONPATH" in env:
+        env[SAVED_PYTHONPATH] = env.pop("PYTHONPATH")
+    args = [sys.executable, *interpreter_options(), "-c", BOOT, root, *sys.argv[1:]]
+    sys.stdout.flush()
+    if os.name == "nt":  # no exec on Windows: run it and pass its exit status on
+        sys.exit(os.spawnve(os.P_WAIT, sys.executable, args, env))
+    os.execve(sys.executable, args, env)
+
+
+def _start_probe(args: list[str]) -> None:
+    """`torchdoctor env` starts its torch probe now, before the command line is imported (see `start_early`)."""
+    if args[:1] == ["env"]:
+        from torchdoctor.env.probe import start_early
+
+        start_early(args)
+
+
+def restore_environment() -> None:
+    """In the re-executed process, before the command line runs: put the user's PYTHONPATH back for the
+    probe, and start the probe of `torchdoctor env`."""
+    saved = os.environ.pop(SAVED_PYTHONPATH, None)
+    if saved is not None:
+        os.environ["PYTHONPATH"] = saved
+    sys.argv[0] = "torchdoctor"
+    _start_probe(sys.argv[1:])
