@@ -93,7 +93,7 @@ def _all_finite(tensors: list[Any]) -> bool:
 
     groups: dict[tuple[Any, Any], list[Any]] = {}
     for t in tensors:
-        if not t.is_sparse:
+        if not t.is_sparse and t.device.type != "meta":  # a meta tensor has no values to read
             groups.setdefault((t.device, t.dtype), []).append(t)
     for (_, dtype), ts in groups.items():
         norms = torch._foreach_norm(ts, 2, dtype=torch.float32) if dtype == torch.float16 else torch._foreach_norm(ts)
@@ -111,6 +111,8 @@ def _finite_flags(named: list[tuple[str, Any]]) -> list[tuple[list[str], Any]]:
 
     groups: dict[tuple[Any, Any], list[tuple[str, Any]]] = {}
     for name, t in named:
+        if t.device.type == "meta":
+            continue
         groups.setdefault((t.device, t.dtype), []).append((name, t))
     flags = []
     for members in groups.values():
@@ -128,7 +130,7 @@ def _first_nonfinite(named: list[tuple[str, Any]]) -> Optional[str]:
 def _is_float(value: Any) -> bool:
     import torch
 
-    return isinstance(value, torch.Tensor) and value.is_floating_point()
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.device.type != "meta"
 
 
 @NONFINITE_VALUES.runtime
