@@ -27,6 +27,8 @@ class WatchedModel:
         self.inner, self.wrappers = unwrap(module)
         self.label = label
         self._mode_layers: Optional[list[str]] = None
+        self.last_child: Optional[nn.Module] = None  # until the first step: the last direct child that ran
+        self.entry: Optional[str] = None  # the child's type, when the model is seen through it
         self._footprint: Optional[tuple[int, int]] = None
 
     def mode_dependent_layers(self) -> list[str]:

@@ -5,7 +5,10 @@ session's `HookSet`, which removes them all when the session stops (also after a
 
 ==============================  ============================================================
 FORWARD                         one global ``register_module_forward_hook``, filtered to the watched
-                                models as the user calls them (the outermost wrapper)
+                                models as the user calls them (the outermost wrapper); a model never
+                                called by the first step (Lightning's ``training_step``) is seen through
+                                the last direct child that ran
+STEP with a closure             the step events wait for the closure's first evaluation (LBFGS)
 ZERO_GRAD                       per-instance wrappers of the optimizers' ``zero_grad`` (`patches`)
 STEP_PRE, PERIODIC, STEP_POST   ``Optimizer.register_step_pre_hook``/``register_step_post_hook`` (a
                                 per-instance wrapper of ``step`` where the optimizer has no hook state)
@@ -55,6 +58,7 @@ class EventHub:
         self.on_fault = on_fault
         self.subs: dict[Event, list[tuple[RuntimeCheck, Callable[..., Any]]]] = {e: [] for e in Event}
         self._watched: dict[int, WatchedModel] = {}
+        self._children: dict[int, WatchedModel] = {}  # direct children of the models, until the first step
         for chk in checks:
             for event in type(chk).subscribed_events():
                 self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
@@ -95,6 +99,7 @@ class EventHub:
             # global, not per module: nothing of ours lands in the user's modules, so torch.save(model)
             # and copy.deepcopy(model) (EMA) work unchanged during the session
             self._watched = {id(wm.module): wm for wm in self.ctx.models}
+            self._children = {id(c): wm for wm in self.ctx.models for c in wm.inner.children()}
             attempt("the forward hook", {Event.FORWARD}, lambda: hooks.add(register_module_forward_hook(self._forward)))
             # torch warns that global hooks also fire for an OptimizedModule's inner module; the id lookup in
             # _forward dispatches each watched call once anyway, so that warning would only puzzle the user
@@ -123,17 +128,61 @@ class EventHub:
                                   after=functools.partial(self._step_post, wo)))
 
     def _forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if _tracing():
+        if _is_compiling():
             return
         wm = self._watched.get(id(module))
         if wm is None:
+            if self._children:  # until the first step: which direct child stands for a model never called
+                child_of = self._children.get(id(module))
+                if child_of is not None:
+                    child_of.last_child = module
             return
+        if _in_functorch():
+            return
+        if self._children and wm.module is module:
+            for child in wm.inner.children():
+                self._children.pop(id(child), None)
+        training = wm.inner.training
         grad_enabled = torch.is_grad_enabled()
         inference = torch.is_inference_mode_enabled()
-        self.ctx.last_forward = LastForward(wm.label, module.training, grad_enabled, inference)
-        self.dispatch(Event.FORWARD, ForwardEvent(wm, output, module.training, grad_enabled, inference))
+        self.ctx.last_forward = LastForward(wm.label, training, grad_enabled, inference)
+        self.dispatch(Event.FORWARD, ForwardEvent(wm, output, training, grad_enabled, inference))
 
-    def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _adopt_children(self) -> None:
+        """At the first step: a model whose own __call__ never ran (Lightning's training_step, a method
+        called instead of forward) is seen through the last of its direct children that ran, whose output
+        carries the step's graph (``self.head(self.encoder(x))``: the head). Only weakly kept until then."""
+        for wm in self.ctx.models:
+            child = wm.last_child
+            if child is not None and id(wm.module) in self._watched and id(child) in self._children:
+                self._watched[id(child)] = wm
+                wm.entry = type(child).__name__
+            wm.last_child = None
+        self._children = {}
+
+    def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        if self._children:
+            self._adopt_children()
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
+        if closure is None:
+            self._dispatch_step(wo)
+            return None
+        # LBFGS, Lightning's automatic optimization: forward and backward run inside step(), in the closure;
+        # the checks see the step once its first evaluation has produced the gradients
+        pending = [True]
+
+        def closure_then_step_events() -> Any:
+            loss = closure()
+            if pending:
+                pending.clear()
+                self._dispatch_step(wo)
+            return loss
+
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_step_events}
+        return (args[0], closure_then_step_events, *args[2:]), kwargs
+
+    def _dispatch_step(self, wo: WatchedOptimizer) -> None:
         event = StepEvent(wo, wo.steps)
         self.dispatch(Event.STEP_PRE, event)
         if wo.steps % self.ctx.every == 0:
@@ -151,14 +200,12 @@ class EventHub:
 
 
 
-def _tracing() -> bool:
-    """True while dynamo traces (so the hook must add nothing to the graph) or inside a torch.func
-    transform (outputs are functorch wrappers without storage or graph)."""
-    if _is_compiling():
-        return True
-    return _functorch_stack is not None and _functorch_stack() is not None
-
-
+# True while dynamo traces: the forward hook must then add nothing to the graph (checked first, cheaply)
 _is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) \
     or torch._dynamo.is_compiling
 _functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+
+
+def _in_functorch() -> bool:
+    """Inside a torch.func transform: outputs are functorch wrappers, without storage or autograd graph."""
+    return _functorch_stack is not None and _functorch_stack() is not None

@@ -261,7 +261,8 @@ class WatchSession:
     def _facts(self, ctx: WatchContext) -> dict[str, Any]:
         facts: dict[str, Any] = {
             "models": [{"label": wm.label, "wrappers": wm.wrappers,
-                        "parameters": sum(p.numel() for p in wm.inner.parameters())} for wm in ctx.models],
+                        "parameters": sum(p.numel() for p in wm.inner.parameters()),
+                        **({"forward_seen_through": wm.entry} if wm.entry else {})} for wm in ctx.models],
             "optimizers": [{"label": wo.label, "steps": wo.steps, **({"wrappers": wo.wrappers} if wo.wrappers else {})}
                            for wo in ctx.optimizers],
             "checks": self._enabled,
