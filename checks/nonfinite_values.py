@@ -149,6 +149,7 @@ class NonfiniteValues(RuntimeCheck):
         self.first_module: Optional[str] = None
         self.bad_input = False
         self.probe: Any = None
+        self.input_checked = False
         self.pending: list[tuple[str, int, list[tuple[list[str], Any]]]] = []  # (optimizer, step, finite_flags)
         self.zero_grads: dict[int, int] = {}  # per optimizer: zero_grad() calls since its last step
 
@@ -270,8 +271,11 @@ class NonfiniteValues(RuntimeCheck):
     def _arm_probe(self) -> None:
         """One forward with a finiteness check on every module output and on the root inputs."""
         handles = []
+        self.input_checked = False
         for wm in self.ctx.models:
-            handles.append(self.ctx.hooks.add(wm.inner.register_forward_pre_hook(self._check_input)))
+            # the root's input, or the first direct child's where the model is never called as a whole
+            for module in (wm.inner, *wm.inner.children()):
+                handles.append(self.ctx.hooks.add(module.register_forward_pre_hook(self._check_input)))
             for name, module in wm.inner.named_modules():
                 if name:
                     handles.append(self.ctx.hooks.add(module.register_forward_hook(
@@ -281,6 +285,9 @@ class NonfiniteValues(RuntimeCheck):
     def _check_input(self, module: Any, args: Any) -> None:
         import torch
 
+        if self.input_checked:  # only the first input of the forward is the batch
+            return
+        self.input_checked = True
         try:
             tensors = [a for a in args if _is_float(a)]
             if tensors and not all(bool(torch.isfinite(t).all()) for t in tensors):

@@ -106,14 +106,19 @@ class EventHub:
             hooks.add(WarningFilter(r"Using `torch.compile\(module\)` when there are global hooks"))
         for wo in self.ctx.optimizers:
             if Event.ZERO_GRAD in wanted:  # optimizers only: their __getstate__ leaves the wrapper out of copies
-                attempt(f"{wo.label}.zero_grad", {Event.ZERO_GRAD}, lambda wo=wo: hooks.add(MethodPatch(
-                    wo.optimizer, "zero_grad", after=lambda *_, wo=wo: self.dispatch(Event.ZERO_GRAD, ZeroGradEvent(wo)))))
+                attempt(f"{wo.label}.zero_grad", {Event.ZERO_GRAD}, functools.partial(self._hook_zero_grad, wo))
             # always: the post hook keeps the step count that locations and PERIODIC use
             attempt(f"{wo.label}.step", {Event.STEP_PRE, Event.PERIODIC, Event.STEP_POST},
-                    lambda wo=wo: self._hook_step(wo, wanted & {Event.STEP_PRE, Event.PERIODIC}))
+                    functools.partial(self._hook_step, wo, wanted & {Event.STEP_PRE, Event.PERIODIC}))
         if Event.LOADER_ITER in wanted:
             attempt("DataLoader.__iter__", {Event.LOADER_ITER}, lambda: hooks.add(LoaderPatch(self._loader_iter)))
         return failed
+
+    def _hook_zero_grad(self, wo: WatchedOptimizer) -> None:
+        def after(*_: Any) -> None:
+            self.dispatch(Event.ZERO_GRAD, ZeroGradEvent(wo))
+
+        self.ctx.hooks.add(MethodPatch(wo.optimizer, "zero_grad", after=after))
 
     def _hook_step(self, wo: WatchedOptimizer, pre: set[Event]) -> None:
         """Step hooks on one optimizer: torch's own, or a wrapper of ``step`` for an optimizer that never ran

@@ -153,9 +153,9 @@ class WatchSession:
         self._enabled = sorted(self._info_of[id(c)].name for c in checks)
         self._hub = EventHub(ctx, checks, self._sink, self._fault)
         self.hook_errors = []
-        for what, exc, off in self._hub.install():  # never break training: watch the rest and say what is off
+        for what, error, off in self._hub.install():  # never break training: watch the rest and say what is off
             names = sorted(self._info_of[id(c)].name for c in off)
-            self.hook_errors.append(f"could not watch {what} ({type(exc).__name__}: {exc}); "
+            self.hook_errors.append(f"could not watch {what} ({type(error).__name__}: {error}); "
                                     f"checks that go without it: {', '.join(names) or 'none'}")
             _warn_at_user_line(TorchDoctorWarning(f"torchdoctor.watch {self.hook_errors[-1]}"))
         self._hub.dispatch(Event.START)
