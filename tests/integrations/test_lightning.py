@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from conftest import need, problems, quiet
+from frameworks import need, problems, quiet
 
 L = need("lightning")
 from torchdoctor.integrations.lightning import TorchDoctorCallback  # noqa: E402

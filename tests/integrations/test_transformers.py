@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from conftest import need, problems, quiet
+from frameworks import need, problems, quiet
 
 transformers = need("transformers")
 accelerate = need("accelerate")
