@@ -75,7 +75,7 @@ def test_a_correct_fit_is_quiet_and_sees_the_real_forwards():
 
 
 def test_losses_kept_in_training_step_are_a_graph_leak():
-    s = _fit(Classifier(keep_losses=True), _data(), epochs=8).session
+    s = _fit(Classifier(keep_losses=True), _data(), epochs=3).session
     assert "graph-retention-leak" in problems(s)
 
 
