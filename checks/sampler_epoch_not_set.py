@@ -85,22 +85,57 @@ def _epoch_samplers(loader: Any) -> list[Any]:
     return [s for s in unique.values() if callable(getattr(s, "set_epoch", None)) and hasattr(s, "epoch")]
 
 
+def _count_batches(iterator: Any) -> list[int]:
+    """A counter of the batches `iterator` yields: a per-instance wrapper of its ``_next_data`` (what
+    ``__next__`` calls) that holds the iterator only weakly, so workers shut down when it is dropped."""
+    counter = [0]
+    original = getattr(type(iterator), "_next_data", None)
+    if original is None:
+        counter[0] = -1  # not a torch DataLoader iterator: unknown
+        return counter
+    ref = weakref.ref(iterator)
+
+    def counting() -> Any:
+        counter[0] += 1
+        return original(ref())
+
+    iterator._next_data = counting
+    return counter
+
+
+def _peek(counter: list[int], loader: Any) -> bool:
+    """The pass that `counter` counted read at most one batch of a loader that has more."""
+    try:
+        return 0 <= counter[0] <= 1 and len(loader) > 1
+    except TypeError:  # no len(): an iterable dataset
+        return False
+
+
 @SAMPLER_EPOCH_NOT_SET.runtime
 class SamplerEpochNotSet(RuntimeCheck):
     """At each ``iter(loader)``: a shuffling sampler whose ``epoch`` did not change since its last pass."""
 
     def on_start(self) -> None:
-        self.last: dict[int, tuple[Any, Any]] = {}  # id(sampler) -> (weakref, epoch at its last pass)
+        # id(sampler) -> (weakref, epoch of its last real pass or None, epoch and batch counter of its latest pass)
+        self.last: dict[int, tuple[Any, Optional[int], int, list[int]]] = {}
         self.reported: set[int] = set()
 
     def on_loader_iter(self, event: LoaderEvent) -> Iterator[Finding]:
-        for sampler in _epoch_samplers(event.loader):
-            if not getattr(sampler, "shuffle", True):
-                continue  # a fixed order is what the user asked for (e.g. validation)
+        samplers = [s for s in _epoch_samplers(event.loader) if getattr(s, "shuffle", True)]
+        if not samplers:  # a fixed order is what the user asked for (e.g. validation)
+            return
+        counter = _count_batches(event.iterator)
+        for sampler in samplers:
             key, epoch = id(sampler), sampler.epoch
             previous = self.last.get(key)
-            self.last[key] = (weakref.ref(sampler), epoch)
-            if previous is None or previous[0]() is not sampler or previous[1] != epoch or key in self.reported:
+            if previous is not None and previous[0]() is not sampler:
+                previous = None  # a new sampler at a recycled id
+            real: Optional[int] = None
+            if previous is not None:
+                # `next(iter(loader))` before training (PyTorch's DDP tutorial) reads one batch: not a pass
+                real = previous[1] if _peek(previous[3], event.loader) else previous[2]
+            self.last[key] = (weakref.ref(sampler), real, epoch, counter)
+            if real is None or real != epoch or key in self.reported:
                 continue
             self.reported.add(key)
             dataset = type(getattr(event.loader, "dataset", None)).__name__

@@ -151,7 +151,9 @@ class EventHub:
         grad_enabled = torch.is_grad_enabled()
         inference = torch.is_inference_mode_enabled()
         self.ctx.last_forward = LastForward(wm.label, training, grad_enabled, inference)
-        self.dispatch(Event.FORWARD, ForwardEvent(wm, output, training, grad_enabled, inference))
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None) if isinstance(args, tuple) else None
+        key = (id(first), first.data_ptr()) if first is not None and first.device.type != "meta" else None
+        self.dispatch(Event.FORWARD, ForwardEvent(wm, output, training, grad_enabled, inference, key))
 
     def _adopt_children(self) -> None:
         """At the first step: a model whose own __call__ never ran (Lightning's training_step, a method
