@@ -35,6 +35,7 @@ class _Sentinel:
 
     def __del__(self) -> None:
         self.tracker._handles.pop(self.key, None)
+        self.tracker._counted.discard(self.key)
         if self.on_free is not None and self.tracker.active:
             try:
                 self.on_free(self.reached)
@@ -48,6 +49,7 @@ class GraphTracker:
     def __init__(self) -> None:
         self.active = True
         self._handles: dict[int, Any] = {}
+        self._counted: set[int] = set()  # the sentinels that stand for a graph in `sentinels`
         self._keys = itertools.count()
 
     def stop(self) -> None:
@@ -55,20 +57,24 @@ class GraphTracker:
         for handle in list(self._handles.values()):
             handle.remove()
         self._handles.clear()
+        self._counted.clear()
 
     @property
     def sentinels(self) -> int:
-        """Sentinels (hence tracked graphs) still alive."""
-        return len(self._handles)
+        """Tracked graphs still alive (sentinels put with `count=True`)."""
+        return len(self._counted)
 
     def track(self, tensor: torch.Tensor, on_backward: Optional[Callable[[], None]] = None,
-              on_free: Optional[Callable[[bool], None]] = None) -> bool:
-        """Put a sentinel on `tensor`'s graph; False when it has none (no grad, or an inference tensor)."""
+              on_free: Optional[Callable[[bool], None]] = None, count: bool = True) -> bool:
+        """Put a sentinel on `tensor`'s graph; False when it has none (no grad, or an inference tensor).
+        `count=False` for a second sentinel on a graph that another check already counts."""
         fn = tensor.grad_fn
         if fn is None or not self.active:
             return False
         key = next(self._keys)
         self._handles[key] = fn.register_prehook(_Sentinel(self, key, on_backward, on_free))
+        if count:
+            self._counted.add(key)
         return True
 
 
