@@ -143,7 +143,8 @@ class MissingZeroGrad(RuntimeCheck):
             return
         # an exactly-zero gradient (a WGAN critic's last bias: D(real).mean() - D(fake).mean() cancels) looks like
         # a cleared one at every step: take the smallest parameter whose gradient is not all zero (once per session)
-        param = next((p for p in with_grad[:8] if p.grad.device.type != "meta" and bool(p.grad.any())), with_grad[0])
+        param = next((p for p in with_grad[:8] if (g := p.grad) is not None and g.device.type != "meta" and bool(g.any())),
+                     with_grad[0])
         s = _Sentinel(param)
         self.sentinels[id(event.optimizer)] = s
         self.ctx.hooks.add(param.register_hook(lambda grad, s=s: self._before_accumulate(s)))

@@ -82,7 +82,7 @@ def footprint(tensor: torch.Tensor, owned: Iterable[torch.Tensor] = (), limit: i
     """(nodes, bytes) of the graph behind `tensor`: its autograd nodes and the storages they saved for
     backward, not counting the storages of `owned` tensors (parameters and buffers, alive anyway).
     Walks the graph once; call it for one forward per model, never per step."""
-    skip = {t.untyped_storage().data_ptr() for t in owned}
+    skip = {_storage(t)[0] for t in owned}
     storages: dict[int, int] = {}
     nodes: dict[Any, None] = {}  # keeps the node wrappers alive while walking
     stack = [tensor.grad_fn]
@@ -92,11 +92,21 @@ def footprint(tensor: torch.Tensor, owned: Iterable[torch.Tensor] = (), limit: i
             continue
         nodes[fn] = None
         for saved in _saved_tensors(fn):
-            storage = saved.untyped_storage()
-            if storage.data_ptr() not in skip:
-                storages[storage.data_ptr()] = storage.nbytes()
+            ptr, nbytes = _storage(saved)
+            if ptr is not None and ptr not in skip:
+                storages[ptr] = nbytes
         stack.extend(f for f, _ in fn.next_functions)
     return len(nodes), sum(storages.values())
+
+
+def _storage(tensor: torch.Tensor) -> tuple[Optional[int], int]:
+    """(data pointer, bytes) of a tensor's storage; (None, 0) for tensors without one of their own
+    (FSDP2's DTensor shards, functorch wrappers, tensor subclasses)."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, 0
 
 
 def _saved_tensors(fn: Any) -> list[torch.Tensor]:
