@@ -328,7 +328,8 @@ def watch(
     """Watch a training loop for the runtime pitfalls: ``with torchdoctor.watch(model, optimizer): ...``.
 
     `model`/`optimizer`/`loader` may each be one object or a list; wrappers (DataParallel, DDP,
-    torch.compile) are seen through. `checks`/`ignore` select checks by name or code, over the
+    torch.compile; accelerate's, Lightning's and DeepSpeed-style optimizer wrappers) are seen through, and a
+    finished session holds them only weakly. `checks`/`ignore` select checks by name or code, over the
     `[tool.torchdoctor]` table found from the working directory and the TORCHDOCTOR_* variables (see
     `torchdoctor.settings`; their fail-on sets `report().exit_code()`); an unknown name, or a check that
     only another front door runs, raises `ValueError`. Expensive checks run every `every` steps.
