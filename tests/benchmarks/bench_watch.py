@@ -292,7 +292,7 @@ def main() -> None:
     args.models = args.models or "mlp,cnn,lm,cnn-compile"
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.rounds} rounds x {args.steps} steps")
-    print(f"{'model':<6}{'configuration':<16}{'cpu ms':>8}{'ratio':>8}{'(quartiles)':>16}{'wall ms':>9}{'ratio':>8}"
+    print(f"{'model':<12}{'configuration':<16}{'cpu ms':>8}{'ratio':>8}{'(quartiles)':>16}{'wall ms':>9}{'ratio':>8}"
           "   target (cpu)")
     for name in args.models.split(","):
         for config, r in bench(name, args.rounds, args.steps).items():
@@ -300,7 +300,7 @@ def main() -> None:
             if config == "watch":
                 target = f"<= {TARGETS[name]:.2f}x {'ok' if r['cpu_ratio'] <= TARGETS[name] else 'MISSED'}"
             low, high = r["cpu_iqr"]
-            print(f"{name:<6}{config:<16}{r['cpu_ms']:>8.2f}{r['cpu_ratio']:>7.3f}x{f'({low:.3f}-{high:.3f})':>16}"
+            print(f"{name:<12}{config:<16}{r['cpu_ms']:>8.2f}{r['cpu_ratio']:>7.3f}x{f'({low:.3f}-{high:.3f})':>16}"
                   f"{r['wall_ms']:>9.2f}{r['wall_ratio']:>7.3f}x   {target}")
     counts = fullgraph_counts()
     added = tuple(w - b for w, b in zip(counts["watch"], counts["baseline"]))
