@@ -1,6 +1,6 @@
 """Real Lightning, transformers and accelerate loops (the `integrations` extra). Where a library is missing
-its tests skip, except under CI (the CI variable set), where the extra is installed and a skip would hide
-a failure (`frameworks.need`)."""
+its tests skip, unless torchdoctor's `test` extra declares it: then a skip would hide a failure, and the
+import error fails the run (`frameworks.need`)."""
 import pytest
 import torch
 
