@@ -102,10 +102,13 @@ class BackwardMissesParameters(RuntimeCheck):
     def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
         if self.reported:
             return
+        unreached = [wm for wm in self.ctx.models
+                     if wm.label in self.since and self.since[wm.label].built and not self.since[wm.label].reached]
+        if not unreached:  # the usual step: backward went through this step's forwards
+            return
         params = [p for p in event.optimizer.params() if p.requires_grad]
         held = {id(p) for p in params}
-        missed = [wm.label for wm in self.ctx.models if wm.label in self.since and self.since[wm.label].built
-                  and not self.since[wm.label].reached and any(id(p) in held for p in wm.inner.parameters())]
+        missed = [wm.label for wm in unreached if any(id(p) in held for p in wm.inner.parameters())]
         if missed and params and all(p.grad is None for p in params):
             self.reported = True
             yield Finding(
