@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-from collections import deque
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
@@ -14,7 +13,7 @@ from torchdoctor.sdk.source import (
 if TYPE_CHECKING:
     from torchdoctor.sdk.runtime import WatchedModel
 
-# 51 steps, the fewest the runtime detector needs: it compares the live-graph count across a 50-step window.
+# 17 steps: the runtime detector reports graphs kept from at least half of 16 consecutive steps.
 _TRAINING = """
 import torch
 from torch import nn
@@ -22,7 +21,7 @@ from torch import nn
 model = nn.Linear(4, 2)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 criterion = nn.MSELoss()
-loader = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(51)]
+loader = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(17)]
 """
 
 GRAPH_RETENTION_LEAK = Pitfall(
@@ -73,16 +72,18 @@ GRAPH_RETENTION_LEAK = Pitfall(
         """,
         "runtime": """
             `watch` puts a sentinel hook on the `grad_fn` of each forward output built with gradients; the graph
-            owns the sentinel, so the count of live sentinels is the count of forward graphs still alive, and the
-            sentinel also notes whether backward went through its graph. After each step of the first optimizer
-            it samples that count. When it grew by about one graph per step (at least 45 over the last 50 steps)
-            something holds every step's graph, and it reports an error with the growth per step and the bytes:
-            for graphs that were never back-propagated, the activations one forward saves for backward (measured
-            once per model by walking its graph, parameters and buffers excluded); for graphs that were (the usual
-            `total_loss += loss`), `backward()` already freed those, so it gives the number of graph nodes each
-            one keeps; and when CUDA is in use, the slope of the CUDA allocator's `memory_allocated()`. A steady
-            count, a cache that plateaus within the window, and truncated BPTT that detaches every few steps are
-            quiet. `watch` does not install `saved_tensors_hooks`: they would switch off autograd's in-place
+            owns the sentinel, so it knows which graphs are alive and in which step each was built, and whether
+            backward went through it. A normal loop frees a step's graph by the next step (the next forward
+            rebinds `loss`). After each step of the first optimizer it looks at the graphs built before the
+            previous step that are still alive: when they come from at least half of 16 or more consecutive
+            steps, something keeps them (`total_loss += loss`, also when reset every epoch), and it reports an
+            error right then, however short the run; at session exit it also reports graphs kept since the first
+            steps. The message gives the graphs and steps, and the bytes: for graphs never back-propagated, the
+            activations one forward saves for backward (measured once per model by walking its graph,
+            parameters and buffers excluded); for graphs that were, the graph nodes each one keeps; and the
+            CUDA allocator's `memory_allocated()` when CUDA is in use. A steady loop, a bounded cache of recent
+            losses, per-episode lists freed at each step (REINFORCE, whatever the episode length) and truncated
+            BPTT are quiet. `watch` does not install `saved_tensors_hooks`: they would switch off autograd's in-place
             checks and make `torch.func` refuse to run.
         """,
     },
@@ -99,22 +100,29 @@ def _cuda_allocated() -> Optional[int]:
 
 
 class _Live:
+    """Per model: its tracked forward graphs still alive, by the step they were built in."""
+
     def __init__(self) -> None:
-        self.graphs = 0        # tracked forward graphs alive
-        self.unreached = 0     # ...of which backward never went through (their activations are still saved)
+        self.by_step: dict[int, int] = {}  # step (completed steps when built) -> graphs alive
+        self.unreached = 0                 # graphs alive that backward never went through (activations saved)
+
+    def old_steps(self, now: int) -> list[int]:
+        """The steps before the previous one whose graphs are still alive."""
+        return sorted(t for t, n in self.by_step.items() if n > 0 and t <= now - 2)
 
 
 @GRAPH_RETENTION_LEAK.runtime
 class GraphRetentionLeak(RuntimeCheck):
-    """Sentinels count the forward graphs still alive; a count that grows by about one graph per step over
-    `window` steps means something holds every step's graph. Bytes: the saved activations of one forward
-    (measured once per model) for graphs never back-propagated, and the CUDA allocator's slope."""
+    """Sentinels count each step's forward graphs while they are alive. A normal loop frees a step's graph
+    by the next step (the next forward rebinds `loss`); a loop that keeps graphs from at least half of the
+    last `span` or more steps (`total += loss`, reset per epoch or never) holds them: reported at once,
+    however short the run, and at session exit when nothing built since the first steps was ever freed.
+    A bounded cache (the last 10 losses) and per-episode lists freed at each step (REINFORCE) are quiet."""
 
-    window = 50
+    span = 16  # a graph chain this many steps long, at least half of them alive, is a leak, not a cache
 
     def on_start(self) -> None:
         self.live: dict[str, _Live] = {}
-        self.samples: deque[tuple[int, int, Optional[int]]] = deque(maxlen=self.window + 1)
         self.reported = False
 
     def on_forward(self, event: ForwardEvent) -> None:
@@ -126,52 +134,64 @@ class GraphRetentionLeak(RuntimeCheck):
         if out is None:
             return
         live = self.live.setdefault(event.model.label, _Live())
+        step = self.ctx.step
 
         def backward() -> None:
             live.unreached -= 1
 
         def freed(reached: bool) -> None:
-            live.graphs -= 1
+            left = live.by_step.get(step, 1) - 1
+            if left > 0:
+                live.by_step[step] = left
+            else:
+                live.by_step.pop(step, None)
             live.unreached -= not reached
 
         if self.ctx.graphs.track(out, on_backward=backward, on_free=freed):
-            live.graphs += 1
+            live.by_step[step] = live.by_step.get(step, 0) + 1
             live.unreached += 1
             event.model.graph_footprint(out)
 
     def on_step_post(self, event: StepEvent) -> Iterator[Finding]:
         if self.reported or event.optimizer is not self.ctx.optimizers[0]:
             return
-        activations = sum(v.unreached * self._model(k).graph_footprint(None)[1]
-                          for k, v in self.live.items() if v.unreached)
-        # torch.cuda.memory_allocated() builds the allocator's whole stats dict (~0.3 ms): every `every` steps
-        cuda = _cuda_allocated() if event.step % self.ctx.every == 0 else None
-        self.samples.append((sum(v.graphs for v in self.live.values()), activations, cuda))
-        if len(self.samples) <= self.window:
+        now = event.step + 1  # the steps completed once this one is
+        for label, live in self.live.items():
+            old = live.old_steps(now)
+            if old and now - old[0] >= self.span and 2 * len(old) >= now - 1 - old[0]:
+                yield self._finding(label, live, old, now, at_exit=False)
+                return
+
+    def on_stop(self) -> Iterator[Finding]:
+        if self.reported or not self.ctx.optimizers:
             return
-        (live0, saved0, _), (live1, saved1, _) = self.samples[0], self.samples[-1]
-        if live1 - live0 < 0.9 * self.window:
-            return
+        now = self.ctx.step
+        for label, live in self.live.items():
+            old = live.old_steps(now)
+            if old and old[0] <= 1 and len(old) >= 2 and 2 * len(old) >= now - 1 - old[0]:
+                yield self._finding(label, live, old, now, at_exit=True)
+                return
+
+    def _finding(self, label: str, live: _Live, old: list[int], now: int, at_exit: bool) -> Finding:
         self.reported = True
-        label = max(self.live, key=lambda k: self.live[k].graphs)
-        nodes = self._model(label).graph_footprint(None)[0]
-        per_step = (live1 - live0) / self.window
-        saved = (saved1 - saved0) / self.window
-        memory = (f"their saved activations grow by about {byte_size(saved)} per step" if saved > 0 else
-                  f"backward() freed their saved activations, so each costs its ~{nodes} graph nodes, and memory "
-                  "grows slowly but without bound")
-        sampled = [(i, c) for i, (_, _, c) in enumerate(self.samples) if c is not None]
-        if len(sampled) >= 2:
-            (i0, cuda0), (i1, cuda1) = sampled[0], sampled[-1]
-            memory += f"; CUDA allocated memory grows by {byte_size((cuda1 - cuda0) / (i1 - i0))} per step"
-        yield Finding(
-            f"Autograd graphs of {label}'s forward outputs stay alive across steps: {live1} are alive now, "
-            f"{per_step:.1f} more per step over the last {self.window} steps ({memory}). Something keeps a "
+        nodes, saved = self._model(label).graph_footprint(None)
+        graphs = sum(live.by_step[t] for t in old)
+        memory = (f"about {byte_size(live.unreached * saved)} of activations never back-propagated are saved with "
+                  "them" if live.unreached and saved else
+                  f"backward() freed their saved activations, so each keeps its ~{nodes} graph nodes, and memory "
+                  "grows with every step")
+        cuda = _cuda_allocated()
+        if cuda is not None:
+            memory += f"; CUDA allocated memory is {byte_size(cuda)}"
+        when = "when the session ended" if at_exit else f"after step {now - 1}"
+        return Finding(
+            f"Autograd graphs of {label}'s forward outputs stay alive across steps: {when}, {graphs} graphs built in "
+            f"{len(old)} earlier steps (the oldest in step {old[0]}) are still alive ({memory}). Something keeps a "
             "tensor that is still attached to its graph, e.g. `losses.append(loss)` or `total_loss += loss`.",
             fix="Keep numbers, not graphs, across steps:\n"
                 "total_loss += loss.item()      # or loss.detach()\n"
                 "losses.append(loss.item())",
-            location=Location(module=label, step=event.step))
+            location=Location(module=label, step=now - 1))
 
     def _model(self, label: str) -> "WatchedModel":
         return next(wm for wm in self.ctx.models if wm.label == label)

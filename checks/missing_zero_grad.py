@@ -141,10 +141,14 @@ class MissingZeroGrad(RuntimeCheck):
             s.cleared = True
 
     def _choose(self, event: StepEvent) -> None:
-        with_grad = [p for p in event.optimizer.params() if p.grad is not None and p.requires_grad]
+        with_grad = sorted((p for p in event.optimizer.params() if p.grad is not None and p.requires_grad),
+                           key=lambda p: p.numel())
         if not with_grad:
             return
-        param = min(with_grad, key=lambda p: p.numel())
+        # an exactly-zero gradient (a WGAN critic's last bias: D(real).mean() - D(fake).mean() cancels) looks like
+        # a cleared one at every step: take the smallest parameter whose gradient is not all zero (once per session)
+        param = next((p for p in with_grad[:8] if (g := p.grad) is not None and g.device.type != "meta" and bool(g.any())),
+                     with_grad[0])
         s = _Sentinel(param)
         self.sentinels[id(event.optimizer)] = s
         self.ctx.hooks.add(param.register_hook(lambda grad, s=s: self._before_accumulate(s)))

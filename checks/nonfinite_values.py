@@ -5,7 +5,7 @@ import functools
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
+from torchdoctor.sdk.runtime import ForwardEvent, MethodPatch, RuntimeCheck, StepEvent, ZeroGradEvent, unwrap_optimizer
 
 _UNNORMALISED_PIXELS = """
 import torch
@@ -72,9 +72,13 @@ NONFINITE_VALUES = Pitfall(
             host synchronisation, so the step never waits for the GPU); the flags of the steps in between are
             read together at the next full check, every `every` steps, and the finding names the step where
             NaN/Inf first appeared, which `step()` has by then written into the weights. Steps that `GradScaler`
-            skips are never seen, so mixed-precision overflows are quiet; a loss that stays NaN makes it skip
-            every step, so 50 `zero_grad()` calls in a row without a `step()` (by then any usual scale has been
-            halved below 1) are reported as a stalled run. It reports once per session. [docs/gpu.md](../gpu.md)
+            skips are watched through `GradScaler.step`: a skipped step costs one read of the gradients, to
+            name the first parameter whose gradient is NaN (an fp16 overflow gives Inf, not NaN). When the
+            scaler has skipped at least 10 steps of an optimizer and more than half of them, the finding gives
+            the count, the first skipped step and that parameter; the few overflow skips while the scale
+            calibrates, and one skip per growth interval later, stay quiet. Without torch's `GradScaler`, 50
+            `zero_grad()` calls in a row without a `step()` are reported as a stalled run. It reports once per
+            session. [docs/gpu.md](../gpu.md)
             has the cost on a GPU.
         """,
     },
@@ -84,6 +88,17 @@ _FIX = ("Lower the learning rate, clip gradients (`torch.nn.utils.clip_grad_norm
         "check the data for NaN/Inf, and guard logs/divisions (`torch.log(x + 1e-8)`); to find the op, run "
         "once under `torch.autograd.detect_anomaly()`.")
 SKIPPED_STEPS = 50  # GradScaler halves its scale per skipped step: 50 skips take any init_scale up to 2**50 below 1
+MOSTLY_SKIPPED = 10  # GradScaler skips of one optimizer, more than half of its steps: a finding
+
+
+class _ScalerSteps:
+    """Per optimizer: its GradScaler steps, the skipped ones, and the first skip whose gradients held NaN."""
+
+    def __init__(self) -> None:
+        self.total = self.skipped = 0
+        self.steps_before = 0
+        self.first_skip: Optional[int] = None
+        self.first_nan: Optional[tuple[int, str]] = None  # (step, parameter)
 
 
 def _all_finite(tensors: list[Any]) -> bool:
@@ -93,7 +108,7 @@ def _all_finite(tensors: list[Any]) -> bool:
 
     groups: dict[tuple[Any, Any], list[Any]] = {}
     for t in tensors:
-        if not t.is_sparse:
+        if not t.is_sparse and t.device.type != "meta":  # a meta tensor has no values to read
             groups.setdefault((t.device, t.dtype), []).append(t)
     for (_, dtype), ts in groups.items():
         norms = torch._foreach_norm(ts, 2, dtype=torch.float32) if dtype == torch.float16 else torch._foreach_norm(ts)
@@ -111,6 +126,8 @@ def _finite_flags(named: list[tuple[str, Any]]) -> list[tuple[list[str], Any]]:
 
     groups: dict[tuple[Any, Any], list[tuple[str, Any]]] = {}
     for name, t in named:
+        if t.device.type == "meta":
+            continue
         groups.setdefault((t.device, t.dtype), []).append((name, t))
     flags = []
     for members in groups.values():
@@ -128,7 +145,7 @@ def _first_nonfinite(named: list[tuple[str, Any]]) -> Optional[str]:
 def _is_float(value: Any) -> bool:
     import torch
 
-    return isinstance(value, torch.Tensor) and value.is_floating_point()
+    return isinstance(value, torch.Tensor) and value.is_floating_point() and value.device.type != "meta"
 
 
 @NONFINITE_VALUES.runtime
@@ -147,8 +164,66 @@ class NonfiniteValues(RuntimeCheck):
         self.first_module: Optional[str] = None
         self.bad_input = False
         self.probe: Any = None
+        self.input_checked = False
         self.pending: list[tuple[str, int, list[tuple[list[str], Any]]]] = []  # (optimizer, step, finite_flags)
         self.zero_grads: dict[int, int] = {}  # per optimizer: zero_grad() calls since its last step
+        self.scaled: dict[int, _ScalerSteps] = {}  # per watched optimizer (by id of the torch optimizer)
+        self._watch_grad_scaler()
+
+    def _watch_grad_scaler(self) -> None:
+        """Listen to every ``GradScaler.step(optimizer)`` (the class: the scaler is not passed to watch)."""
+        import torch
+
+        scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
+        if scaler is not None and self.ctx.optimizers:
+            self.ctx.hooks.add(MethodPatch(scaler, "step", before=self._scaler_step_before,
+                                           after=self._scaler_step_after))
+
+    def _scaled_optimizer(self, args: tuple, kwargs: dict) -> Any:
+        optimizer = args[1] if len(args) > 1 else kwargs.get("optimizer")
+        inner = unwrap_optimizer(optimizer)[0]
+        return next((wo for wo in self.ctx.optimizers if wo.optimizer is inner), None)
+
+    def _scaler_step_before(self, cls: Any, args: tuple, kwargs: dict) -> None:
+        wo = self._scaled_optimizer(args, kwargs)
+        if wo is not None:
+            self.scaled.setdefault(id(wo.optimizer), _ScalerSteps()).steps_before = wo.steps
+
+    def _scaler_step_after(self, cls: Any, args: tuple, kwargs: dict) -> None:
+        """Runs in the user's scaler.step(): counts only, and at most one finding through ctx.emit."""
+        try:
+            wo = self._scaled_optimizer(args, kwargs)
+            if wo is None:
+                return
+            st = self.scaled[id(wo.optimizer)]
+            st.total += 1
+            if wo.steps != st.steps_before:
+                return
+            st.skipped += 1  # the optimizer's step did not run: GradScaler found Inf/NaN
+            st.first_skip = wo.steps if st.first_skip is None else st.first_skip
+            if st.first_nan is None:
+                name = next((self.ctx.param_name(p) or f"{wo.label} parameter {i}" for i, p in enumerate(wo.params())
+                             if p.grad is not None and not p.grad.is_sparse and _is_float(p.grad)
+                             and bool(p.grad.isnan().any())), None)
+                st.first_nan = (wo.steps, name) if name else None
+            if not self.found and st.skipped >= MOSTLY_SKIPPED and 2 * st.skipped > st.total:
+                for finding in self._mostly_skipped(wo, st):
+                    self.ctx.emit(self, finding)
+        except Exception as exc:  # never break the user's scaler.step()
+            self.ctx.fault(self, exc)
+
+    def _mostly_skipped(self, wo: Any, st: _ScalerSteps) -> Iterator[Finding]:
+        if st.first_nan is not None:
+            step, name = st.first_nan
+            cause = (f"their gradients held NaN, first at step {step} in `{name}`: a NaN loss or forward, which "
+                     "no scale fixes")
+        else:
+            step, name = st.first_skip or 0, None
+            cause = "their gradients overflowed to Inf even as the scale shrank: the loss or activations are huge"
+        self.step = step
+        yield from self._hit(
+            f"GradScaler skipped {st.skipped} of {st.total} {wo.label}.step() calls (the first at step "
+            f"{st.first_skip}): {cause}; the model is barely training.", name, step)
 
     def on_zero_grad(self, event: ZeroGradEvent) -> Iterator[Finding]:
         key = id(event.optimizer)
@@ -268,8 +343,11 @@ class NonfiniteValues(RuntimeCheck):
     def _arm_probe(self) -> None:
         """One forward with a finiteness check on every module output and on the root inputs."""
         handles = []
+        self.input_checked = False
         for wm in self.ctx.models:
-            handles.append(self.ctx.hooks.add(wm.inner.register_forward_pre_hook(self._check_input)))
+            # the root's input, or the first direct child's where the model is never called as a whole
+            for module in (wm.inner, *wm.inner.children()):
+                handles.append(self.ctx.hooks.add(module.register_forward_pre_hook(self._check_input)))
             for name, module in wm.inner.named_modules():
                 if name:
                     handles.append(self.ctx.hooks.add(module.register_forward_hook(
@@ -279,6 +357,9 @@ class NonfiniteValues(RuntimeCheck):
     def _check_input(self, module: Any, args: Any) -> None:
         import torch
 
+        if self.input_checked:  # only the first input of the forward is the batch
+            return
+        self.input_checked = True
         try:
             tensors = [a for a in args if _is_float(a)]
             if tensors and not all(bool(torch.isfinite(t).all()) for t in tensors):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 import weakref
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import LoaderEvent, RuntimeCheck
@@ -70,8 +70,11 @@ SAMPLER_EPOCH_NOT_SET = Pitfall(
             While a session is active, `DataLoader.__iter__` is patched (the original is restored at exit) so that
             each new pass over any loader is seen. For every sampler of that loader that has `set_epoch()` and an
             `epoch` attribute (such as `DistributedSampler`) and shuffles, `watch` remembers the epoch of its last
-            pass; a new pass with the same epoch is a warning. Calling `set_epoch(0)` every epoch is caught the same
-            way. Samplers with `shuffle=False`, used for validation, are quiet.
+            pass; a new pass with the same epoch is a warning, given when that pass reads its second batch (at the
+            user's loop line). A pass that reads at most one batch of a longer loader is a peek, not a pass
+            (PyTorch's DDP tutorial calls `next(iter(loader))` for a log line before `set_epoch`): it is neither
+            judged nor remembered. Calling `set_epoch(0)` every epoch is caught the same way. Samplers with
+            `shuffle=False`, used for validation, are quiet.
         """,
     },
 )
@@ -85,34 +88,98 @@ def _epoch_samplers(loader: Any) -> list[Any]:
     return [s for s in unique.values() if callable(getattr(s, "set_epoch", None)) and hasattr(s, "epoch")]
 
 
+def _count_batches(iterator: Any, on_second: Callable[[], None]) -> list[int]:
+    """A counter of the batches `iterator` yields, calling `on_second` at its second batch: a per-instance
+    wrapper of its ``_next_data`` (what ``__next__`` calls) that holds the iterator only weakly, so workers
+    shut down as soon as the user drops it. [-1] where it is not a torch DataLoader iterator."""
+    counter = [0]
+    original = getattr(type(iterator), "_next_data", None)
+    if original is None:
+        return [-1]
+    ref = weakref.ref(iterator)
+
+    def counting() -> Any:
+        counter[0] += 1
+        if counter[0] == 2:
+            on_second()
+        return original(ref())
+
+    iterator._next_data = counting
+    return counter
+
+
 @SAMPLER_EPOCH_NOT_SET.runtime
 class SamplerEpochNotSet(RuntimeCheck):
     """At each ``iter(loader)``: a shuffling sampler whose ``epoch`` did not change since its last pass."""
 
     def on_start(self) -> None:
-        self.last: dict[int, tuple[Any, Any]] = {}  # id(sampler) -> (weakref, epoch at its last pass)
+        self.last: dict[int, _Passes] = {}  # id(sampler) -> its passes so far
         self.reported: set[int] = set()
 
     def on_loader_iter(self, event: LoaderEvent) -> Iterator[Finding]:
-        for sampler in _epoch_samplers(event.loader):
-            if not getattr(sampler, "shuffle", True):
-                continue  # a fixed order is what the user asked for (e.g. validation)
-            key, epoch = id(sampler), sampler.epoch
-            previous = self.last.get(key)
-            self.last[key] = (weakref.ref(sampler), epoch)
-            if previous is None or previous[0]() is not sampler or previous[1] != epoch or key in self.reported:
-                continue
-            self.reported.add(key)
-            dataset = type(getattr(event.loader, "dataset", None)).__name__
-            yield Finding(
-                f"{type(sampler).__name__} of the DataLoader over {dataset} started another pass "
-                f"with epoch still {epoch}: set_epoch() was not called, so every epoch shuffles into the same order.",
-                fix="Advance the sampler's epoch before each pass:\n"
-                    "for epoch in range(epochs):\n"
-                    "    sampler.set_epoch(epoch)\n"
-                    "    for batch in loader:\n"
-                    "        ...",
-                location=Location(key=type(sampler).__name__, step=self.ctx.step))
+        samplers = [s for s in _epoch_samplers(event.loader) if getattr(s, "shuffle", True)]
+        if not samplers:  # a fixed order is what the user asked for (e.g. validation)
+            return
+        try:
+            batches: Optional[int] = len(event.loader)
+        except TypeError:  # no len(): an iterable dataset, where every pass counts
+            batches = None
+        dataset = type(getattr(event.loader, "dataset", None)).__name__
+        started = []
+        for sampler in samplers:
+            previous = self.last.get(id(sampler))
+            real: Optional[int] = None
+            if previous is not None and previous.sampler() is sampler:  # else a new sampler at a recycled id
+                real = previous.real if previous.peek() else previous.epoch
+            passes = self.last[id(sampler)] = _Passes(sampler, real, sampler.epoch, batches, dataset)
+            started.append(passes)
+        if batches is None or batches <= 1:  # a peek would be the whole pass: judge now
+            for passes in started:
+                yield from self._judge(passes)
+            return
+
+        def second_batch() -> None:
+            """A pass that reads a second batch is not a peek: judge it now, inside the user's loop."""
+            try:
+                for passes in started:
+                    for finding in self._judge(passes):
+                        self.ctx.emit(self, finding)
+            except Exception as exc:  # never break the user's data loading
+                self.ctx.fault(self, exc)
+
+        counter = _count_batches(event.iterator, second_batch)
+        for passes in started:
+            passes.counter = counter
+
+    def _judge(self, passes: "_Passes") -> Iterator[Finding]:
+        """A real pass at the same epoch as the real pass before it."""
+        sampler = passes.sampler()
+        if sampler is None or passes.real is None or passes.real != passes.epoch or id(sampler) in self.reported:
+            return
+        self.reported.add(id(sampler))
+        yield Finding(
+            f"{type(sampler).__name__} of the DataLoader over {passes.dataset} started another pass "
+            f"with epoch still {passes.epoch}: set_epoch() was not called, so every epoch shuffles into the same order.",
+            fix="Advance the sampler's epoch before each pass:\n"
+                "for epoch in range(epochs):\n"
+                "    sampler.set_epoch(epoch)\n"
+                "    for batch in loader:\n"
+                "        ...",
+            location=Location(key=type(sampler).__name__, step=self.ctx.step))
+
+
+class _Passes:
+    """A sampler's latest pass (its epoch and batch counter) and the epoch of the last real pass before it."""
+
+    def __init__(self, sampler: Any, real: Optional[int], epoch: int, batches: Optional[int], dataset: str) -> None:
+        self.sampler = weakref.ref(sampler)
+        self.real, self.epoch, self.batches, self.dataset = real, epoch, batches, dataset
+        self.counter = [-1]  # batches read (-1: not counted)
+
+    def peek(self) -> bool:
+        """The pass read at most one batch of a loader that has more: `next(iter(loader))` (PyTorch's DDP
+        tutorial does it for a log line), not a pass."""
+        return self.batches is not None and self.batches > 1 and 0 <= self.counter[0] <= 1
 
 
 @SAMPLER_EPOCH_NOT_SET.source

@@ -1,7 +1,7 @@
 """train-mode-in-eval: validation under no_grad that forgot model.eval(): Dropout and BatchNorm act as in training."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck
@@ -65,7 +65,9 @@ TRAIN_MODE_IN_EVAL = Pitfall(
             model that has BatchNorm or Dropout layers and that also ran training forwards (train mode, gradients
             on) in the session. Models that never train with gradients, such as a momentum (MoCo/BYOL) key
             encoder run in train mode under `no_grad` on purpose, are quiet, and so are models without
-            mode-dependent layers.
+            mode-dependent layers. So are BatchNorm recalibration (`torch.optim.swa_utils.update_bn` sets every
+            BatchNorm's momentum to None for a cumulative average) and MC-dropout sampling (the same input
+            tensor fed again, in train mode on purpose, or dropout layers switched back on after `eval()`).
         """,
     },
 )
@@ -75,6 +77,17 @@ class _ModeStreak:
     def __init__(self) -> None:
         self.trained = False   # the model ran a train()-mode forward with gradients in this session
         self.streak = 0        # consecutive train()-mode forwards without gradients
+        self.last_input: Optional[tuple[int, int]] = None  # of the last such forward
+        self.sampling = False  # the streak fed one input twice: MC-dropout sampling
+
+
+def _recalibrating_batchnorm(model: Any) -> bool:
+    """BatchNorm statistics being recomputed on purpose: every BatchNorm has momentum None (a cumulative
+    average), as `torch.optim.swa_utils.update_bn` sets it."""
+    from torchdoctor.sdk.runtime import MODE_DEPENDENT
+
+    norms = [m for m in model.modules() if isinstance(m, MODE_DEPENDENT[0])]
+    return bool(norms) and all(m.momentum is None for m in norms)
 
 
 @TRAIN_MODE_IN_EVAL.runtime
@@ -90,15 +103,16 @@ class TrainModeInEval(RuntimeCheck):
     def on_forward(self, event: ForwardEvent) -> Iterator[Finding]:
         st = self.state.setdefault(event.model.label, _ModeStreak())
         if event.grad_enabled or not event.training:
-            st.streak = 0
+            st.streak, st.sampling = 0, False
             st.trained = st.trained or (event.grad_enabled and event.training)
             return
-        st.streak += 1
+        st.sampling = st.sampling or (st.streak > 0 and event.input_key is not None and event.input_key == st.last_input)
+        st.streak, st.last_input = st.streak + 1, event.input_key
         label = event.model.label
-        if st.streak < self.min_forwards or not st.trained or label in self.reported:
+        if st.streak < self.min_forwards or not st.trained or label in self.reported or st.sampling:
             return
         layers = event.model.mode_dependent_layers()
-        if not layers:
+        if not layers or _recalibrating_batchnorm(event.model.inner):
             return
         self.reported.add(label)
         mode = "torch.inference_mode()" if event.inference_mode else "torch.no_grad()"

@@ -40,3 +40,29 @@ def unwrap(module: Any) -> tuple[Any, list[str]]:
     chain = wrapper_chain(module)
     names = ["torch.compile" if type(w).__name__ == "OptimizedModule" else type(w).__name__ for w in chain]
     return (_inner(chain[-1]) if chain else module), names
+
+
+# Attributes under which optimizer wrappers keep the optimizer they wrap: accelerate's AcceleratedOptimizer
+# and DeepSpeed's ZeRO optimizers (`optimizer`), Lightning's LightningOptimizer (`_optimizer`).
+_OPTIMIZER_ATTRS = ("optimizer", "_optimizer")
+
+
+def unwrap_optimizer(optimizer: Any) -> tuple[Any, list[str]]:
+    """The torch optimizer inside optimizer wrappers (accelerate, Lightning, HF Trainer, DeepSpeed-style),
+    and the wrappers' type names (outermost first). A wrapper is an object that keeps a torch optimizer
+    under `optimizer`/`_optimizer` and shows its param_groups (or has none of its own hook state)."""
+    import torch
+
+    names: list[str] = []
+    for _ in range(4):
+        inner = next((v for a in _OPTIMIZER_ATTRS
+                      if isinstance(v := getattr(optimizer, a, None), torch.optim.Optimizer) and v is not optimizer), None)
+        if inner is None:
+            break
+        own_groups = getattr(optimizer, "param_groups", None)
+        if own_groups is not None and own_groups is not inner.param_groups \
+                and "_optimizer_step_pre_hooks" in getattr(optimizer, "__dict__", {}):
+            break  # a real optimizer of its own that merely holds another one
+        names.append(type(optimizer).__name__)
+        optimizer = inner
+    return optimizer, names

@@ -1,13 +1,16 @@
 """Benchmark: per-step time of a training loop with and without `torchdoctor.watch`, and under anomaly mode.
 
-Run: python tests/benchmarks/bench_watch.py [--rounds N] [--steps N] [--models mlp,cnn]
+Run: python tests/benchmarks/bench_watch.py [--rounds N] [--steps N] [--models mlp,cnn,lm,cnn-compile]
 CPU, one thread. Configurations are interleaved block by block in one process, so they share the
 machine's state: baseline, watch (all default checks), and torch.autograd.set_detect_anomaly(True).
 Every block starts with two untimed steps; a watch block enters a fresh session, so its periodic
 (every=10) checks fall on the timed steps at their usual rate. Prints the median ms/step, and the median
 over rounds of each block's ratio to the baseline block of the same round, both for the CPU time of the
 stepping thread (what the overhead is; insensitive to other processes taking the CPU) and wall time,
-with the quartiles of the per-round CPU ratios to show the noise of the machine. Targets with all default checks on: <= 1.10x on the MLP, <= 1.03x on the CNN.
+with the quartiles of the per-round CPU ratios to show the noise of the machine. Targets with all default checks on: <= 1.10x on the MLP, <= 1.03x on the CNN and the small LM, <= 1.05x on the CNN under
+torch.compile (inductor). Then a step function that calls the model is compiled with fullgraph=True and
+run with and without a session: graph breaks and compiled graphs (torch._dynamo.utils.counters) must be
+equal, i.e. watch adds 0 breaks and 0 recompiles.
 
 CUDA mode: python tests/benchmarks/bench_watch.py --device cuda [--rounds N] [--steps N] [--models resnet50,lm]
 A ResNet-50 (torchvision, batch 128 x 3 x 224 x 224) and a 6-layer transformer LM (d=512, sequence 512,
@@ -31,7 +34,7 @@ from torch import nn
 
 import torchdoctor
 
-TARGETS = {"mlp": 1.10, "cnn": 1.03}
+TARGETS = {"mlp": 1.10, "cnn": 1.03, "lm": 1.03, "cnn-compile": 1.05}
 
 
 def mlp() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
@@ -49,6 +52,48 @@ def cnn() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
         nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
         nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(64 * 16, 10))
     return model, torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
+
+
+def lm_cpu() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """TinyLM (vocabulary 2000, d=128, 2 layers, sequence 64) on batch 8: the LM loop at CPU size."""
+    tokens = torch.randint(0, 2000, (8, 65))
+    return TinyLM(vocab=2000, d=128, layers=2, seq=64), tokens[:, :-1], tokens[:, 1:].flatten()
+
+
+def cnn_compiled() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The CNN under torch.compile (inductor), watched as the OptimizedModule users pass."""
+    model, x, y = cnn()
+    return torch.compile(model), x, y
+
+
+CPU_MODELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor, torch.Tensor]]] = {
+    "mlp": mlp, "cnn": cnn, "lm": lm_cpu, "cnn-compile": cnn_compiled}
+
+
+def fullgraph_counts(steps: int = 20) -> dict[str, tuple[int, int]]:
+    """(graph breaks, compiled graphs) of `steps` steps of a fullgraph=True compiled function that calls the
+    model, without and with a watch session (every=1, so every periodic check runs)."""
+    from torch._dynamo.utils import counters
+
+    result = {}
+    for config in ("baseline", "watch"):
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model, x, y = cnn()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+        @torch.compile(fullgraph=True)
+        def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return nn.functional.cross_entropy(model(x), y)
+
+        with CONFIGS[config](model, opt):
+            for _ in range(steps):
+                opt.zero_grad()
+                loss_of(x, y).backward()
+                opt.step()
+        result[config] = (sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"])
+    return result
 
 
 @contextlib.contextmanager
@@ -97,7 +142,7 @@ def bench(name: str, rounds: int, steps: int) -> dict[str, dict[str, float]]:
     """Per configuration: median CPU and wall ms/step, and the median over rounds of each block's ratio
     to the baseline block of the same round (adjacent blocks share the machine's load)."""
     torch.manual_seed(0)
-    model, x, y = {"mlp": mlp, "cnn": cnn}[name]()
+    model, x, y = CPU_MODELS[name]()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     cpu: dict[str, list[float]] = {c: [] for c in CONFIGS}
     wall: dict[str, list[float]] = {c: [] for c in CONFIGS}
@@ -244,10 +289,10 @@ def main() -> None:
         args.models = args.models or "resnet50,lm"
         main_cuda(args)
         return
-    args.models = args.models or "mlp,cnn"
+    args.models = args.models or "mlp,cnn,lm,cnn-compile"
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread, {args.rounds} rounds x {args.steps} steps")
-    print(f"{'model':<6}{'configuration':<16}{'cpu ms':>8}{'ratio':>8}{'(quartiles)':>16}{'wall ms':>9}{'ratio':>8}"
+    print(f"{'model':<12}{'configuration':<16}{'cpu ms':>8}{'ratio':>8}{'(quartiles)':>16}{'wall ms':>9}{'ratio':>8}"
           "   target (cpu)")
     for name in args.models.split(","):
         for config, r in bench(name, args.rounds, args.steps).items():
@@ -255,8 +300,12 @@ def main() -> None:
             if config == "watch":
                 target = f"<= {TARGETS[name]:.2f}x {'ok' if r['cpu_ratio'] <= TARGETS[name] else 'MISSED'}"
             low, high = r["cpu_iqr"]
-            print(f"{name:<6}{config:<16}{r['cpu_ms']:>8.2f}{r['cpu_ratio']:>7.3f}x{f'({low:.3f}-{high:.3f})':>16}"
+            print(f"{name:<12}{config:<16}{r['cpu_ms']:>8.2f}{r['cpu_ratio']:>7.3f}x{f'({low:.3f}-{high:.3f})':>16}"
                   f"{r['wall_ms']:>9.2f}{r['wall_ratio']:>7.3f}x   {target}")
+    counts = fullgraph_counts()
+    added = tuple(w - b for w, b in zip(counts["watch"], counts["baseline"]))
+    print(f"fullgraph=True compiled step: (graph breaks, compiled graphs) baseline {counts['baseline']}, "
+          f"watch {counts['watch']}: added {added} {'ok' if added == (0, 0) else 'MISSED'}")
 
 
 if __name__ == "__main__":

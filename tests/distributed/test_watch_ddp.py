@@ -197,3 +197,16 @@ def test_merge_says_which_ranks_saw_what():
     assert "[ranks 1, 2] both" in merged
     alone = wd.merge_ranks({0: [local]})
     assert [f.message for f in alone] == ["no zero_grad"]
+
+
+def test_the_ddp_tutorial_peek_before_set_epoch_is_quiet(ranks):
+    assert [_problems(r) for r in ranks["tutorial"]] == [[], []]
+
+
+def test_fsdp2_models_are_watched_without_internal_errors(ranks):
+    if ranks["fsdp2"][0] is None:
+        pytest.skip("torch.distributed.fsdp.fully_shard is not in this torch")
+    for result in ranks["fsdp2"]:
+        first = result["findings"][0]
+        assert (first["name"], first["location"]["step"]) == ("nonfinite-values", 2)
+        assert not [f for f in result["findings"] if "failed internally" in f["message"]]

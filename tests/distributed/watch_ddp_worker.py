@@ -91,6 +91,44 @@ def clean(rank: int) -> object:
     return s
 
 
+def tutorial(rank: int) -> object:
+    """PyTorch's DDP tutorial (multigpu.py, on CPU): it peeks at one batch before training, then calls
+    set_epoch(epoch) at the start of each epoch, from epoch 0."""
+    g = torch.Generator().manual_seed(41)
+    dataset = TensorDataset(torch.randn(128, 6, generator=g), torch.randint(0, 3, (128,), generator=g))
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, batch_size=16, shuffle=False, sampler=sampler, pin_memory=False)
+    model = DDP(net())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with session(model, opt, loader=loader) as s:
+        for epoch in range(2):
+            b_sz = len(next(iter(loader))[0])  # the tutorial's _run_epoch: a peek for the log line
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                step(model, opt, x, y)
+            assert b_sz == 16
+    return s
+
+
+def fsdp2(rank: int) -> object:
+    """FSDP2 (fully_shard) on CPU/gloo where torch supports it: the checks that apply work (here a NaN batch
+    at step 2), nothing fails internally; None where fully_shard cannot be imported."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        return None
+    model = net()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session(model, opt) as s:
+        for i, (x, y) in enumerate(data(4, seed=50 + rank)):
+            step(model, opt, x / 0 * 0 if i == 2 else x, y)  # planted: a NaN batch at step 2
+    return s
+
+
 def early_stop(rank: int) -> object:
     """Rank 1 leaves the session after 2 steps; rank 0 trains on alone (no_sync: no DDP collectives)."""
     model = DDP(net())
@@ -122,7 +160,7 @@ def slow_rank(rank: int) -> object:
     return s
 
 
-SCENARIOS = [buffer_drift, same_data, param_changed, clean, early_stop, slow_rank]
+SCENARIOS = [buffer_drift, same_data, param_changed, clean, tutorial, fsdp2, early_stop, slow_rank]
 
 
 def summary(found: list) -> list[dict]:
@@ -142,6 +180,9 @@ def main() -> None:
             continue
         start = time.perf_counter()
         s = scenario(rank)
+        if s is None:
+            results[scenario.__name__] = None
+            continue
         results[scenario.__name__] = {
             "seconds": time.perf_counter() - start,
             "findings": summary(s.findings),

@@ -11,9 +11,11 @@ from conftest import mlp, names, session
 DATA = TensorDataset(torch.randn(16, 8), torch.randint(0, 3, (16,)))
 
 
-def _epochs(sampler, set_epoch: bool, epochs: int = 3):
-    loader = DataLoader(DATA, batch_size=4, sampler=sampler)
+def _epochs(sampler, set_epoch: bool, epochs: int = 3, peek: bool = False, workers: int = 0):
+    loader = DataLoader(DATA, batch_size=4, sampler=sampler, num_workers=workers)
     with session(mlp(), loader=loader) as s:
+        if peek:  # PyTorch's DDP tutorial: look at one batch before training
+            next(iter(loader))
         for epoch in range(epochs):
             if set_epoch:
                 sampler.set_epoch(epoch)
@@ -32,6 +34,26 @@ def test_distributed_sampler_without_set_epoch_is_flagged_once():
 def test_set_epoch_each_epoch_and_unshuffled_samplers_are_quiet():
     assert _epochs(DistributedSampler(DATA, num_replicas=2, rank=0, shuffle=True), set_epoch=True).findings == []
     assert _epochs(DistributedSampler(DATA, num_replicas=2, rank=0, shuffle=False), set_epoch=False).findings == []
+
+
+def test_a_peek_at_one_batch_is_not_a_pass():
+    assert _epochs(DistributedSampler(DATA, num_replicas=1, rank=0), set_epoch=True, peek=True).findings == []
+    s = _epochs(DistributedSampler(DATA, num_replicas=1, rank=0), set_epoch=False, peek=True)
+    assert names(s) == ["sampler-epoch-not-set"]  # the peek does not hide two real passes at one epoch
+
+
+def test_the_batch_counter_keeps_no_worker_alive():
+    import gc
+    import weakref
+
+    loader = DataLoader(DATA, batch_size=4, sampler=DistributedSampler(DATA, num_replicas=1, rank=0), num_workers=1)
+    with session(mlp(), loader=loader):
+        it = iter(loader)
+        next(it)
+        ref = weakref.ref(it)
+        del it
+        assert ref() is None  # freed at once (no reference cycle): its worker process shuts down now
+    gc.collect()
 
 
 def test_sampler_of_a_loader_not_given_to_watch_is_seen_too():

@@ -92,3 +92,38 @@ def test_train_mode_in_eval_ignores_models_without_mode_layers_and_momentum_enco
             for x, _ in batches(3):
                 plain(x)         # train mode, but no Dropout/BatchNorm: same result as eval()
     assert s.findings == []
+
+
+def test_batchnorm_recalibration_with_update_bn_is_not_validation_without_eval():
+    from torch.optim.swa_utils import AveragedModel, update_bn
+
+    model = _bn_net()
+    swa = AveragedModel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = batches(4)
+    with session([model, swa], opt) as s:
+        for x, y in data:
+            train_step(model, opt, x, y)
+            swa.update_parameters(model)
+        update_bn([x for x, _ in data], swa)  # train-mode forwards under no_grad, by design
+        update_bn([x for x, _ in data], model)
+    assert s.findings == []
+
+
+def test_mc_dropout_sampling_is_not_validation_without_eval():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = batches(4)
+    with session(model, opt) as s:
+        for x, y in data:
+            train_step(model, opt, x, y)
+        with torch.no_grad():
+            for x, _ in data:  # train mode on purpose: 10 stochastic passes over the same input
+                samples = torch.stack([model(x).softmax(-1) for _ in range(10)])
+            model.eval()
+            for m in model.modules():  # the other MC-dropout idiom: only the dropout layers back in train()
+                if isinstance(m, nn.Dropout):
+                    m.train()
+            for x, _ in data:
+                model(x)
+    assert samples.shape[0] == 10 and s.findings == []

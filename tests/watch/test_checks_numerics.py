@@ -144,6 +144,7 @@ def test_a_nan_only_in_large_gradients_is_caught_at_the_next_full_check():
             model[2:](model[1](h)).sum().backward()
             opt.step()
             model[0].weight.data.nan_to_num_(0.0)  # keeps the forward finite, so only that gradient is NaN
-    [first] = s.findings  # (the loop calls the layers, not the model: no localisation forward)
+    first, where = s.findings  # the loop calls the layers: the model is seen through its last layer
     assert first.location.step == 5 and first.location.param == "0.weight"
     assert "checked every 5 steps: it may have begun up to 4 steps earlier" in first.message
+    assert where.message.startswith("NaN/Inf localisation")

@@ -133,3 +133,36 @@ def test_unused_parameters_after_three_checked_steps():
     [f] = s.findings
     assert (f.name, f.code, str(f.severity)) == ("unused-parameters", "TD305", "info")
     assert "`aux.weight`, `aux.bias`" in f.message and f.location.step == 2
+
+
+def _wgan_gp(zero_critic: bool, steps: int = 4):
+    """WGAN-GP (Gulrajani et al.): the critic's last bias gets an exactly-zero gradient every step."""
+    critic = nn.Sequential(nn.Linear(8, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    generator = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 8))
+    opt_c = torch.optim.Adam(critic.parameters(), lr=1e-4, betas=(0.0, 0.9))
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-4, betas=(0.0, 0.9))
+    with session([critic, generator], [opt_c, opt_g]) as s:
+        for _ in range(steps):
+            real, fake = torch.randn(16, 8), generator(torch.randn(16, 4)).detach()
+            if zero_critic:
+                opt_c.zero_grad()
+            alpha = torch.rand(16, 1)
+            mixed = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+            grad, = torch.autograd.grad(critic(mixed).sum(), mixed, create_graph=True)
+            penalty = 10 * ((grad.norm(2, dim=1) - 1) ** 2).mean()
+            (critic(fake).mean() - critic(real).mean() + penalty).backward()
+            opt_c.step()
+            opt_g.zero_grad()
+            (-critic(generator(torch.randn(16, 4))).mean()).backward()
+            opt_g.step()
+    return s
+
+
+def test_wgan_gp_critic_without_zero_grad_is_found_at_step_1():
+    s = _wgan_gp(zero_critic=False)
+    [f] = [f for f in s.findings if f.name == "missing-zero-grad"]
+    assert f.location.step == 1 and f.location.param != "Sequential#1.2.bias"
+
+
+def test_wgan_gp_with_zero_grad_is_quiet():
+    assert _wgan_gp(zero_critic=True).findings == []

@@ -158,3 +158,24 @@ def test_out_of_memory_reports_the_live_graphs():
     assert isinstance(exc, torch.cuda.OutOfMemoryError)
     assert s.diagnosis["kind"] == "out-of-memory"
     assert "autograd graphs of watched forwards still alive: 3" in s.diagnosis["seen"]
+
+
+def test_a_nan_that_makes_the_loss_raise_is_diagnosed_with_the_state_of_the_weights():
+    model = nn.Sequential(nn.Linear(8, 4), nn.Linear(4, 1), nn.Sigmoid())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, _ = batches(1)[0]
+    y = torch.rand(16, 1)
+
+    def body():
+        for step in range(3):
+            opt.zero_grad()
+            inputs = x / 0 * 0 if step == 2 else x  # a NaN batch
+            nn.functional.binary_cross_entropy(model(inputs), y).backward()
+            opt.step()
+
+    s, exc = _raises_through(model, opt, body)
+    assert "between 0 and 1" in str(exc)
+    d = s.diagnosis
+    assert d["kind"] == "nan-in-loss-input" and "BCEWithLogitsLoss" in d["advice"]
+    assert "Sequential: 0 of 4 parameter tensors hold NaN/Inf: the weights are finite, so the NaN came from this " \
+           "batch or the forward" in d["seen"]

@@ -12,7 +12,8 @@ from torchdoctor.watch.contract import (
     Event, ForwardEvent, Findings, LoaderEvent, RuntimeCheck, StepEvent, ZeroGradEvent,
 )
 from torchdoctor.watch.handles import Restore
-from torchdoctor.wrappers import unwrap, wrapper_chain
+from torchdoctor.watch.patches import MethodPatch
+from torchdoctor.wrappers import unwrap, unwrap_optimizer, wrapper_chain
 
 _LAZY = {
     "MODE_DEPENDENT": "torchdoctor.watch.context",
@@ -29,8 +30,8 @@ _LAZY = {
     "stats_differ": "torchdoctor.watch.distributed",
 }
 
-__all__ = ["Event", "ForwardEvent", "Findings", "LoaderEvent", "Restore", "RuntimeCheck", "StepEvent",
-           "ZeroGradEvent", "unwrap", "wrapper_chain", *_LAZY]
+__all__ = ["Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
+           "ZeroGradEvent", "unwrap", "unwrap_optimizer", "wrapper_chain", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

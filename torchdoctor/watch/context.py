@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from torchdoctor.watch.handles import HookSet
-from torchdoctor.wrappers import unwrap
+from torchdoctor.wrappers import unwrap, unwrap_optimizer
 
 if TYPE_CHECKING:
     from torchdoctor.findings import Finding
@@ -27,6 +27,8 @@ class WatchedModel:
         self.inner, self.wrappers = unwrap(module)
         self.label = label
         self._mode_layers: Optional[list[str]] = None
+        self.last_child: Optional[nn.Module] = None  # until the first step: the last direct child that ran
+        self.entry: Optional[str] = None  # the child's type, when the model is seen through it
         self._footprint: Optional[tuple[int, int]] = None
 
     def mode_dependent_layers(self) -> list[str]:
@@ -51,10 +53,11 @@ class WatchedModel:
 
 
 class WatchedOptimizer:
-    """An optimizer given to `watch`, with the count of its completed steps."""
+    """An optimizer given to `watch`, with the count of its completed steps: `optimizer` is the torch
+    optimizer inside the wrappers named by `wrappers` (accelerate, Lightning, DeepSpeed-style), if any."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, label: str) -> None:
-        self.optimizer = optimizer
+    def __init__(self, optimizer: Any, label: str) -> None:
+        self.optimizer, self.wrappers = unwrap_optimizer(optimizer)
         self.label = label
         self.steps = 0
 

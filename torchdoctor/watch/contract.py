@@ -90,6 +90,8 @@ class ForwardEvent:
     training: bool
     grad_enabled: bool
     inference_mode: bool
+    input_key: Optional[tuple[int, int]] = None  # (id, data pointer) of the first tensor argument: equal when the
+    # same tensor is fed again (MC-dropout sampling); never a reference to it
 
 
 @dataclass

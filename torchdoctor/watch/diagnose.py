@@ -22,6 +22,9 @@ _KINDS = [
     ("no-grad", re.compile(r"does not require grad and does not have a grad_fn")),
     ("out-of-memory", re.compile(r"out of memory", re.I)),
     ("state-dict-keys", re.compile(r"Error\(s\) in loading state_dict")),
+    # binary_cross_entropy (CPU message, CUDA device assertion) and multinomial/bernoulli fed NaN probabilities
+    ("nan-in-loss-input", re.compile(r"elements of input should be between 0 and 1|input_val >= zero && input_val <= one"
+                                     r"|probability tensor contains either `inf`, `nan`|p_in >= 0 && p_in <= 1")),
 ]
 
 _ADVICE = {
@@ -39,6 +42,9 @@ _ADVICE = {
                "frozen, or the loss was rebuilt from `.item()`/`.detach()` values.",
     "out-of-memory": "Lower the batch size, free tensors kept across steps (`.item()` for logged losses), validate "
                      "under torch.no_grad(), or use autocast / gradient checkpointing.",
+    "nan-in-loss-input": "The loss (or sampling) received NaN or values outside [0, 1]: usually NaN from the forward, "
+                         "which in turn comes from NaN weights or inputs. Use BCEWithLogitsLoss on raw logits "
+                         "(numerically safe), and run `torchdoctor.watch` (nonfinite-values) to find where NaN began.",
     "state-dict-keys": "Strip or add the wrapper prefix so that the keys match: "
                        "`torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')`.",
 }
@@ -69,6 +75,8 @@ def diagnose_exception(exc: BaseException, ctx: WatchContext, findings: list[Fin
                         f"reserved {torch.cuda.memory_reserved()} bytes")
     elif kind == "state-dict-keys":
         seen += _key_prefixes(text)
+    elif kind == "nan-in-loss-input":
+        seen += _nonfinite_parameters(ctx)
     recent = [f for f in findings if (f.severity or Severity.INFO) >= Severity.WARNING][-3:]
     if recent:
         seen.append("findings before the error: " + "; ".join(f"{f.code} {f.name}" for f in recent))
@@ -90,6 +98,18 @@ def _placement(ctx: WatchContext) -> list[str]:
                         if isinstance(v, torch.Tensor) and v.dim() > 0)
         if state:
             lines.append(f"{wo.label} state: " + ", ".join(f"{n} on {k}" for k, n in state.items()))
+    return lines
+
+
+def _nonfinite_parameters(ctx: WatchContext) -> list[str]:
+    """Whether the watched models' parameters are still finite (the error stops the loop: one pass is cheap)."""
+    lines = []
+    for wm in ctx.models:
+        named = [(n, p) for n, p in wm.named_parameters() if p.is_floating_point() and p.device.type != "meta"]
+        bad = [n for n, p in named if not bool(torch.isfinite(p).all())]
+        lines.append(f"{wm.label}: {len(bad)} of {len(named)} parameter tensors hold NaN/Inf"
+                     + (f" (first `{bad[0]}`): the weights were already broken" if bad else
+                        ": the weights are finite, so the NaN came from this batch or the forward"))
     return lines
 
 

@@ -35,6 +35,7 @@ class _Sentinel:
 
     def __del__(self) -> None:
         self.tracker._handles.pop(self.key, None)
+        self.tracker._counted.discard(self.key)
         if self.on_free is not None and self.tracker.active:
             try:
                 self.on_free(self.reached)
@@ -48,6 +49,7 @@ class GraphTracker:
     def __init__(self) -> None:
         self.active = True
         self._handles: dict[int, Any] = {}
+        self._counted: set[int] = set()  # the sentinels that stand for a graph in `sentinels`
         self._keys = itertools.count()
 
     def stop(self) -> None:
@@ -55,20 +57,24 @@ class GraphTracker:
         for handle in list(self._handles.values()):
             handle.remove()
         self._handles.clear()
+        self._counted.clear()
 
     @property
     def sentinels(self) -> int:
-        """Sentinels (hence tracked graphs) still alive."""
-        return len(self._handles)
+        """Tracked graphs still alive (sentinels put with `count=True`)."""
+        return len(self._counted)
 
     def track(self, tensor: torch.Tensor, on_backward: Optional[Callable[[], None]] = None,
-              on_free: Optional[Callable[[bool], None]] = None) -> bool:
-        """Put a sentinel on `tensor`'s graph; False when it has none (no grad, or an inference tensor)."""
+              on_free: Optional[Callable[[bool], None]] = None, count: bool = True) -> bool:
+        """Put a sentinel on `tensor`'s graph; False when it has none (no grad, or an inference tensor).
+        `count=False` for a second sentinel on a graph that another check already counts."""
         fn = tensor.grad_fn
         if fn is None or not self.active:
             return False
         key = next(self._keys)
         self._handles[key] = fn.register_prehook(_Sentinel(self, key, on_backward, on_free))
+        if count:
+            self._counted.add(key)
         return True
 
 
@@ -76,7 +82,7 @@ def footprint(tensor: torch.Tensor, owned: Iterable[torch.Tensor] = (), limit: i
     """(nodes, bytes) of the graph behind `tensor`: its autograd nodes and the storages they saved for
     backward, not counting the storages of `owned` tensors (parameters and buffers, alive anyway).
     Walks the graph once; call it for one forward per model, never per step."""
-    skip = {t.untyped_storage().data_ptr() for t in owned}
+    skip = {_storage(t)[0] for t in owned}
     storages: dict[int, int] = {}
     nodes: dict[Any, None] = {}  # keeps the node wrappers alive while walking
     stack = [tensor.grad_fn]
@@ -86,11 +92,21 @@ def footprint(tensor: torch.Tensor, owned: Iterable[torch.Tensor] = (), limit: i
             continue
         nodes[fn] = None
         for saved in _saved_tensors(fn):
-            storage = saved.untyped_storage()
-            if storage.data_ptr() not in skip:
-                storages[storage.data_ptr()] = storage.nbytes()
+            ptr, nbytes = _storage(saved)
+            if ptr is not None and ptr not in skip:
+                storages[ptr] = nbytes
         stack.extend(f for f, _ in fn.next_functions)
     return len(nodes), sum(storages.values())
+
+
+def _storage(tensor: torch.Tensor) -> tuple[Optional[int], int]:
+    """(data pointer, bytes) of a tensor's storage; (None, 0) for tensors without one of their own
+    (FSDP2's DTensor shards, functorch wrappers, tensor subclasses)."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return None, 0
 
 
 def _saved_tensors(fn: Any) -> list[torch.Tensor]:

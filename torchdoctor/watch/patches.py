@@ -1,14 +1,20 @@
-"""Class-level patches shared by all live sessions: ``DataLoader.__iter__`` reports each new pass.
+"""Patches shared by all live sessions, so that sessions nest and stop in any order.
 
-``iter()`` looks methods up on the type, so a loader's passes can only be seen by patching its class.
-The patch is installed when the first session needs it and removed when the last one stops.
+- ``DataLoader.__iter__`` reports each new pass (``iter()`` looks methods up on the type, so a loader's
+  passes can only be seen by patching its class): `LoaderPatch`.
+- An object's method (an optimizer's ``zero_grad``, or ``step`` where the optimizer has no hook
+  dictionaries) calls listeners before and after the original: `MethodPatch`.
+
+One wrapper per patched thing, installed when the first listener subscribes and removed when the last
+one leaves, whichever session that is.
 """
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 Listener = Callable[[Any, Any], None]
+CallListener = Callable[[Any, tuple, dict], None]
 
 _listeners: list[Listener] = []
 _original: list[Callable[..., Any]] = []
@@ -40,3 +46,68 @@ class LoaderPatch:
             _listeners.remove(self.listener)
         if not _listeners and _original:
             DataLoader.__iter__ = _original.pop()  # type: ignore[method-assign]
+
+
+class _MethodWrapper:
+    """The one wrapper of ``obj.<attr>``: the original bound method and the listeners of live sessions."""
+
+    def __init__(self, obj: Any, attr: str) -> None:
+        self.attr = attr
+        self.had_own = attr in obj.__dict__
+        self.original = getattr(obj, attr)
+        self.before: list[CallListener] = []
+        self.after: list[CallListener] = []
+        wrapper = self
+
+        @functools.wraps(self.original)
+        def patched(*args: Any, **kwargs: Any) -> Any:
+            for listener in list(wrapper.before):
+                listener(obj, args, kwargs)
+            result = wrapper.original(*args, **kwargs)
+            for listener in list(wrapper.after):
+                listener(obj, args, kwargs)
+            return result
+
+        self.patched = patched
+        setattr(obj, attr, patched)
+
+    def restore(self, obj: Any) -> None:
+        if obj.__dict__.get(self.attr) is not self.patched:
+            return  # someone else replaced it since; leave theirs alone
+        if self.had_own:
+            setattr(obj, self.attr, self.original)
+        else:
+            delattr(obj, self.attr)
+
+
+# (id(obj), attr) -> wrapper; an entry lives only while a session listens, and the wrapper's closure holds
+# the object only as long as the patch is on it.
+_wrappers: dict[tuple[int, str], _MethodWrapper] = {}
+
+
+class MethodPatch:
+    """Handle of one session's listeners on ``obj.<attr>()``; ``remove()`` unsubscribes them and takes the
+    wrapper off when no session listens any more."""
+
+    def __init__(self, obj: Any, attr: str, before: Optional[CallListener] = None,
+                 after: Optional[CallListener] = None) -> None:
+        key = (id(obj), attr)
+        wrapper = _wrappers.get(key)
+        if wrapper is None or obj.__dict__.get(attr) is not wrapper.patched:
+            wrapper = _MethodWrapper(obj, attr)
+            _wrappers[key] = wrapper
+        self.obj, self.key, self.wrapper = obj, key, wrapper
+        self.listeners = [(wrapper.before, before), (wrapper.after, after)]
+        for where, listener in self.listeners:
+            if listener is not None:
+                where.append(listener)
+
+    def remove(self) -> None:
+        for where, listener in self.listeners:
+            if listener is not None and listener in where:
+                where.remove(listener)
+        if not self.wrapper.before and not self.wrapper.after:
+            self.wrapper.restore(self.obj)
+            if _wrappers.get(self.key) is self.wrapper:
+                del _wrappers[self.key]
+        self.obj = None

@@ -5,6 +5,7 @@ import functools
 import logging
 import sys
 import warnings
+import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
@@ -16,7 +17,7 @@ from torchdoctor.errors import TorchDoctorError, TorchDoctorWarning
 from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.settings import load_settings
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
-from torchdoctor.wrappers import unwrap
+from torchdoctor.wrappers import unwrap, unwrap_optimizer
 from torchdoctor.watch.contract import Event, RuntimeCheck
 from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
@@ -46,7 +47,9 @@ def _as_list(value: Any, kind: type, what: str, allow_none: bool = False) -> lis
     for item in items:
         if isinstance(item, nn.DataParallel) and what == "optimizer":
             raise TypeError("watch(): the optimizer is wrapped in nn.DataParallel; wrap the model, not the optimizer")
-        if not isinstance(item, kind):
+        if what == "optimizer":  # accelerate's, Lightning's, DeepSpeed-style wrappers: the torch optimizer inside
+            item = unwrap_optimizer(item)[0]
+        if not isinstance(item, kind):  # the wrapper is kept: the session watches what is inside at start()
             raise TypeError(f"watch(): {what} must be a {kind.__name__} (or a list of them), got {type(item).__name__}")
     return items
 
@@ -74,9 +77,10 @@ class WatchSession:
     ) -> None:
         from torch.utils.data import DataLoader
 
-        self._models = _as_list(model, nn.Module, "model")
-        self._optimizers = _as_list(optimizer, torch.optim.Optimizer, "optimizer", allow_none=True)
-        self._loaders = _as_list(loader, DataLoader, "loader", allow_none=True)
+        self._targets: Union[tuple[list[Any], ...], tuple[list[weakref.ref], ...]] = (
+            _as_list(model, nn.Module, "model"),
+            _as_list(optimizer, torch.optim.Optimizer, "optimizer", allow_none=True),
+            _as_list(loader, DataLoader, "loader", allow_none=True))
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"watch(): every must be a positive number of steps, got {every!r}")
         if not callable(on_finding) and on_finding not in _MODES:
@@ -98,6 +102,7 @@ class WatchSession:
         self.diagnosis: Optional[dict[str, Any]] = None
         self.facts: dict[str, Any] = {}
         self._enabled: list[str] = []
+        self.hook_errors: list[str] = []  # the hooks that could not be installed, and the checks that are off
         self.rank_findings: Optional[list[Finding]] = None  # under torch.distributed, on rank 0: every rank's
 
     # -- public API --------------------------------------------------------------------------------
@@ -115,12 +120,13 @@ class WatchSession:
         """Install the hooks the enabled checks need (a no-op when already started)."""
         if self._hub is not None:
             return self
-        model_labels = _labels([type(unwrap(m)[0]).__name__ for m in self._models])
-        optimizer_labels = _labels([type(o).__name__ for o in self._optimizers])
+        models, optimizers, loaders = self._take_targets()
+        model_labels = _labels([type(unwrap(m)[0]).__name__ for m in models])
+        optimizer_labels = _labels([type(unwrap_optimizer(o)[0]).__name__ for o in optimizers])
         ctx = WatchContext(
-            models=[WatchedModel(m, label) for m, label in zip(self._models, model_labels)],
-            optimizers=[WatchedOptimizer(o, label) for o, label in zip(self._optimizers, optimizer_labels)],
-            loaders=list(self._loaders),
+            models=[WatchedModel(m, label) for m, label in zip(models, model_labels)],
+            optimizers=[WatchedOptimizer(o, label) for o, label in zip(optimizers, optimizer_labels)],
+            loaders=loaders,
             every=self.every,
             deterministic=self.deterministic,
             graphs=GraphTracker(),
@@ -146,13 +152,12 @@ class WatchSession:
             checks.append(chk)
         self._enabled = sorted(self._info_of[id(c)].name for c in checks)
         self._hub = EventHub(ctx, checks, self._sink, self._fault)
-        try:
-            self._hub.install()
-        except Exception as exc:  # never break training: run without hooks and say why
-            ctx.hooks.remove_all()
-            self._hub = EventHub(ctx, [], self._sink, self._fault)
-            warnings.warn(TorchDoctorWarning(f"torchdoctor.watch could not install its hooks and watches nothing: "
-                                             f"{type(exc).__name__}: {exc}"), stacklevel=2)
+        self.hook_errors = []
+        for what, error, off in self._hub.install():  # never break training: watch the rest and say what is off
+            names = sorted(self._info_of[id(c)].name for c in off)
+            self.hook_errors.append(f"could not watch {what} ({type(error).__name__}: {error}); "
+                                    f"checks that go without it: {', '.join(names) or 'none'}")
+            _warn_at_user_line(TorchDoctorWarning(f"torchdoctor.watch {self.hook_errors[-1]}"))
         self._hub.dispatch(Event.START)
         return self
 
@@ -179,9 +184,19 @@ class WatchSession:
 
                 self.rank_findings, self.facts["ranks"] = gather_report(ctx, self.findings, failed=exc is not None)
             ctx.release()
+            self._targets = tuple([weakref.ref(t) for t in group] for group in self._targets)
             self._quiet_raise = False
             if self.print_report and ctx.rank == 0:
                 self._print_report()
+
+    def _take_targets(self) -> tuple[list[Any], list[Any], list[Any]]:
+        """The models, optimizers and loaders to watch: held while the session runs, and only weakly once
+        it stopped (a finished session keeps nothing alive; started again, it watches what is still alive)."""
+        groups = tuple([t() if isinstance(t, weakref.ref) else t for t in group] for group in self._targets)
+        if any(t is None for group in groups for t in group):
+            raise RuntimeError("watch(): a model, optimizer or loader of this session was freed since it stopped")
+        self._targets = groups
+        return groups[0], groups[1], groups[2]
 
     def report(self) -> "Report":
         """The session's findings and facts (after the session ended) as a `torchdoctor.report.Report`."""
@@ -246,10 +261,14 @@ class WatchSession:
     def _facts(self, ctx: WatchContext) -> dict[str, Any]:
         facts: dict[str, Any] = {
             "models": [{"label": wm.label, "wrappers": wm.wrappers,
-                        "parameters": sum(p.numel() for p in wm.inner.parameters())} for wm in ctx.models],
-            "optimizers": [{"label": wo.label, "steps": wo.steps} for wo in ctx.optimizers],
+                        "parameters": sum(p.numel() for p in wm.inner.parameters()),
+                        **({"forward_seen_through": wm.entry} if wm.entry else {})} for wm in ctx.models],
+            "optimizers": [{"label": wo.label, "steps": wo.steps, **({"wrappers": wo.wrappers} if wo.wrappers else {})}
+                           for wo in ctx.optimizers],
             "checks": self._enabled,
         }
+        if self.hook_errors:
+            facts["hooks_failed"] = list(self.hook_errors)
         if self.diagnosis is not None:
             facts["exception"] = self.diagnosis
         return facts
@@ -309,7 +328,8 @@ def watch(
     """Watch a training loop for the runtime pitfalls: ``with torchdoctor.watch(model, optimizer): ...``.
 
     `model`/`optimizer`/`loader` may each be one object or a list; wrappers (DataParallel, DDP,
-    torch.compile) are seen through. `checks`/`ignore` select checks by name or code, over the
+    torch.compile; accelerate's, Lightning's and DeepSpeed-style optimizer wrappers) are seen through, and a
+    finished session holds them only weakly. `checks`/`ignore` select checks by name or code, over the
     `[tool.torchdoctor]` table found from the working directory and the TORCHDOCTOR_* variables (see
     `torchdoctor.settings`; their fail-on sets `report().exit_code()`); an unknown name, or a check that
     only another front door runs, raises `ValueError`. Expensive checks run every `every` steps.
