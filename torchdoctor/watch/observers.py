@@ -22,7 +22,7 @@ def observe(callback: Observer) -> Callable[[], None]:
     return lambda: _observers.remove(callback)
 
 
-def started(session: "WatchSession") -> None:
+def session_started(session: "WatchSession") -> None:
     """Tell every observer that `session` started; an observer's error is logged, never raised into training."""
     for callback in list(_observers):
         try:

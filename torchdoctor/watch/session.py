@@ -21,7 +21,7 @@ from torchdoctor.watch.contract import Event, RuntimeCheck
 from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
 from torchdoctor.watch.graphs import GraphTracker
-from torchdoctor.watch import observers
+from torchdoctor.watch.observers import session_started
 
 if TYPE_CHECKING:
     from torchdoctor.report import Report
@@ -155,7 +155,7 @@ class WatchSession:
             warnings.warn(TorchDoctorWarning(f"torchdoctor.watch could not install its hooks and watches nothing: "
                                              f"{type(exc).__name__}: {exc}"), stacklevel=2)
         self._hub.dispatch(Event.START)
-        observers.started(self)
+        session_started(self)  # e.g. the pytest plugin, which follows a test's sessions
         return self
 
     def stop(self, exc: Optional[BaseException] = None) -> None:
