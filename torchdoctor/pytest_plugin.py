@@ -12,7 +12,7 @@ imports neither torch nor the watch session, and a test that starts no session i
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Generator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Generator
 
 import pytest
 
@@ -24,14 +24,14 @@ if TYPE_CHECKING:
 
 OFF = "off"
 _CHOICES = (*FAIL_ON[:3], OFF)  # error, warning, info; "never" is spelled "off" here
-_DEFAULT = "default"  # --torchdoctor without a value: the session's own fail-on
+_DEFAULT = True  # --torchdoctor without a value: the session's own fail-on (not a string, so not a choice)
 _SESSIONS = pytest.StashKey[list[tuple["WatchSession", bool]]]()  # a test's sessions; True: the fixture's
 _UNSUBSCRIBE = pytest.StashKey[Callable[[], None]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchdoctor", "torchdoctor: fail tests whose training loops make a known PyTorch mistake")
-    group.addoption("--torchdoctor", nargs="?", const=_DEFAULT, default=None, choices=(*_CHOICES, _DEFAULT),
+    group.addoption("--torchdoctor", nargs="?", const=_DEFAULT, default=None, choices=_CHOICES,
                     metavar="SEVERITY",
                     help="fail a test when a torchdoctor.watch session it starts finds a problem at or above "
                          "SEVERITY (error, warning, info; default: [tool.torchdoctor] fail-on, else error); "
@@ -39,7 +39,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("torchdoctor", "like --torchdoctor=SEVERITY for every run (error, warning, info, off)", default="")
 
 
-def _severity(config: pytest.Config) -> Optional[str]:
+def _severity(config: pytest.Config) -> "str | bool | None":
     """The switch's value: a severity, `_DEFAULT`, or None when off (the command line beats the ini setting)."""
     value = config.getoption("torchdoctor")
     if value is None:
@@ -111,7 +111,7 @@ def _problems_text(item: pytest.Item) -> str:
         if id(session) in seen:  # the fixture's session is also followed under the switch
             continue
         seen.add(id(session))
-        threshold = session.fail_on if switch in (None, _DEFAULT) else switch
+        threshold = switch if isinstance(switch, str) else session.fail_on
         if threshold == "never":
             continue
         found += [f for f in session.findings if (f.severity or Severity.INFO) >= Severity.parse(threshold)]
