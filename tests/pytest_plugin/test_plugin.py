@@ -151,7 +151,10 @@ def test_fixture_called_or_as_context_manager_fails_without_the_switch(loops: py
     ''')
     result = run(loops)
     result.assert_outcomes(failed=2, passed=2)
-    assert len([line for line in result.stdout.lines if line.startswith("TD301 missing-zero-grad: ")]) == 2
+    failures = {report.head_line: str(report.longrepr) for report in result.reprec.getfailures()}
+    assert sorted(failures) == ["test_called", "test_context_manager"]
+    assert all(text.startswith("torchdoctor found 1 problem") and "\nTD301 missing-zero-grad: " in text
+               for text in failures.values())
 
 
 def test_a_test_failing_on_its_own_shows_the_findings_as_a_section(loops: pytest.Pytester) -> None:
