@@ -1,6 +1,7 @@
 """A diagnosis and its output: the JSON envelope (report.schema.json), the exit code, the rich console report."""
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -45,6 +46,16 @@ class Report:
         """The command's exit code for these findings under `fail_on`."""
         return exit_code(self.findings, self.fail_on)
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """Jupyter and IPython show a report as its console report: rich's notebook HTML, and plain text."""
+        from rich.console import Console
+
+        console = Console(record=True, file=io.StringIO(), width=_NOTEBOOK_WIDTH, force_terminal=True,
+                          force_jupyter=False, color_system="truecolor", highlight=False)
+        render_console(self, console, fail_on=self.fail_on, facts_view=_facts_view(self.scope))
+        text = console.export_text(clear=False)
+        return {"text/plain": text, "text/html": console.export_html(inline_styles=True, code_format=_NOTEBOOK_PRE)}
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON envelope every command prints with `--format json` (torchdoctor/report.schema.json)."""
         return {
@@ -58,6 +69,23 @@ class Report:
             "facts": self.facts,
             "findings": [f.to_dict() for f in self.sorted_findings()],
         }
+
+
+_NOTEBOOK_WIDTH = 115  # rich's width in a notebook
+# the <pre> rich wraps its notebook output in (rich.jupyter), so a report looks as rich's own cell output does
+_NOTEBOOK_PRE = ('<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
+                 'font-family:Menlo,\'DejaVu Sans Mono\',consolas,\'Courier New\',monospace">{code}</pre>')
+_FACTS_VIEWS = {"env": "torchdoctor.env.view", "checkpoint": "torchdoctor.ckpt.view", "runtime": "torchdoctor.watch.view"}
+
+
+def _facts_view(scope: str) -> Optional[Callable[[dict[str, Any]], "RenderableType"]]:
+    """The front door's view of its facts, as its command prints them (lint prints none)."""
+    if scope not in _FACTS_VIEWS:
+        return None
+    import importlib
+
+    view: Callable[[dict[str, Any]], "RenderableType"] = importlib.import_module(_FACTS_VIEWS[scope]).facts_view
+    return view
 
 
 def exit_code(findings: list[Finding], fail_on: str = DEFAULT_FAIL_ON) -> int:

@@ -15,6 +15,7 @@ from torch import nn
 from torchdoctor import registry, selection
 from torchdoctor.errors import TorchDoctorError, TorchDoctorWarning
 from torchdoctor.findings import Finding, Location, Severity
+from torchdoctor.notebook import cell_run
 from torchdoctor.settings import load_settings
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
 from torchdoctor.wrappers import unwrap, unwrap_optimizer
@@ -22,6 +23,7 @@ from torchdoctor.watch.contract import Event, RuntimeCheck
 from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
 from torchdoctor.watch.graphs import GraphTracker
+from torchdoctor.watch.observers import session_started
 
 if TYPE_CHECKING:
     from torchdoctor.report import Report
@@ -95,6 +97,7 @@ class WatchSession:
         self.deterministic = deterministic
         self.print_report = report
         self._found: dict[tuple, Finding] = {}
+        self._said_in: dict[tuple, Optional[int]] = {}  # the notebook cell run each finding was last said in
         self._info_of: dict[int, registry.Pitfall] = {}
         self._ctx: Optional[WatchContext] = None
         self._hub: Optional[EventHub] = None
@@ -159,6 +162,7 @@ class WatchSession:
                                     f"checks that go without it: {', '.join(names) or 'none'}")
             _warn_at_user_line(TorchDoctorWarning(f"torchdoctor.watch {self.hook_errors[-1]}"))
         self._hub.dispatch(Event.START)
+        session_started(self)  # e.g. the pytest plugin, which follows a test's sessions
         return self
 
     def stop(self, exc: Optional[BaseException] = None) -> None:
@@ -198,6 +202,10 @@ class WatchSession:
         self._targets = groups
         return groups[0], groups[1], groups[2]
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        """A session as a notebook cell's result: its report so far."""
+        return self.report()._repr_mimebundle_(include, exclude)
+
     def report(self) -> "Report":
         """The session's findings and facts (after the session ended) as a `torchdoctor.report.Report`."""
         from torchdoctor.report import Report
@@ -235,10 +243,14 @@ class WatchSession:
 
     def _record(self, finding: Finding) -> None:
         key = finding.fold_key()
+        cell = cell_run()  # in IPython/Jupyter: a problem is said once per cell run, not once per session
         if key in self._found:
             self._found[key].count += finding.count
-            return
-        self._found[key] = finding
+            if cell is None or self._said_in.get(key) == cell:
+                return
+        else:
+            self._found[key] = finding
+        self._said_in[key] = cell
         self._notify(finding)
 
     def _fault(self, chk: RuntimeCheck, exc: BaseException) -> None:
@@ -308,9 +320,11 @@ def _warn_at_user_line(warning: TorchDoctorWarning) -> None:
     while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
         frame = frame.f_back
     module_globals = frame.f_globals
+    # a notebook's cells share one module: its once-per-line registry would hide a later cell's warning
+    registry = module_globals.setdefault("__warningregistry__", {}) if cell_run() is None else {}
     warnings.warn_explicit(warning, TorchDoctorWarning, frame.f_code.co_filename, frame.f_lineno,
-                           module=module_globals.get("__name__", "<string>"),
-                           registry=module_globals.setdefault("__warningregistry__", {}), module_globals=module_globals)
+                           module=module_globals.get("__name__", "<string>"), registry=registry,
+                           module_globals=module_globals)
 
 
 def watch(
