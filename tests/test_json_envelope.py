@@ -11,6 +11,8 @@ from torchdoctor.cli import cli
 from torchdoctor.env import doctor
 from torchdoctor.env.facts import EnvFacts
 
+from env_stub import collection_of
+
 SCHEMA = json.loads(resources.files("torchdoctor").joinpath("report.schema.json").read_text(encoding="utf-8"))
 _TYPES = {"object": dict, "array": list, "string": str, "integer": int, "null": type(None)}
 
@@ -67,20 +69,7 @@ def safetensors_file(path):
     return str(path)
 
 
-class _NoProbe:
-    """Stands in for env's FactCollection: default facts (no torch found), nothing started."""
-
-    def __init__(self, **options):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
-
-    def finish(self, progress=lambda step: None):
-        return EnvFacts()
+_NoProbe = collection_of(EnvFacts)  # default facts (no torch found), nothing started
 
 
 @pytest.fixture

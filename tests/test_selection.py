@@ -10,6 +10,8 @@ from torchdoctor.env.facts import EnvFacts
 from torchdoctor.selection import SelectionError, select_checks
 from torchdoctor.settings import load_settings
 
+from env_stub import collection_of
+
 
 def names(door, **options):
     return [c.name for c in select_checks(door, load_settings(**options))]
@@ -19,21 +21,7 @@ def names(door, **options):
 def _elsewhere(tmp_path, monkeypatch):
     """Run from an empty folder (no project table), with env's fact collection stubbed out."""
     monkeypatch.chdir(tmp_path)
-
-    class NoProbe:
-        def __init__(self, **options):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def finish(self, progress=lambda step: None):
-            return EnvFacts()
-
-    monkeypatch.setattr(doctor, "FactCollection", NoProbe)
+    monkeypatch.setattr(doctor, "FactCollection", collection_of(EnvFacts))
 
 
 def test_selection_by_name_code_and_comma_lists():

@@ -9,6 +9,8 @@ from click.testing import CliRunner
 
 from torchdoctor.cli import cli, main
 
+from env_stub import collection_of
+
 
 # Runs the CLI like the console script does, and tells on stderr whether torch ended up imported.
 ENTRY = ("import atexit, sys; "
@@ -64,25 +66,11 @@ def test_bad_options_give_one_line_and_exit_2(args, words, capsys):
 def test_select_and_fail_on_with_synthetic_facts(monkeypatch):
     """--select narrows the checks, --fail-on moves the exit-code threshold (no probe: facts injected)."""
     from env_fixtures import healthy_gpu_facts
-    from torchdoctor.env import doctor
 
     facts = healthy_gpu_facts()
     facts.system.shm_total = 64 * 1024 ** 2
     facts.nvidia.gpus[0].persistence_mode = False
-    class Collected:
-        def __init__(self, **options):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def finish(self, progress=lambda step: None):
-            return facts
-
-    monkeypatch.setattr(doctor, "FactCollection", Collected)
+    fake_collection(monkeypatch, facts)
     runner = CliRunner()
     both = runner.invoke(cli, ["env", "--format", "json"])
     names = sorted(f["name"] for f in json.loads(both.output)["findings"])
@@ -98,21 +86,7 @@ def test_select_and_fail_on_with_synthetic_facts(monkeypatch):
 def fake_collection(monkeypatch, facts):
     from torchdoctor.env import doctor
 
-    class Collected:
-        def __init__(self, **options):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            pass
-
-        def finish(self, progress=lambda step: None):
-            progress("importing torch in a subprocess")
-            return facts
-
-    monkeypatch.setattr(doctor, "FactCollection", Collected)
+    monkeypatch.setattr(doctor, "FactCollection", collection_of(lambda: facts))
 
 
 # Every field `python -m torch.utils.collect_env` prints (torch 2.13), and the markdown row that covers it.
