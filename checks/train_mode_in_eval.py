@@ -1,6 +1,7 @@
 """train-mode-in-eval: validation under no_grad that forgot model.eval(): Dropout and BatchNorm act as in training."""
 from __future__ import annotations
 
+import weakref
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
@@ -77,7 +78,8 @@ class _ModeStreak:
     def __init__(self) -> None:
         self.trained = False   # the model ran a train()-mode forward with gradients in this session
         self.streak = 0        # consecutive train()-mode forwards without gradients
-        self.last_input: Optional[tuple[int, int]] = None  # of the last such forward
+        self.last_input: Optional["weakref.ReferenceType[Any]"] = None  # of the last such forward
+        self.last_version: Optional[int] = None  # that input's version counter (bumped by in-place writes)
         self.sampling = False  # the streak fed one input twice: MC-dropout sampling
 
 
@@ -106,8 +108,12 @@ class TrainModeInEval(RuntimeCheck):
             st.streak, st.sampling = 0, False
             st.trained = st.trained or (event.grad_enabled and event.training)
             return
-        st.sampling = st.sampling or (st.streak > 0 and event.input_key is not None and event.input_key == st.last_input)
-        st.streak, st.last_input = st.streak + 1, event.input_key
+        fed = event.input_ref() if event.input_ref is not None else None
+        version = getattr(fed, "_version", None)
+        st.sampling = st.sampling or (st.streak > 0 and fed is not None and st.last_input is not None
+                                      and st.last_input() is fed and version == st.last_version)
+        st.streak, st.last_input, st.last_version = st.streak + 1, event.input_ref, version
+        del fed
         label = event.model.label
         if st.streak < self.min_forwards or not st.trained or label in self.reported or st.sampling:
             return

@@ -127,3 +127,21 @@ def test_mc_dropout_sampling_is_not_validation_without_eval():
             for x, _ in data:
                 model(x)
     assert samples.shape[0] == 10 and s.findings == []
+
+
+def test_new_batches_in_reused_memory_are_not_taken_for_mc_dropout():
+    """A new batch is a new input even where its tensor reuses the last one's object or memory: a staging
+    buffer refilled in place (`buf.copy_(x)`), or a temporary (`x.to(device)`) freed after its forward whose
+    id and memory the next batch gets. Both are validation without eval(), not MC-dropout sampling."""
+    data = batches(6)
+    for feed in ("staging buffer", "temporaries"):
+        model = _bn_net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        buf = torch.empty_like(data[0][0])
+        with session(model, opt) as s:
+            for x, y in data:
+                train_step(model, opt, x, y)
+            with torch.no_grad():
+                for x, _ in data:
+                    model(buf.copy_(x) if feed == "staging buffer" else x * 1.0)
+        assert names(s) == ["train-mode-in-eval"], feed

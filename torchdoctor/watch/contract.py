@@ -59,6 +59,7 @@ inner module, after DDP's buffer broadcast, for buffer fingerprints) is added as
 from __future__ import annotations
 
 import enum
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
@@ -90,8 +91,9 @@ class ForwardEvent:
     training: bool
     grad_enabled: bool
     inference_mode: bool
-    input_key: Optional[tuple[int, int]] = None  # (id, data pointer) of the first tensor argument: equal when the
-    # same tensor is fed again (MC-dropout sampling); never a reference to it
+    input_ref: Optional["weakref.ReferenceType[Any]"] = None  # a weak reference to the first tensor argument:
+    # the same live object when one tensor is fed again (MC-dropout sampling), never a strong reference; an id or
+    # data pointer would not do, since a freed temporary's are reused by the next batch
 
 
 @dataclass

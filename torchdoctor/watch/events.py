@@ -27,6 +27,7 @@ handed to the sink outside that guard, so ``on_finding="raise"`` and user callba
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Any, Callable, Iterable, Optional
 
 import torch
@@ -151,7 +152,7 @@ class EventHub:
         grad_enabled = torch.is_grad_enabled()
         inference = torch.is_inference_mode_enabled()
         self.ctx.last_forward = LastForward(wm.label, training, grad_enabled, inference)
-        self.dispatch(Event.FORWARD, ForwardEvent(wm, output, training, grad_enabled, inference, _input_key(args)))
+        self.dispatch(Event.FORWARD, ForwardEvent(wm, output, training, grad_enabled, inference, _input_ref(args)))
 
     def _adopt_children(self) -> None:
         """At the first step: a model whose own __call__ never ran (Lightning's training_step, a method
@@ -211,15 +212,12 @@ _is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "i
 _functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
 
 
-def _input_key(args: Any) -> Optional[tuple[int, int]]:
-    """(id, data pointer) of a forward's first tensor argument; None without one, or for a tensor without
-    storage of its own (meta, DTensor, other subclasses)."""
+def _input_ref(args: Any) -> Optional["weakref.ReferenceType[torch.Tensor]"]:
+    """A weak reference to a forward's first tensor argument (None without one)."""
     first = next((a for a in args if isinstance(a, torch.Tensor)), None) if isinstance(args, tuple) else None
-    if first is None or first.device.type == "meta":
-        return None
     try:
-        return id(first), first.data_ptr()
-    except RuntimeError:
+        return None if first is None else weakref.ref(first)
+    except TypeError:  # a tensor-like that takes no weak references
         return None
 
 
