@@ -1,9 +1,8 @@
 """The runtime check contract: the events a watch session delivers and the base class of runtime checks.
 
-This module is torch-free: `checks/runtime_*.py` import it when the registry loads.
+This module is torch-free: the check modules in `checks/` import it when the registry loads.
 
-A runtime check is a class registered with ``@check(..., scope=Scope.RUNTIME)`` that subclasses
-`RuntimeCheck`. Each session builds one instance per enabled check, ``Check(ctx)`` (`ctx` is the
+A runtime check is a `RuntimeCheck` subclass attached to its pitfall with ``@PITFALL.runtime``. Each session builds one instance per enabled check, ``Check(ctx)`` (`ctx` is the
 session's `torchdoctor.watch.context.WatchContext`), and calls its ``on_<event>`` methods. Which events
 a check receives is derived from the ``on_<event>`` methods it overrides, and the session installs only
 the hooks that the union of those events needs. A handler returns ``None`` or an iterable of `Finding`
