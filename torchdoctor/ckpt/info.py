@@ -139,13 +139,10 @@ class CheckpointInfo:
         return "other"
 
     def unique_tensors(self) -> list[TensorEntry]:
-        seen: set[int] = set()
-        out = []
+        first: dict[int, TensorEntry] = {}  # the first entry of each tensor object, in walk order
         for e in self.tensors:
-            if id(e.tensor) not in seen:
-                seen.add(id(e.tensor))
-                out.append(e)
-        return out
+            first.setdefault(id(e.tensor), e)
+        return list(first.values())
 
     def facts(self) -> dict[str, Any]:
         """The JSON-ready structure report."""
@@ -163,8 +160,10 @@ class CheckpointInfo:
         groups: dict[Path, list[TensorEntry]] = defaultdict(list)
         anchors = sorted({sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states),
                          key=len, reverse=True)
+        anchor_set = set(anchors)
+        lengths = sorted({len(a) for a in anchors}, reverse=True)  # longest anchor first, one lookup per length
         for e in self.tensors:
-            anchor = next((a for a in anchors if e.path[: len(a)] == a), None)
+            anchor = next((e.path[:n] for n in lengths if e.path[:n] in anchor_set), None)
             groups[anchor if anchor is not None else _group_of(e.path)].append(e)
         numel: dict[int, int] = {}  # each tensor's size computed once (files hold up to ~10^5 tensors)
         nbytes: dict[int, int] = {}

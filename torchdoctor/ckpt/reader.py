@@ -647,8 +647,8 @@ def _scan_nested(archive: Archive, limits: Limits) -> None:
 def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Optional[TensorMeta]:
     try:
         dtype = SAFETENSORS_DTYPES[spec["dtype"]]
-        shape = tuple(int(d) for d in spec["shape"])
-        begin, end = (int(x) for x in spec["data_offsets"])
+        shape = tuple(map(int, spec["shape"]))
+        begin, end = map(int, spec["data_offsets"])
     except (KeyError, TypeError, ValueError):
         archive.problems.append(f"safetensors entry {name!r} is malformed")
         return None
@@ -656,11 +656,17 @@ def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Op
     if begin < 0 or end < begin or base + end > archive.file_size:
         archive.problems.append(f"safetensors entry {name!r} points past the end of the file (truncated)")
         return None
-    stride, acc = [], 1
-    for d in reversed(shape):
-        stride.append(acc)
-        acc *= d
+    if len(shape) == 1:  # the common ranks without the loop (300k-entry headers exist)
+        stride: tuple[int, ...] = (1,)
+    elif len(shape) == 2:
+        stride = (shape[1], 1)
+    else:
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= d
+        stride = tuple(reversed(strides))
     storage = StorageRef(key=name, dtype=dtype, itemsize=size, location="cpu", numel=(end - begin) // size)
     archive.storages[name] = storage
     archive.locators[name] = Locator(base + begin, end - begin)
-    return TensorMeta(dtype=dtype, shape=shape, stride=tuple(reversed(stride)), storage=storage)
+    return TensorMeta(dtype=dtype, shape=shape, stride=stride, storage=storage)
