@@ -150,12 +150,22 @@ class CheckpointInfo:
         by_dtype: Counter[str] = Counter()
         by_device: Counter[str] = Counter()
         counted: set[str] = set()
+        parameters = optimizer_elements = 0
+        numel: dict[int, int] = {}  # each tensor's size computed once (files hold up to ~10^5 tensors)
+        nbytes: dict[int, int] = {}
         for e in unique:
-            s = e.tensor.storage
+            t = e.tensor
+            numel[id(t)] = n = t.numel
+            nbytes[id(t)] = n * itemsize(t.dtype)
+            if e.in_optimizer:
+                optimizer_elements += n
+            else:
+                parameters += n
+            s = t.storage
             if s is None or s.key in counted:
                 continue
             counted.add(s.key)
-            by_dtype[e.tensor.dtype] += s.nbytes
+            by_dtype[t.dtype] += s.nbytes
             by_device[s.location] += s.nbytes
         groups: dict[Path, list[TensorEntry]] = defaultdict(list)
         anchors = sorted({sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states),
@@ -163,15 +173,8 @@ class CheckpointInfo:
         anchor_set = set(anchors)
         lengths = sorted({len(a) for a in anchors}, reverse=True)  # longest anchor first, one lookup per length
         for e in self.tensors:
-            anchor = next((e.path[:n] for n in lengths if e.path[:n] in anchor_set), None)
+            anchor = next((e.path[:k] for k in lengths if e.path[:k] in anchor_set), None)
             groups[anchor if anchor is not None else _group_of(e.path)].append(e)
-        numel: dict[int, int] = {}  # each tensor's size computed once (files hold up to ~10^5 tensors)
-        nbytes: dict[int, int] = {}
-        for e in self.tensors:
-            key = id(e.tensor)
-            if key not in numel:
-                numel[key] = n = e.tensor.numel
-                nbytes[key] = n * itemsize(e.tensor.dtype)
         largest = heapq.nlargest(10, unique, key=lambda e: nbytes[id(e.tensor)])
         facts: dict[str, Any] = {
             "path": self.path,
@@ -183,8 +186,8 @@ class CheckpointInfo:
             "tensors": {
                 "count": len(self.tensors),
                 "unique": len(unique),
-                "parameters": sum(numel[id(e.tensor)] for e in unique if not e.in_optimizer),
-                "optimizer_state_elements": sum(numel[id(e.tensor)] for e in unique if e.in_optimizer),
+                "parameters": parameters,
+                "optimizer_state_elements": optimizer_elements,
                 "stored_bytes": sum(by_dtype.values()),
                 "bytes_by_dtype": dict(by_dtype.most_common()),
                 "bytes_by_device": dict(by_device.most_common()),

@@ -601,10 +601,10 @@ def _read_safetensors(path: str, f: IO[bytes], size: int, head: bytes, limits: L
         archive.details["metadata"] = {str(k): str(v)[:200] for k, v in list(meta.items())[:50]}
     base = 8 + n
     root: dict[str, Any] = {}
-    for name, spec in header.items():
-        t = _safetensors_tensor(archive, str(name), spec, base)
+    for name, spec in header.items():  # JSON object keys are always str
+        t = _safetensors_tensor(archive, name, spec, base)
         if t is not None:
-            root[str(name)] = t
+            root[name] = t
     archive.root = root
     return archive
 
@@ -666,7 +666,7 @@ def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Op
             strides.append(acc)
             acc *= d
         stride = tuple(reversed(strides))
-    storage = StorageRef(key=name, dtype=dtype, itemsize=size, location="cpu", numel=(end - begin) // size)
+    storage = StorageRef(name, dtype, size, "cpu", (end - begin) // size)
     archive.storages[name] = storage
     archive.locators[name] = Locator(base + begin, end - begin)
-    return TensorMeta(dtype=dtype, shape=shape, stride=stride, storage=storage)
+    return TensorMeta(dtype, shape, stride, storage)
