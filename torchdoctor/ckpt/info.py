@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import heapq
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -151,12 +151,14 @@ class CheckpointInfo:
         by_device: Counter[str] = Counter()
         counted: set[str] = set()
         parameters = optimizer_elements = 0
-        numel: dict[int, int] = {}  # each tensor's size computed once (files hold up to ~10^5 tensors)
-        nbytes: dict[int, int] = {}
+        sizes: dict[int, tuple[int, int]] = {}  # id(tensor) -> (numel, nbytes), computed once per tensor
+        unique_bytes: list[int] = []
         for e in unique:
             t = e.tensor
-            numel[id(t)] = n = t.numel
-            nbytes[id(t)] = n * itemsize(t.dtype)
+            n = t.numel
+            nb = n * itemsize(t.dtype)
+            sizes[id(t)] = (n, nb)
+            unique_bytes.append(nb)
             if e.in_optimizer:
                 optimizer_elements += n
             else:
@@ -167,15 +169,23 @@ class CheckpointInfo:
             counted.add(s.key)
             by_dtype[t.dtype] += s.nbytes
             by_device[s.location] += s.nbytes
-        groups: dict[Path, list[TensorEntry]] = defaultdict(list)
-        anchors = sorted({sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states),
-                         key=len, reverse=True)
-        anchor_set = set(anchors)
-        lengths = sorted({len(a) for a in anchors}, reverse=True)  # longest anchor first, one lookup per length
+        anchors = {sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states)
+        lengths = sorted({len(a) for a in anchors}, reverse=True)  # the longest anchor wins, one lookup per length
+        groups: dict[Path, list[int]] = {}  # group -> [tensors, elements, bytes], in first-seen order
         for e in self.tensors:
-            anchor = next((e.path[:k] for k in lengths if e.path[:k] in anchor_set), None)
-            groups[anchor if anchor is not None else _group_of(e.path)].append(e)
-        largest = heapq.nlargest(10, unique, key=lambda e: nbytes[id(e.tensor)])
+            path = e.path
+            group = next((path[:k] for k in lengths if path[:k] in anchors), None)
+            if group is None:
+                group = _group_of(path)
+            n, nb = sizes[id(e.tensor)]
+            row = groups.get(group)
+            if row is None:
+                groups[group] = [1, n, nb]
+            else:
+                row[0] += 1
+                row[1] += n
+                row[2] += nb
+        largest = [unique[i] for i in heapq.nlargest(10, range(len(unique)), key=unique_bytes.__getitem__)]
         facts: dict[str, Any] = {
             "path": self.path,
             "format": self.format,
@@ -192,9 +202,8 @@ class CheckpointInfo:
                 "bytes_by_dtype": dict(by_dtype.most_common()),
                 "bytes_by_device": dict(by_device.most_common()),
                 "groups": [
-                    {"path": show_path(p), "tensors": len(es), "elements": sum(numel[id(e.tensor)] for e in es),
-                     "bytes": sum(nbytes[id(e.tensor)] for e in es)}
-                    for p, es in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:30]
+                    {"path": show_path(p), "tensors": count, "elements": elements, "bytes": size}
+                    for p, (count, elements, size) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:30]
                 ],
                 "largest": [
                     {"key": show_path(e.path), "shape": list(e.tensor.shape), "dtype": e.tensor.dtype,
