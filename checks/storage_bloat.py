@@ -71,7 +71,13 @@ def storage_bloat(info: CheckpointInfo) -> Iterator[Finding]:
     for key, entries in users.items():
         storage = entries[0].tensor.storage
         assert storage is not None
-        used = _covered([e.tensor.byte_span() for e in entries])
+        if storage.nbytes < BLOAT_MIN_WASTE:  # cannot waste enough to report, whatever its tensors use
+            continue
+        if len(entries) == 1:
+            start, end = entries[0].tensor.byte_span()
+            used = end - max(start, -1) if end > -1 else 0  # _covered of one span, without the sort
+        else:
+            used = _covered([e.tensor.byte_span() for e in entries])
         waste = storage.nbytes - used
         if waste >= BLOAT_MIN_WASTE and storage.nbytes >= BLOAT_MIN_RATIO * max(used, 1):
             bloated.append((waste, storage.nbytes, used, entries[0]))

@@ -6,12 +6,18 @@ they share the machine's state and page cache, with bytecode cached as after an 
 PYTHONDONTWRITEBYTECODE is set here); wall time (median) and peak RSS (of that process alone, from
 wait4) are printed with the ratios, plus the same work in-process without interpreter start-up. Targets: <= 0.05x
 torch.load's wall time, no slower than torch.load(mmap=True, weights_only=True), <= 50 MB RSS.
+
+With --many it times instead the per-entry cost on two many-entry files (issue 11): a safetensors file
+whose header has 300,000 entries (against json.loads of that header alone) and a torch zip of 50,000
+tiny tensors (against torch.load(weights_only=True)); target <= 1 s of check-ckpt work for each.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -28,6 +34,57 @@ def build(path: str, mib: int) -> int:
     )
     subprocess.run([sys.executable, "-c", code, path, str(mib)], check=True, timeout=600)
     return os.path.getsize(path)
+
+
+def build_many_safetensors(path: str, entries: int = 300_000) -> int:
+    """A safetensors file of `entries` one-element fp32 tensors (written directly: no torch needed)."""
+    header: dict[str, object] = {f"model.layers.{i}.weight": {"dtype": "F32", "shape": [1],
+                                                              "data_offsets": [4 * i, 4 * i + 4]}
+                                 for i in range(entries)}
+    header["__metadata__"] = {"format": "pt"}
+    blob = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob + bytes(4 * entries))
+    return os.path.getsize(path)
+
+
+def build_many_zip(path: str, tensors: int = 50_000) -> int:
+    """A torch.save zip of `tensors` two-element fp32 tensors (in a child process)."""
+    code = ("import sys, torch\n"
+            "torch.save({f'layers.{i}.weight': torch.zeros(2) for i in range(int(sys.argv[2]))}, sys.argv[1])\n")
+    subprocess.run([sys.executable, "-c", code, path, str(tensors)], check=True, timeout=600)
+    return os.path.getsize(path)
+
+
+JSON_HEADER_SCRIPT = (  # the floor for a safetensors reader: decoding the header, nothing else
+    "import json, struct, sys, time\n"
+    "t = time.perf_counter()\n"
+    "with open(sys.argv[1], 'rb') as f:\n"
+    "    json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))\n"
+    "print(time.perf_counter() - t)\n")
+
+
+def many_entries(rounds: int) -> None:
+    """Time check-ckpt (in-process, imports excluded) on the two many-entry files against their baselines."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = child_env(os.path.join(tmp, "pycache"))
+        cases = [
+            ("safetensors, 300,000 header entries", os.path.join(tmp, "many.safetensors"), build_many_safetensors,
+             "json.loads(header)", JSON_HEADER_SCRIPT),
+            ("torch zip, 50,000 tiny tensors", os.path.join(tmp, "many.pt"), build_many_zip,
+             "torch.load(weights_only=True)", OP_SCRIPTS["torch.load (in-process)"]),
+        ]
+        for title, path, build_file, base_name, base_script in cases:
+            size = build_file(path)
+            ours = [op_time(OP_SCRIPTS["check-ckpt (in-process)"], path, env) for _ in range(rounds)]
+            base = [op_time(base_script, path, env) for _ in range(rounds)]
+            cli = [measure([sys.executable, "-m", "torchdoctor", "check-ckpt", "--format", "json", path], env)[0]
+                   for _ in range(rounds)]
+            ours_med, base_med = statistics.median(ours), statistics.median(base)
+            print(f"{title} ({size / 2**20:.1f} MiB), {rounds} rounds:")
+            print(f"  check-ckpt (in-process) median {ours_med:.3f} s (min {min(ours):.3f})  target <= 1 s")
+            print(f"  {base_name:29s} median {base_med:.3f} s; ratio {ours_med / base_med:.2f}x")
+            print(f"  check-ckpt CLI wall median {statistics.median(cli):.3f} s (interpreter start-up included)")
 
 
 def child_env(pycache: str) -> dict[str, str]:
@@ -76,7 +133,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--mib", type=int, default=1024, help="size of the state_dict in MiB")
     parser.add_argument("--scan-values", action="store_true", help="also time check-ckpt --scan-values")
+    parser.add_argument("--many", action="store_true",
+                        help="time the many-entry files (300k-entry safetensors header, 50k tiny tensors) instead")
     args = parser.parse_args()
+    if args.many:
+        many_entries(args.rounds)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "big.pt")
         size = build(path, args.mib)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import heapq
-from collections import Counter, defaultdict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -139,13 +139,10 @@ class CheckpointInfo:
         return "other"
 
     def unique_tensors(self) -> list[TensorEntry]:
-        seen: set[int] = set()
-        out = []
+        first: dict[int, TensorEntry] = {}  # the first entry of each tensor object, in walk order
         for e in self.tensors:
-            if id(e.tensor) not in seen:
-                seen.add(id(e.tensor))
-                out.append(e)
-        return out
+            first.setdefault(id(e.tensor), e)
+        return list(first.values())
 
     def facts(self) -> dict[str, Any]:
         """The JSON-ready structure report."""
@@ -153,27 +150,42 @@ class CheckpointInfo:
         by_dtype: Counter[str] = Counter()
         by_device: Counter[str] = Counter()
         counted: set[str] = set()
+        parameters = optimizer_elements = 0
+        sizes: dict[int, tuple[int, int]] = {}  # id(tensor) -> (numel, nbytes), computed once per tensor
+        unique_bytes: list[int] = []
         for e in unique:
-            s = e.tensor.storage
+            t = e.tensor
+            n = t.numel
+            nb = n * itemsize(t.dtype)
+            sizes[id(t)] = (n, nb)
+            unique_bytes.append(nb)
+            if e.in_optimizer:
+                optimizer_elements += n
+            else:
+                parameters += n
+            s = t.storage
             if s is None or s.key in counted:
                 continue
             counted.add(s.key)
-            by_dtype[e.tensor.dtype] += s.nbytes
+            by_dtype[t.dtype] += s.nbytes
             by_device[s.location] += s.nbytes
-        groups: dict[Path, list[TensorEntry]] = defaultdict(list)
-        anchors = sorted({sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states),
-                         key=len, reverse=True)
+        anchors = {sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states)
+        lengths = sorted({len(a) for a in anchors}, reverse=True)  # the longest anchor wins, one lookup per length
+        groups: dict[Path, list[int]] = {}  # group -> [tensors, elements, bytes], in first-seen order
         for e in self.tensors:
-            anchor = next((a for a in anchors if e.path[: len(a)] == a), None)
-            groups[anchor if anchor is not None else _group_of(e.path)].append(e)
-        numel: dict[int, int] = {}  # each tensor's size computed once (files hold up to ~10^5 tensors)
-        nbytes: dict[int, int] = {}
-        for e in self.tensors:
-            key = id(e.tensor)
-            if key not in numel:
-                numel[key] = n = e.tensor.numel
-                nbytes[key] = n * itemsize(e.tensor.dtype)
-        largest = heapq.nlargest(10, unique, key=lambda e: nbytes[id(e.tensor)])
+            path = e.path
+            group = next((path[:k] for k in lengths if path[:k] in anchors), None)
+            if group is None:
+                group = _group_of(path)
+            n, nb = sizes[id(e.tensor)]
+            row = groups.get(group)
+            if row is None:
+                groups[group] = [1, n, nb]
+            else:
+                row[0] += 1
+                row[1] += n
+                row[2] += nb
+        largest = [unique[i] for i in heapq.nlargest(10, range(len(unique)), key=unique_bytes.__getitem__)]
         facts: dict[str, Any] = {
             "path": self.path,
             "format": self.format,
@@ -184,15 +196,14 @@ class CheckpointInfo:
             "tensors": {
                 "count": len(self.tensors),
                 "unique": len(unique),
-                "parameters": sum(numel[id(e.tensor)] for e in unique if not e.in_optimizer),
-                "optimizer_state_elements": sum(numel[id(e.tensor)] for e in unique if e.in_optimizer),
+                "parameters": parameters,
+                "optimizer_state_elements": optimizer_elements,
                 "stored_bytes": sum(by_dtype.values()),
                 "bytes_by_dtype": dict(by_dtype.most_common()),
                 "bytes_by_device": dict(by_device.most_common()),
                 "groups": [
-                    {"path": show_path(p), "tensors": len(es), "elements": sum(numel[id(e.tensor)] for e in es),
-                     "bytes": sum(nbytes[id(e.tensor)] for e in es)}
-                    for p, es in sorted(groups.items(), key=lambda kv: -len(kv[1]))[:30]
+                    {"path": show_path(p), "tensors": count, "elements": elements, "bytes": size}
+                    for p, (count, elements, size) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:30]
                 ],
                 "largest": [
                     {"key": show_path(e.path), "shape": list(e.tensor.shape), "dtype": e.tensor.dtype,

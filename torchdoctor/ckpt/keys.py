@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from torchdoctor.wrappers import WRAPPER_PREFIXES
@@ -17,7 +18,8 @@ MOST = 0.9
 
 
 def share(keys: list[str], prefix: str) -> int:
-    return sum(1 for k in keys if k.startswith(prefix))
+    """How many keys start with `prefix` (str.startswith mapped in C: state dicts reach 10^5 keys)."""
+    return sum(map(str.startswith, keys, repeat(prefix)))
 
 
 def wrapper_prefix(keys: Iterable[str], prefixes: tuple[str, ...] = STRICT_PREFIXES + LOOSE_PREFIXES) -> str:

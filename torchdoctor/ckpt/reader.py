@@ -601,10 +601,10 @@ def _read_safetensors(path: str, f: IO[bytes], size: int, head: bytes, limits: L
         archive.details["metadata"] = {str(k): str(v)[:200] for k, v in list(meta.items())[:50]}
     base = 8 + n
     root: dict[str, Any] = {}
-    for name, spec in header.items():
-        t = _safetensors_tensor(archive, str(name), spec, base)
+    for name, spec in header.items():  # JSON object keys are always str
+        t = _safetensors_tensor(archive, name, spec, base)
         if t is not None:
-            root[str(name)] = t
+            root[name] = t
     archive.root = root
     return archive
 
@@ -647,8 +647,8 @@ def _scan_nested(archive: Archive, limits: Limits) -> None:
 def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Optional[TensorMeta]:
     try:
         dtype = SAFETENSORS_DTYPES[spec["dtype"]]
-        shape = tuple(int(d) for d in spec["shape"])
-        begin, end = (int(x) for x in spec["data_offsets"])
+        shape = tuple(map(int, spec["shape"]))
+        begin, end = map(int, spec["data_offsets"])
     except (KeyError, TypeError, ValueError):
         archive.problems.append(f"safetensors entry {name!r} is malformed")
         return None
@@ -656,11 +656,17 @@ def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Op
     if begin < 0 or end < begin or base + end > archive.file_size:
         archive.problems.append(f"safetensors entry {name!r} points past the end of the file (truncated)")
         return None
-    stride, acc = [], 1
-    for d in reversed(shape):
-        stride.append(acc)
-        acc *= d
-    storage = StorageRef(key=name, dtype=dtype, itemsize=size, location="cpu", numel=(end - begin) // size)
+    if len(shape) == 1:  # the common ranks without the loop (300k-entry headers exist)
+        stride: tuple[int, ...] = (1,)
+    elif len(shape) == 2:
+        stride = (shape[1], 1)
+    else:
+        strides, acc = [], 1
+        for d in reversed(shape):
+            strides.append(acc)
+            acc *= d
+        stride = tuple(reversed(strides))
+    storage = StorageRef(name, dtype, size, "cpu", (end - begin) // size)
     archive.storages[name] = storage
     archive.locators[name] = Locator(base + begin, end - begin)
-    return TensorMeta(dtype=dtype, shape=shape, stride=tuple(reversed(stride)), storage=storage)
+    return TensorMeta(dtype, shape, stride, storage)

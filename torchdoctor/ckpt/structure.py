@@ -160,7 +160,11 @@ class _Walker:
                     self.maybe_state_dict(obj, path)
             elif isinstance(obj, Instance):
                 in_opt, in_module = self.note_object(obj, path, in_opt, in_module)
-            children = [(k, v) for k, v in self.children(obj) if not isinstance(v, _LEAF_TYPES)]
+            if type(obj) is dict:  # the common case (state dicts of 10^5 tensors), without the generator
+                children = [(k if type(k) is str else _name(k), v) for k, v in obj.items()
+                            if not isinstance(v, _LEAF_TYPES)]
+            else:
+                children = [(k, v) for k, v in self.children(obj) if not isinstance(v, _LEAF_TYPES)]
             for key, child in reversed(children):
                 stack.append((child, path + (key,), in_opt, in_module))
 
