@@ -190,9 +190,17 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
                       reported: set[str]) -> Iterator[Finding]:
     """A project function called in a loop runs backward and steps an optimizer passed to it
     (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
+    known: dict[Optional[str], bool] = {None: False}  # name -> names an optimizer (asked once per scope)
+
+    def optimizer_arg(arg: ast.expr) -> bool:
+        key = ref(arg)
+        if key not in known:
+            known[key] = is_optimizer(key, scope, index) or _made_by_helper(src, scope, key)
+        return known[key]
+
     for call in scope.calls:
-        if call.loop is None or not any(_optimizer_arg(src, scope, index, a) for a in call.node.args) \
-                and not any(_optimizer_arg(src, scope, index, k.value) for k in call.node.keywords):
+        if call.loop is None or not any(optimizer_arg(a) for a in call.node.args) \
+                and not any(optimizer_arg(k.value) for k in call.node.keywords):
             continue
         found = src.project.callee(scope, call)
         if found is None or not found[1].backward or found[1].clears_grads:
@@ -219,11 +227,6 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
                 fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
                 location=src.location(call.node),
             )
-
-
-def _optimizer_arg(src: SourceFile, scope: FunctionScope, index: ModuleIndex, arg: ast.expr) -> bool:
-    key = ref(arg)
-    return key is not None and (is_optimizer(key, scope, index) or _made_by_helper(src, scope, key))
 
 
 def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Optional[str]) -> bool:

@@ -6,6 +6,7 @@ import enum
 import sys
 import textwrap
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from typing import Any, Collection, Optional, Union
 
 
@@ -117,6 +118,7 @@ def _snippet(lines: list[str]) -> str:
     return textwrap.dedent("\n".join(lines)).rstrip()
 
 
+@lru_cache(maxsize=1024)  # checks build many findings with the same fix text: parse each line once
 def _parses(source: str) -> bool:
     try:
         ast.parse(source)
@@ -125,6 +127,7 @@ def _parses(source: str) -> bool:
     return True
 
 
+@lru_cache(maxsize=1024)
 def _is_code(line: str) -> bool:
     """Whether a line of a free-text fix is Python (a statement, a block header, or a comment), not prose."""
     text = line.strip()

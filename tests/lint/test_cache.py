@@ -200,3 +200,54 @@ def test_a_result_that_depends_on_the_callers_of_a_function_follows_them(tmp_pat
                                   "    evaluate(model, val_loader)\n", encoding="utf-8")
     second = lint(src, tmp_path / "cache")
     assert second.findings == [] and second.checked == 2  # evaluation.py is unchanged, its callers are not
+
+
+def _settle(path, seconds_ago=3600):
+    """Give a file a modification time in the past, as an unchanged file in a project has."""
+    then = os.stat(path).st_mtime_ns - seconds_ago * 1_000_000_000
+    os.utime(path, ns=(then, then))
+
+
+def test_a_settled_unchanged_file_is_not_read_again(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, text in (("a.py", LEAKY), ("b.py", "x = 1\n")):
+        (src / name).write_text(text, encoding="utf-8")
+        _settle(src / name)
+    first = lint(src, tmp_path / "cache")
+
+    def no_hashing(data):
+        raise AssertionError("an unchanged settled file was read and hashed")
+
+    cache = LintCache(str(tmp_path / "cache"), str(src), CHECKS)
+    monkeypatch.setattr("torchdoctor.lint.cache.digest", no_hashing)
+    second = lint_paths([str(src)], CHECKS, cwd=str(src), jobs=1, cache=cache)
+    assert (first.checked, second.checked) == (2, 0)
+    assert found(second) == found(first) and len(found(first)) == 1
+
+
+def test_a_settled_file_that_is_edited_is_checked_again(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("x = 1\n", encoding="utf-8")
+    _settle(src / "a.py")
+    assert found(lint(src, tmp_path / "cache")) == []
+    (src / "a.py").write_text(LEAKY, encoding="utf-8")
+    second = lint(src, tmp_path / "cache")
+    assert second.checked == 1 and [f[2] for f in found(second)] == ["graph-retention-leak"]
+
+
+def test_a_recent_file_rewritten_with_the_same_size_and_time_is_read_again(tmp_path):
+    # Within a coarse clock tick an edit can keep size and modification time: such a file is always hashed.
+    src = tmp_path / "src"
+    src.mkdir()
+    path = src / "a.py"
+    path.write_text(LEAKY, encoding="utf-8")
+    assert len(found(lint(src, tmp_path / "cache"))) == 1
+    before = os.stat(path)
+    quiet = LEAKY.replace("total += loss", "total += 1.00")
+    assert len(quiet) == len(LEAKY)
+    path.write_text(quiet, encoding="utf-8")
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    second = lint(src, tmp_path / "cache")
+    assert second.checked == 1 and found(second) == []

@@ -1,6 +1,7 @@
 """The `torchdoctor` command group and its entry point: one subcommand per module of this package."""
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Optional
@@ -8,16 +9,36 @@ from typing import Optional
 import click
 
 from torchdoctor import __version__
-from torchdoctor.cli.check_ckpt import check_ckpt
-from torchdoctor.cli.checks import list_checks
-from torchdoctor.cli.env import env
-from torchdoctor.cli.explain import explain
-from torchdoctor.cli.lint import lint
 from torchdoctor.cli.options import USAGE_ERROR
 from torchdoctor.pasteable import use_stand_ins
 
+# command name -> "module:attribute"; a run imports only the module of the command it runs (start-up time
+# matters for `lint` on every save), `--help` imports them all.
+COMMANDS = {
+    "env": "torchdoctor.cli.env:env",
+    "lint": "torchdoctor.cli.lint:lint",
+    "check-ckpt": "torchdoctor.cli.check_ckpt:check_ckpt",
+    "checks": "torchdoctor.cli.checks:list_checks",
+    "explain": "torchdoctor.cli.explain:explain",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands are imported when looked up (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        if cmd_name not in COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        module, _, attribute = COMMANDS[cmd_name].partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert isinstance(command, click.Command)
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="torchdoctor")
 @click.option("--local-rank", "local_rank_dash", hidden=True, default=None,
               help="Passed by torch.distributed.launch before the command; accepted and reported by `env`.")
@@ -27,10 +48,6 @@ def cli(ctx: click.Context, local_rank_dash: Optional[str], local_rank_underscor
     """Diagnose PyTorch environments, checkpoints and training loops."""
     ctx.obj = {"local_rank_arg": "--local-rank" if local_rank_dash is not None
                else "--local_rank" if local_rank_underscore is not None else None}
-
-
-for _command in (env, lint, check_ckpt, list_checks, explain):
-    cli.add_command(_command)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

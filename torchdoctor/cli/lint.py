@@ -75,8 +75,8 @@ def lint(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Op
         from torchdoctor.lint.program import find_root
 
         if fmt == "text":
-            for f in result.findings:
-                click.echo(text_entry(f))
+            if result.findings:  # one write, not one per finding
+                click.echo("\n".join(text_entry(f) for f in result.findings))
         else:
             click.echo(to_sarif(result.findings, linter.checks, settings.root or find_root(os.getcwd())))
         sys.exit(exit_code(result.findings, settings.fail_on))

@@ -1,7 +1,8 @@
 """Lint results kept between runs, so that linting on every save re-checks only the files that changed.
 
-One JSON file per project root holds, for each linted file: a digest of its bytes, the questions it asked
-about the rest of the project (with their answers) and its findings. A result is reused only when the
+One JSON file per project root holds, for each linted file: a digest of its bytes (and, for a file not modified
+in the last seconds, its size, modification time and inode, so that an unchanged file is not read again), the
+questions it asked about the rest of the project (with their answers) and its findings. A result is reused only when the
 bytes are the same, every recorded answer still holds, and the fingerprint (torchdoctor's version and
 lint code, the selected checks and their code, the Python version) is unchanged. The cache is best effort:
 an unreadable, corrupt or unwritable cache only means the files are checked again.
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
@@ -20,7 +22,7 @@ from torchdoctor.findings import Finding
 from torchdoctor.lint.source import Edit, FixableFinding, ProjectFacts
 
 CACHE_DIR_ENV = "TORCHDOCTOR_CACHE_DIR"
-_FORMAT = 3
+_FORMAT = 4
 
 
 def default_cache_dir() -> str:
@@ -38,6 +40,19 @@ def default_cache_dir() -> str:
 
 def digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+# A file whose modification time is at least this much older than the moment it was stat'ed and read can only
+# change by getting a later time (coarse file systems, FAT, tick in 2 s), so (size, mtime, inode) identifies
+# those bytes as git's index does; a younger file is hashed on every run ("racily clean" in git's terms).
+_SETTLED_NS = 3_000_000_000
+
+
+def signature(st: os.stat_result) -> Optional[list[int]]:
+    """What identifies a settled file's bytes without reading them; None for a file modified too recently."""
+    if time.time_ns() - st.st_mtime_ns < _SETTLED_NS:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
 @dataclass
@@ -58,7 +73,28 @@ class LintCache:
         self.path = os.path.join(directory, "lint", f"{name}.json")
         self.fingerprint = _fingerprint(checks)
         self.entries: dict[str, dict[str, Any]] = self._read()
+        self._signatures: dict[str, Optional[list[int]]] = {}  # path -> signature of the bytes digested this run
         self.changed = False
+
+    def file_digest(self, path: str) -> Optional[str]:
+        """The digest of the file at absolute `path`: the cached one while its signature is unchanged (a stat,
+        not a read), else read and hashed now; None when it cannot be read."""
+        entry = self.entries.get(path)
+        if isinstance(entry, dict) and entry.get("stat") is not None:
+            try:
+                if signature(os.stat(path)) == entry["stat"] and isinstance(entry.get("digest"), str):
+                    self._signatures[path] = entry["stat"]
+                    return str(entry["digest"])
+            except OSError:
+                return None
+        try:
+            with open(path, "rb") as fh:
+                sig = signature(os.fstat(fh.fileno()))  # before reading: a later write changes it
+                data = fh.read()
+        except OSError:
+            return None
+        self._signatures[path] = sig
+        return digest(data)
 
     def lookup(self, path: str, data_digest: str, display: str, project: ProjectFacts) -> Optional[FileResult]:
         """The result of the file at absolute `path` (shown as `display`) if its cached result still holds."""
@@ -83,7 +119,8 @@ class LintCache:
                 d["location"].pop("file", None)
             if isinstance(f, FixableFinding) and f.edits:
                 d["edits"] = [[list(e.start), list(e.end), e.text] for e in f.edits]
-        self.entries[path] = {"digest": data_digest, "asked": [list(q) for q in result.asked],
+        self.entries[path] = {"digest": data_digest, "stat": self._signatures.get(path),
+                              "asked": [list(q) for q in result.asked],
                               "findings": findings, "problem": result.problem}
         self.changed = True
 
@@ -94,13 +131,15 @@ class LintCache:
         import tempfile  # only a run that checked something writes
 
         entries = {path: entry for path, entry in self.entries.items() if os.path.exists(path)}
+        # json.dumps, not json.dump: only the one-shot form uses the C encoder (several times faster).
+        text = json.dumps({"format": _FORMAT, "fingerprint": self.fingerprint, "files": entries},
+                          separators=(",", ":"))
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".lint-", suffix=".tmp")
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    json.dump({"format": _FORMAT, "fingerprint": self.fingerprint, "files": entries}, fh,
-                              separators=(",", ":"))
+                    fh.write(text)
                 os.replace(tmp, self.path)
             except BaseException:
                 os.unlink(tmp)

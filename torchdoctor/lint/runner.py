@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.findings import Finding, Location, fold
-from torchdoctor.lint.cache import FileResult, LintCache, digest
+from torchdoctor.lint.cache import FileResult, LintCache
 from torchdoctor.lint.files import Pattern, discover, display_path
 from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
 
@@ -161,13 +161,11 @@ def _lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclud
     files = [(path, display_path(path, cwd)) for path in discover(paths, exclude, cwd)]
     project = ProjectFacts()
     digests: dict[str, str] = {}
-    for path, display in files:
-        try:
-            with open(path, "rb") as fh:
-                data = fh.read()
-        except OSError:
-            continue
-        digests[path] = digest(data)
+    if cache is not None:  # a run without a cache has no use for digests
+        for path, _ in files:
+            data_digest = cache.file_digest(path)
+            if data_digest is not None:
+                digests[path] = data_digest
     findings: list[Finding] = []
     unreadable: list[str] = []
     todo: list[tuple[str, str]] = []
