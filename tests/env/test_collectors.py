@@ -1,6 +1,7 @@
 """The torch-free collectors on this machine, and the probe's parsing of whatever a subprocess left."""
 import json
 import os
+import time
 from pathlib import Path
 
 from torchdoctor.env import packages, probe, shadowing, system, toolkit
@@ -25,9 +26,14 @@ def test_probe_that_died_without_output():
     assert not p.ok and p.error_type == "ProbeFailed" and "Segmentation fault" in p.error and "-11" in p.error
 
 
-def test_probe_on_this_machine():
+def test_probe_on_this_machine_is_not_waited_for_after_its_facts(tmp_path, monkeypatch):
+    """Once the probe said "ready", its interpreter's teardown (slow with torch loaded) is not waited for."""
+    (tmp_path / "sitecustomize.py").write_text("import atexit, time\natexit.register(time.sleep, 60)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    started = time.monotonic()
     p = probe.RunningProbe(timeout=120).result()
     assert p.ok and p.version.startswith("2.") and p.num_threads >= 1 and p.seconds > 0
+    assert time.monotonic() - started < 30
 
 
 def test_probe_subprocess_times_out_on_a_hanging_import(tmp_path, monkeypatch):

@@ -121,12 +121,12 @@ class RunningProbe:
             else:
                 payloads.append(payload)
         if timed_out or self.proc.stdin is None:
-            if not timed_out:
+            if not timed_out and payload is None:  # it ended by itself: wait for the exit status that says how
                 try:
                     self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
-            self._stop()
+            self._stop()  # after "ready" every fact is out: torch's interpreter teardown (~0.5 s) is not waited for
         elif payload is None:  # ended before "ready": it crashed, so there is nothing to exchange
             self._stop()
         probe = build_probe(payloads, self._stderr, timed_out, self.timeout, self.proc.returncode)
