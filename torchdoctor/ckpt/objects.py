@@ -6,7 +6,6 @@ bytes would be. Placeholders hash by identity so hostile nesting can never trigg
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from torchdoctor.ckpt.dtypes import itemsize
@@ -14,6 +13,8 @@ from torchdoctor.ckpt.dtypes import itemsize
 
 class Inert:
     """Base of all placeholders: identity hash and equality, shallow repr."""
+
+    __slots__ = ()
 
     __hash__ = object.__hash__
 
@@ -112,39 +113,56 @@ class Opaque(Inert):
         return f"<{self.what}>"
 
 
-@dataclass(eq=False)
-class StorageRef:
-    """A tensor storage named by a persistent id: where its bytes are and how many there are."""
+class StorageRef(Inert):
+    """A tensor storage named by a persistent id: where its bytes are and how many there are.
 
-    key: str
-    dtype: str
-    itemsize: int
-    location: str
-    numel: int  # in elements of `itemsize` bytes
-    record: Optional[str] = None  # zip member name, when the storage lives in a zip record
+    A plain `__slots__` class: files with 10^5 tensors create as many of these.
+    """
 
-    __hash__ = object.__hash__
+    __slots__ = ("key", "dtype", "itemsize", "location", "numel", "record")
+
+    def __init__(self, key: str, dtype: str, itemsize: int, location: str, numel: int,
+                 record: Optional[str] = None) -> None:
+        self.key = key
+        self.dtype = dtype
+        self.itemsize = itemsize
+        self.location = location
+        self.numel = numel  # in elements of `itemsize` bytes
+        self.record = record  # zip member name, when the storage lives in a zip record
 
     @property
     def nbytes(self) -> int:
         return self.numel * self.itemsize
 
+    def __repr__(self) -> str:
+        return f"<storage {self.key!r} {self.dtype} x{self.numel} on {self.location}>"
 
-@dataclass(eq=False)
-class TensorMeta:
-    """A tensor as metadata only: shape, dtype, strides and which part of which storage it views."""
 
-    dtype: str
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    storage: Optional[StorageRef]
-    storage_offset: int = 0  # in elements of dtype
-    requires_grad: bool = False
-    is_parameter: bool = False
-    kind: str = "tensor"  # tensor, quantized, meta, subclass:<name>
-    extra: dict = field(default_factory=dict)
+class TensorMeta(Inert):
+    """A tensor as metadata only: shape, dtype, strides and which part of which storage it views.
 
-    __hash__ = object.__hash__
+    `kind` is tensor, quantized, meta or subclass:<name>; `extra` keeps Python state a BUILD attached.
+    A plain `__slots__` class: files with 10^5 tensors create as many of these.
+    """
+
+    __slots__ = ("dtype", "shape", "stride", "storage", "storage_offset", "requires_grad", "is_parameter", "kind",
+                 "extra")
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], stride: tuple[int, ...], storage: Optional[StorageRef],
+                 storage_offset: int = 0, requires_grad: bool = False, is_parameter: bool = False,
+                 kind: str = "tensor", extra: Optional[dict] = None) -> None:
+        self.dtype = dtype
+        self.shape = shape
+        self.stride = stride
+        self.storage = storage
+        self.storage_offset = storage_offset  # in elements of dtype
+        self.requires_grad = requires_grad
+        self.is_parameter = is_parameter
+        self.kind = kind
+        self.extra: dict = {} if extra is None else extra
+
+    def __repr__(self) -> str:
+        return f"<tensor {self.dtype}{list(self.shape)}>"
 
     @property
     def numel(self) -> int:
