@@ -57,14 +57,11 @@ CUDA_TENSORS = Pitfall(
 @CUDA_TENSORS.checkpoint
 def cuda_tensors(info: CheckpointInfo) -> Iterator[Finding]:
     """Tensors whose saved device is an accelerator (a warning beyond cuda:0, else info)."""
-    devices: Counter[str] = Counter()
-    first: dict[str, str] = {}
-    for e in info.unique_tensors():
-        dev = e.tensor.device
-        if dev in ("cpu", "meta", "unknown"):
-            continue
-        devices[dev] += 1
-        first.setdefault(dev, show_path(e.path))
+    table = info.table
+    devices = Counter(table.unique(table.locations))
+    for dev in ("cpu", "meta", "unknown"):
+        devices.pop(dev, None)
+    first = {dev: show_path(table.path(table.locations.index(dev))) for dev in devices}
     if not devices:
         return
     listed = ", ".join(f"{n} on {d}" for d, n in sorted(devices.items()))

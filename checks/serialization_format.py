@@ -60,7 +60,7 @@ def _describe(info: CheckpointInfo) -> tuple[str, str]:
                 "tensors are not listed.",
                 "Load it once in a trusted environment and re-save: torch.save(obj.state_dict(), 'new.pt')")
     if fmt == "torchscript":
-        return (f"TorchScript archive (torch.jit.save): {len(info.tensors)} tensor(s) listed from data.pkl and "
+        return (f"TorchScript archive (torch.jit.save): {len(info.table)} tensor(s) listed from data.pkl and "
                 f"constants.pkl; its {d.get('code_files', 0)} code file(s) were not inspected. torch.load refuses it "
                 "(\"Cannot use weights_only=True with TorchScript archives passed to torch.load\").",
                 "Load it with torch.jit.load(path, map_location='cpu'); to get weights: "

@@ -1,11 +1,10 @@
 """storage-bloat: a tensor was saved as a view of a much larger storage, so the file is far larger."""
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
-from torchdoctor.sdk.checkpoint import CheckpointInfo, TensorEntry, show_path
+from torchdoctor.sdk.checkpoint import CheckpointInfo, show_path
 
 from ._ckptutil import MAX_LISTED
 
@@ -63,30 +62,24 @@ def _covered(spans: list[tuple[int, int]]) -> int:
 @STORAGE_BLOAT.checkpoint
 def storage_bloat(info: CheckpointInfo) -> Iterator[Finding]:
     """Storages much larger than the bytes their tensors use."""
-    users: dict[str, list[TensorEntry]] = defaultdict(list)
-    for e in info.tensors:
-        if e.tensor.storage is not None:
-            users[e.tensor.storage.key].append(e)
+    table = info.table
     bloated = []
-    for key, entries in users.items():
-        storage = entries[0].tensor.storage
-        assert storage is not None
-        if storage.nbytes < BLOAT_MIN_WASTE:  # cannot waste enough to report, whatever its tensors use
-            continue
-        if len(entries) == 1:
-            start, end = entries[0].tensor.byte_span()
+    for refs in table.storage_users(BLOAT_MIN_WASTE).values():  # smaller storages cannot waste enough to report
+        size = table.storage_nbytes(refs[0])
+        if len(refs) == 1:
+            start, end = table.meta(refs[0]).byte_span()
             used = end - max(start, -1) if end > -1 else 0  # _covered of one span, without the sort
         else:
-            used = _covered([e.tensor.byte_span() for e in entries])
-        waste = storage.nbytes - used
-        if waste >= BLOAT_MIN_WASTE and storage.nbytes >= BLOAT_MIN_RATIO * max(used, 1):
-            bloated.append((waste, storage.nbytes, used, entries[0]))
+            used = _covered([table.meta(i).byte_span() for i in refs])
+        waste = size - used
+        if waste >= BLOAT_MIN_WASTE and size >= BLOAT_MIN_RATIO * max(used, 1):
+            bloated.append((waste, size, used, refs[0]))
     if not bloated:
         return
     bloated.sort(key=lambda b: -b[0])
     total = sum(b[0] for b in bloated)
-    rows = "; ".join(f"{show_path(e.path)} {list(e.tensor.shape)} uses {byte_size(used)} of a {byte_size(size)} storage"
-                     for _, size, used, e in bloated[:MAX_LISTED])
+    rows = "; ".join(f"{show_path(table.path(i))} {list(table.meta(i).shape)} uses {byte_size(used)} of a "
+                     f"{byte_size(size)} storage" for _, size, used, i in bloated[:MAX_LISTED])
     yield Finding(
         f"{len(bloated)} tensor(s) were saved as views of larger tensors, and torch.save writes the whole "
         f"underlying storage: {byte_size(total)} of the file's {byte_size(info.archive.file_size)} hold data no tensor "
@@ -94,5 +87,5 @@ def storage_bloat(info: CheckpointInfo) -> Iterator[Finding]:
         fix="Clone views before saving so each tensor owns a storage of its own size:\n"
             "torch.save({k: v.clone() for k, v in state_dict.items()}, path)\n"
             "or write a compact copy: torchdoctor check-ckpt FILE --fix compact.pt",
-        location=Location(file=info.path, key=show_path(bloated[0][3].path)),
+        location=Location(file=info.path, key=show_path(table.path(bloated[0][3]))),
     )

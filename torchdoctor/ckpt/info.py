@@ -2,20 +2,19 @@
 from __future__ import annotations
 
 import heapq
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from functools import cached_property
+from itertools import compress, islice
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from torchdoctor.ckpt.dtypes import itemsize
 from torchdoctor.ckpt.objects import TensorMeta
 from torchdoctor.ckpt.policy import Use
+from torchdoctor.ckpt.tables import Path, TensorTable
 
 if TYPE_CHECKING:
     from torchdoctor.ckpt.policy import Verdict
     from torchdoctor.ckpt.reader import Archive
     from torchdoctor.ckpt.unpickler import Event
-
-Path = tuple[str, ...]
 
 
 def show_path(path: Path) -> str:
@@ -37,7 +36,7 @@ class StateDict:
     """A mapping of parameter names to tensors found in the file (or derived from a pickled module)."""
 
     path: Path
-    tensors: dict[str, TensorMeta]
+    tensors: Mapping[str, TensorMeta]
     source: str = "dict"  # dict, or module (rebuilt from a pickled nn.Module's _parameters/_buffers)
 
 
@@ -98,7 +97,7 @@ class CheckpointInfo:
     """Everything known about one checkpoint file, read without executing it."""
 
     archive: Archive
-    tensors: list[TensorEntry]
+    table: TensorTable
     state_dicts: list[StateDict]
     objects: list[PickledObject]
     optimizer_states: list[Path]
@@ -134,58 +133,53 @@ class CheckpointInfo:
             return "state_dict"
         if isinstance(root, TensorMeta):
             return "tensor"
-        if isinstance(root, dict) and self.tensors:
+        if isinstance(root, dict) and len(self.table):
             return "training checkpoint"
         return "other"
 
+    @cached_property
+    def tensors(self) -> list[TensorEntry]:
+        """Every tensor reference in walk order (a tensor saved twice appears twice)."""
+        table = self.table
+        return list(map(TensorEntry, table.paths, table.metas, table.in_optimizer))
+
     def unique_tensors(self) -> list[TensorEntry]:
-        first: dict[int, TensorEntry] = {}  # the first entry of each tensor object, in walk order
-        for e in self.tensors:
-            first.setdefault(id(e.tensor), e)
-        return list(first.values())
+        """The first reference to each distinct tensor, in walk order."""
+        table = self.table
+        return [TensorEntry(table.path(i), table.meta(i), table.in_optimizer[i]) for i in table.first]
+
+    def _groups(self) -> dict[Path, list[int]]:
+        """[tensors, elements, bytes] per group, in first-seen order: the innermost state dict or optimizer
+        state holding each reference, else its container with module plumbing folded."""
+        table = self.table
+        anchors = {sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states)
+        lengths = sorted({len(a) for a in anchors}, reverse=True)  # the longest anchor wins, one lookup per length
+        groups: dict[Path, list[int]] = {}
+        for start, stop, parent in table.runs:
+            if lengths and lengths[0] > len(parent) and not anchors.isdisjoint(map(table.path, range(start, stop))):
+                spans = [(i, i + 1, table.path(i), len(table.path(i))) for i in range(start, stop)]
+            else:  # every path is parent + (key,): only the parent's prefixes can be anchors
+                spans = [(start, stop, parent + ("",), len(parent))]
+            for a, b, path, longest in spans:
+                group = next((path[:k] for k in lengths if k <= longest and path[:k] in anchors), None)
+                if group is None:
+                    group = _group_of(path)
+                row = groups.setdefault(group, [0, 0, 0])
+                row[0] += b - a
+                row[1] += sum(table.numels[a:b])
+                row[2] += sum(table.nbytes[a:b])
+        return groups
 
     def facts(self) -> dict[str, Any]:
         """The JSON-ready structure report."""
-        unique = self.unique_tensors()
-        by_dtype: Counter[str] = Counter()
-        by_device: Counter[str] = Counter()
-        counted: set[str] = set()
-        parameters = optimizer_elements = 0
-        sizes: dict[int, tuple[int, int]] = {}  # id(tensor) -> (numel, nbytes), computed once per tensor
-        unique_bytes: list[int] = []
-        for e in unique:
-            t = e.tensor
-            n = t.numel
-            nb = n * itemsize(t.dtype)
-            sizes[id(t)] = (n, nb)
-            unique_bytes.append(nb)
-            if e.in_optimizer:
-                optimizer_elements += n
-            else:
-                parameters += n
-            s = t.storage
-            if s is None or s.key in counted:
-                continue
-            counted.add(s.key)
-            by_dtype[t.dtype] += s.nbytes
-            by_device[s.location] += s.nbytes
-        anchors = {sd.path for sd in self.state_dicts if sd.source == "dict"} | set(self.optimizer_states)
-        lengths = sorted({len(a) for a in anchors}, reverse=True)  # the longest anchor wins, one lookup per length
-        groups: dict[Path, list[int]] = {}  # group -> [tensors, elements, bytes], in first-seen order
-        for e in self.tensors:
-            path = e.path
-            group = next((path[:k] for k in lengths if path[:k] in anchors), None)
-            if group is None:
-                group = _group_of(path)
-            n, nb = sizes[id(e.tensor)]
-            row = groups.get(group)
-            if row is None:
-                groups[group] = [1, n, nb]
-            else:
-                row[0] += 1
-                row[1] += n
-                row[2] += nb
-        largest = [unique[i] for i in heapq.nlargest(10, range(len(unique)), key=unique_bytes.__getitem__)]
+        table = self.table
+        first = table.first
+        numels, unique_bytes, flags = table.unique(table.numels), table.unique(table.nbytes), table.unique(table.in_optimizer)
+        optimizer_elements = sum(compress(numels, flags)) if any(flags) else 0
+        parameters = sum(numels) - optimizer_elements
+        by_dtype, by_device = table.storage_totals()
+        groups = self._groups()
+        largest = [first[i] for i in _largest(unique_bytes, 10)]
         facts: dict[str, Any] = {
             "path": self.path,
             "format": self.format,
@@ -194,8 +188,8 @@ class CheckpointInfo:
             "kind": self.kind,
             "top_level": self.top_level,
             "tensors": {
-                "count": len(self.tensors),
-                "unique": len(unique),
+                "count": len(table),
+                "unique": len(first),
                 "parameters": parameters,
                 "optimizer_state_elements": optimizer_elements,
                 "stored_bytes": sum(by_dtype.values()),
@@ -206,9 +200,9 @@ class CheckpointInfo:
                     for p, (count, elements, size) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:30]
                 ],
                 "largest": [
-                    {"key": show_path(e.path), "shape": list(e.tensor.shape), "dtype": e.tensor.dtype,
-                     "device": e.tensor.device, "bytes": e.tensor.nbytes}
-                    for e in largest
+                    {"key": show_path(table.path(i)), "shape": list(t.shape), "dtype": t.dtype, "device": t.device,
+                     "bytes": table.nbytes[i]}
+                    for i, t in zip(largest, map(table.meta, largest))
                 ],
             },
             "state_dicts": [
@@ -234,6 +228,16 @@ class CheckpointInfo:
         if self.model is not None:
             facts["model"] = {"spec": self.model.spec, "keys": len(self.model.entries)}
         return facts
+
+
+def _largest(values: list[int], n: int) -> list[int]:
+    """Indices of the `n` largest values, ties in index order: `heapq.nlargest(n, range(len(values)),
+    key=values.__getitem__)` without a Python-level key call per value."""
+    if len(values) <= n:
+        return sorted(range(len(values)), key=values.__getitem__, reverse=True)
+    threshold = heapq.nlargest(n, values)[-1]
+    above = sorted(compress(range(len(values)), map(threshold.__lt__, values)), key=values.__getitem__, reverse=True)
+    return above + list(islice(compress(range(len(values)), map(threshold.__eq__, values)), n - len(above)))
 
 
 def _group_of(path: Path) -> Path:

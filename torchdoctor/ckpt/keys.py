@@ -1,8 +1,9 @@
 """State-dict key matching: wrapper prefixes (DataParallel, torch.compile, Lightning) and model comparison."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import islice, repeat
 from typing import TYPE_CHECKING, Iterable, Optional
 
 from torchdoctor.wrappers import WRAPPER_PREFIXES
@@ -17,9 +18,9 @@ LOOSE_PREFIXES = ("model.", "net.")
 MOST = 0.9
 
 
-def share(keys: list[str], prefix: str) -> int:
-    """How many keys start with `prefix` (str.startswith mapped in C: state dicts reach 10^5 keys)."""
-    return sum(map(str.startswith, keys, repeat(prefix)))
+def share(keys: list[str], prefix: str, start: int = 0) -> int:
+    """How many keys carry `prefix` at `start` (str.startswith mapped in C: state dicts reach 10^5 keys)."""
+    return sum(map(str.startswith, keys, repeat(prefix), repeat(start)))
 
 
 def wrapper_prefix(keys: Iterable[str], prefixes: tuple[str, ...] = STRICT_PREFIXES + LOOSE_PREFIXES) -> str:
@@ -28,13 +29,21 @@ def wrapper_prefix(keys: Iterable[str], prefixes: tuple[str, ...] = STRICT_PREFI
     Strict prefixes count when at least 90% of keys carry them, loose ones (model., net.) only when all do.
     """
     keys = list(keys)
-    found = ""
+    found, start = "", 0  # while every key carries what was found, it is skipped by offset rather than cut off
     while keys:
         for p in prefixes:
-            n = share(keys, p)
-            if n == len(keys) or (p in STRICT_PREFIXES and n >= MOST * len(keys)):
+            strict = p in STRICT_PREFIXES
+            need = math.ceil(MOST * len(keys)) if strict else len(keys)
+            if not any(map(str.startswith, islice(keys, len(keys) - need + 1), repeat(p), repeat(start))):
+                continue  # too many of the first keys lack it (cheap: most prefixes are ruled out here)
+            n = share(keys, p, start)
+            if n == len(keys) or (strict and n >= MOST * len(keys)):
                 found += p
-                keys = [k[len(p):] if k.startswith(p) else k for k in keys]
+                if n == len(keys):
+                    start += len(p)
+                else:
+                    keys = [k[start + len(p):] if k.startswith(p, start) else k[start:] for k in keys]
+                    start = 0
                 break
         else:
             break

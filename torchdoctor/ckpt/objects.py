@@ -141,16 +141,15 @@ class StorageRef(Inert):
 class TensorMeta(Inert):
     """A tensor as metadata only: shape, dtype, strides and which part of which storage it views.
 
-    `kind` is tensor, quantized, meta or subclass:<name>; `extra` keeps Python state a BUILD attached.
+    `kind` is tensor, quantized, meta or subclass:<name>.
     A plain `__slots__` class: files with 10^5 tensors create as many of these.
     """
 
-    __slots__ = ("dtype", "shape", "stride", "storage", "storage_offset", "requires_grad", "is_parameter", "kind",
-                 "extra")
+    __slots__ = ("dtype", "shape", "stride", "storage", "storage_offset", "requires_grad", "is_parameter", "kind")
 
     def __init__(self, dtype: str, shape: tuple[int, ...], stride: tuple[int, ...], storage: Optional[StorageRef],
                  storage_offset: int = 0, requires_grad: bool = False, is_parameter: bool = False,
-                 kind: str = "tensor", extra: Optional[dict] = None) -> None:
+                 kind: str = "tensor") -> None:
         self.dtype = dtype
         self.shape = shape
         self.stride = stride
@@ -159,7 +158,6 @@ class TensorMeta(Inert):
         self.requires_grad = requires_grad
         self.is_parameter = is_parameter
         self.kind = kind
-        self.extra: dict = {} if extra is None else extra
 
     def __repr__(self) -> str:
         return f"<tensor {self.dtype}{list(self.shape)}>"
@@ -203,6 +201,15 @@ class TensorMeta(Inert):
                 return False
             expected *= d
         return True
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous (row-major) tensor of `shape`, in elements."""
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
 
 
 def show_args(args: Any, budget: int = 160) -> str:

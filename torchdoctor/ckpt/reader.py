@@ -15,11 +15,14 @@ import struct
 import zipfile
 import zlib
 from dataclasses import dataclass, field
-from typing import IO, Any, Optional
+from itertools import chain
+from operator import le
+from typing import IO, Any, Mapping, Optional
 
 from torchdoctor.ckpt.dtypes import SAFETENSORS_DTYPES, STORAGE_DTYPES, itemsize
 from torchdoctor.ckpt.errors import CheckpointError
-from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta
+from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta, contiguous_strides
+from torchdoctor.ckpt.tables import HeaderTensors
 from torchdoctor.ckpt.unpickler import Event, Limits, PickleParseError, PickleScan, Source, scan_pickle, short
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -58,6 +61,9 @@ class Archive:
     def locator(self, key: str) -> Optional[Locator]:
         """Where storage `key`'s bytes are, or None when the file does not hold them."""
         loc = self.locators.get(key)
+        if loc is None and isinstance(self.root, HeaderTensors):
+            span = self.root.span(key)
+            loc = None if span is None else Locator(*span)
         if loc is None and key in self.zip_records:
             with open(self.path, "rb") as f:
                 loc = self.locators[key] = _locator(f, self.zip_records[key])
@@ -599,13 +605,7 @@ def _read_safetensors(path: str, f: IO[bytes], size: int, head: bytes, limits: L
     meta = header.pop("__metadata__", None)
     if isinstance(meta, dict):
         archive.details["metadata"] = {str(k): str(v)[:200] for k, v in list(meta.items())[:50]}
-    base = 8 + n
-    root: dict[str, Any] = {}
-    for name, spec in header.items():  # JSON object keys are always str
-        t = _safetensors_tensor(archive, name, spec, base)
-        if t is not None:
-            root[name] = t
-    archive.root = root
+    archive.root = _safetensors_root(archive, header, 8 + n)
     return archive
 
 
@@ -644,7 +644,26 @@ def _scan_nested(archive: Archive, limits: Limits) -> None:
                 queue += [(n, sc, depth + 1) for n, sc in found]
 
 
+def _safetensors_root(archive: Archive, header: dict[str, Any], base: int) -> Mapping[str, TensorMeta]:
+    """The header's tensors, kept as columns (headers of 10^5 entries exist); any entry that is not plainly
+    well-formed sends the whole header through the entry-by-entry reader, which names the bad ones."""
+    specs = list(header.values())
+    try:
+        dtypes = [SAFETENSORS_DTYPES[s["dtype"]] for s in specs]
+        shapes = [s["shape"] for s in specs]
+        spans = [s["data_offsets"] for s in specs]
+        begins, ends = [b for b, _ in spans], [e for _, e in spans]  # exactly two values each, else ValueError
+        well_formed = (set(map(type, shapes)) == {list} and set(map(type, chain(begins, ends, *shapes))) <= {int}
+                       and min(begins) >= 0 and all(map(le, begins, ends)) and base + max(ends) <= archive.file_size)
+    except (KeyError, TypeError, ValueError):
+        well_formed = False
+    if well_formed:
+        return HeaderTensors(list(header), dtypes, shapes, begins, ends, base)
+    return {name: t for name, spec in header.items() if (t := _safetensors_tensor(archive, name, spec, base)) is not None}
+
+
 def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Optional[TensorMeta]:
+    """One header entry, or None after recording why it is unusable."""
     try:
         dtype = SAFETENSORS_DTYPES[spec["dtype"]]
         shape = tuple(map(int, spec["shape"]))
@@ -656,17 +675,6 @@ def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Op
     if begin < 0 or end < begin or base + end > archive.file_size:
         archive.problems.append(f"safetensors entry {name!r} points past the end of the file (truncated)")
         return None
-    if len(shape) == 1:  # the common ranks without the loop (300k-entry headers exist)
-        stride: tuple[int, ...] = (1,)
-    elif len(shape) == 2:
-        stride = (shape[1], 1)
-    else:
-        strides, acc = [], 1
-        for d in reversed(shape):
-            strides.append(acc)
-            acc *= d
-        stride = tuple(reversed(strides))
     storage = StorageRef(name, dtype, size, "cpu", (end - begin) // size)
-    archive.storages[name] = storage
     archive.locators[name] = Locator(base + begin, end - begin)
-    return TensorMeta(dtype, shape, stride, storage)
+    return TensorMeta(dtype, shape, contiguous_strides(shape), storage)

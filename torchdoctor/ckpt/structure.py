@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from itertools import islice
 from typing import Any, Iterator
 
-from torchdoctor.ckpt.info import CheckpointInfo, GlobalUse, Path, PickledObject, StateDict, TensorEntry
+from torchdoctor.ckpt.info import CheckpointInfo, GlobalUse, Path, PickledObject, StateDict
 from torchdoctor.ckpt.objects import Blob, GlobalRef, Instance, Key, PickledDict, TensorMeta
 from torchdoctor.ckpt.policy import Pair, Use, classify
 from torchdoctor.ckpt.reader import Archive
+from torchdoctor.ckpt.tables import HeaderTable, HeaderTensors, TensorTable
 from torchdoctor.ckpt.unpickler import WEIGHTS_ONLY_OPCODES, short
 
 MAX_VISITS = 5_000_000
@@ -24,14 +26,18 @@ _LEAF_TYPES = (int, float, bool, str, type(None), bytes, bytearray, GlobalRef, B
 def analyze(archive: Archive) -> CheckpointInfo:
     """Build the `CheckpointInfo` the checks look at from a freshly read archive."""
     walker = _Walker()
-    walker.walk(archive.root)
+    if isinstance(archive.root, HeaderTensors):  # a safetensors header: one flat state dict, nothing to walk
+        walker.table = HeaderTable(archive.root)
+        walker.state_dicts = [StateDict((), archive.root, "dict")] if len(archive.root) else []
+    else:
+        walker.walk(archive.root)
     if archive.format == "torchscript":
         for name, scan in archive.pickles[1:]:
             if name.endswith("constants.pkl"):
                 walker.walk(scan.value, ("constants",))
     return CheckpointInfo(
         archive=archive,
-        tensors=walker.tensors,
+        table=walker.table,
         state_dicts=walker.state_dicts,
         objects=walker.objects,
         optimizer_states=walker.optimizer_states,
@@ -102,9 +108,11 @@ def _describe(value: Any) -> dict[str, Any]:
 
 
 def _top_level(root: Any) -> list[dict[str, Any]]:
+    if isinstance(root, HeaderTensors):
+        return [{"key": k, **_describe(v)} for k, v in zip(root.names, map(root.meta, range(min(60, len(root)))))]
     if not isinstance(root, dict):
         return [{"key": "(root)", **_describe(root)}]
-    return [{"key": _name(k), **_describe(v)} for k, v in list(root.items())[:60]]
+    return [{"key": _name(k), **_describe(v)} for k, v in islice(root.items(), 60)]
 
 
 def _name(key: Any) -> str:
@@ -123,7 +131,7 @@ def _is_optimizer_state_dict(value: Any) -> bool:
 
 class _Walker:
     def __init__(self) -> None:
-        self.tensors: list[TensorEntry] = []
+        self.table = TensorTable()
         self.state_dicts: list[StateDict] = []
         self.objects: list[PickledObject] = []
         self.optimizer_states: list[Path] = []
@@ -142,8 +150,8 @@ class _Walker:
                 self.problems.append(f"the object graph has more than {MAX_VISITS:,} nodes; "
                                      "the structure report is incomplete")
                 return
-            if isinstance(obj, TensorMeta):
-                self.tensors.append(TensorEntry(path, obj, in_opt))
+            if type(obj) is TensorMeta:
+                self.table.add([path], [obj], in_opt, path[:-1])
                 continue
             if id(obj) in entered:
                 continue
@@ -153,14 +161,21 @@ class _Walker:
                                      f"{'/'.join(path[:5])}/...; the structure report is incomplete")
                 return
             if isinstance(obj, dict):
+                all_tensors = (set(map(type, obj.values())) == {TensorMeta}
+                               and getattr(obj, "state", None) is None and self.visits + len(obj) <= MAX_VISITS)
                 if _is_optimizer_state_dict(obj):
                     in_opt = True
                     self.optimizer_states.append(path)
                 elif not in_opt and not in_module:
-                    self.maybe_state_dict(obj, path)
+                    self.maybe_state_dict(obj, path, all_tensors)
+                if all_tensors:  # a state dict: its tensors are the next nodes visited, in order, so add them now
+                    self.visits += len(obj)
+                    self.table.add([path + (k if type(k) is str else _name(k),) for k in obj], list(obj.values()),
+                                   in_opt, path)
+                    continue
             elif isinstance(obj, Instance):
                 in_opt, in_module = self.note_object(obj, path, in_opt, in_module)
-            if type(obj) is dict:  # the common case (state dicts of 10^5 tensors), without the generator
+            if type(obj) is dict:  # the common case, without the generator
                 children = [(k if type(k) is str else _name(k), v) for k, v in obj.items()
                             if not isinstance(v, _LEAF_TYPES)]
             else:
@@ -196,10 +211,10 @@ class _Walker:
         elif isinstance(obj, Key):
             yield "__key__", obj.value
 
-    def maybe_state_dict(self, obj: dict, path: Path) -> None:
-        if not obj or not all(isinstance(k, str) for k in obj):
+    def maybe_state_dict(self, obj: dict, path: Path, all_tensors: bool) -> None:
+        if not obj or set(map(type, obj)) != {str}:
             return
-        tensors = {k: v for k, v in obj.items() if isinstance(v, TensorMeta)}
+        tensors = dict(obj) if all_tensors else {k: v for k, v in obj.items() if isinstance(v, TensorMeta)}
         if tensors and len(tensors) * 2 >= len(obj):
             self.state_dicts.append(StateDict(path, tensors, "dict"))
 
