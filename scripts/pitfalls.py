@@ -79,8 +79,14 @@ def main() -> None:
 
 @main.command()
 def docs() -> None:
-    """Regenerate docs/checks/ from the pitfall definitions."""
+    """Regenerate docs/checks/ and the checks' scope index (checks/_scopes.py) from the pitfall definitions."""
     from torchdoctor.docs import pages
+    from torchdoctor.registry import scope_index
+
+    index = ROOT / "checks" / "_scopes.py"
+    if not index.exists() or index.read_text(encoding="utf-8") != scope_index():
+        index.write_text(scope_index(), encoding="utf-8")
+        click.echo(f"wrote {index.relative_to(ROOT)}")
 
     folder = ROOT / "docs"
     wanted = pages()

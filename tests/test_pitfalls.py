@@ -24,6 +24,12 @@ def test_generated_pages_are_fresh():
     assert (stale, orphans) == ([], []), "run `python scripts/pitfalls.py docs` and commit the result"
 
 
+def test_scope_index_is_fresh():
+    index = Path(__file__).resolve().parents[1] / "checks" / "_scopes.py"
+    assert index.read_text(encoding="utf-8") == registry.scope_index(), (
+        "run `python scripts/pitfalls.py docs` and commit the result")
+
+
 @pytest.mark.parametrize("pitfall", BUILTINS, ids=lambda p: p.name)
 def test_every_door_either_sees_the_examples_or_says_why(pitfall):
     for example in (pitfall.bad, pitfall.good):

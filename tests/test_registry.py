@@ -110,3 +110,11 @@ def test_listing_checks_does_not_import_torch():
             "print(n, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.split()
     assert int(out[0]) >= 16 and out[1] == "False"
+
+
+def test_a_door_imports_only_its_own_check_modules(fresh_registry):
+    door = registry.all_checks("checkpoint")
+    loaded = {m for m in sys.modules if m.startswith("torchdoctor.checks.") and not m.rsplit(".", 1)[1].startswith("_")}
+    assert "torchdoctor.checks.wrapper_prefix" in loaded and "torchdoctor.checks.missing_zero_grad" not in loaded
+    assert registry.get("missing-zero-grad").code == "TD301"  # a lookup by name loads the rest
+    assert [c.name for c in door] == [c.name for c in registry.all_checks() if registry.Scope.CHECKPOINT in c.scopes]

@@ -3,10 +3,12 @@ directory, the script's folder or on PYTHONPATH must not break the tool that dia
 
 `torchdoctor/__init__.py` calls `isolate_cli()` first thing when the process is the command line
 (`torchdoctor ...` or `python -m torchdoctor ...`). If a folder searched before the standard library holds
-anything importable, the process re-executes itself as `python -c BOOT` with that folder off `sys.path`
-and PYTHONPATH taken out of its environment (kept aside, and put back before anything runs, so the torch
-probe still sees exactly the user's environment). Only `sys` and `os` are used here: they are loaded
-before Python reads the search path, so nothing here can be shadowed.
+anything importable, that folder leaves `sys.path` before anything else is imported; the environment is
+left as it is, so the torch probe still sees exactly the user's. Only when a module from such a folder was
+already imported during start-up (a `sitecustomize.py` on PYTHONPATH) does the process re-execute itself
+as `python -c BOOT` with the folder off `sys.path` and PYTHONPATH kept aside (put back before anything
+runs). Only `sys` and `os` are used here: they are loaded before Python reads the search path, so
+nothing here can be shadowed.
 """
 from __future__ import annotations
 
@@ -83,17 +85,31 @@ def interpreter_options() -> list[str]:
 
 
 def isolate_cli() -> None:
-    """Re-execute this command-line process without the user's folders on `sys.path` when they hold modules."""
+    """Take the user's folders that hold modules off `sys.path` for this command-line process (re-executing it
+    when one of their modules is already loaded)."""
     if not is_cli_launch(sys.argv, getattr(sys, "orig_argv", None),
                          getattr(sys.modules.get("__main__"), "__file__", None)):
         return
-    dirs = unsafe_dirs(sys.path, os.environ)
-    if not any(holds_modules(d) for d in dirs):
-        _start_probe(sys.argv[1:])
-        return
+    dirs = [d for d in unsafe_dirs(sys.path, os.environ) if holds_modules(d)]
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     real_dirs = {os.path.realpath(d) for d in dirs}
     root = package_root if os.path.realpath(package_root) in real_dirs else ""
+    if dirs:
+        if loaded_from(real_dirs, {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())}):
+            _reexec(root)
+        kept = [p for p in sys.path if os.path.realpath(p or os.getcwd()) not in real_dirs]
+        sys.path[:] = kept + ([root] if root else [])
+    _start_probe(sys.argv[1:])
+
+
+def loaded_from(real_dirs: set[str], files: dict[str, object]) -> list[str]:
+    """Modules other than torchdoctor's own already imported (`files`: module name -> its `__file__`) from one
+    of `real_dirs` (realpaths)."""
+    return [name for name, origin in files.items()
+            if isinstance(origin, str) and name.partition(".")[0] != "torchdoctor" and any(os.path.realpath(origin).startswith(d + os.sep) for d in real_dirs)]
+
+
+def _reexec(root: str) -> None:
     env = dict(os.environ)
     if "PYTHONPATH" in env:
         env[SAVED_PYTHONPATH] = env.pop("PYTHONPATH")

@@ -58,8 +58,9 @@ def select_checks(door: Door, settings: Settings) -> list[registry.Pitfall]:
             raise SelectionError(f"{blocked[0]} cannot be ignored in {door.label}{_in(layer, 'ignore')}: "
                                  f"{door.why_required}")
         dropped |= ignored
-    return [c for c in registry.all_checks() if door.runs(c) and (
-        c.name in door.required or ((chosen is None or c.name in chosen) and c.name not in dropped))]
+    candidates = sorted({c for scope in door.scopes for c in registry.all_checks(scope)}, key=lambda c: c.code)
+    return [c for c in candidates if
+            c.name in door.required or ((chosen is None or c.name in chosen) and c.name not in dropped)]
 
 
 def find(name_or_code: str, door: Optional[Door] = None, where: str = "") -> registry.Pitfall:

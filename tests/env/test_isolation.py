@@ -107,3 +107,26 @@ def test_only_folders_with_modules_need_the_re_exec(tmp_path):
     assert not isolation.holds_modules(str(tmp_path))  # a folder without __init__.py shadows nothing
     (tmp_path / "data" / "__init__.py").write_text("")
     assert isolation.holds_modules(str(tmp_path))
+
+
+def test_folders_leave_sys_path_in_process_unless_one_of_their_modules_is_loaded(tmp_path):
+    project = shadow_dir(tmp_path, names=("helpers",))
+    real = {os.path.realpath(project)}
+    ours = str(project / "torchdoctor" / "cli.py")  # torchdoctor itself, run from a checkout
+    assert isolation.loaded_from(real, {"torchdoctor.cli": ours, "os": os.__file__, "sys": None}) == []
+    assert isolation.loaded_from(real, {"helpers": str(project / "helpers.py"), "torchdoctor.cli": ours}) == ["helpers"]
+
+
+def test_a_sitecustomize_already_loaded_from_pythonpath_makes_it_re_execute(tmp_path):
+    """The fallback: a module of the user's folder is loaded before torchdoctor runs, so only a fresh process
+    without PYTHONPATH is clean; the probe still gets PYTHONPATH back."""
+    project = shadow_dir(tmp_path)
+    marker = tmp_path / "imported"
+    (project / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('x')\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result, report = run([sys.executable, "-m", "torchdoctor", "env", "--format", "json"], cwd=elsewhere,
+                         pythonpath=project)
+    assert result.returncode == 1 and findings(report, "torch-import-failure")  # the probe still sees PYTHONPATH
+    assert {f["location"]["file"] for f in findings(report, "module-shadowing")} >= {str(project / "random.py")}
+    assert marker.read_text() == "xx"  # at start-up and in the probe, never in the re-executed process

@@ -174,7 +174,8 @@ class CheckpointInfo:
         """The JSON-ready structure report."""
         table = self.table
         first = table.first
-        numels, unique_bytes, flags = table.unique(table.numels), table.unique(table.nbytes), table.unique(table.in_optimizer)
+        numels, unique_bytes = table.unique(table.numels), table.unique(table.nbytes)
+        flags = table.unique(table.in_optimizer)
         optimizer_elements = sum(compress(numels, flags)) if any(flags) else 0
         parameters = sum(numels) - optimizer_elements
         by_dtype, by_device = table.storage_totals()

@@ -659,7 +659,8 @@ def _safetensors_root(archive: Archive, header: dict[str, Any], base: int) -> Ma
         well_formed = False
     if well_formed:
         return HeaderTensors(list(header), dtypes, shapes, begins, ends, base)
-    return {name: t for name, spec in header.items() if (t := _safetensors_tensor(archive, name, spec, base)) is not None}
+    tensors = {name: _safetensors_tensor(archive, name, spec, base) for name, spec in header.items()}
+    return {name: t for name, t in tensors.items() if t is not None}
 
 
 def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Optional[TensorMeta]:

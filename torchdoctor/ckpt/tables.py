@@ -120,7 +120,8 @@ class HeaderTensors(Mapping[str, TensorMeta]):
 
     def __init__(self, names: list[str], dtypes: list[str], shapes: list[list[int]], begins: list[int],
                  ends: list[int], base: int) -> None:
-        self.names, self.dtypes, self.shapes, self.begins, self.ends, self.base = names, dtypes, shapes, begins, ends, base
+        self.names, self.dtypes, self.shapes = names, dtypes, shapes
+        self.begins, self.ends, self.base = begins, ends, base
         self.sizes = itemsizes(dtypes)
 
     @cached_property
