@@ -1,4 +1,5 @@
 """The registry: metadata rules, selection by name or code, and discovery of plug-ins by entry point."""
+import os
 import sys
 import textwrap
 
@@ -118,3 +119,28 @@ def test_a_door_imports_only_its_own_check_modules(fresh_registry):
     assert "torchdoctor.checks.wrapper_prefix" in loaded and "torchdoctor.checks.missing_zero_grad" not in loaded
     assert registry.get("missing-zero-grad").code == "TD301"  # a lookup by name loads the rest
     assert [c.name for c in door] == [c.name for c in registry.all_checks() if registry.Scope.CHECKPOINT in c.scopes]
+
+
+def test_plugin_discovery_is_cached_until_a_distribution_changes(tmp_path, monkeypatch):
+    from torchdoctor import plugins
+
+    make_distribution(tmp_path, "cachedplug", "one = cachedplug_checks\n", {})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert ("one", "cachedplug_checks", "cachedplug") in {(p.name, p.value, p.dist) for p in plugins.plugins()}
+    discover = plugins._discover
+    monkeypatch.setattr(plugins, "_discover", lambda: pytest.fail("nothing changed, yet the cache was not used"))
+    assert "one" in {p.name for p in plugins.plugins()}
+    entry_points = tmp_path / "cachedplug-1.0.dist-info" / "entry_points.txt"
+    entry_points.write_text("[torchdoctor.checks]\none = cachedplug_checks\ntwo = cachedplug_checks:MORE\n")
+    os.utime(entry_points, ns=(entry_points.stat().st_atime_ns, entry_points.stat().st_mtime_ns + 10**9))
+    monkeypatch.setattr(plugins, "_discover", discover)
+    assert ("two", "cachedplug_checks:MORE") in {(p.name, p.value) for p in plugins.plugins()}
+    make_distribution(tmp_path, "laterplug", "three = laterplug_checks\n", {})
+    assert "three" in {p.name for p in plugins.plugins()}
+
+
+def test_a_cached_entry_point_loads_what_it_names():
+    from torchdoctor.plugins import Plugin
+
+    assert Plugin("x", "torchdoctor.registry:Scope.CHECKPOINT", "").load() is registry.Scope.CHECKPOINT
+    assert Plugin("x", "torchdoctor.registry [extra]", "").load() is registry

@@ -18,24 +18,11 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
 from torchdoctor import __version__, registry
+from torchdoctor.plugins import cache_dir as default_cache_dir
 from torchdoctor.findings import Finding
 from torchdoctor.lint.source import Edit, FixableFinding, ProjectFacts
 
-CACHE_DIR_ENV = "TORCHDOCTOR_CACHE_DIR"
 _FORMAT = 4
-
-
-def default_cache_dir() -> str:
-    """$TORCHDOCTOR_CACHE_DIR, else the platform's per-user cache folder (XDG on Linux) + `torchdoctor`."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return os.environ[CACHE_DIR_ENV]
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser(r"~\AppData\Local")
-    elif sys.platform == "darwin":
-        base = os.path.expanduser("~/Library/Caches")
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "torchdoctor")
 
 
 def digest(data: bytes) -> str:

@@ -1,0 +1,105 @@
+"""Discovery of plug-in checks: the installed distributions' `torchdoctor.checks` entry points.
+
+`importlib.metadata` answers by reading every distribution's metadata, and importing it is most of that
+cost (tens of milliseconds on every command). The answer is kept in the per-user cache, keyed by
+everything it depends on: the search path, and the modification time of each distribution's
+`entry_points.txt` on it (installing, removing or editing a distribution changes one of them). A cache
+that cannot be read or written only means asking `importlib.metadata` again.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+GROUP = "torchdoctor.checks"
+_FILE = "plugins.json"
+_FORMAT = 1
+
+
+def cache_dir() -> str:
+    """$TORCHDOCTOR_CACHE_DIR, else the platform's per-user cache folder (XDG on Linux) + `torchdoctor`."""
+    if os.environ.get("TORCHDOCTOR_CACHE_DIR"):
+        return os.environ["TORCHDOCTOR_CACHE_DIR"]
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser(r"~\AppData\Local")
+    elif sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "torchdoctor")
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One entry point: its name, its `module:attribute` value and the distribution that declares it."""
+
+    name: str
+    value: str
+    dist: str
+
+    def load(self) -> Any:
+        """Import what the entry point names, as `importlib.metadata.EntryPoint.load` does (extras ignored)."""
+        module, _, attrs = self.value.split("[", 1)[0].partition(":")
+        obj = importlib.import_module(module.strip())
+        for attr in filter(None, attrs.strip().split(".")):
+            obj = getattr(obj, attr)
+        return obj
+
+
+def plugins() -> list[Plugin]:
+    """The entry points of group `torchdoctor.checks`, from the cache when nothing they depend on changed."""
+    key = _fingerprint()
+    path = os.path.join(cache_dir(), _FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            cached = json.load(f)
+        if cached.get("format") == _FORMAT and cached.get("key") == key:
+            return [Plugin(*row) for row in cached["plugins"]]
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        pass
+    found = _discover()
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"format": _FORMAT, "key": key, "plugins": [[p.name, p.value, p.dist] for p in found]}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return found
+
+
+def _discover() -> list[Plugin]:
+    from importlib import metadata
+
+    out = []
+    for ep in metadata.entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        out.append(Plugin(ep.name, ep.value, dist.name if dist is not None else ""))
+    return out
+
+
+def _fingerprint() -> list[Any]:
+    """What discovery depends on: the interpreter, each search-path entry and its distributions' entry points."""
+    key: list[Any] = [sys.version, sys.prefix]
+    for entry in sys.path:
+        folder = entry or "."
+        key.append([entry, _mtime(folder)])
+        try:
+            with os.scandir(folder) as children:
+                names = sorted(c.name for c in children if c.name.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+        key.append([[n, _mtime(os.path.join(folder, n, "entry_points.txt"))] for n in names])
+    return key
+
+
+def _mtime(path: str) -> Optional[int]:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
