@@ -109,7 +109,10 @@ class TensorTable:
 
 def _sums(sizes: list[int], labels: list[str]) -> Counter[str]:
     """Sum of `sizes` per label, labels in first-seen order (one C-level pass per distinct label)."""
-    return Counter({label: sum(compress(sizes, map(label.__eq__, labels))) for label in dict.fromkeys(labels)})
+    distinct = list(dict.fromkeys(labels))
+    if len(distinct) == 1:
+        return Counter({distinct[0]: sum(sizes)})
+    return Counter({label: sum(compress(sizes, map(label.__eq__, labels))) for label in distinct})
 
 
 class HeaderTensors(Mapping[str, TensorMeta]):
@@ -193,7 +196,8 @@ class HeaderTable(TensorTable):
         return _sums(sizes, self.header.dtypes), _sums(sizes, ["cpu"] * len(sizes))
 
     def storage_users(self, min_bytes: int) -> dict[str, list[int]]:
-        return {self.header.names[i]: [i] for i, n in enumerate(self._storage_bytes) if n >= min_bytes}
+        big = compress(range(len(self.header)), map(min_bytes.__le__, self._storage_bytes))
+        return {self.header.names[i]: [i] for i in big}
 
     def storage_nbytes(self, i: int) -> int:
         return self._storage_bytes[i]
