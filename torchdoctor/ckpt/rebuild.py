@@ -1,13 +1,22 @@
 """Turn calls to torch's tensor rebuild functions into `TensorMeta`, reading only their (inert) arguments."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from torchdoctor.ckpt.dtypes import is_dtype_name
 from torchdoctor.ckpt.objects import GlobalRef, StorageRef, TensorMeta
 
 
+Rebuilder = Callable[[tuple], Optional[TensorMeta]]
+
+
 def _ints(value: Any) -> Optional[tuple[int, ...]]:
+    """A size or stride as a tuple of ints (from a tuple, list or `torch.Size` of ints), else None."""
+    if type(value) is tuple:  # the usual case, without building another tuple
+        for v in value:
+            if type(v) is not int:
+                return None
+        return value
     if isinstance(value, (tuple, list)) and all(type(v) is int for v in value):
         return tuple(value)
     if hasattr(value, "args") and hasattr(value, "qualname") and value.qualname == "torch.Size":
@@ -26,10 +35,9 @@ def _strided(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: A
     shape, strides = _ints(size), _ints(stride)
     if not isinstance(storage, StorageRef) or type(offset) is not int or shape is None or strides is None:
         return None
-    if len(shape) != len(strides) or any(d < 0 for d in shape + strides) or offset < 0:
+    if len(shape) != len(strides) or offset < 0 or (shape and (min(shape) < 0 or min(strides) < 0)):
         return None
-    return TensorMeta(dtype=dtype or storage.dtype, shape=shape, stride=strides, storage=storage,
-                      storage_offset=offset, requires_grad=requires_grad is True)
+    return TensorMeta(dtype or storage.dtype, shape, strides, storage, offset, requires_grad is True)
 
 
 def _v2(args: tuple) -> Optional[TensorMeta]:
@@ -93,6 +101,11 @@ _REBUILDERS = {
     "torch._utils._rebuild_qtensor": _qtensor,
     "torch._utils._rebuild_meta_tensor_no_storage": _meta,
 }
+
+
+def rebuilder(qualname: str) -> Optional[Rebuilder]:
+    """The function turning a call of `qualname` into a `TensorMeta` (it takes the argument tuple), or None."""
+    return _REBUILDERS.get(qualname)
 
 
 def rebuild(qualname: str, args: Any) -> Optional[TensorMeta]:

@@ -18,7 +18,7 @@ from typing import Any, Callable, NoReturn, Optional, Protocol
 
 from torchdoctor.ckpt.objects import Blob, GlobalRef, Inert, Instance, Key, Opaque, PickledDict
 from torchdoctor.ckpt.policy import Pair, Use
-from torchdoctor.ckpt.rebuild import rebuild
+from torchdoctor.ckpt.rebuild import Rebuilder, rebuilder
 
 # The opcodes torch's weights_only unpickler accepts (torch/_weights_only_unpickler.py, 2.13).
 WEIGHTS_ONLY_OPCODES = frozenset(
@@ -44,6 +44,13 @@ _OPNAMES = {
 }
 _OPCODES = {k[0]: v for k, v in _OPNAMES.items()}
 _SCALARS = (str, int, float, bool, bytes, type(None))
+_U32 = struct.Struct("<I").unpack_from
+_I32 = struct.Struct("<i").unpack_from
+_MISSING = object()
+_DICT_TYPES = frozenset({"collections.OrderedDict", "collections.defaultdict", "builtins.dict"})
+# allowlisted functions that call or instantiate globals passed to them as arguments (see `smuggled`)
+_SMUGGLERS = frozenset({"torch._tensor._rebuild_from_type_v2", "copyreg._reconstructor", "copyreg.__newobj__",
+                        "copyreg.__newobj_ex__", "torch._utils._rebuild_wrapper_subclass"})
 
 
 @dataclass(frozen=True)
@@ -227,6 +234,9 @@ class _Machine:
         self.nested: list[tuple[int, bytes]] = []  # (byte, value) of bytes values that are pickles or zips
         self.proto = 0  # the current PROTO: pickle applies Python 2 name mapping while it is below 3
         self.scan = PickleScan()
+        # per global REDUCE calls: (pair, smuggles, dict type, rebuild function); pairs whose use is fully recorded
+        self.plans: dict[GlobalRef, tuple[Pair, bool, bool, Optional[Rebuilder]]] = {}
+        self.recorded: set[Pair] = set()
 
     # -- helpers -------------------------------------------------------------------------------
     def fail(self, message: str) -> NoReturn:
@@ -315,7 +325,7 @@ class _Machine:
 
     def smuggled(self, func: GlobalRef, args: Any, pos: int) -> None:
         """Globals an allowlisted function calls or instantiates with arguments the pickle chose."""
-        if not isinstance(args, tuple):
+        if not isinstance(args, tuple) or func.qualname not in _SMUGGLERS:
             return
         via = f"via {func.qualname}"
         if func.qualname == "torch._tensor._rebuild_from_type_v2" and len(args) >= 3:
@@ -331,96 +341,216 @@ class _Machine:
             self.use(args[0], Use.NEW, via, args[1:], pos)
 
     def call(self, func: Any, args: Any, how: str, pos: int) -> Any:
-        use = Use.NEW if how in ("NEWOBJ", "NEWOBJ_EX") else Use.CALLED
-        self.use(func, use, how, args, pos)
-        if not isinstance(func, GlobalRef):
-            return Instance(func, args, how)
+        """The placeholder for calling (or instantiating) `func`, with the use recorded."""
         if how == "REDUCE":
+            return self.reduce(func, args, pos)
+        self.use(func, Use.NEW if how in ("NEWOBJ", "NEWOBJ_EX") else Use.CALLED, how, args, pos)
+        return Instance(func, args, how)
+
+    def reduce(self, func: Any, args: Any, pos: int) -> Any:
+        """REDUCE `func(*args)`: a `TensorMeta` for a tensor rebuild, a `PickledDict`, or an `Instance`.
+
+        Every tensor makes two such calls, so what a global needs is looked up once per `GlobalRef`, and its
+        use is not re-recorded once nothing more can be recorded for it (called, first three calls kept).
+        """
+        if not isinstance(func, GlobalRef):
+            self.use(func, Use.CALLED, "REDUCE", args, pos)
+            return Instance(func, args, "REDUCE")
+        plan = self.plans.get(func)
+        if plan is None:
+            qualname = func.qualname
+            plan = self.plans[func] = ((func.module, func.name), qualname in _SMUGGLERS, qualname in _DICT_TYPES,
+                                       rebuilder(qualname))
+        pair, smuggles, dict_type, rebuild_fn = plan
+        if pair not in self.recorded:
+            self.use(func, Use.CALLED, "REDUCE", args, pos)
+            if len(self.scan.calls[pair]) >= 3:
+                self.recorded.add(pair)
+        if smuggles:
             self.smuggled(func, args, pos)
-            if func.qualname in ("collections.OrderedDict", "collections.defaultdict", "builtins.dict"):
-                return PickledDict(func.qualname)
-            built = rebuild(func.qualname, args)
+        if dict_type:
+            return PickledDict(func.qualname)
+        if rebuild_fn is not None and isinstance(args, tuple):
+            built = rebuild_fn(args)
             if built is not None:
                 return built
-        return Instance(func, args, how)
+        return Instance(func, args, "REDUCE")
 
     def decode_line(self, line: bytes) -> str:
         return line.decode("utf-8", "replace").rstrip("\r")
 
     # -- main loop -----------------------------------------------------------------------------
     def run(self) -> Any:
-        src = self.src
-        max_opcodes = max(self.limits.max_opcodes, self.src.on_disk * self.limits.opcodes_per_byte)
+        """Interpret opcodes up to STOP and return the value it pops.
+
+        The opcodes that make up nearly all of a state_dict's pickle run inline on locals (the buffer, the
+        position in it, the stack) when their argument bytes are in the buffer and nothing can go wrong; any
+        other case goes to the opcode's method, with `src.pos` and `self.stack` synced around the call, and
+        the method reports the error. Inline opcodes are all ones the weights_only unpickler accepts and are
+        not recorded in `scan.opcodes` (except SHORT_BINUNICODE, which is).
+        """
+        src, limits = self.src, self.limits
+        max_opcodes = max(limits.max_opcodes, src.on_disk * limits.opcodes_per_byte)
         dispatch = {code: getattr(self, "op_" + name) for code, name in _OPCODES.items() if name != "STOP"}
         codes: set[int] = set()
         opcount = 0
-        memo, max_memo, max_marks = self.memo, self.limits.max_memo, self.limits.max_marks
+        memo, marks, max_memo, max_marks = self.memo, self.marks, limits.max_memo, limits.max_marks
+        max_inline, max_total = limits.max_inline_bytes, limits.max_total_inline
+        memo_get, persistent_load, reduce, missing = memo.get, self.persistent_load, self.reduce, _MISSING
+        stack = self.stack
+        buf, i, consumed = src.buf, src.pos, src.consumed
+        n = len(buf)
         try:
             while True:
                 opcount += 1
                 if opcount > max_opcodes:
                     self.fail(f"more than {max_opcodes:,} pickle opcodes")
-                buf, i = src.buf, src.pos
-                if i + 5 < len(buf):
+                if i + 5 < n:  # the opcode and 5 more bytes are buffered
                     code = buf[i]
-                    # fast paths for the opcodes that make up most of a state_dict's pickle
-                    if code == 0x72 or code == 0x71:  # LONG_BINPUT, BINPUT
-                        if code == 0x72:
-                            index, src.pos = buf[i + 1] | buf[i + 2] << 8 | buf[i + 3] << 16 | buf[i + 4] << 24, i + 5
-                        else:
-                            index, src.pos = buf[i + 1], i + 2
-                        if not self.stack or (index not in memo and len(memo) >= max_memo):
-                            src.pos = i  # the general handler reports the error
-                        else:
-                            memo[index] = self.stack[-1]
+                    if code == 0x72:  # LONG_BINPUT
+                        index = _U32(buf, i + 1)[0]
+                        if stack and (index in memo or len(memo) < max_memo):
+                            memo[index] = stack[-1]
+                            i += 5
                             continue
-                    elif code == 0x68 and buf[i + 1] in memo:  # BINGET of a written entry
-                        self.stack.append(memo[buf[i + 1]])
-                        src.pos = i + 2
-                        continue
+                    elif code == 0x68:  # BINGET
+                        value = memo_get(buf[i + 1], missing)
+                        if value is not missing:
+                            stack.append(value)
+                            i += 2
+                            continue
                     elif code == 0x4B:  # BININT1
-                        self.stack.append(buf[i + 1])
-                        src.pos = i + 2
+                        stack.append(buf[i + 1])
+                        i += 2
                         continue
-                    elif code == 0x85 and self.stack:  # TUPLE1
-                        self.stack[-1] = (self.stack[-1],)
-                        src.pos = i + 1
-                        continue
-                    elif code == 0x28 and len(self.marks) < max_marks:  # MARK
-                        self.marks.append(self.stack)
-                        self.stack = []
-                        src.pos = i + 1
-                        continue
-                    elif code == 0x74 and self.marks:  # TUPLE
-                        items, self.stack = self.stack, self.marks.pop()
-                        self.stack.append(tuple(items))
-                        src.pos = i + 1
-                        continue
+                    elif code == 0x28:  # MARK
+                        if len(marks) < max_marks:
+                            marks.append(stack)
+                            stack = []
+                            i += 1
+                            continue
+                    elif code == 0x58:  # BINUNICODE
+                        size = _U32(buf, i + 1)[0]
+                        stop = i + 5 + size
+                        if stop <= n and size <= max_inline and self.inline + size <= max_total:
+                            self.inline += size
+                            stack.append(buf[i + 5:stop].decode("utf-8", "surrogatepass"))
+                            i = stop
+                            continue
+                    elif code == 0x74:  # TUPLE
+                        if marks:
+                            items, stack = stack, marks.pop()
+                            stack.append(tuple(items))
+                            i += 1
+                            continue
+                    elif code == 0x85:  # TUPLE1
+                        if stack:
+                            stack[-1] = (stack[-1],)
+                            i += 1
+                            continue
+                    elif code == 0x52:  # REDUCE
+                        if len(stack) > 1:
+                            args = stack.pop()
+                            stack[-1] = reduce(stack[-1], args, consumed + i)
+                            i += 1
+                            continue
+                    elif code == 0x71:  # BINPUT
+                        index = buf[i + 1]
+                        if stack and (index in memo or len(memo) < max_memo):
+                            memo[index] = stack[-1]
+                            i += 2
+                            continue
+                    elif code == 0x51:  # BINPERSID
+                        if stack:
+                            stack[-1] = persistent_load(stack[-1])
+                            i += 1
+                            continue
                     elif code == 0x89:  # NEWFALSE
-                        self.stack.append(False)
-                        src.pos = i + 1
+                        stack.append(False)
+                        i += 1
                         continue
                     elif code == 0x29:  # EMPTY_TUPLE
-                        self.stack.append(())
-                        src.pos = i + 1
+                        stack.append(())
+                        i += 1
                         continue
-                    # (fast-path opcodes are all ones the weights_only unpickler accepts: not recorded)
+                    elif code == 0x6A:  # LONG_BINGET
+                        value = memo_get(_U32(buf, i + 1)[0], missing)
+                        if value is not missing:
+                            stack.append(value)
+                            i += 5
+                            continue
+                    elif code == 0x86:  # TUPLE2
+                        if len(stack) > 1:
+                            value = stack.pop()
+                            stack[-1] = (stack[-1], value)
+                            i += 1
+                            continue
+                    elif code == 0x87:  # TUPLE3
+                        if len(stack) > 2:
+                            value = stack.pop()
+                            first = stack.pop()
+                            stack[-1] = (stack[-1], first, value)
+                            i += 1
+                            continue
+                    elif code == 0x4D:  # BININT2
+                        stack.append(buf[i + 1] | buf[i + 2] << 8)
+                        i += 3
+                        continue
+                    elif code == 0x4A:  # BININT
+                        stack.append(_I32(buf, i + 1)[0])
+                        i += 5
+                        continue
+                    elif code == 0x4E:  # NONE
+                        stack.append(None)
+                        i += 1
+                        continue
+                    elif code == 0x88:  # NEWTRUE
+                        stack.append(True)
+                        i += 1
+                        continue
+                    elif code == 0x7D:  # EMPTY_DICT
+                        stack.append({})
+                        i += 1
+                        continue
+                    elif code == 0x5D:  # EMPTY_LIST
+                        stack.append([])
+                        i += 1
+                        continue
+                    elif code == 0x75:  # SETITEMS
+                        if marks and marks[-1] and not len(stack) % 2:
+                            items, stack = stack, marks.pop()
+                            self.setitems(stack[-1], items, "SETITEMS", consumed + i)
+                            i += 1
+                            continue
+                    elif code == 0x8C:  # SHORT_BINUNICODE (recorded: weights_only refuses it)
+                        size = buf[i + 1]
+                        stop = i + 2 + size
+                        if stop <= n and size <= max_inline and self.inline + size <= max_total:
+                            codes.add(code)
+                            self.inline += size
+                            stack.append(buf[i + 2:stop].decode("utf-8", "surrogatepass"))
+                            i = stop
+                            continue
                     src.pos = i + 1
-                    pos = src.consumed + i
-                elif i < len(buf):
+                    pos = consumed + i
+                elif i < n:
                     code = buf[i]
                     src.pos = i + 1
-                    pos = src.consumed + i
+                    pos = consumed + i
                 else:
+                    src.pos = i
                     pos = src.tell()
                     code = src.byte()
                 codes.add(code)
+                self.stack = stack
                 if code == 0x2E:  # STOP
                     return self.pop()
                 handler = dispatch.get(code)
                 if handler is None:
                     self.fail(f"invalid pickle opcode 0x{code:02x} at byte {pos}")
                 handler(pos)
+                stack, buf, i, consumed = self.stack, src.buf, src.pos, src.consumed
+                n = len(buf)
         finally:
             self.scan.opcodes.update(_OPCODES[c] for c in codes if c in _OPCODES)
 
@@ -633,8 +763,9 @@ class _Machine:
 
     def setitems(self, target: Any, items: list[Any], how: str, pos: int) -> None:
         if isinstance(target, dict):
-            for i in range(0, len(items), 2):
-                target[_key(items[i])] = items[i + 1]
+            pairs = iter(items)
+            for key, value in zip(pairs, pairs):
+                target[key if type(key) is str else _key(key)] = value
         elif isinstance(target, Instance):
             target.setitems.extend((items[i], items[i + 1]) for i in range(0, len(items), 2))
         elif isinstance(target, GlobalRef):
