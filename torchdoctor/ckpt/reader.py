@@ -8,6 +8,7 @@ Tensor bytes are never read here; `Locator`s say where they are for `--scan-valu
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -386,36 +387,38 @@ class _ZipStorages:
         self.archive, self.by_name, self.prefix = archive, by_name, prefix
 
     def load_for(self, folder: str) -> Any:
-        def persistent_load(pid: Any) -> Any:
-            return self.storage(pid, folder)
-
-        return persistent_load
+        return functools.partial(self.storage, folder=folder)
 
     def storage(self, pid: Any, folder: str) -> Any:
         ref = _storage_from_pid(pid, 5)
         if ref is None:
             return Opaque(f"persistent id {short(pid)}")
-        record = f"{self.prefix}/{folder}/{ref.key}"
         cache_key = f"{folder}/{ref.key}"
-        known = self.archive.storages.get(cache_key)
+        archive = self.archive
+        known = archive.storages.get(cache_key)
         if known is not None:
             return known
-        ref.record = record
-        self.archive.storages[cache_key] = ref
+        ref.record = record = f"{self.prefix}/{cache_key}"
+        archive.storages[cache_key] = ref
         info = self.by_name.get(record)
         if info is None:
-            self.archive.problems.append(f"storage record {record} is missing (tensor data lost)")
+            archive.problems.append(f"storage record {record} is missing (tensor data lost)")
         else:
-            self.archive.zip_records[cache_key] = info
-            if info.file_size < ref.nbytes:
-                self.archive.problems.append(
+            archive.zip_records[cache_key] = info
+            if info.file_size < ref.numel * ref.itemsize:
+                archive.problems.append(
                     f"storage record {record} holds {info.file_size:,} bytes but {ref.nbytes:,} are declared "
                     "(truncated file or forged size)")
         ref.key = cache_key
         return ref
 
 
+_STORAGE_TYPES = {name: (dtype, itemsize(dtype)) for name, dtype in STORAGE_DTYPES.items()}
+_BYTES = ("uint8", 1)  # an unknown storage class counts bytes
+
+
 def _storage_from_pid(pid: Any, width: int) -> Optional[StorageRef]:
+    """The storage a persistent id `('storage', StorageType, key, location, numel[, view])` names, or None."""
     if not isinstance(pid, tuple) or len(pid) < width or pid[0] != "storage":
         return None
     stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
@@ -423,8 +426,8 @@ def _storage_from_pid(pid: Any, width: int) -> Optional[StorageRef]:
         return None
     if not isinstance(key, (str, int)):
         return None
-    dtype = STORAGE_DTYPES.get(stype.name, "uint8")
-    return StorageRef(key=str(key), dtype=dtype, itemsize=itemsize(dtype), location=location, numel=numel)
+    dtype, size = _STORAGE_TYPES.get(stype.name, _BYTES)
+    return StorageRef(str(key), dtype, size, location, numel)
 
 
 # -- stacked pickles: legacy format and plain pickle files ------------------------------------------

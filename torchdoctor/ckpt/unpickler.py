@@ -387,10 +387,12 @@ class _Machine:
         position in it, the stack) when their argument bytes are in the buffer and nothing can go wrong; any
         other case goes to the opcode's method, with `src.pos` and `self.stack` synced around the call, and
         the method reports the error. Inline opcodes are all ones the weights_only unpickler accepts and are
-        not recorded in `scan.opcodes` (except SHORT_BINUNICODE, which is).
+        not recorded in `scan.opcodes` (except SHORT_BINUNICODE, which is). Opcodes are counted against the
+        budget only when the bytes the stream may still yield (each opcode takes at least one) could exceed it.
         """
         src, limits = self.src, self.limits
         max_opcodes = max(limits.max_opcodes, src.on_disk * limits.opcodes_per_byte)
+        counting = src.remaining is None or len(src.buf) - src.pos + src.remaining > max_opcodes
         dispatch = {code: getattr(self, "op_" + name) for code, name in _OPCODES.items() if name != "STOP"}
         codes: set[int] = set()
         opcount = 0
@@ -400,16 +402,18 @@ class _Machine:
         stack = self.stack
         buf, i, consumed = src.buf, src.pos, src.consumed
         n = len(buf)
+        end = n - 5  # below it, an opcode's next 5 bytes are buffered
         try:
             while True:
-                opcount += 1
-                if opcount > max_opcodes:
-                    self.fail(f"more than {max_opcodes:,} pickle opcodes")
-                if i + 5 < n:  # the opcode and 5 more bytes are buffered
+                if counting:
+                    opcount += 1
+                    if opcount > max_opcodes:
+                        self.fail(f"more than {max_opcodes:,} pickle opcodes")
+                if i < end:
                     code = buf[i]
                     if code == 0x72:  # LONG_BINPUT
                         index = _U32(buf, i + 1)[0]
-                        if stack and (index in memo or len(memo) < max_memo):
+                        if stack and (len(memo) < max_memo or index in memo):
                             memo[index] = stack[-1]
                             i += 5
                             continue
@@ -456,7 +460,7 @@ class _Machine:
                             continue
                     elif code == 0x71:  # BINPUT
                         index = buf[i + 1]
-                        if stack and (index in memo or len(memo) < max_memo):
+                        if stack and (len(memo) < max_memo or index in memo):
                             memo[index] = stack[-1]
                             i += 2
                             continue
@@ -551,6 +555,7 @@ class _Machine:
                 handler(pos)
                 stack, buf, i, consumed = self.stack, src.buf, src.pos, src.consumed
                 n = len(buf)
+                end = n - 5
         finally:
             self.scan.opcodes.update(_OPCODES[c] for c in codes if c in _OPCODES)
 
