@@ -41,9 +41,8 @@ def _strided(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: A
 
 
 def _v2(args: tuple) -> Optional[TensorMeta]:
-    if len(args) < 4:
-        return None
-    return _strided(args[0], args[1], args[2], args[3], args[4] if len(args) > 4 else False)
+    # _rebuild_tensor(storage, offset, size, stride), _v2 adds (requires_grad, backward_hooks[, metadata])
+    return _strided(*args[:5]) if len(args) >= 4 else None
 
 
 def _v3(args: tuple) -> Optional[TensorMeta]:

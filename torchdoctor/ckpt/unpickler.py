@@ -411,130 +411,132 @@ class _Machine:
                         self.fail(f"more than {max_opcodes:,} pickle opcodes")
                 if i < end:
                     code = buf[i]
-                    if code == 0x72:  # LONG_BINPUT
-                        index = _U32(buf, i + 1)[0]
-                        if stack and (len(memo) < max_memo or index in memo):
-                            memo[index] = stack[-1]
-                            i += 5
-                            continue
-                    elif code == 0x68:  # BINGET
-                        value = memo_get(buf[i + 1], missing)
-                        if value is not missing:
-                            stack.append(value)
+                    if code < 0x60:  # two shorter chains, each in order of frequency in a state_dict
+                        if code == 0x4B:  # BININT1
+                            stack.append(buf[i + 1])
                             i += 2
                             continue
-                    elif code == 0x4B:  # BININT1
-                        stack.append(buf[i + 1])
-                        i += 2
-                        continue
-                    elif code == 0x28:  # MARK
-                        if len(marks) < max_marks:
-                            marks.append(stack)
-                            stack = []
+                        elif code == 0x28:  # MARK
+                            if len(marks) < max_marks:
+                                marks.append(stack)
+                                stack = []
+                                i += 1
+                                continue
+                        elif code == 0x58:  # BINUNICODE
+                            size = _U32(buf, i + 1)[0]
+                            stop = i + 5 + size
+                            if stop <= n and size <= max_inline and self.inline + size <= max_total:
+                                self.inline += size
+                                stack.append(buf[i + 5:stop].decode("utf-8", "surrogatepass"))
+                                i = stop
+                                continue
+                        elif code == 0x52:  # REDUCE
+                            if len(stack) > 1:
+                                args = stack.pop()
+                                stack[-1] = reduce(stack[-1], args, consumed + i)
+                                i += 1
+                                continue
+                        elif code == 0x51:  # BINPERSID
+                            if stack:
+                                stack[-1] = persistent_load(stack[-1])
+                                i += 1
+                                continue
+                        elif code == 0x29:  # EMPTY_TUPLE
+                            stack.append(())
                             i += 1
                             continue
-                    elif code == 0x58:  # BINUNICODE
-                        size = _U32(buf, i + 1)[0]
-                        stop = i + 5 + size
-                        if stop <= n and size <= max_inline and self.inline + size <= max_total:
-                            self.inline += size
-                            stack.append(buf[i + 5:stop].decode("utf-8", "surrogatepass"))
-                            i = stop
+                        elif code == 0x4D:  # BININT2
+                            stack.append(buf[i + 1] | buf[i + 2] << 8)
+                            i += 3
                             continue
-                    elif code == 0x74:  # TUPLE
-                        if marks:
-                            items, stack = stack, marks.pop()
-                            stack.append(tuple(items))
-                            i += 1
-                            continue
-                    elif code == 0x85:  # TUPLE1
-                        if stack:
-                            stack[-1] = (stack[-1],)
-                            i += 1
-                            continue
-                    elif code == 0x52:  # REDUCE
-                        if len(stack) > 1:
-                            args = stack.pop()
-                            stack[-1] = reduce(stack[-1], args, consumed + i)
-                            i += 1
-                            continue
-                    elif code == 0x71:  # BINPUT
-                        index = buf[i + 1]
-                        if stack and (len(memo) < max_memo or index in memo):
-                            memo[index] = stack[-1]
-                            i += 2
-                            continue
-                    elif code == 0x51:  # BINPERSID
-                        if stack:
-                            stack[-1] = persistent_load(stack[-1])
-                            i += 1
-                            continue
-                    elif code == 0x89:  # NEWFALSE
-                        stack.append(False)
-                        i += 1
-                        continue
-                    elif code == 0x29:  # EMPTY_TUPLE
-                        stack.append(())
-                        i += 1
-                        continue
-                    elif code == 0x6A:  # LONG_BINGET
-                        value = memo_get(_U32(buf, i + 1)[0], missing)
-                        if value is not missing:
-                            stack.append(value)
+                        elif code == 0x4A:  # BININT
+                            stack.append(_I32(buf, i + 1)[0])
                             i += 5
                             continue
-                    elif code == 0x86:  # TUPLE2
-                        if len(stack) > 1:
-                            value = stack.pop()
-                            stack[-1] = (stack[-1], value)
+                        elif code == 0x4E:  # NONE
+                            stack.append(None)
                             i += 1
                             continue
-                    elif code == 0x87:  # TUPLE3
-                        if len(stack) > 2:
-                            value = stack.pop()
-                            first = stack.pop()
-                            stack[-1] = (stack[-1], first, value)
+                        elif code == 0x5D:  # EMPTY_LIST
+                            stack.append([])
                             i += 1
                             continue
-                    elif code == 0x4D:  # BININT2
-                        stack.append(buf[i + 1] | buf[i + 2] << 8)
-                        i += 3
-                        continue
-                    elif code == 0x4A:  # BININT
-                        stack.append(_I32(buf, i + 1)[0])
-                        i += 5
-                        continue
-                    elif code == 0x4E:  # NONE
-                        stack.append(None)
-                        i += 1
-                        continue
-                    elif code == 0x88:  # NEWTRUE
-                        stack.append(True)
-                        i += 1
-                        continue
-                    elif code == 0x7D:  # EMPTY_DICT
-                        stack.append({})
-                        i += 1
-                        continue
-                    elif code == 0x5D:  # EMPTY_LIST
-                        stack.append([])
-                        i += 1
-                        continue
-                    elif code == 0x75:  # SETITEMS
-                        if marks and marks[-1] and not len(stack) % 2:
-                            items, stack = stack, marks.pop()
-                            self.setitems(stack[-1], items, "SETITEMS", consumed + i)
+                    else:
+                        if code == 0x72:  # LONG_BINPUT
+                            index = _U32(buf, i + 1)[0]
+                            if stack and (len(memo) < max_memo or index in memo):
+                                memo[index] = stack[-1]
+                                i += 5
+                                continue
+                        elif code == 0x68:  # BINGET
+                            value = memo_get(buf[i + 1], missing)
+                            if value is not missing:
+                                stack.append(value)
+                                i += 2
+                                continue
+                        elif code == 0x74:  # TUPLE
+                            if marks:
+                                items, stack = stack, marks.pop()
+                                stack.append(tuple(items))
+                                i += 1
+                                continue
+                        elif code == 0x85:  # TUPLE1
+                            if stack:
+                                stack[-1] = (stack[-1],)
+                                i += 1
+                                continue
+                        elif code == 0x89:  # NEWFALSE
+                            stack.append(False)
                             i += 1
                             continue
-                    elif code == 0x8C:  # SHORT_BINUNICODE (recorded: weights_only refuses it)
-                        size = buf[i + 1]
-                        stop = i + 2 + size
-                        if stop <= n and size <= max_inline and self.inline + size <= max_total:
-                            codes.add(code)
-                            self.inline += size
-                            stack.append(buf[i + 2:stop].decode("utf-8", "surrogatepass"))
-                            i = stop
+                        elif code == 0x71:  # BINPUT
+                            index = buf[i + 1]
+                            if stack and (len(memo) < max_memo or index in memo):
+                                memo[index] = stack[-1]
+                                i += 2
+                                continue
+                        elif code == 0x6A:  # LONG_BINGET
+                            value = memo_get(_U32(buf, i + 1)[0], missing)
+                            if value is not missing:
+                                stack.append(value)
+                                i += 5
+                                continue
+                        elif code == 0x86:  # TUPLE2
+                            if len(stack) > 1:
+                                value = stack.pop()
+                                stack[-1] = (stack[-1], value)
+                                i += 1
+                                continue
+                        elif code == 0x87:  # TUPLE3
+                            if len(stack) > 2:
+                                value = stack.pop()
+                                first = stack.pop()
+                                stack[-1] = (stack[-1], first, value)
+                                i += 1
+                                continue
+                        elif code == 0x88:  # NEWTRUE
+                            stack.append(True)
+                            i += 1
                             continue
+                        elif code == 0x7D:  # EMPTY_DICT
+                            stack.append({})
+                            i += 1
+                            continue
+                        elif code == 0x75:  # SETITEMS
+                            if marks and marks[-1] and not len(stack) % 2:
+                                items, stack = stack, marks.pop()
+                                self.setitems(stack[-1], items, "SETITEMS", consumed + i)
+                                i += 1
+                                continue
+                        elif code == 0x8C:  # SHORT_BINUNICODE (recorded: weights_only refuses it)
+                            size = buf[i + 1]
+                            stop = i + 2 + size
+                            if stop <= n and size <= max_inline and self.inline + size <= max_total:
+                                codes.add(code)
+                                self.inline += size
+                                stack.append(buf[i + 2:stop].decode("utf-8", "surrogatepass"))
+                                i = stop
+                                continue
                     src.pos = i + 1
                     pos = consumed + i
                 elif i < n:
