@@ -299,15 +299,16 @@ def _plain_central_directory(f: IO[bytes], size: int) -> Optional[list[zipfile.Z
         x = new(zipfile.ZipInfo)
         x.orig_filename = x.filename = name
         x.date_time = ((d >> 9) + 1980, (d >> 5) & 0xF, d & 0x1F, t >> 11, (t >> 5) & 0x3F, (t & 0x1F) * 2)
-        x._compresslevel = None
+        x._compresslevel = None  # type: ignore[attr-defined]  # private fields zipfile sets too
         x.comment = data[name_at + name_len:pos]
         x.extra = b""
         x.create_version, x.create_system, x.extract_version, x.reserved = (
             create_version, create_system, extract_version, reserved)
-        x.flag_bits, x.compress_type, x.CRC, x.compress_size, x.file_size = flags, compress, crc, compress_size, file_size
+        x.flag_bits, x.compress_type, x.CRC = flags, compress, crc
+        x.compress_size, x.file_size = compress_size, file_size
         x.volume, x.internal_attr, x.external_attr = volume, internal_attr, external_attr
         x.header_offset = offset + concat
-        x._raw_time = t
+        x._raw_time = t  # type: ignore[attr-defined]
         infos.append(x)
     return infos
 
