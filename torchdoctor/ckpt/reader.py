@@ -181,7 +181,8 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         return archive
     prefix = infos[0].filename.split("/", 1)[0]
     by_name = {i.filename: i for i in infos}
-    is_script = f"{prefix}/constants.pkl" in by_name or any(n.startswith(f"{prefix}/code/") for n in by_name)
+    code_dir = f"{prefix}/code/"
+    is_script = f"{prefix}/constants.pkl" in by_name or any(n.startswith(code_dir) for n in by_name)
     archive = Archive(path, "torchscript" if is_script else "zip", size)
     archive.details["prefix"] = prefix
     archive.details["records"] = len(infos)
@@ -198,7 +199,7 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     if encrypted:
         archive.problems.append(f"{len(encrypted)} zip record(s) are marked encrypted (e.g. {encrypted[0]})")
     if is_script:
-        archive.details["code_files"] = sum(1 for n in by_name if n.startswith(f"{prefix}/code/") and n.endswith(".py"))
+        archive.details["code_files"] = sum(1 for n in by_name if n.startswith(code_dir) and n.endswith(".py"))
 
     archive.events += [("zip", Event(a, 0)) for a in ambiguity]
     main = by_name.get(f"{prefix}/data.pkl")
@@ -219,8 +220,9 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         load = loader.load_for("constants") if info.filename == f"{prefix}/constants.pkl" else None
         archive.pickles.append((info.filename.split("/", 1)[-1], _scan_member(f, info, load, limits, archive)))
     known = {"data.pkl", ".format_version", ".storage_alignment", "byteorder", "version", ".data/serialization_id"}
-    odd = [n for n in by_name if n.split("/", 1)[-1] not in known and not n.startswith(f"{prefix}/data/")
-           and not n.endswith(".pkl")]
+    data_dir = f"{prefix}/data/"
+    odd = [n for n in by_name if not n.startswith(data_dir) and not n.endswith(".pkl")
+           and n.split("/", 1)[-1] not in known]
     if odd and not is_script:
         archive.details["extra_records"] = odd[:10]
     if is_script:
@@ -316,8 +318,8 @@ def _plain_central_directory(f: IO[bytes], size: int) -> Optional[list[zipfile.Z
 def _zip_ambiguity(f: IO[bytes], size: int, infos: list[zipfile.ZipInfo]) -> list[str]:
     """Ways the archive reads differently in different zip readers (Python's zipfile, torch's miniz)."""
     out = []
-    names = [i.filename for i in infos]
-    dupes = sorted({n for n in names if names.count(n) > 1}) if len(names) < 5000 else []
+    names = [i.filename for i in infos] if len(infos) < 5000 else []
+    dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         out.append(f"the zip names {dupes[0]!r} twice: zip readers disagree on which copy is loaded, a way to show "
                    "scanners one pickle and torch.load another")
