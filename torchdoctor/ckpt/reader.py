@@ -235,7 +235,7 @@ _END_RECORD = struct.Struct("<4s4H2LH")  # zipfile.structEndArchive
 _ZIP64_LOCATOR = struct.Struct("<4sLQL")  # zipfile.structEndArchive64Locator
 _ZIP64_END = struct.Struct("<4sQ2H2L4Q")  # zipfile.structEndArchive64
 _CENTRAL_RECORD = struct.Struct("<4s4B4HL2L5H2L")  # zipfile.structCentralDir
-# the ZipInfo fields zipfile sets when it reads a central directory (CPython 3.11; 3.12 adds one)
+# the ZipInfo fields zipfile sets when it reads a central directory (CPython <= 3.11.7; later ones add fields)
 _ZIPINFO_SLOTS = ("orig_filename", "filename", "date_time", "compress_type", "_compresslevel", "comment", "extra",
                   "create_system", "create_version", "extract_version", "reserved", "flag_bits", "volume",
                   "internal_attr", "external_attr", "header_offset", "CRC", "compress_size", "file_size", "_raw_time")
