@@ -879,9 +879,8 @@ class _Machine:
             target.state = state
         elif isinstance(target, GlobalRef):
             self.event(f"BUILD sets attributes on the imported object {target.qualname}", pos)
-        elif hasattr(target, "extra") and isinstance(getattr(target, "extra"), dict):
-            target.extra["state"] = state  # tensor placeholders keep their Python state aside
-        # BUILD on a plain list/tuple/str would make the real loader fail; nothing runs.
+        # BUILD on a tensor sets its Python attributes (torch's own, checked above for dunders); on a plain
+        # list/tuple/str it would make the real loader fail. Nothing runs either way.
 
     def joblib_array(self, state: Any, pos: int) -> Any:
         """joblib writes an array's bytes (or, for object arrays, a nested pickle) right after its BUILD."""
