@@ -17,7 +17,7 @@ from torchdoctor import registry
 from torchdoctor.ckpt import read_checkpoint
 from torchdoctor.ckpt.api import diagnose_checkpoints
 from torchdoctor.ckpt.info import _group_of, _largest, show_path
-from torchdoctor.ckpt.keys import LOOSE_PREFIXES, MOST, STRICT_PREFIXES, wrapper_prefix
+from torchdoctor.ckpt.keys import LOOSE_PREFIXES, MOST, STRICT_PREFIXES, share, wrapper_prefix
 from torchdoctor.ckpt.tables import HeaderTable, HeaderTensors
 
 
@@ -139,8 +139,13 @@ def test_wrapper_prefix_matches_the_strip_and_recount_definition():
     for _ in range(300):
         stack = "".join(rng.choice(parts) for _ in range(rng.randrange(4)))
         keys = [(stack if rng.random() < rng.choice((1.0, 0.95, 0.85)) else rng.choice(parts)) + f"w{i}"
-                for i in range(rng.randrange(1, 40))]
+                + ("\nmodule.x" if rng.random() < 0.02 else "") for i in range(rng.randrange(1, 40))]
         assert wrapper_prefix(keys) == reference_prefix(list(keys)), keys
+
+
+def test_share_counts_keys_not_substrings():
+    assert share(["a\nmodule.x", "module.y", "xmodule.z"], "module.") == 1
+    assert share(["module.a", "module.b", "model.c"], "module.") == 2
 
 
 def test_reading_leaves_the_collector_on_and_its_youngest_generation_empty(files):

@@ -18,9 +18,13 @@ LOOSE_PREFIXES = ("model.", "net.")
 MOST = 0.9
 
 
-def share(keys: list[str], prefix: str, start: int = 0) -> int:
-    """How many keys carry `prefix` at `start` (str.startswith mapped in C: state dicts reach 10^5 keys)."""
-    return sum(map(str.startswith, keys, repeat(prefix), repeat(start)))
+def share(keys: list[str], prefix: str) -> int:
+    """How many keys start with `prefix`: one C-level substring count over the keys joined by newlines
+    (state dicts reach 10^5 keys); keys that hold a newline themselves are tested one by one."""
+    text = "\n" + "\n".join(keys)
+    if text.count("\n") == len(keys):
+        return text.count("\n" + prefix)
+    return sum(map(str.startswith, keys, repeat(prefix)))
 
 
 def wrapper_prefix(keys: Iterable[str], prefixes: tuple[str, ...] = STRICT_PREFIXES + LOOSE_PREFIXES) -> str:
@@ -29,21 +33,21 @@ def wrapper_prefix(keys: Iterable[str], prefixes: tuple[str, ...] = STRICT_PREFI
     Strict prefixes count when at least 90% of keys carry them, loose ones (model., net.) only when all do.
     """
     keys = list(keys)
-    found, start = "", 0  # while every key carries what was found, it is skipped by offset rather than cut off
+    found, base = "", ""  # base: what every key starts with, skipped rather than cut off
     while keys:
         for p in prefixes:
             strict = p in STRICT_PREFIXES
             need = math.ceil(MOST * len(keys)) if strict else len(keys)
-            if not any(map(str.startswith, islice(keys, len(keys) - need + 1), repeat(p), repeat(start))):
+            if not any(map(str.startswith, islice(keys, len(keys) - need + 1), repeat(base + p))):
                 continue  # too many of the first keys lack it (cheap: most prefixes are ruled out here)
-            n = share(keys, p, start)
+            n = share(keys, base + p)
             if n == len(keys) or (strict and n >= MOST * len(keys)):
                 found += p
                 if n == len(keys):
-                    start += len(p)
+                    base += p
                 else:
-                    keys = [k[start + len(p):] if k.startswith(p, start) else k[start:] for k in keys]
-                    start = 0
+                    keys = [k[len(base) + len(p):] if k.startswith(base + p) else k[len(base):] for k in keys]
+                    base = ""
                 break
         else:
             break

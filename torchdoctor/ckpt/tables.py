@@ -189,7 +189,10 @@ class HeaderTable(TensorTable):
     def _storage_bytes(self) -> list[int]:
         """Each entry's storage size as `StorageRef.nbytes` counts it (whole elements of its dtype)."""
         h = self.header
-        return list(map(mul, map(floordiv, map(sub, h.ends, h.begins), h.sizes), h.sizes))
+        spans = list(map(sub, h.ends, h.begins))
+        if spans == self.nbytes:  # the usual file: every span holds exactly its tensor
+            return spans
+        return list(map(mul, map(floordiv, spans, h.sizes), h.sizes))
 
     def storage_totals(self) -> tuple[Counter[str], Counter[str]]:
         sizes = self._storage_bytes
