@@ -20,7 +20,6 @@ This module is torch-free.
 """
 from __future__ import annotations
 
-import difflib
 import enum
 import inspect
 import re
@@ -237,6 +236,8 @@ def _validate(name: str, scope: Scope, impl: Any) -> None:
         known = handler_names()
         for attr in dir(impl):
             if attr.startswith("on_") and attr not in known:
+                import difflib
+
                 near = difflib.get_close_matches(attr, sorted(known), n=1)
                 hint = f" (did you mean {near[0]}?)" if near else f" (known: {', '.join(sorted(known))})"
                 raise PitfallError(f"pitfall {name}: {impl.__name__}.{attr} is not a watch event{hint}")

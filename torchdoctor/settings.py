@@ -24,11 +24,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.9/3.10 only
-    import tomli as tomllib
-
 FAIL_ON = ("error", "warning", "info", "never")
 DEFAULT_FAIL_ON = "error"
 ENV_SELECT = "TORCHDOCTOR_SELECT"
@@ -148,8 +143,12 @@ def _table(path: str) -> Any:
             data = fh.read()
     except OSError:
         return None
-    if b"torchdoctor" not in data:  # another tool's file: not worth parsing
+    if b"torchdoctor" not in data:  # another tool's file: not worth parsing (nor importing a TOML parser for)
         return None
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9/3.10 only
+        import tomli as tomllib
     try:
         tool = tomllib.loads(data.decode("utf-8")).get("tool")
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
