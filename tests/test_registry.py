@@ -144,3 +144,18 @@ def test_a_cached_entry_point_loads_what_it_names():
 
     assert Plugin("x", "torchdoctor.registry:Scope.CHECKPOINT", "").load() is registry.Scope.CHECKPOINT
     assert Plugin("x", "torchdoctor.registry [extra]", "").load() is registry
+
+
+def test_alternating_search_paths_keep_their_cached_answers(tmp_path, monkeypatch):
+    from torchdoctor import plugins
+
+    make_distribution(tmp_path, "altplug", "alt = altplug_checks\n", {})
+    before = list(sys.path)
+    plugins.plugins()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "alt" in {p.name for p in plugins.plugins()}
+    monkeypatch.setattr(plugins, "_discover", lambda: pytest.fail("this search path was answered before"))
+    monkeypatch.setattr(sys, "path", before)
+    assert "alt" not in {p.name for p in plugins.plugins()}
+    monkeypatch.setattr(sys, "path", [str(tmp_path), *before])
+    assert "alt" in {p.name for p in plugins.plugins()}

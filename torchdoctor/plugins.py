@@ -3,7 +3,8 @@
 `importlib.metadata` answers by reading every distribution's metadata, and importing it is most of that
 cost (tens of milliseconds on every command). The answer is kept in the per-user cache, keyed by
 everything it depends on: the search path, and the modification time of each distribution's
-`entry_points.txt` on it (installing, removing or editing a distribution changes one of them). A cache
+`entry_points.txt` on it (installing, removing or editing a distribution changes one of them); the last few
+search paths keep their answer (the console script and `python -m` from a project each see another). A cache
 that cannot be read or written only means asking `importlib.metadata` again.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Optional
 
 GROUP = "torchdoctor.checks"
 _FILE = "plugins.json"
-_FORMAT = 1
+_FORMAT = 2
+_KEPT = 8  # answers kept: the console script and `python -m` from a few folders see different search paths
 
 
 def cache_dir() -> str:
@@ -54,19 +56,24 @@ def plugins() -> list[Plugin]:
     """The entry points of group `torchdoctor.checks`, from the cache when nothing they depend on changed."""
     key = _fingerprint()
     path = os.path.join(cache_dir(), _FILE)
+    answers: list[Any] = []
     try:
         with open(path, encoding="utf-8") as f:
             cached = json.load(f)
-        if cached.get("format") == _FORMAT and cached.get("key") == key:
-            return [Plugin(*row) for row in cached["plugins"]]
+        if cached.get("format") == _FORMAT:
+            answers = [a for a in cached["answers"] if isinstance(a, list) and len(a) == 2]
+        for known, rows in answers:
+            if known == key:
+                return [Plugin(*row) for row in rows]
     except (OSError, ValueError, TypeError, AttributeError, KeyError):
         pass
     found = _discover()
+    answers = [[key, [[p.name, p.value, p.dist] for p in found]], *[a for a in answers if a[0] != key]][:_KEPT]
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"format": _FORMAT, "key": key, "plugins": [[p.name, p.value, p.dist] for p in found]}, f)
+            json.dump({"format": _FORMAT, "answers": answers}, f)
         os.replace(tmp, path)
     except OSError:
         pass
