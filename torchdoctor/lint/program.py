@@ -388,7 +388,9 @@ def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -
 def _import_table(module: Module, program: Program) -> dict[str, tuple[Optional[str], Optional[str]]]:
     table: dict[str, tuple[Optional[str], Optional[str]]] = {}
     path = module.path
-    for stmt in _statements(module.tree.body):
+    body = module.tree.body
+    top = [stmt for stmt in body if type(stmt) is ast.Import or type(stmt) is ast.ImportFrom]
+    for stmt in top if len(top) == module.index.imports else _statements(body):
         if isinstance(stmt, ast.Import):
             for a in stmt.names:
                 if (a.asname or "." not in a.name) and a.name.split(".")[0] not in _EXTERNAL:

@@ -71,6 +71,9 @@ class ProjectView:
     tree: Optional[ast.Module] = None
     index: Optional[ModuleIndex] = None
     asked: list[tuple] = field(default_factory=list)
+    # (id(scope), id(call)) -> callee's answer: several checks resolve the same calls; the first ask recorded
+    # what the answer read, so a repeat reads and records nothing new.
+    _callees: dict[tuple[int, int], Optional[tuple[FunctionScope, Summary]]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def module(self) -> Optional[Module]:
@@ -95,10 +98,15 @@ class ProjectView:
     def callee(self, scope: FunctionScope, call: CallSite) -> Optional[tuple[FunctionScope, Summary]]:
         """The project function a call runs (closure, same-class method, module or imported function) and its
         summary; None when it is not defined in the project."""
+        key = (id(scope), id(call))
+        if key in self._callees:
+            return self._callees[key]
+
         def ask(program: Program, module: Module) -> Optional[tuple[FunctionScope, Summary]]:
             found = program.resolve_call(module, scope, call)
             return (found[1], program.summary(*found)) if found is not None else None
-        return self._ask(ask, None)
+        answer = self._callees[key] = self._ask(ask, None)
+        return answer
 
     def imported_module_mentions(self, text: str) -> bool:
         """Whether a project module this file imports (or one those import) has the string constant `text`."""
