@@ -199,8 +199,8 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
         return known[key]
 
     for call in scope.calls:
-        if call.loop is None or not any(optimizer_arg(a) for a in call.node.args) \
-                and not any(optimizer_arg(k.value) for k in call.node.keywords):
+        if call.loop is None or not _may_call_project(call.node.func) or not any(
+                optimizer_arg(a) for a in call.node.args) and not any(optimizer_arg(k.value) for k in call.node.keywords):
             continue
         found = src.project.callee(scope, call)
         if found is None or not found[1].backward or found[1].clears_grads:
@@ -229,6 +229,11 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
             )
 
 
+def _may_call_project(func: ast.expr) -> bool:
+    """Whether a callee has a shape the program model resolves to a project function: `f(...)` or `x.f(...)`."""
+    return type(func) is ast.Name or type(func) is ast.Attribute and type(func.value) is ast.Name
+
+
 def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Optional[str]) -> bool:
     """`key` is bound (only) to what a project function returns, and that function builds an optimizer
     (`solver = make_optimizer(cfg, model)`, in this file or an imported one)."""
@@ -237,8 +242,7 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     bound = scope.bindings_of(key)
     if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
         return False
-    func = bound[0].value.func
-    if not (isinstance(func, ast.Name) or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+    if not _may_call_project(bound[0].value.func):
         return False  # `x.to(device)`, `f()(...)`: not a call of a project function by name
     call = next((c for c in scope.calls if c.node is bound[0].value), None)
     if call is None or call.qualname.startswith(("torch.", "torchvision.", "numpy.")):

@@ -51,8 +51,13 @@ def is_optimizer(key: Optional[str], scope: FunctionScope, index: ModuleIndex) -
         return False
     if _OPTIMIZER_NAME.match(name):
         return True
-    candidates = scope.bindings_of(key) if "." not in key else [b for s in index.scopes for b in s.bindings_of(key)]
-    return any(is_optimizer_ctor(b.value, index) for b in candidates)
+    if "." not in key:
+        return any(is_optimizer_ctor(b.value, index) for b in scope.bindings_of(key))
+    found = index.optimizer_attrs.get(key)
+    if found is None:  # an attribute may be bound in any function (`self.opt = ...` in `__init__`): asked once
+        found = index.optimizer_attrs[key] = any(is_optimizer_ctor(b.value, index)
+                                                 for s in index.scopes for b in s.bindings_of(key))
+    return found
 
 
 def qualname(func: ast.expr, index: ModuleIndex) -> str:

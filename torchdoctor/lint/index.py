@@ -113,9 +113,19 @@ class FunctionScope:
     loops: list[Loop] = field(default_factory=list)
     returns: list[ast.Return] = field(default_factory=list)
     parent: Optional["FunctionScope"] = None  # the function (or module body) this one is defined in
+    # target -> its bindings, built on the first question (and again if bindings were added since)
+    _by_target: Optional[dict[str, list[Binding]]] = field(default=None, init=False, repr=False, compare=False)
+    _tabled: int = field(default=0, init=False, repr=False, compare=False)
 
     def bindings_of(self, target: str) -> list[Binding]:
-        return [b for b in self.bindings if b.target == target]
+        """The bindings of `target` in this scope, in source order."""
+        table = self._by_target
+        if table is None or self._tabled != len(self.bindings):
+            table = self._by_target = {}
+            for b in self.bindings:
+                table.setdefault(b.target, []).append(b)
+            self._tabled = len(self.bindings)
+        return list(table.get(target, ()))
 
 
 @dataclass
@@ -127,6 +137,8 @@ class ModuleIndex:
     classes: dict[str, list[str]]  # class name -> dotted base names
     functions: dict[str, list[FunctionScope]]
     imports: int = 0  # import statements, at any depth (the import table reads only the top level when all are)
+    # attribute key (`self.opt`) -> whether some function of the module binds it to an optimizer (see flow)
+    optimizer_attrs: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     def all_calls(self) -> Iterator[CallSite]:
         for scope in self.scopes:
