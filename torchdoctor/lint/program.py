@@ -66,6 +66,7 @@ class Module:
     methods: dict[tuple[str, str], FunctionScope] = field(default_factory=dict)  # (class, name) -> method
     parents: dict[int, FunctionScope] = field(default_factory=dict)  # id(def node) -> enclosing function
     local_defs: dict[int, dict[str, FunctionScope]] = field(default_factory=dict)  # id(function) -> its defs
+    callable_classes: set[str] = field(default_factory=set)  # classes with a top-level `__call__` method
 
     def imports(self, program: "Program") -> dict[str, tuple[Optional[str], Optional[str]]]:
         """The import table, resolved to project files on first use: name -> (file, attribute or None for a
@@ -179,16 +180,18 @@ class Program:
         """The function a call runs, when the project defines it: a closure or local def, a method of the same
         class (`self.f()`), a module function, or an imported one (`f()`, `mod.f()`)."""
         func = call.node.func
-        if isinstance(func, ast.Name):
+        if type(func) is ast.Name:
             inner: Optional[FunctionScope] = scope
-            while inner is not None and not isinstance(inner.node, ast.Module):  # closures, innermost first
-                local = module.local_defs.get(id(inner.node), {}).get(func.id)
+            local_defs = module.local_defs
+            while inner is not None and type(inner.node) is not ast.Module:  # closures, innermost first
+                defs = local_defs.get(id(inner.node))
+                local = defs.get(func.id) if defs is not None else None
                 if local is not None:
                     return module, local
                 inner = module.parents.get(id(inner.node))
-            instance = self._instance_call(module, scope, func.id)
+            instance = self._instance_call(module, scope, func.id) if module.callable_classes else None
             return instance if instance is not None else self.lookup(module, func.id)
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        if type(func) is ast.Attribute and type(func.value) is ast.Name:
             if func.value.id in ("self", "cls") and scope.class_name is not None:
                 method = module.methods.get((scope.class_name, func.attr))
                 return (module, method) if method is not None else None
@@ -379,6 +382,8 @@ def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -
                 module.functions[inner.name] = inner
             else:
                 module.methods[(inner.class_name, inner.name)] = inner
+                if inner.name == "__call__":
+                    module.callable_classes.add(inner.class_name)
         else:
             module.parents[id(inner.node)] = scope
             module.local_defs.setdefault(id(scope.node), {})[inner.name] = inner

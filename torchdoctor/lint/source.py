@@ -133,9 +133,10 @@ class ProjectView:
         program = self.facts.program
         program.touched = set()
         answer = question(program, module)
-        recorded = {q[1] for q in self.asked if q[0] == "file"}
-        for path in sorted(program.touched - recorded - {module.path}) if record_files else ():
-            self.asked.append(("file", path, stamp(path)))
+        if record_files and program.touched:  # most answers read nothing beyond this file
+            recorded = {q[1] for q in self.asked if q[0] == "file"}
+            for path in sorted(program.touched - recorded - {module.path}):
+                self.asked.append(("file", path, stamp(path)))
         return answer
 
 
