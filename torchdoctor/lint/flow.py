@@ -29,16 +29,17 @@ _HISTORYLESS_ATTRS = frozenset({"data", "shape", "grad", "device", "dtype"})
 
 def is_optimizer_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
     """`torch.optim.Adam(...)`, `optim.SGD(...)`, `self.optimizers()` (Lightning) and the like."""
-    if not isinstance(value, ast.Call):
-        if isinstance(value, ast.Subscript):
+    if type(value) is not ast.Call:
+        if type(value) is ast.Subscript:
             return is_optimizer_ctor(value.value, index)
         return False
     func = value.func
-    if isinstance(func, ast.Attribute):  # the last segment of the callee's name is known without resolving it
-        if func.attr == "optimizers" or func.attr in OPTIMIZER_CLASSES:
+    if type(func) is ast.Attribute:  # the last segment of the callee's name is known without resolving it
+        attr = func.attr
+        if attr == "optimizers" or attr in OPTIMIZER_CLASSES:
             return True
-        return func.attr[:1].isupper() and qualname(func, index).startswith("torch.optim.")
-    qual = qualname(func, index)
+        return attr[:1].isupper() and qualname(func, index).startswith("torch.optim.")
+    qual = index.aliases.get(func.id, func.id) if type(func) is ast.Name else qualname(func, index)
     return last(qual) in OPTIMIZER_CLASSES or qual.startswith("torch.optim.") and last(qual)[:1].isupper()
 
 

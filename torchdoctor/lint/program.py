@@ -67,6 +67,12 @@ class Module:
     parents: dict[int, FunctionScope] = field(default_factory=dict)  # id(def node) -> enclosing function
     local_defs: dict[int, dict[str, FunctionScope]] = field(default_factory=dict)  # id(function) -> its defs
     callable_classes: set[str] = field(default_factory=set)  # classes with a top-level `__call__` method
+    data: Optional[bytes] = None  # the bytes read to parse it, until the run lints the file (see `take_data`)
+
+    def take_data(self) -> Optional[bytes]:
+        """The bytes this module was parsed from, handed over once (linting the file needs not read it again)."""
+        data, self.data = self.data, None
+        return data
 
     def imports(self, program: "Program") -> dict[str, tuple[Optional[str], Optional[str]]]:
         """The import table, resolved to project files on first use: name -> (file, attribute or None for a
@@ -123,17 +129,21 @@ class Program:
             module = self._modules[path] = _module(path, tree, index, self)
         return module
 
-    def module(self, path: str) -> Optional[Module]:
-        """The module at absolute `path`, parsed from disk once; None when it cannot be read or parsed."""
+    def module(self, path: str, data: Optional[bytes] = None) -> Optional[Module]:
+        """The module at absolute `path` (whose bytes are `data` when the caller read them already), parsed once;
+        None when it cannot be read or parsed."""
         self.touched.add(path)
         if path in self._modules:
             return self._modules[path]
         module = None
         try:
-            if os.path.getsize(path) <= _MAX_MODULE_BYTES:
+            if data is None and os.path.getsize(path) <= _MAX_MODULE_BYTES:
                 with open(path, "rb") as fh:
-                    tree = ast.parse(fh.read(), filename=path)
+                    data = fh.read()
+            if data is not None and len(data) <= _MAX_MODULE_BYTES:
+                tree = ast.parse(data, filename=path)
                 module = _module(path, tree, build_index(tree), self)
+                module.data = data
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             module = None
         self._modules[path] = module
@@ -339,11 +349,12 @@ class Program:
                 if other is None and path not in self._modules:
                     try:
                         with open(path, "rb") as fh:
-                            if word not in fh.read():
-                                continue
+                            data = fh.read()
                     except OSError:
                         continue
-                    other = self.module(path)
+                    if word not in data:
+                        continue
+                    other = self.module(path, data)
                 if other is not None:
                     self._index_calls(other, name, found)
             self._callers[key] = found
