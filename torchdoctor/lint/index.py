@@ -341,6 +341,7 @@ class _Indexer:
             if t is Call:
                 func = n.func
                 ft = type(func)
+                # A callee `name` or `name.attr` holds no call: it is not walked.
                 if ft is Attribute:
                     value = func.value
                     if type(value) is Name:  # `name.attr(...)`, by far the commonest callee
@@ -350,13 +351,14 @@ class _Indexer:
                     else:
                         calls.append(CallSite(n, resolve(func, aliases), func.attr, ref(value), loop, off,
                                               (n.lineno, n.col_offset)))
+                        push(value)
                 elif ft is Name:
                     qual = aliases.get(func.id, func.id)
                     calls.append(CallSite(n, qual, last(qual), None, loop, off, (n.lineno, n.col_offset)))
                 else:
                     qual = resolve(func, aliases)
                     calls.append(CallSite(n, qual, last(qual), None, loop, off, (n.lineno, n.col_offset)))
-                push(func)
+                    push(func)
                 extend(n.args)
                 extend(n.keywords)
                 continue
