@@ -122,6 +122,19 @@ class Program:
             found = self._roots[folder] = find_root(folder)
         return found
 
+    def release(self, root: str) -> None:
+        """Forget the modules under `root` and the answers keyed by their nodes: the run has linted that project
+        and moves on, so memory holds one project's trees at a time (a later question parses them again)."""
+        prefix = os.path.join(root, "")
+        gone = {path for path in self._modules if path.startswith(prefix)}
+        if not gone:
+            return
+        for path in gone:
+            del self._modules[path]
+        self._summaries = {k: v for k, v in self._summaries.items() if k[0] not in gone}
+        self._wrappers = {k: v for k, v in self._wrappers.items() if k[0] not in gone}
+        self._callers = {}  # keyed by the ids of functions that may be among the freed ones: found again on demand
+
     def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
         """Register a module already parsed by the run (so it is not parsed twice)."""
         module = self._modules.get(path)

@@ -217,7 +217,13 @@ def _can_fork() -> bool:
 def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall],
                 project: ProjectFacts, progress: Optional[Callable[[int, int], None]] = None) -> list[FileResult]:
     results = []
+    program, root = project.program, None
     for path, display in files:
+        here = program.root_of(os.path.abspath(path))
+        if here != root:  # a new project (files come folder by folder): the previous one's trees are freed
+            if root is not None:
+                program.release(root)
+            root = here
         results.append(_check(read_source(path, display, project), checks))
         if progress is not None:
             progress(len(results), len(files))
