@@ -101,11 +101,16 @@ class ProjectView:
         key = (id(scope), id(call))
         if key in self._callees:
             return self._callees[key]
-
-        def ask(program: Program, module: Module) -> Optional[tuple[FunctionScope, Summary]]:
+        answer = None  # asked for most calls of a file: `_ask` written out, without a closure per call
+        module = self.module
+        if module is not None:
+            program = self.facts.program
+            program.touched = set()
             found = program.resolve_call(module, scope, call)
-            return (found[1], program.summary(*found)) if found is not None else None
-        answer = self._callees[key] = self._ask(ask, None)
+            if found is not None:
+                answer = (found[1], program.summary(*found))
+            self._record(program, module)
+        self._callees[key] = answer
         return answer
 
     def imported_module_mentions(self, text: str) -> bool:
@@ -133,11 +138,16 @@ class ProjectView:
         program = self.facts.program
         program.touched = set()
         answer = question(program, module)
-        if record_files and program.touched:  # most answers read nothing beyond this file
+        if record_files:
+            self._record(program, module)
+        return answer
+
+    def _record(self, program: Program, module: Module) -> None:
+        """Record the stamps of the other modules the last answer read (most answers read none)."""
+        if program.touched:
             recorded = {q[1] for q in self.asked if q[0] == "file"}
             for path in sorted(program.touched - recorded - {module.path}):
                 self.asked.append(("file", path, stamp(path)))
-        return answer
 
 
 @dataclass(frozen=True)
