@@ -220,14 +220,19 @@ def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitf
     program, root = project.program, None
     for path, display in files:
         here = program.root_of(os.path.abspath(path))
-        if here != root:  # a new project (files come folder by folder): the previous one's trees are freed
-            if root is not None:
-                program.release(root)
+        if here != root:
+            if root is not None and not _nested(here, root) and not _nested(root, here):
+                program.release(root)  # files come folder by folder: the run has left that project for good
             root = here
         results.append(_check(read_source(path, display, project), checks))
         if progress is not None:
             progress(len(results), len(files))
     return results
+
+
+def _nested(inner: str, outer: str) -> bool:
+    """Whether folder `inner` lies inside folder `outer`."""
+    return inner.startswith(os.path.join(outer, ""))
 
 
 def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:
