@@ -305,13 +305,13 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
         return  # neither a backward and a step here, nor an optimizer that a helper might step
     index = src.index
     for scope in index.scopes:
-        backwards = [c for c in scope.calls if is_backward(c) and c.loop is not None]
-        if not backwards and not scope.loops:
+        if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
+        backwards = [c for c in scope.calls if c.loop is not None and is_backward(c)]
         reported: set[str] = set()
         yield from _steps_in_helpers(src, scope, index, reported)
         for call in scope.calls:
-            optimizer = _stepped_optimizer(call, scope, index, src)
+            optimizer = _stepped_optimizer(call, scope, index, src) if call.attr == "step" else None
             if optimizer is None or optimizer in reported:
                 continue
             loop = _smallest_loop_with_backward(call, backwards)

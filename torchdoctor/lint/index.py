@@ -197,9 +197,13 @@ class _Indexer:
 
     # One method per statement type (dispatched on the exact type: `ast.parse` makes no subclasses).
     def assign(self, node: ast.Assign, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
-        self.expr(node.value, scope, loop, off)
+        value = node.value
+        self.expr(value, scope, loop, off)
         for target in node.targets:
-            self.target(target, node.value, node, scope, loop, off)
+            if type(target) is ast.Name:  # `name = ...`, the commonest target
+                scope.bindings.append(Binding(target.id, value, node, loop, off, (node.lineno, node.col_offset)))
+            else:
+                self.target(target, value, node, scope, loop, off)
 
     def expression(self, node: ast.Expr, scope: FunctionScope, loop: Optional[Loop], off: bool,
                    cls: Optional[str]) -> None:
@@ -230,9 +234,10 @@ class _Indexer:
 
     def function(self, node: Union[ast.FunctionDef, ast.AsyncFunctionDef], scope: FunctionScope, loop: Optional[Loop],
                  off: bool, cls: Optional[str]) -> None:
+        decorated_off = False
         for d in node.decorator_list:
             self.expr(d, scope, loop, off)
-        decorated_off = any(self.is_grad_off(d) or last(resolve(d, self.aliases)) in _GRAD_OFF for d in node.decorator_list)
+            decorated_off = decorated_off or self.is_grad_off(d) or last(resolve(d, self.aliases)) in _GRAD_OFF
         inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop, parent=scope)
         self.scopes.append(inner)
         pos = (node.lineno, node.col_offset)
