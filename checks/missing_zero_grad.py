@@ -201,10 +201,11 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
     for call in scope.calls:
         if call.loop is None or not (call.node.args or call.node.keywords) or not _may_call_project(call.node.func):
             continue
-        found = src.project.callee(scope, call)
+        found = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
         if found is None or not found[1].backward or found[1].clears_grads:
             continue
-        if not any(optimizer_arg(a) for a in call.node.args) and not any(optimizer_arg(k.value) for k in call.node.keywords):
+        if not any(optimizer_arg(a) for a in call.node.args) \
+                and not any(optimizer_arg(k.value) for k in call.node.keywords):
             continue
         callee, summary = found
         params = [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args] \

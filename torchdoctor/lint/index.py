@@ -379,7 +379,8 @@ class _Indexer:
                     push(v)
 
 
-_Name, _Constant, _Attribute, _Call, _keyword, _Lambda = ast.Name, ast.Constant, ast.Attribute, ast.Call, ast.keyword, ast.Lambda
+_Name, _Constant, _Attribute, _Call = ast.Name, ast.Constant, ast.Attribute, ast.Call
+_keyword, _Lambda = ast.keyword, ast.Lambda
 _STMT_HANDLERS: dict[type, Callable[..., None]] = {
     ast.Assign: _Indexer.assign, ast.Expr: _Indexer.expression, ast.Return: _Indexer.return_,
     ast.Import: _Indexer.import_, ast.ImportFrom: _Indexer.import_from, ast.FunctionDef: _Indexer.function,
