@@ -331,9 +331,10 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
 
 
 def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
-    others = {o for c in calls_in(scope, loop) if (o := _stepped_optimizer(c, scope, index)) and o != optimizer
+    calls = list(calls_in(scope, loop))
+    others = {o for c in calls if c.attr == "step" and (o := _stepped_optimizer(c, scope, index)) and o != optimizer
               and not _may_share_parameters(scope, o, optimizer)}
-    for call in calls_in(scope, loop):
+    for call in calls:
         if _clears_grads(call, optimizer, others):
             return True
         found = src.project.callee(scope, call) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None
