@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import sys
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Callable, Iterator, Optional, Union
 
 Pos = tuple  # (line, col): source order stands in for statement order inside one function
@@ -174,7 +175,7 @@ class _Indexer:
         self.body(tree.body, module_scope, None, False, None)
         functions: dict[str, list[FunctionScope]] = {}
         for scope in self.scopes:
-            scope.calls.sort(key=lambda c: c.pos)
+            scope.calls.sort(key=_position)
             if scope is not module_scope:
                 functions.setdefault(scope.name, []).append(scope)
         return ModuleIndex(self.aliases, self.scopes, self.classes, functions, self.imports)
@@ -379,6 +380,7 @@ class _Indexer:
                     push(v)
 
 
+_position = attrgetter("pos")
 _Name, _Constant, _Attribute, _Call = ast.Name, ast.Constant, ast.Attribute, ast.Call
 _keyword, _Lambda = ast.keyword, ast.Lambda
 _STMT_HANDLERS: dict[type, Callable[..., None]] = {
