@@ -21,7 +21,7 @@ class Built:
 def optimizers_built(scope: FunctionScope, index: ModuleIndex) -> Iterator[Built]:
     """Every optimizer `scope` builds from `<model>.parameters()` or `<model>.named_parameters()`."""
     for b in scope.bindings:
-        if b.augmented or not isinstance(b.value, ast.Call) or not is_optimizer_ctor(b.value, index):
+        if b.augmented or type(b.value) is not ast.Call or not is_optimizer_ctor(b.value, index):
             continue
         for node in ast.walk(b.value):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \

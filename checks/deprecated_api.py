@@ -91,6 +91,8 @@ _CALLS = {
        for name in ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "jvp", "vjp", "functionalize")},
 }
 _CHECKPOINTS = ("torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential")
+# The method or function names of the calls above (a call's `attr` is the last segment of its qualified name).
+_NAMES = frozenset(name.rsplit(".", 1)[-1] for name in (*_CALLS, *_CHECKPOINTS))
 _LAUNCH = "torch.distributed.launch"
 # Calls that run a command line: only their arguments can launch `python -m torch.distributed.launch`.
 _PROCESS_STARTERS = ("subprocess.", "os.system", "os.popen", "os.exec", "os.spawn", "asyncio.create_subprocess")
@@ -109,7 +111,11 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
         return
     launch_text = f"-m {_LAUNCH}" in src.text or f'"{_LAUNCH}"' in src.text or f"'{_LAUNCH}'" in src.text
     from_torch = _imported_from_torch(src.tree) if "functorch" in src.text else set()
+    # A `pretrained=` keyword or an apex call needs the word in the text (from the call or from an import).
+    by_prefix = launch_text or "pretrained" in src.text or "apex" in src.text
     for call in src.index.all_calls():
+        if not by_prefix and call.attr not in _NAMES:
+            continue
         known = _CALLS.get(call.qualname)
         if known is not None and call.qualname.startswith("functorch.") and call.attr in from_torch:
             continue  # `try: from torch.func import vmap / except ImportError: from functorch import vmap`

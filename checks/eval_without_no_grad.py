@@ -247,7 +247,8 @@ def _forwarded(src: SourceFile, scope: FunctionScope, call: CallSite,
 def _frozen_models(src: SourceFile) -> set[str]:
     """Models frozen in this file: `m.requires_grad_(False)`, or `p.requires_grad = False` in a loop over
     `m.parameters()` (their forwards record no graph of their own)."""
-    frozen = {c.receiver for c in src.index.all_calls() if c.attr == "requires_grad_" and c.receiver
+    calls = src.index.all_calls() if "requires_grad_" in src.text else ()
+    frozen = {c.receiver for c in calls if c.attr == "requires_grad_" and c.receiver
               and c.node.args and isinstance(c.node.args[0], ast.Constant) and c.node.args[0].value is False}
     for node in ast.walk(src.tree) if src.tree is not None and "requires_grad = False" in src.text else ():
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Attribute) \

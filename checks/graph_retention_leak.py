@@ -202,21 +202,35 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "backward" not in src.text and "training_step" not in src.text:
         return
     for scope in src.index.scopes:
-        trained = _trained_names_by_loop(scope)
+        trained = _trained_names_by_loop(scope) if scope.loops else None  # a backward in a loop needs a loop
         if not trained:
             continue
-        kept = backprop_names(scope)
+        kept = _Backpropagated(scope)
         for b in scope.bindings:
-            if (b.augmented or _accumulates(b)) and b.loop is not None and not b.grad_off and b.target not in kept:
+            if (b.augmented or _accumulates(b)) and b.loop is not None and not b.grad_off:
                 leaked = _leaked_name(b.value, b.loop, b.pos, trained, scope)
-                if leaked and not _reset_in_loop(scope, b.target, b.loop, b.node):
+                if leaked and b.target not in kept and not _reset_in_loop(scope, b.target, b.loop, b.node):
                     yield _leak_finding(src, b.node, b.target, leaked, trained)
         for call in scope.calls:
             if call.attr == "append" and call.loop is not None and not call.grad_off and call.receiver \
-                    and call.receiver not in kept and len(call.node.args) == 1:
+                    and len(call.node.args) == 1:
                 leaked = _leaked_name(call.node.args[0], call.loop, call.pos, trained, scope)
-                if leaked and not _reset_in_loop(scope, call.receiver, call.loop, None):
+                if leaked and call.receiver not in kept and not _reset_in_loop(scope, call.receiver, call.loop, None):
                     yield _leak_finding(src, call.node, call.receiver, leaked, trained)
+
+
+class _Backpropagated:
+    """The names whose value reaches a backward in `scope`, worked out on the first question (most functions
+    never ask: nothing in them looks like a leak)."""
+
+    def __init__(self, scope: FunctionScope) -> None:
+        self.scope = scope
+        self.names: Optional[set[str]] = None
+
+    def __contains__(self, name: str) -> bool:
+        if self.names is None:
+            self.names = backprop_names(self.scope)
+        return name in self.names
 
 
 def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, ast.AST]]]:

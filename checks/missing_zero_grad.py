@@ -199,11 +199,13 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
         return known[key]
 
     for call in scope.calls:
-        if call.loop is None or not any(optimizer_arg(a) for a in call.node.args) \
-                and not any(optimizer_arg(k.value) for k in call.node.keywords):
+        if call.loop is None or not (call.node.args or call.node.keywords) or not _may_call_project(call.node.func):
             continue
-        found = src.project.callee(scope, call)
+        found = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
         if found is None or not found[1].backward or found[1].clears_grads:
+            continue
+        if not any(optimizer_arg(a) for a in call.node.args) \
+                and not any(optimizer_arg(k.value) for k in call.node.keywords):
             continue
         callee, summary = found
         params = [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args] \
@@ -229,6 +231,11 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
             )
 
 
+def _may_call_project(func: ast.expr) -> bool:
+    """Whether a callee has a shape the program model resolves to a project function: `f(...)` or `x.f(...)`."""
+    return type(func) is ast.Name or type(func) is ast.Attribute and type(func.value) is ast.Name
+
+
 def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Optional[str]) -> bool:
     """`key` is bound (only) to what a project function returns, and that function builds an optimizer
     (`solver = make_optimizer(cfg, model)`, in this file or an imported one)."""
@@ -237,8 +244,7 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     bound = scope.bindings_of(key)
     if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
         return False
-    func = bound[0].value.func
-    if not (isinstance(func, ast.Name) or isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)):
+    if not _may_call_project(bound[0].value.func):
         return False  # `x.to(device)`, `f()(...)`: not a call of a project function by name
     call = next((c for c in scope.calls if c.node is bound[0].value), None)
     if call is None or call.qualname.startswith(("torch.", "torchvision.", "numpy.")):
@@ -300,13 +306,13 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
         return  # neither a backward and a step here, nor an optimizer that a helper might step
     index = src.index
     for scope in index.scopes:
-        backwards = [c for c in scope.calls if is_backward(c) and c.loop is not None]
-        if not backwards and not scope.loops:
+        if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
+        backwards = [c for c in scope.calls if c.loop is not None and is_backward(c)]
         reported: set[str] = set()
         yield from _steps_in_helpers(src, scope, index, reported)
         for call in scope.calls:
-            optimizer = _stepped_optimizer(call, scope, index, src)
+            optimizer = _stepped_optimizer(call, scope, index, src) if call.attr == "step" else None
             if optimizer is None or optimizer in reported:
                 continue
             loop = _smallest_loop_with_backward(call, backwards)
@@ -325,9 +331,10 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
 
 
 def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
-    others = {o for c in calls_in(scope, loop) if (o := _stepped_optimizer(c, scope, index)) and o != optimizer
+    calls = list(calls_in(scope, loop))
+    others = {o for c in calls if c.attr == "step" and (o := _stepped_optimizer(c, scope, index)) and o != optimizer
               and not _may_share_parameters(scope, o, optimizer)}
-    for call in calls_in(scope, loop):
+    for call in calls:
         if _clears_grads(call, optimizer, others):
             return True
         found = src.project.callee(scope, call) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None

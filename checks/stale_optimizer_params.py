@@ -177,17 +177,18 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "parameters()" not in src.text:
         return
     index = src.index
-    overwrite = any(c.attr == "set_overwrite_module_params_on_conversion" and c.node.args
-                    and literal(c.node.args[0]) is True for c in index.all_calls())
+    overwrite = "set_overwrite_module_params_on_conversion" in src.text and any(
+        c.attr == "set_overwrite_module_params_on_conversion" and c.node.args and literal(c.node.args[0]) is True
+        for c in index.all_calls())
     for scope in index.scopes:
         arms: dict[int, set[tuple[int, int]]] = {}
         for built in optimizers_built(scope, index):
-            arms = arms or _branch_arms(scope)
             for b in scope.bindings:
                 replaced = b.target == built.model or b.target.startswith(built.model + ".") \
                     or built.model.startswith(b.target + ".")
                 if not replaced or b.pos <= built.binding.pos or b.augmented or rebuilt_after(scope, built, b.pos):
                     continue
+                arms = arms or _branch_arms(scope)  # built once per function, and only when needed
                 if _exclusive(arms, built.binding.node, b.node) or not _used_after(scope, built.optimizer, b.pos):
                     continue  # the two never run together, or the old optimizer is never used again
                 if isinstance(b.value, ast.Call) and is_module_ctor(b.value, index) and not _wraps(b.value, b.target):

@@ -374,6 +374,41 @@ def test_a_loader_not_named_loader(tmp_path, source, fires):
     assert lint_one(tmp_path, {"t.py": code}, "t.py") == ([("to-result-discarded", 4)] if fires else [])
 
 
+def test_a_run_over_several_projects_frees_each_and_finds_what_single_file_runs_find(tmp_path):
+    # Each project's trees are freed when the run moves on to the next project; a later file asking about a
+    # freed module (the run comes back to project a) has it parsed again, with the same answers.
+    train = ("import torch\nfrom engine import train_step\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+             "for batch in loader:\n    train_step(model, batch, opt)\n")
+    evaluation = EVALUATE + "\nacc = evaluate(model, val_loader)\n"
+    for project in ("a", "b"):
+        (tmp_path / project).mkdir()
+        (tmp_path / project / "pyproject.toml").write_text("[project]\nname = 'demo'\n", encoding="utf-8")
+        for name, text in {"engine.py": STEP.format(clear=""), "train.py": train, "evaluation.py": evaluation}.items():
+            (tmp_path / project / name).write_text(textwrap.dedent(text), encoding="utf-8")
+    order = ["a/train.py", "b/train.py", "b/evaluation.py", "a/evaluation.py", "a/engine.py"]
+    together = lint_paths([str(tmp_path / name) for name in order], CHECKS, cwd=str(tmp_path), jobs=1).findings
+    alone = [f for name in order for f in lint_paths([str(tmp_path / name)], CHECKS, cwd=str(tmp_path), jobs=1).findings]
+    key = lambda f: (f.location.file, f.location.line, f.name)  # noqa: E731
+    assert sorted(map(key, together)) == sorted(map(key, alone)) == [
+        ("a/evaluation.py", 8, "eval-without-no-grad"), ("a/train.py", 6, "missing-zero-grad"),
+        ("b/evaluation.py", 8, "eval-without-no-grad"), ("b/train.py", 6, "missing-zero-grad")]
+
+
+def test_releasing_a_project_forgets_its_modules_and_keeps_the_others(tmp_path):
+    from torchdoctor.lint.program import Program
+
+    for project in ("a", "ab"):  # `ab` shares a's name as a prefix, not its folder
+        (tmp_path / project).mkdir()
+        (tmp_path / project / "m.py").write_text("def f():\n    return 1\n", encoding="utf-8")
+    program = Program()
+    a, ab = (program.module(str(tmp_path / project / "m.py")) for project in ("a", "ab"))
+    assert a is not None and ab is not None
+    program.summary(a, a.functions["f"])
+    program.release(str(tmp_path / "a"))
+    assert program.parsed(a.path) is None and program.parsed(ab.path) is ab
+    assert program.module(a.path) is not a  # parsed again on demand
+
+
 def test_the_project_root_is_found_as_ruff_finds_it(tmp_path):
     from torchdoctor.lint.program import find_root
 

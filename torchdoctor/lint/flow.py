@@ -29,16 +29,17 @@ _HISTORYLESS_ATTRS = frozenset({"data", "shape", "grad", "device", "dtype"})
 
 def is_optimizer_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
     """`torch.optim.Adam(...)`, `optim.SGD(...)`, `self.optimizers()` (Lightning) and the like."""
-    if not isinstance(value, ast.Call):
-        if isinstance(value, ast.Subscript):
+    if type(value) is not ast.Call:
+        if type(value) is ast.Subscript:
             return is_optimizer_ctor(value.value, index)
         return False
     func = value.func
-    if isinstance(func, ast.Attribute):  # the last segment of the callee's name is known without resolving it
-        if func.attr == "optimizers" or func.attr in OPTIMIZER_CLASSES:
+    if type(func) is ast.Attribute:  # the last segment of the callee's name is known without resolving it
+        attr = func.attr
+        if attr == "optimizers" or attr in OPTIMIZER_CLASSES:
             return True
-        return func.attr[:1].isupper() and qualname(func, index).startswith("torch.optim.")
-    qual = qualname(func, index)
+        return attr[:1].isupper() and qualname(func, index).startswith("torch.optim.")
+    qual = index.aliases.get(func.id, func.id) if type(func) is ast.Name else qualname(func, index)
     return last(qual) in OPTIMIZER_CLASSES or qual.startswith("torch.optim.") and last(qual)[:1].isupper()
 
 
@@ -51,8 +52,13 @@ def is_optimizer(key: Optional[str], scope: FunctionScope, index: ModuleIndex) -
         return False
     if _OPTIMIZER_NAME.match(name):
         return True
-    candidates = scope.bindings_of(key) if "." not in key else [b for s in index.scopes for b in s.bindings_of(key)]
-    return any(is_optimizer_ctor(b.value, index) for b in candidates)
+    if "." not in key:
+        return any(is_optimizer_ctor(b.value, index) for b in scope.bindings_of(key))
+    found = index.optimizer_attrs.get(key)
+    if found is None:  # an attribute may be bound in any function (`self.opt = ...` in `__init__`): asked once
+        found = index.optimizer_attrs[key] = any(is_optimizer_ctor(b.value, index)
+                                                 for s in index.scopes for b in s.bindings_of(key))
+    return found
 
 
 def qualname(func: ast.expr, index: ModuleIndex) -> str:

@@ -7,10 +7,15 @@ or loop body, and which names were bound to what.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Union
+from operator import attrgetter
+from typing import Callable, Iterator, Optional, Union
 
 Pos = tuple  # (line, col): source order stands in for statement order inside one function
+# The records are made by the hundred thousand in a run: without a __dict__ (Python 3.10+) they are built and
+# freed faster and take less memory.
+_SLOTS = {"slots": True} if sys.version_info >= (3, 10) else {}
 
 _GRAD_OFF = ("no_grad", "inference_mode")
 
@@ -47,7 +52,7 @@ def last(dotted: Optional[str]) -> str:
     return dotted.rsplit(".", 1)[-1] if dotted else ""
 
 
-@dataclass
+@dataclass(**_SLOTS)
 class Loop:
     """A `for`/`while` loop (or a framework step method that runs once per batch)."""
 
@@ -62,7 +67,7 @@ class Loop:
         return False
 
 
-@dataclass
+@dataclass(**_SLOTS)
 class CallSite:
     """A call with its context: `qualname` resolves import aliases (`nn.Linear` -> `torch.nn.Linear`)."""
 
@@ -86,7 +91,7 @@ class CallSite:
         return any(kw.arg is None for kw in self.node.keywords)
 
 
-@dataclass
+@dataclass(**_SLOTS)
 class Binding:
     """`target = value` (also `target += value`, `for target in ...` and `with ... as target`)."""
 
@@ -99,7 +104,7 @@ class Binding:
     augmented: bool = False
 
 
-@dataclass
+@dataclass(**_SLOTS)
 class FunctionScope:
     """A function body (or the module body): its calls, bindings and loops in source order."""
 
@@ -113,9 +118,19 @@ class FunctionScope:
     loops: list[Loop] = field(default_factory=list)
     returns: list[ast.Return] = field(default_factory=list)
     parent: Optional["FunctionScope"] = None  # the function (or module body) this one is defined in
+    # target -> its bindings, built on the first question (and again if bindings were added since)
+    _by_target: Optional[dict[str, list[Binding]]] = field(default=None, init=False, repr=False, compare=False)
+    _tabled: int = field(default=0, init=False, repr=False, compare=False)
 
     def bindings_of(self, target: str) -> list[Binding]:
-        return [b for b in self.bindings if b.target == target]
+        """The bindings of `target` in this scope, in source order."""
+        table = self._by_target
+        if table is None or self._tabled != len(self.bindings):
+            table = self._by_target = {}
+            for b in self.bindings:
+                table.setdefault(b.target, []).append(b)
+            self._tabled = len(self.bindings)
+        return list(table.get(target, ()))
 
 
 @dataclass
@@ -126,6 +141,9 @@ class ModuleIndex:
     scopes: list[FunctionScope]
     classes: dict[str, list[str]]  # class name -> dotted base names
     functions: dict[str, list[FunctionScope]]
+    imports: int = 0  # import statements, at any depth (the import table reads only the top level when all are)
+    # attribute key (`self.opt`) -> whether some function of the module binds it to an optimizer (see flow)
+    optimizer_attrs: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     def all_calls(self) -> Iterator[CallSite]:
         for scope in self.scopes:
@@ -137,6 +155,7 @@ class _Indexer:
         self.aliases: dict[str, str] = {}
         self.scopes: list[FunctionScope] = []
         self.classes: dict[str, list[str]] = {}
+        self.imports = 0  # import statements seen, at any depth
 
     def is_grad_off(self, expr: ast.expr) -> bool:
         """`torch.no_grad()`, `torch.inference_mode()`, or `set_grad_enabled(x)` unless x is literally True."""
@@ -156,101 +175,133 @@ class _Indexer:
         self.body(tree.body, module_scope, None, False, None)
         functions: dict[str, list[FunctionScope]] = {}
         for scope in self.scopes:
-            scope.calls.sort(key=lambda c: c.pos)
+            scope.calls.sort(key=_position)
             if scope is not module_scope:
                 functions.setdefault(scope.name, []).append(scope)
-        return ModuleIndex(self.aliases, self.scopes, self.classes, functions)
+        return ModuleIndex(self.aliases, self.scopes, self.classes, functions, self.imports)
 
     def body(self, stmts: list, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        handlers = _STMT_HANDLERS
         for stmt in stmts:
-            self.stmt(stmt, scope, loop, off, cls)
+            handler = handlers.get(type(stmt))
+            if handler is not None:
+                handler(self, stmt, scope, loop, off, cls)
+            else:
+                self.other(stmt, scope, loop, off, cls)
 
     def stmt(self, node: ast.stmt, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
-        if isinstance(node, ast.Assign):
-            self.expr(node.value, scope, loop, off)
-            for target in node.targets:
-                self.target(target, node.value, node, scope, loop, off)
-            return
-        if isinstance(node, ast.Expr):
-            if type(node.value) is ast.Call:
-                first = len(scope.calls)
-                self.expr(node.value, scope, loop, off)
-                scope.calls[first].discarded = True
+        handler = _STMT_HANDLERS.get(type(node))
+        if handler is not None:
+            handler(self, node, scope, loop, off, cls)
+        else:
+            self.other(node, scope, loop, off, cls)
+
+    # One method per statement type (dispatched on the exact type: `ast.parse` makes no subclasses).
+    def assign(self, node: ast.Assign, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        value = node.value
+        self.expr(value, scope, loop, off)
+        for target in node.targets:
+            if type(target) is ast.Name:  # `name = ...`, the commonest target
+                scope.bindings.append(Binding(target.id, value, node, loop, off, (node.lineno, node.col_offset)))
             else:
-                self.expr(node.value, scope, loop, off)
-            return
-        if isinstance(node, ast.Return):
-            scope.returns.append(node)
-            if node.value is not None:
-                self.expr(node.value, scope, loop, off)
-            return
-        if isinstance(node, ast.Import):
+                self.target(target, value, node, scope, loop, off)
+
+    def expression(self, node: ast.Expr, scope: FunctionScope, loop: Optional[Loop], off: bool,
+                   cls: Optional[str]) -> None:
+        if type(node.value) is ast.Call:
+            first = len(scope.calls)
+            self.expr(node.value, scope, loop, off)
+            scope.calls[first].discarded = True
+        else:
+            self.expr(node.value, scope, loop, off)
+
+    def return_(self, node: ast.Return, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        scope.returns.append(node)
+        if node.value is not None:
+            self.expr(node.value, scope, loop, off)
+
+    def import_(self, node: ast.Import, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        self.imports += 1
+        for a in node.names:
+            if a.asname:
+                self.aliases[a.asname] = a.name
+
+    def import_from(self, node: ast.ImportFrom, scope: FunctionScope, loop: Optional[Loop], off: bool,
+                    cls: Optional[str]) -> None:
+        self.imports += 1
+        if node.module and not node.level:
             for a in node.names:
-                if a.asname:
-                    self.aliases[a.asname] = a.name
-            return
-        if isinstance(node, ast.ImportFrom):
-            if node.module and not node.level:
-                for a in node.names:
-                    self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
-            return
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            for d in node.decorator_list:
-                self.expr(d, scope, loop, off)
-            decorated_off = any(self.is_grad_off(d) or last(resolve(d, self.aliases)) in _GRAD_OFF for d in node.decorator_list)
-            inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop, parent=scope)
-            self.scopes.append(inner)
-            for param in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
-                inner.bindings.append(Binding(param.arg, None, param, None, decorated_off, (node.lineno, node.col_offset)))
-            # A Lightning-style step method runs once per batch: its body is a loop body.
-            step_loop = Loop(node, None) if cls and node.name == "training_step" else None
-            if step_loop:
-                inner.loops.append(step_loop)
-            self.body(node.body, inner, step_loop, decorated_off, None)
-            return
-        if isinstance(node, ast.ClassDef):
-            self.classes[node.name] = [resolve(b, self.aliases) for b in node.bases]
-            for d in node.decorator_list:
-                self.expr(d, scope, loop, off)
-            self.body(node.body, scope, loop, off, node.name)
-            return
-        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
-            if isinstance(node, ast.While):
-                self.expr(node.test, scope, loop, off)
-            else:
-                self.expr(node.iter, scope, loop, off)
-            inner_loop = Loop(node, loop)
-            scope.loops.append(inner_loop)
-            if not isinstance(node, ast.While):
-                for name in _target_names(node.target):
-                    scope.bindings.append(Binding(name, node.iter, node, inner_loop, off, (node.lineno, node.col_offset)))
-            self.body(node.body, scope, inner_loop, off, cls)
-            self.body(node.orelse, scope, loop, off, cls)
-            return
-        if isinstance(node, (ast.With, ast.AsyncWith)):
-            inner_off = off
-            for item in node.items:
-                self.expr(item.context_expr, scope, loop, off)
-                if self.is_grad_off(item.context_expr):
-                    inner_off = True
-                if item.optional_vars is not None:
-                    for name in _target_names(item.optional_vars):
-                        scope.bindings.append(Binding(name, item.context_expr, node, loop, off, (node.lineno, node.col_offset)))
-            self.body(node.body, scope, loop, inner_off, cls)
-            return
-        if isinstance(node, ast.AnnAssign):
-            if node.value is not None:
-                self.expr(node.value, scope, loop, off)
-                self.target(node.target, node.value, node, scope, loop, off)
-            return
-        if isinstance(node, ast.AugAssign):
+                self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+
+    def function(self, node: Union[ast.FunctionDef, ast.AsyncFunctionDef], scope: FunctionScope, loop: Optional[Loop],
+                 off: bool, cls: Optional[str]) -> None:
+        decorated_off = False
+        for d in node.decorator_list:
+            self.expr(d, scope, loop, off)
+            decorated_off = decorated_off or self.is_grad_off(d) or last(resolve(d, self.aliases)) in _GRAD_OFF
+        inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop, parent=scope)
+        self.scopes.append(inner)
+        pos = (node.lineno, node.col_offset)
+        for param in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+            inner.bindings.append(Binding(param.arg, None, param, None, decorated_off, pos))
+        # A Lightning-style step method runs once per batch: its body is a loop body.
+        step_loop = Loop(node, None) if cls and node.name == "training_step" else None
+        if step_loop:
+            inner.loops.append(step_loop)
+        self.body(node.body, inner, step_loop, decorated_off, None)
+
+    def class_(self, node: ast.ClassDef, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        self.classes[node.name] = [resolve(b, self.aliases) for b in node.bases]
+        for d in node.decorator_list:
+            self.expr(d, scope, loop, off)
+        self.body(node.body, scope, loop, off, node.name)
+
+    def for_(self, node: Union[ast.For, ast.AsyncFor], scope: FunctionScope, loop: Optional[Loop], off: bool,
+             cls: Optional[str]) -> None:
+        self.expr(node.iter, scope, loop, off)
+        inner_loop = Loop(node, loop)
+        scope.loops.append(inner_loop)
+        for name in _target_names(node.target):
+            scope.bindings.append(Binding(name, node.iter, node, inner_loop, off, (node.lineno, node.col_offset)))
+        self.body(node.body, scope, inner_loop, off, cls)
+        self.body(node.orelse, scope, loop, off, cls)
+
+    def while_(self, node: ast.While, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        self.expr(node.test, scope, loop, off)
+        inner_loop = Loop(node, loop)
+        scope.loops.append(inner_loop)
+        self.body(node.body, scope, inner_loop, off, cls)
+        self.body(node.orelse, scope, loop, off, cls)
+
+    def with_(self, node: Union[ast.With, ast.AsyncWith], scope: FunctionScope, loop: Optional[Loop], off: bool,
+              cls: Optional[str]) -> None:
+        inner_off = off
+        for item in node.items:
+            self.expr(item.context_expr, scope, loop, off)
+            if self.is_grad_off(item.context_expr):
+                inner_off = True
+            if item.optional_vars is not None:
+                for name in _target_names(item.optional_vars):
+                    scope.bindings.append(Binding(name, item.context_expr, node, loop, off, (node.lineno, node.col_offset)))
+        self.body(node.body, scope, loop, inner_off, cls)
+
+    def ann_assign(self, node: ast.AnnAssign, scope: FunctionScope, loop: Optional[Loop], off: bool,
+                   cls: Optional[str]) -> None:
+        if node.value is not None:
             self.expr(node.value, scope, loop, off)
-            key = ref(node.target)
-            if key is not None:
-                scope.bindings.append(Binding(key, node.value, node, loop, off, (node.lineno, node.col_offset), augmented=True))
-            else:
-                self.expr(node.target, scope, loop, off)
-            return
+            self.target(node.target, node.value, node, scope, loop, off)
+
+    def aug_assign(self, node: ast.AugAssign, scope: FunctionScope, loop: Optional[Loop], off: bool,
+                   cls: Optional[str]) -> None:
+        self.expr(node.value, scope, loop, off)
+        key = ref(node.target)
+        if key is not None:
+            scope.bindings.append(Binding(key, node.value, node, loop, off, (node.lineno, node.col_offset), augmented=True))
+        else:
+            self.expr(node.target, scope, loop, off)
+
+    def other(self, node: ast.stmt, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+        """Any other statement (`if`, `try`, `match`, `raise`, ...): its sub-statements, expressions and clauses."""
         for f in child_fields(type(node)):
             value = getattr(node, f, None)
             for child in value if type(value) is list else (value,):
@@ -277,28 +328,49 @@ class _Indexer:
         self.expr(target, scope, loop, off)
 
     def expr(self, node: ast.expr, scope: FunctionScope, loop: Optional[Loop], off: bool) -> None:
-        """Record the calls in `node`: pre-order, a node's children from its last field to its first."""
-        calls = scope.calls
+        """Record the calls in `node` (callee resolved, method name, receiver): pre-order, a node's children
+        from its last field to its first."""
+        calls, aliases = scope.calls, self.aliases
+        Name, Constant, Attribute, Call, keyword, Lambda = _Name, _Constant, _Attribute, _Call, _keyword, _Lambda
+        fields_of = _CHILD_FIELDS
         stack: list = [node]
         pop, push, extend = stack.pop, stack.append, stack.extend
         while stack:
             n = pop()
             t = type(n)
             # The commonest nodes first; each pushes exactly the children the generic walk below would.
-            if t is ast.Name or t is ast.Constant:
+            if t is Name or t is Constant:
                 continue
-            if t is ast.Attribute or t is ast.keyword:
+            if t is Attribute or t is keyword:
                 push(n.value)
                 continue
-            if t is ast.Call:
-                calls.append(self.call_site(n, loop, off))
-                push(n.func)
+            if t is Call:
+                func = n.func
+                ft = type(func)
+                # A callee `name` or `name.attr` holds no call: it is not walked.
+                if ft is Attribute:
+                    value = func.value
+                    if type(value) is Name:  # `name.attr(...)`, by far the commonest callee
+                        vid = value.id
+                        calls.append(CallSite(n, f"{aliases.get(vid, vid)}.{func.attr}", func.attr, vid, loop, off,
+                                              (n.lineno, n.col_offset)))
+                    else:
+                        calls.append(CallSite(n, resolve(func, aliases), func.attr, ref(value), loop, off,
+                                              (n.lineno, n.col_offset)))
+                        push(value)
+                elif ft is Name:
+                    qual = aliases.get(func.id, func.id)
+                    calls.append(CallSite(n, qual, last(qual), None, loop, off, (n.lineno, n.col_offset)))
+                else:
+                    qual = resolve(func, aliases)
+                    calls.append(CallSite(n, qual, last(qual), None, loop, off, (n.lineno, n.col_offset)))
+                    push(func)
                 extend(n.args)
                 extend(n.keywords)
                 continue
-            if n is None or t is ast.Lambda:
+            if n is None or t is Lambda:
                 continue
-            for f in child_fields(t):
+            for f in fields_of.get(t) or child_fields(t):
                 v = getattr(n, f, None)
                 if v is None:
                     continue
@@ -307,16 +379,17 @@ class _Indexer:
                 else:
                     push(v)
 
-    def call_site(self, node: ast.Call, loop: Optional[Loop], off: bool) -> CallSite:
-        """The call with its context: callee resolved, method name and receiver."""
-        func = node.func
-        qual = resolve(func, self.aliases)
-        pos = (node.lineno, node.col_offset)
-        if type(func) is ast.Attribute:
-            return CallSite(node, qual, func.attr, ref(func.value), loop, off, pos)
-        return CallSite(node, qual, last(qual), None, loop, off, pos)
 
-
+_position = attrgetter("pos")
+_Name, _Constant, _Attribute, _Call = ast.Name, ast.Constant, ast.Attribute, ast.Call
+_keyword, _Lambda = ast.keyword, ast.Lambda
+_STMT_HANDLERS: dict[type, Callable[..., None]] = {
+    ast.Assign: _Indexer.assign, ast.Expr: _Indexer.expression, ast.Return: _Indexer.return_,
+    ast.Import: _Indexer.import_, ast.ImportFrom: _Indexer.import_from, ast.FunctionDef: _Indexer.function,
+    ast.AsyncFunctionDef: _Indexer.function, ast.ClassDef: _Indexer.class_, ast.For: _Indexer.for_,
+    ast.AsyncFor: _Indexer.for_, ast.While: _Indexer.while_, ast.With: _Indexer.with_, ast.AsyncWith: _Indexer.with_,
+    ast.AnnAssign: _Indexer.ann_assign, ast.AugAssign: _Indexer.aug_assign,
+}
 # Clauses with a statement body of their own (`match` exists from Python 3.10).
 _BLOCKS = (ast.ExceptHandler, ast.match_case) if hasattr(ast, "match_case") else (ast.ExceptHandler,)
 # Expression fields that never hold a sub-expression (walking them, or `ctx`/operator nodes, is wasted time).

@@ -66,6 +66,13 @@ class Module:
     methods: dict[tuple[str, str], FunctionScope] = field(default_factory=dict)  # (class, name) -> method
     parents: dict[int, FunctionScope] = field(default_factory=dict)  # id(def node) -> enclosing function
     local_defs: dict[int, dict[str, FunctionScope]] = field(default_factory=dict)  # id(function) -> its defs
+    callable_classes: set[str] = field(default_factory=set)  # classes with a top-level `__call__` method
+    data: Optional[bytes] = None  # the bytes read to parse it, until the run lints the file (see `take_data`)
+
+    def take_data(self) -> Optional[bytes]:
+        """The bytes this module was parsed from, handed over once (linting the file needs not read it again)."""
+        data, self.data = self.data, None
+        return data
 
     def imports(self, program: "Program") -> dict[str, tuple[Optional[str], Optional[str]]]:
         """The import table, resolved to project files on first use: name -> (file, attribute or None for a
@@ -115,6 +122,19 @@ class Program:
             found = self._roots[folder] = find_root(folder)
         return found
 
+    def release(self, root: str) -> None:
+        """Forget the modules under `root` and the answers keyed by their nodes: the run has linted that project
+        and moves on, so memory holds one project's trees at a time (a later question parses them again)."""
+        prefix = os.path.join(root, "")
+        gone = {path for path in self._modules if path.startswith(prefix)}
+        if not gone:
+            return
+        for path in gone:
+            del self._modules[path]
+        self._summaries = {k: v for k, v in self._summaries.items() if k[0] not in gone}
+        self._wrappers = {k: v for k, v in self._wrappers.items() if k[0] not in gone}
+        self._callers = {}  # keyed by the ids of functions that may be among the freed ones: found again on demand
+
     def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
         """Register a module already parsed by the run (so it is not parsed twice)."""
         module = self._modules.get(path)
@@ -122,17 +142,21 @@ class Program:
             module = self._modules[path] = _module(path, tree, index, self)
         return module
 
-    def module(self, path: str) -> Optional[Module]:
-        """The module at absolute `path`, parsed from disk once; None when it cannot be read or parsed."""
+    def module(self, path: str, data: Optional[bytes] = None) -> Optional[Module]:
+        """The module at absolute `path` (whose bytes are `data` when the caller read them already), parsed once;
+        None when it cannot be read or parsed."""
         self.touched.add(path)
         if path in self._modules:
             return self._modules[path]
         module = None
         try:
-            if os.path.getsize(path) <= _MAX_MODULE_BYTES:
+            if data is None and os.path.getsize(path) <= _MAX_MODULE_BYTES:
                 with open(path, "rb") as fh:
-                    tree = ast.parse(fh.read(), filename=path)
+                    data = fh.read()
+            if data is not None and len(data) <= _MAX_MODULE_BYTES:
+                tree = ast.parse(data, filename=path)
                 module = _module(path, tree, build_index(tree), self)
+                module.data = data
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
             module = None
         self._modules[path] = module
@@ -179,16 +203,18 @@ class Program:
         """The function a call runs, when the project defines it: a closure or local def, a method of the same
         class (`self.f()`), a module function, or an imported one (`f()`, `mod.f()`)."""
         func = call.node.func
-        if isinstance(func, ast.Name):
+        if type(func) is ast.Name:
             inner: Optional[FunctionScope] = scope
-            while inner is not None and not isinstance(inner.node, ast.Module):  # closures, innermost first
-                local = module.local_defs.get(id(inner.node), {}).get(func.id)
+            local_defs = module.local_defs
+            while inner is not None and type(inner.node) is not ast.Module:  # closures, innermost first
+                defs = local_defs.get(id(inner.node))
+                local = defs.get(func.id) if defs is not None else None
                 if local is not None:
                     return module, local
                 inner = module.parents.get(id(inner.node))
-            instance = self._instance_call(module, scope, func.id)
+            instance = self._instance_call(module, scope, func.id) if module.callable_classes else None
             return instance if instance is not None else self.lookup(module, func.id)
-        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+        if type(func) is ast.Attribute and type(func.value) is ast.Name:
             if func.value.id in ("self", "cls") and scope.class_name is not None:
                 method = module.methods.get((scope.class_name, func.attr))
                 return (module, method) if method is not None else None
@@ -336,11 +362,12 @@ class Program:
                 if other is None and path not in self._modules:
                     try:
                         with open(path, "rb") as fh:
-                            if word not in fh.read():
-                                continue
+                            data = fh.read()
                     except OSError:
                         continue
-                    other = self.module(path)
+                    if word not in data:
+                        continue
+                    other = self.module(path, data)
                 if other is not None:
                     self._index_calls(other, name, found)
             self._callers[key] = found
@@ -379,6 +406,8 @@ def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -
                 module.functions[inner.name] = inner
             else:
                 module.methods[(inner.class_name, inner.name)] = inner
+                if inner.name == "__call__":
+                    module.callable_classes.add(inner.class_name)
         else:
             module.parents[id(inner.node)] = scope
             module.local_defs.setdefault(id(scope.node), {})[inner.name] = inner
@@ -388,7 +417,9 @@ def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -
 def _import_table(module: Module, program: Program) -> dict[str, tuple[Optional[str], Optional[str]]]:
     table: dict[str, tuple[Optional[str], Optional[str]]] = {}
     path = module.path
-    for stmt in _statements(module.tree.body):
+    body = module.tree.body
+    top = [stmt for stmt in body if type(stmt) is ast.Import or type(stmt) is ast.ImportFrom]
+    for stmt in top if len(top) == module.index.imports else _statements(body):
         if isinstance(stmt, ast.Import):
             for a in stmt.names:
                 if (a.asname or "." not in a.name) and a.name.split(".")[0] not in _EXTERNAL:

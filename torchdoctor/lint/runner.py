@@ -40,9 +40,12 @@ class LintResult:
 def read_source(path: str, display: str, project: Optional[ProjectFacts] = None) -> SourceFile:
     """Read and parse one file; a file that cannot be read, decoded or parsed carries a `problem` instead of a tree."""
     view = ProjectView(project if project is not None else ProjectFacts(), display, os.path.abspath(path))
+    known = view.facts.program.parsed(view.abspath or "")
+    data = known.take_data() if known is not None else None  # read already to answer another file's question
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        if data is None:
+            with open(path, "rb") as fh:
+                data = fh.read()
     except OSError as exc:
         return SourceFile(display, "", problem=f"could not be read: {exc.strerror or exc}", project=view)
     if len(data) > MAX_FILE_BYTES:
@@ -51,7 +54,6 @@ def read_source(path: str, display: str, project: Optional[ProjectFacts] = None)
     text, problem, line = _decode(data)
     if problem:
         return SourceFile(display, "", problem=problem, problem_line=line, project=view)
-    known = view.facts.program.parsed(view.abspath or "")
     if known is not None:  # parsed already to answer another file's question: same bytes, same tree
         src = SourceFile(display, text, known.tree, project=view)
         src.__dict__["index"] = view.index = known.index
@@ -215,11 +217,22 @@ def _can_fork() -> bool:
 def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall],
                 project: ProjectFacts, progress: Optional[Callable[[int, int], None]] = None) -> list[FileResult]:
     results = []
+    program, root = project.program, None
     for path, display in files:
+        here = program.root_of(os.path.abspath(path))
+        if here != root:
+            if root is not None and not _nested(here, root) and not _nested(root, here):
+                program.release(root)  # files come folder by folder: the run has left that project for good
+            root = here
         results.append(_check(read_source(path, display, project), checks))
         if progress is not None:
             progress(len(results), len(files))
     return results
+
+
+def _nested(inner: str, outer: str) -> bool:
+    """Whether folder `inner` lies inside folder `outer`."""
+    return inner.startswith(os.path.join(outer, ""))
 
 
 def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:

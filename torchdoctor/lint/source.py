@@ -71,6 +71,9 @@ class ProjectView:
     tree: Optional[ast.Module] = None
     index: Optional[ModuleIndex] = None
     asked: list[tuple] = field(default_factory=list)
+    # (id(scope), id(call)) -> callee's answer: several checks resolve the same calls; the first ask recorded
+    # what the answer read, so a repeat reads and records nothing new.
+    _callees: dict[tuple[int, int], Optional[tuple[FunctionScope, Summary]]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def module(self) -> Optional[Module]:
@@ -95,10 +98,20 @@ class ProjectView:
     def callee(self, scope: FunctionScope, call: CallSite) -> Optional[tuple[FunctionScope, Summary]]:
         """The project function a call runs (closure, same-class method, module or imported function) and its
         summary; None when it is not defined in the project."""
-        def ask(program: Program, module: Module) -> Optional[tuple[FunctionScope, Summary]]:
+        key = (id(scope), id(call))
+        if key in self._callees:
+            return self._callees[key]
+        answer = None  # asked for most calls of a file: `_ask` written out, without a closure per call
+        module = self.module
+        if module is not None:
+            program = self.facts.program
+            program.touched = set()
             found = program.resolve_call(module, scope, call)
-            return (found[1], program.summary(*found)) if found is not None else None
-        return self._ask(ask, None)
+            if found is not None:
+                answer = (found[1], program.summary(*found))
+            self._record(program, module)
+        self._callees[key] = answer
+        return answer
 
     def imported_module_mentions(self, text: str) -> bool:
         """Whether a project module this file imports (or one those import) has the string constant `text`."""
@@ -125,10 +138,16 @@ class ProjectView:
         program = self.facts.program
         program.touched = set()
         answer = question(program, module)
-        recorded = {q[1] for q in self.asked if q[0] == "file"}
-        for path in sorted(program.touched - recorded - {module.path}) if record_files else ():
-            self.asked.append(("file", path, stamp(path)))
+        if record_files:
+            self._record(program, module)
         return answer
+
+    def _record(self, program: Program, module: Module) -> None:
+        """Record the stamps of the other modules the last answer read (most answers read none)."""
+        if program.touched:
+            recorded = {q[1] for q in self.asked if q[0] == "file"}
+            for path in sorted(program.touched - recorded - {module.path}):
+                self.asked.append(("file", path, stamp(path)))
 
 
 @dataclass(frozen=True)
