@@ -1,7 +1,6 @@
 """cuda-tensors: tensors were saved on a GPU, so loading on a CPU-only or smaller machine fails."""
 from __future__ import annotations
 
-from collections import Counter
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
@@ -58,7 +57,7 @@ CUDA_TENSORS = Pitfall(
 def cuda_tensors(info: CheckpointInfo) -> Iterator[Finding]:
     """Tensors whose saved device is an accelerator (a warning beyond cuda:0, else info)."""
     table = info.table
-    devices = Counter(table.unique(table.locations))
+    devices = table.device_counts()
     for dev in ("cpu", "meta", "unknown"):
         devices.pop(dev, None)
     first = {dev: show_path(table.path(table.locations.index(dev))) for dev in devices}

@@ -85,6 +85,10 @@ class TensorTable:
         """The device each reference was saved on ("meta" for tensors without storage)."""
         return [s.location if s is not None else "meta" for s in self.storages]
 
+    def device_counts(self) -> Counter[str]:
+        """How many distinct tensors were saved on each device."""
+        return Counter(self.unique(self.locations))
+
     def storage_totals(self) -> tuple[Counter[str], Counter[str]]:
         """Bytes of the distinct storages by dtype (of the first tensor viewing each) and by device."""
         metas, storages = self.unique(self.metas), self.unique(self.storages)
@@ -184,6 +188,9 @@ class HeaderTable(TensorTable):
     @cached_property
     def locations(self) -> list[str]:
         return ["cpu"] * len(self.header)
+
+    def device_counts(self) -> Counter[str]:
+        return Counter({"cpu": len(self.header)} if len(self.header) else {})
 
     @cached_property
     def _storage_bytes(self) -> list[int]:
