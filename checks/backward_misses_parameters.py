@@ -96,7 +96,7 @@ class BackwardMissesParameters(RuntimeCheck):
         def backward() -> None:
             since.reached = True
 
-        if self.ctx.graphs.track(out, on_backward=backward, count=False):  # graph-retention-leak counts it
+        if self.ctx.graphs.track(out, on_backward=backward):
             since.built += 1
 
     def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:

@@ -119,3 +119,22 @@ def test_reinforce_episodes_of_growing_length_freed_at_each_step_are_quiet():
             opt.step()
             del saved_log_probs[:], rewards[:]
     assert s.findings == []
+
+
+def test_checks_watching_one_forward_share_one_sentinel_on_its_graph():
+    from torchdoctor.watch.graphs import GraphTracker
+
+    tracker = GraphTracker()
+    w = torch.ones(3, requires_grad=True)
+    out = (w * 2).sum()
+    seen: list[str] = []
+    assert tracker.track(out, on_backward=lambda: seen.append("a"), on_free=lambda reached: seen.append(f"a{reached}"))
+    assert tracker.track(out, on_backward=lambda: seen.append("b"))
+    assert tracker.sentinels == 1
+    out.backward()
+    assert seen == ["a", "b"]
+    again = (w * 3).sum()
+    assert tracker.track(again) and tracker.sentinels == 2  # another graph, its own sentinel
+    del out
+    assert seen == ["a", "b", "aTrue"] and tracker.sentinels == 1
+    assert not tracker.track(torch.ones(2))  # no graph

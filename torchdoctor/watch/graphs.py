@@ -9,72 +9,87 @@ tensors and make ``torch.func`` transforms refuse to run inside the session.
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any, Callable, Iterable, Optional
 
 import torch
 
 
 class _Sentinel:
-    __slots__ = ("tracker", "key", "on_backward", "on_free", "reached")
+    """The one pre-hook on a tracked graph's output node: every check that tracks the graph adds its callbacks."""
 
-    def __init__(self, tracker: "GraphTracker", key: int, on_backward: Optional[Callable[[], None]],
-                 on_free: Optional[Callable[[bool], None]]) -> None:
+    __slots__ = ("tracker", "key", "on_backward", "on_free", "reached", "__weakref__")
+
+    def __init__(self, tracker: "GraphTracker", key: int) -> None:
         self.tracker, self.key = tracker, key
-        self.on_backward, self.on_free = on_backward, on_free
+        self.on_backward: list[Callable[[], None]] = []
+        self.on_free: list[Callable[[bool], None]] = []
         self.reached = False
+
+    def add(self, on_backward: Optional[Callable[[], None]], on_free: Optional[Callable[[bool], None]]) -> None:
+        if on_backward is not None:
+            self.on_backward.append(on_backward)
+        if on_free is not None:
+            self.on_free.append(on_free)
 
     def __call__(self, grad_outputs: Any) -> None:
         if not self.reached:
             self.reached = True
-            if self.on_backward is not None and self.tracker.active:
-                try:
-                    self.on_backward()
-                except Exception:  # runs inside backward: counters only, and never raise there
-                    pass
+            if self.tracker.active:
+                for callback in self.on_backward:
+                    try:
+                        callback()
+                    except Exception:  # runs inside backward: counters only, and never raise there
+                        pass
         return None
 
     def __del__(self) -> None:
         self.tracker._handles.pop(self.key, None)
-        self.tracker._counted.discard(self.key)
-        if self.on_free is not None and self.tracker.active:
-            try:
-                self.on_free(self.reached)
-            except Exception:  # a finaliser must never raise into the user's code
-                pass
+        if self.tracker.active:
+            for callback in self.on_free:
+                try:
+                    callback(self.reached)
+                except Exception:  # a finaliser must never raise into the user's code
+                    pass
 
 
 class GraphTracker:
-    """Sentinels on autograd graphs; `stop()` removes those of graphs that are still alive."""
+    """Sentinels on autograd graphs, one per graph; `stop()` removes those of graphs that are still alive."""
 
     def __init__(self) -> None:
         self.active = True
         self._handles: dict[int, Any] = {}
-        self._counted: set[int] = set()  # the sentinels that stand for a graph in `sentinels`
         self._keys = itertools.count()
+        # The output tracked last and its sentinel (weakly: neither the graph nor its finaliser is held), so the
+        # checks that look at one forward share one pre-hook.
+        self._last: Optional[tuple[weakref.ref[torch.Tensor], weakref.ref[_Sentinel]]] = None
 
     def stop(self) -> None:
         self.active = False
         for handle in list(self._handles.values()):
             handle.remove()
         self._handles.clear()
-        self._counted.clear()
+        self._last = None
 
     @property
     def sentinels(self) -> int:
-        """Tracked graphs still alive (sentinels put with `count=True`)."""
-        return len(self._counted)
+        """Tracked graphs still alive."""
+        return len(self._handles)
 
     def track(self, tensor: torch.Tensor, on_backward: Optional[Callable[[], None]] = None,
-              on_free: Optional[Callable[[bool], None]] = None, count: bool = True) -> bool:
-        """Put a sentinel on `tensor`'s graph; False when it has none (no grad, or an inference tensor).
-        `count=False` for a second sentinel on a graph that another check already counts."""
+              on_free: Optional[Callable[[bool], None]] = None) -> bool:
+        """Call `on_backward` when backward first reaches `tensor`'s graph and `on_free(reached)` when the graph
+        is freed; False when it has none (no grad, or an inference tensor)."""
         fn = tensor.grad_fn
         if fn is None or not self.active:
             return False
-        key = next(self._keys)
-        self._handles[key] = fn.register_prehook(_Sentinel(self, key, on_backward, on_free))
-        if count:
-            self._counted.add(key)
+        last = self._last
+        sentinel = last[1]() if last is not None and last[0]() is tensor else None
+        if sentinel is None or sentinel.reached:
+            sentinel = _Sentinel(self, next(self._keys))
+            self._handles[sentinel.key] = fn.register_prehook(sentinel)
+            self._last = (weakref.ref(tensor), weakref.ref(sentinel))
+        sentinel.add(on_backward, on_free)
         return True
 
 
