@@ -16,23 +16,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from torchdoctor.settings import cache_dir
+
 GROUP = "torchdoctor.checks"
 _FILE = "plugins.json"
 _FORMAT = 2
 _KEPT = 8  # answers kept: the console script and `python -m` from a few folders see different search paths
-
-
-def cache_dir() -> str:
-    """$TORCHDOCTOR_CACHE_DIR, else the platform's per-user cache folder (XDG on Linux) + `torchdoctor`."""
-    if os.environ.get("TORCHDOCTOR_CACHE_DIR"):
-        return os.environ["TORCHDOCTOR_CACHE_DIR"]
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser(r"~\AppData\Local")
-    elif sys.platform == "darwin":
-        base = os.path.expanduser("~/Library/Caches")
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return os.path.join(base, "torchdoctor")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@
 `select` and `fail-on` of a later layer replace the earlier ones; `ignore` and `exclude` add up.
 The project and environment layers are shared by every front door, so each door skips the names that
 belong to another door; the caller's own names must all fit the door (see `torchdoctor.selection`).
+`cache_dir()` is where the lint results and the plug-in list are cached (`TORCHDOCTOR_CACHE_DIR` moves it).
 """
 from __future__ import annotations
 
@@ -203,3 +204,16 @@ def _fail_on(value: Any, where: str) -> str:
     if value not in FAIL_ON:
         raise SettingsError(f"{where} must be one of {', '.join(FAIL_ON)}, not {value!r}")
     return str(value)
+
+
+def cache_dir() -> str:
+    """$TORCHDOCTOR_CACHE_DIR, else the platform's per-user cache folder (XDG on Linux) + `torchdoctor`."""
+    if os.environ.get("TORCHDOCTOR_CACHE_DIR"):
+        return os.environ["TORCHDOCTOR_CACHE_DIR"]
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.expanduser(r"~\AppData\Local")
+    elif sys.platform == "darwin":
+        base = os.path.expanduser("~/Library/Caches")
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "torchdoctor")

@@ -8,7 +8,8 @@ from click.testing import CliRunner
 from torchdoctor import registry
 from torchdoctor.cli import cli
 from torchdoctor.findings import Severity
-from torchdoctor.lint.cache import LintCache, default_cache_dir
+from torchdoctor.lint.cache import LintCache
+from torchdoctor.settings import cache_dir as default_cache_dir
 from torchdoctor.lint.runner import lint_paths
 from pitfall_factory import make_pitfall
 

@@ -18,7 +18,6 @@ from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
 from torchdoctor import __version__, registry
-from torchdoctor.plugins import cache_dir as default_cache_dir
 from torchdoctor.findings import Finding
 from torchdoctor.lint.source import Edit, FixableFinding, ProjectFacts
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.findings import Finding
-from torchdoctor.lint.cache import LintCache, default_cache_dir
+from torchdoctor.lint.cache import LintCache
+from torchdoctor.settings import cache_dir
 from torchdoctor.lint.files import Pattern, compile_pattern
 from torchdoctor.lint.fixes import apply_edits, file_edits
 from torchdoctor.lint.runner import LintResult, lint_paths, read_source
@@ -33,7 +34,7 @@ class Linter:
             compiled = compile_pattern(pattern, base) if base is not None else pattern
             if compiled is not None:
                 self.excludes.append(compiled)
-        self.cache = LintCache(default_cache_dir(), settings.root or os.getcwd(), self.checks) if use_cache else None
+        self.cache = LintCache(cache_dir(), settings.root or os.getcwd(), self.checks) if use_cache else None
 
     def run(self, cached: bool = True, show_progress: bool = False) -> LintResult:
         """Lint every file (raises FileNotFoundError for a path that does not exist); `cached=False` checks
