@@ -6,7 +6,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterator
 
-from torchdoctor.sdk.source import Binding, FunctionScope, ModuleIndex, is_optimizer_ctor, ref
+from torchdoctor.sdk.source import Binding, FunctionScope, ModuleIndex, optimizer_bindings, ref
 
 
 @dataclass
@@ -18,10 +18,19 @@ class Built:
     binding: Binding
 
 
-def optimizers_built(scope: FunctionScope, index: ModuleIndex) -> Iterator[Built]:
-    """Every optimizer `scope` builds from `<model>.parameters()` or `<model>.named_parameters()`."""
-    for b in scope.bindings:
-        if b.augmented or type(b.value) is not ast.Call or not is_optimizer_ctor(b.value, index):
+def optimizers_built(scope: FunctionScope, index: ModuleIndex) -> list[Built]:
+    """Every optimizer `scope` builds from `<model>.parameters()` or `<model>.named_parameters()` (worked out
+    once per function: several rules ask)."""
+    question = ("optimizers built", id(scope))
+    found = index.memo.get(question)
+    if found is None:
+        found = index.memo[question] = list(_built(scope, index))
+    return found
+
+
+def _built(scope: FunctionScope, index: ModuleIndex) -> Iterator[Built]:
+    for b in optimizer_bindings(scope, index):
+        if b.augmented or type(b.value) is not ast.Call:
             continue
         for node in ast.walk(b.value):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \

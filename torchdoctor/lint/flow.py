@@ -9,7 +9,7 @@ import ast
 import re
 from typing import Iterable, Iterator, Optional
 
-from torchdoctor.lint.index import CallSite, FunctionScope, Loop, ModuleIndex, child_fields, last, ref, resolve
+from torchdoctor.lint.index import Binding, CallSite, FunctionScope, Loop, ModuleIndex, child_fields, last, ref, resolve
 
 OPTIMIZER_CLASSES = frozenset({
     "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "Adafactor", "ASGD", "LBFGS", "NAdam", "RAdam",
@@ -38,8 +38,15 @@ def is_optimizer_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
         attr = func.attr
         if attr == "optimizers" or attr in OPTIMIZER_CLASSES:
             return True
-        return attr[:1].isupper() and qualname(func, index).startswith("torch.optim.")
-    qual = index.aliases.get(func.id, func.id) if type(func) is ast.Name else qualname(func, index)
+        if not attr[:1].isupper():
+            return False
+        if type(func.value) is ast.Name:  # `base.Attr(...)`: from torch.optim when `base` is
+            base = index.aliases.get(func.value.id, func.value.id)
+            return base == "torch.optim" or base.startswith("torch.optim.")
+        return qualname(func, index).startswith("torch.optim.")
+    if type(func) is ast.Name and func.id not in index.aliases:  # a plain name: its own last segment
+        return func.id in OPTIMIZER_CLASSES
+    qual = index.aliases[func.id] if type(func) is ast.Name else qualname(func, index)
     return last(qual) in OPTIMIZER_CLASSES or qual.startswith("torch.optim.") and last(qual)[:1].isupper()
 
 
@@ -53,11 +60,21 @@ def is_optimizer(key: Optional[str], scope: FunctionScope, index: ModuleIndex) -
     if _OPTIMIZER_NAME.match(name):
         return True
     if "." not in key:
-        return any(is_optimizer_ctor(b.value, index) for b in scope.bindings_of(key))
-    found = index.optimizer_attrs.get(key)
+        return any(b.target == key for b in optimizer_bindings(scope, index))
+    question = ("optimizer attribute", key)
+    found = index.memo.get(question)
     if found is None:  # an attribute may be bound in any function (`self.opt = ...` in `__init__`): asked once
-        found = index.optimizer_attrs[key] = any(is_optimizer_ctor(b.value, index)
-                                                 for s in index.scopes for b in s.bindings_of(key))
+        found = index.memo[question] = any(b.target == key for s in index.scopes for b in optimizer_bindings(s, index))
+    return found
+
+
+def optimizer_bindings(scope: FunctionScope, index: ModuleIndex) -> list[Binding]:
+    """The bindings of `scope` whose value builds an optimizer (worked out once per function)."""
+    question = ("optimizer bindings", id(scope))
+    found = index.memo.get(question)
+    if found is None:
+        found = index.memo[question] = [b for b in scope.bindings if (type(b.value) is ast.Call or type(b.value)
+                                        is ast.Subscript) and is_optimizer_ctor(b.value, index)]
     return found
 
 

@@ -10,7 +10,7 @@ import ast
 import sys
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 Pos = tuple  # (line, col): source order stands in for statement order inside one function
 # The records are made by the hundred thousand in a run: without a __dict__ (Python 3.10+) they are built and
@@ -142,8 +142,8 @@ class ModuleIndex:
     classes: dict[str, list[str]]  # class name -> dotted base names
     functions: dict[str, list[FunctionScope]]
     imports: int = 0  # import statements, at any depth (the import table reads only the top level when all are)
-    # attribute key (`self.opt`) -> whether some function of the module binds it to an optimizer (see flow)
-    optimizer_attrs: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
+    # what rules and their helpers work out once per module, keyed by the question and its arguments (see flow)
+    memo: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def all_calls(self) -> Iterator[CallSite]:
         for scope in self.scopes:

@@ -86,17 +86,100 @@ class Module:
         return any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(self.tree))
 
 
-@dataclass
 class Summary:
-    """What one function does, as far as the lint rules ask (computed once per function and run)."""
+    """What one function does, as far as the lint rules ask (one per function and run). Only `grad_off` is worked
+    out when it is made: most summaries are asked that alone (is a caller under no_grad?). The facts read from
+    the function's calls are found on first use, and those that follow the calls into other functions
+    (`set_epoch`, `clears_grads`, `returns_optimizer`) only when asked, each once."""
 
-    grad_off: bool  # decorated with no_grad/inference_mode, directly or through a project wrapper
-    forwards: frozenset[str]  # names (parameters or free variables) it calls as models with grad enabled
-    set_epoch: bool  # calls `.set_epoch(...)`, itself or through the functions it calls
-    returns_optimizer: bool = False  # returns a new torch optimizer (built here or by a function it calls)
-    clears_grads: bool = False  # calls zero_grad()/grad.zero_() or sets `.grad`, itself or through its calls
-    backward: bool = False  # runs a backward itself
-    steps: frozenset[str] = frozenset()  # names it steps as optimizers (`opt.step()`, `scaler.step(opt)`)
+    __slots__ = ("grad_off", "_program", "_module", "_scope", "_depth", "_local", "_reached", "_returns")
+
+    def __init__(self, program: "Program", module: Module, scope: FunctionScope, grad_off: bool, depth: int) -> None:
+        self.grad_off = grad_off  # decorated with no_grad/inference_mode, directly or through a project wrapper
+        self._program, self._module, self._scope, self._depth = program, module, scope, depth
+        self._local: Optional[tuple[frozenset[str], bool, frozenset[str], bool, bool]] = None
+        self._reached: list[Optional[bool]] = [None, None]  # see _reach
+        self._returns: Optional[bool] = None
+
+    @property
+    def forwards(self) -> frozenset[str]:
+        """Names (parameters or free variables) it calls as models with grad enabled."""
+        return self._facts()[0]
+
+    @property
+    def backward(self) -> bool:
+        """It runs a backward itself."""
+        return self._facts()[1]
+
+    @property
+    def steps(self) -> frozenset[str]:
+        """Names it steps as optimizers (`opt.step()`, `scaler.step(opt)`)."""
+        return self._facts()[2]
+
+    @property
+    def set_epoch(self) -> bool:
+        """It calls `.set_epoch(...)`, itself or through the functions it calls."""
+        return self._reach(0)
+
+    @property
+    def clears_grads(self) -> bool:
+        """It calls zero_grad()/grad.zero_() or sets `.grad`, itself or through the functions it calls."""
+        return self._reach(1)
+
+    @property
+    def returns_optimizer(self) -> bool:
+        """It returns a new torch optimizer, built here or by a function it calls."""
+        if self._returns is None:
+            self._returns = False  # while it is worked out: a recursive call returns none
+            self._returns = self._depth < _DEPTH and self._program._returns_optimizer(self._module, self._scope,
+                                                                                     self._depth)
+        return self._returns
+
+    def _facts(self) -> tuple[frozenset[str], bool, frozenset[str], bool, bool]:
+        """(forwards, backward, steps, set_epoch, clears) from the function's own body."""
+        if self._local is None:
+            scope, grad_off = self._scope, self.grad_off
+            forwards: set[str] = set()
+            steps: set[str] = set()
+            backward = set_epoch = False
+            clears = any(b.target.endswith(".grad") for b in scope.bindings)
+            for call in scope.calls:
+                attr = call.attr
+                if attr == "backward" or attr == "manual_backward":
+                    backward = True
+                elif attr == "step" and not call.node.keywords:
+                    args = call.node.args
+                    stepped = call.receiver if not args else ref(args[0]) if len(args) == 1 \
+                        and "scaler" in (call.receiver or "").lower() else None
+                    if stepped:
+                        steps.add(stepped)
+                elif attr == "set_epoch":
+                    set_epoch = True
+                elif attr == "zero_grad" or attr == "zero_":
+                    clears = True
+                if not (grad_off or call.grad_off):
+                    if type(call.node.func) is ast.Name:
+                        forwards.add(call.node.func.id)
+                    elif attr == "forward" and call.receiver:
+                        forwards.add(call.receiver)
+            self._local = (frozenset(forwards), backward, frozenset(steps), set_epoch, clears)
+        return self._local
+
+    def _reach(self, which: int) -> bool:
+        """Set-epoch (0) or clears-gradients (1), through the calls up to `_DEPTH` calls deep from where the summary
+        was first asked; each is followed only until it is found."""
+        reached = self._reached
+        if reached[which] is None:
+            found = self._facts()[3 + which]
+            reached[which] = found  # while it is worked out: a recursive call adds nothing
+            if not found and self._depth < _DEPTH:
+                program, module, scope = self._program, self._module, self._scope
+                for call in scope.calls:
+                    callee = program.resolve_call(module, scope, call)
+                    if callee is not None and program.summary(*callee, depth=self._depth + 1)._reach(which):
+                        reached[which] = True
+                        break
+        return bool(reached[which])
 
 
 class Program:
@@ -201,7 +284,8 @@ class Program:
 
     def resolve_call(self, module: Module, scope: FunctionScope, call: CallSite) -> Optional[tuple[Module, FunctionScope]]:
         """The function a call runs, when the project defines it: a closure or local def, a method of the same
-        class (`self.f()`), a module function, or an imported one (`f()`, `mod.f()`)."""
+        class (`self.f()`), a module function, or an imported one (`f()`, `mod.f()`). The answer depends only on
+        `scope` and the callee's name (`f` or `x.f`), which is what callers may memoise it by."""
         func = call.node.func
         if type(func) is ast.Name:
             inner: Optional[FunctionScope] = scope
@@ -236,45 +320,14 @@ class Program:
 
     # ---- summaries ----------------------------------------------------------------------------------------
     def summary(self, module: Module, scope: FunctionScope, depth: int = 0) -> Summary:
-        """The summary of one function (cached)."""
+        """The summary of one function (one per function and run; `depth` is how many calls deep it was first
+        reached, which bounds how far its own calls are followed)."""
         key = (module.path, id(scope.node))
         found = self._summaries.get(key)
-        if found is not None:
-            return found
-        self._summaries[key] = Summary(scope.grad_off, frozenset(), False)  # recursion guard
-        grad_off = scope.grad_off or self._wrapper_decorated(module, scope)
-        forwards = set()
-        set_epoch = False
-        clears = any(b.target.endswith(".grad") for b in scope.bindings)
-        backward = False
-        steps = set()
-        for call in scope.calls:
-            if call.attr in ("backward", "manual_backward"):
-                backward = True
-            if call.attr == "step" and not call.node.keywords:
-                stepped = call.receiver if not call.node.args else ref(call.node.args[0]) if len(call.node.args) == 1 \
-                    and "scaler" in (call.receiver or "").lower() else None
-                if stepped:
-                    steps.add(stepped)
-            if call.attr == "set_epoch":
-                set_epoch = True
-            if call.attr in ("zero_grad", "zero_"):
-                clears = True
-            if not (grad_off or call.grad_off):
-                if isinstance(call.node.func, ast.Name):
-                    forwards.add(call.node.func.id)
-                elif call.attr == "forward" and call.receiver:
-                    forwards.add(call.receiver)
-            if depth < _DEPTH and not (set_epoch and clears):
-                callee = self.resolve_call(module, scope, call)
-                if callee is not None:
-                    inner = self.summary(*callee, depth=depth + 1)
-                    set_epoch, clears = set_epoch or inner.set_epoch, clears or inner.clears_grads
-        result = Summary(grad_off, frozenset(forwards), set_epoch,
-                         self._returns_optimizer(module, scope, depth) if depth < _DEPTH else False, clears,
-                         backward, frozenset(steps))
-        self._summaries[key] = result
-        return result
+        if found is None:
+            found = self._summaries[key] = Summary(self, module, scope, scope.grad_off
+                                                   or self._wrapper_decorated(module, scope), depth)
+        return found
 
     def _returns_optimizer(self, module: Module, scope: FunctionScope, depth: int) -> bool:
         """A `return` gives back a torch optimizer built here (`torch.optim.X(...)`, directly or through a local

@@ -71,9 +71,9 @@ class ProjectView:
     tree: Optional[ast.Module] = None
     index: Optional[ModuleIndex] = None
     asked: list[tuple] = field(default_factory=list)
-    # (id(scope), id(call)) -> callee's answer: several checks resolve the same calls; the first ask recorded
-    # what the answer read, so a repeat reads and records nothing new.
-    _callees: dict[tuple[int, int], Optional[tuple[FunctionScope, Summary]]] = field(default_factory=dict, repr=False)
+    # (id(scope), callee name) -> answer: several checks ask about the same calls, and a function calls the same
+    # names again and again; the first ask recorded what the answer read, so a repeat reads and records nothing.
+    _callees: dict[tuple, Optional[tuple[FunctionScope, Summary]]] = field(default_factory=dict, repr=False)
 
     @cached_property
     def module(self) -> Optional[Module]:
@@ -98,7 +98,13 @@ class ProjectView:
     def callee(self, scope: FunctionScope, call: CallSite) -> Optional[tuple[FunctionScope, Summary]]:
         """The project function a call runs (closure, same-class method, module or imported function) and its
         summary; None when it is not defined in the project."""
-        key = (id(scope), id(call))
+        func = call.node.func  # the answer depends only on the scope and the callee's name (see resolve_call)
+        if type(func) is ast.Name:
+            key: tuple = (id(scope), func.id)
+        elif type(func) is ast.Attribute and type(func.value) is ast.Name:
+            key = (id(scope), func.value.id, func.attr)
+        else:
+            return None  # `f()(...)`, `a.b.c(...)`: never resolved to a project function
         if key in self._callees:
             return self._callees[key]
         answer = None  # asked for most calls of a file: `_ask` written out, without a closure per call
