@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
-    Binding, FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets, graph_refs, is_backward, ref,
+    BACKWARD_METHODS, Binding, FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets, graph_refs,
+    is_backward, ref,
 )
 
 if TYPE_CHECKING:
@@ -207,7 +208,7 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
             continue
         kept = _Backpropagated(scope)
         for b in scope.bindings:
-            if (b.augmented or _accumulates(b)) and b.loop is not None and not b.grad_off:
+            if b.loop is not None and not b.grad_off and (b.augmented or type(b.value) is ast.BinOp and _accumulates(b)):
                 leaked = _leaked_name(b.value, b.loop, b.pos, trained, scope)
                 if leaked and b.target not in kept and not _reset_in_loop(scope, b.target, b.loop, b.node):
                     yield _leak_finding(src, b.node, b.target, leaked, trained)
@@ -237,7 +238,7 @@ def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, a
     """name -> [(loop, backward node)] for every name a backward call in a loop differentiates."""
     out: dict[str, list[tuple[Loop, ast.AST]]] = {}
     for call in scope.calls:
-        if is_backward(call) and call.loop is not None:
+        if call.attr in BACKWARD_METHODS and call.loop is not None and is_backward(call):
             for target in backward_targets(call):
                 for name in graph_refs(target):
                     out.setdefault(name, []).append((call.loop, call.node))

@@ -8,7 +8,8 @@ from typing import Any, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent, ZeroGradEvent
 from torchdoctor.sdk.source import (
-    CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, inner_scopes, is_backward, is_optimizer, ref,
+    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, inner_scopes, is_backward,
+    is_optimizer, ref,
 )
 
 _TINY_LOOP = """
@@ -308,7 +309,7 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
     for scope in index.scopes:
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
-        backwards = [c for c in scope.calls if c.loop is not None and is_backward(c)]
+        backwards = [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)]
         reported: set[str] = set()
         yield from _steps_in_helpers(src, scope, index, reported)
         for call in scope.calls:
@@ -331,12 +332,15 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
 
 
 def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
-    calls = list(calls_in(scope, loop))
-    others = {o for c in calls if c.attr == "step" and (o := _stepped_optimizer(c, scope, index)) and o != optimizer
-              and not _may_share_parameters(scope, o, optimizer)}
-    for call in calls:
-        if _clears_grads(call, optimizer, others):
+    calls = calls_in(scope, loop)
+    others: Optional[set[str]] = None
+    for call in calls:  # first what the loop itself clears: the commonest answer, and it asks nothing of other files
+        if call.attr == "zero_grad" and call.receiver != optimizer and others is None:
+            others = {o for c in calls if c.attr == "step" and (o := _stepped_optimizer(c, scope, index))
+                      and o != optimizer and not _may_share_parameters(scope, o, optimizer)}
+        if _clears_grads(call, optimizer, others or set()):
             return True
+    for call in calls:
         found = src.project.callee(scope, call) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None
         if found is not None:  # a project function: its summary says whether it clears gradients
             if found[1].clears_grads:

@@ -6,7 +6,9 @@ from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, is_backward, ref
+from torchdoctor.sdk.source import (
+    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, is_backward, ref,
+)
 
 _SETUP = """
 import torch
@@ -159,8 +161,9 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
     for scope in index.scopes:
         reported: set[str] = set()
         for loop in _outermost_loops(scope):
-            calls = list(calls_in(scope, loop))
-            reach = [*calls, *(c for call in calls for f in _local(call, index) for c in f.calls)]
+            calls = calls_in(scope, loop)
+            functions = index.functions
+            reach = [*calls, *(c for call in calls if call.attr in functions for f in functions[call.attr] for c in f.calls)]
             if not _trains(reach):
                 continue
             for call, model in _evals(calls, index):
@@ -187,7 +190,7 @@ def _local(call: CallSite, index: ModuleIndex) -> list[FunctionScope]:
 
 def _trains(reach: list[CallSite]) -> bool:
     """Whether a loop's calls (with those of the local functions it calls) run backward and an optimizer step."""
-    return any(is_backward(c) for c in reach) and any(c.attr == "step" for c in reach)
+    return any(c.attr == "step" for c in reach) and any(is_backward(c) for c in reach if c.attr in BACKWARD_METHODS)
 
 
 def _evals(calls: list[CallSite], index: ModuleIndex) -> Iterator[tuple[CallSite, str]]:

@@ -153,7 +153,13 @@ class _FixField:
         return None if obj is None else obj.__dict__.get(self._attr)  # on the class: the field's default
 
     def __set__(self, obj: object, value: Union[Fix, str, None]) -> None:
-        obj.__dict__[self._attr] = value if value is None or isinstance(value, Fix) else Fix.parse(value)
+        obj.__dict__[self._attr] = value if value is None or isinstance(value, Fix) else _parsed_fix(value)
+
+
+@lru_cache(maxsize=512)
+def _parsed_fix(text: str) -> Optional[Fix]:
+    """`Fix.parse`, once per text: a check gives the same fix text to each of its findings (a `Fix` is frozen)."""
+    return Fix.parse(text)
 
 
 @dataclass
@@ -187,7 +193,9 @@ class Finding:
         number in it may differ between repeats and ranks. A detector that reports several problems from one
         line at one place tells them apart with `key` (or a more precise location).
         """
-        where = replace(self.location, step=None, rank=None) if self.location else None
+        where = self.location
+        if where is not None and (where.step is not None or where.rank is not None):
+            where = replace(where, step=None, rank=None)
         return (self.code, where, self.key)
 
     @classmethod

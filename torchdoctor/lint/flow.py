@@ -21,6 +21,7 @@ TENSOR_FACTORIES = frozenset({
     "linspace", "logspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
     "stack", "cat", "Tensor", "FloatTensor", "LongTensor",
 })
+BACKWARD_METHODS = frozenset({"backward", "manual_backward"})  # see is_backward
 # Calls and attributes through which a value leaves autograd (its history is not kept).
 _DETACHING_METHODS = frozenset({"item", "detach", "tolist", "numpy", "detach_"})
 _DETACHING_FUNCTIONS = frozenset({"float", "int", "bool", "len", "round", "str", "repr", "format", "isinstance"})
@@ -151,6 +152,8 @@ def _tensor_like(node: ast.expr) -> bool:
 
 
 def is_backward(call: CallSite) -> bool:
+    """A backward call (`loss.backward()`, `self.manual_backward(loss)`), not distributed autograd's; only calls
+    whose method name is in `BACKWARD_METHODS` can be (a hot loop asks that first)."""
     if call.attr == "manual_backward":
         return True
     if call.attr != "backward":
@@ -181,9 +184,17 @@ def backprop_names(scope: FunctionScope) -> set[str]:
     return names
 
 
-def calls_in(scope: FunctionScope, loop: Loop) -> Iterator[CallSite]:
-    """Calls of `scope` inside `loop` (at any depth)."""
-    return (c for c in scope.calls if loop.encloses(c.loop))
+def calls_in(scope: FunctionScope, loop: Loop) -> list[CallSite]:
+    """Calls of `scope` inside `loop` (at any depth), in source order."""
+    inside = []
+    for call in scope.calls:
+        at = call.loop
+        while at is not None:  # `loop.encloses(call.loop)`, written out: asked of every call of the function
+            if at is loop:
+                inside.append(call)
+                break
+            at = at.parent
+    return inside
 
 
 def inner_scopes(index: ModuleIndex, loop: Loop) -> Iterator[FunctionScope]:

@@ -201,14 +201,14 @@ class _Indexer:
         value = node.value
         self.expr(value, scope, loop, off)
         for target in node.targets:
-            if type(target) is ast.Name:  # `name = ...`, the commonest target
+            if type(target) is _Name:  # `name = ...`, the commonest target
                 scope.bindings.append(Binding(target.id, value, node, loop, off, (node.lineno, node.col_offset)))
             else:
                 self.target(target, value, node, scope, loop, off)
 
     def expression(self, node: ast.Expr, scope: FunctionScope, loop: Optional[Loop], off: bool,
                    cls: Optional[str]) -> None:
-        if type(node.value) is ast.Call:
+        if type(node.value) is _Call:
             first = len(scope.calls)
             self.expr(node.value, scope, loop, off)
             scope.calls[first].discarded = True
@@ -242,8 +242,9 @@ class _Indexer:
         inner = FunctionScope(node, node.name, cls, grad_off=decorated_off, outer_loop=loop, parent=scope)
         self.scopes.append(inner)
         pos = (node.lineno, node.col_offset)
-        for param in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
-            inner.bindings.append(Binding(param.arg, None, param, None, decorated_off, pos))
+        args = node.args
+        params = args.args + args.kwonlyargs + args.posonlyargs if args.kwonlyargs or args.posonlyargs else args.args
+        inner.bindings.extend([Binding(param.arg, None, param, None, decorated_off, pos) for param in params])
         # A Lightning-style step method runs once per batch: its body is a loop body.
         step_loop = Loop(node, None) if cls and node.name == "training_step" else None
         if step_loop:
@@ -314,7 +315,7 @@ class _Indexer:
 
     def target(self, target: ast.expr, value: Optional[ast.expr], node: ast.stmt, scope: FunctionScope,
                loop: Optional[Loop], off: bool) -> None:
-        if type(target) is ast.Name:
+        if type(target) is _Name:
             scope.bindings.append(Binding(target.id, value, node, loop, off, (node.lineno, node.col_offset)))
             return
         if isinstance(target, (ast.Tuple, ast.List)):
