@@ -15,6 +15,9 @@ OPTIMIZER_CLASSES = frozenset({
     "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "Adafactor", "ASGD", "LBFGS", "NAdam", "RAdam",
     "RMSprop", "Rprop", "SparseAdam", "Lion", "LAMB", "Lamb", "FusedAdam", "FusedLAMB", "AdamW8bit", "Adam8bit",
 })
+# The last name of every call `is_optimizer_ctor` accepts, unless its qualified name starts with torch.optim. (a
+# function without such a call binds no optimizer: its bindings need not be looked at).
+_OPTIMIZER_CALLS = OPTIMIZER_CLASSES | {"optimizers"}
 _OPTIMIZER_NAME = re.compile(r"^(optim|optimi[sz]er|opt)(_?[A-Za-z0-9]+)?$|^[A-Za-z0-9]+_(optim|optimi[sz]er|opt)$", re.I)
 TENSOR_FACTORIES = frozenset({
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
@@ -75,7 +78,8 @@ def optimizer_bindings(scope: FunctionScope, index: ModuleIndex) -> list[Binding
     found = index.memo.get(question)
     if found is None:
         found = index.memo[question] = [b for b in scope.bindings if (type(b.value) is ast.Call or type(b.value)
-                                        is ast.Subscript) and is_optimizer_ctor(b.value, index)]
+                                        is ast.Subscript) and is_optimizer_ctor(b.value, index)] \
+            if any(c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.") for c in scope.calls) else []
     return found
 
 
