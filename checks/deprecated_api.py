@@ -113,7 +113,8 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
     from_torch = _imported_from_torch(src.tree) if "functorch" in src.text else set()
     # A `pretrained=` keyword or an apex call needs the word in the text (from the call or from an import).
     by_prefix = launch_text or "pretrained" in src.text or "apex" in src.text
-    for call in src.index.all_calls():
+    for call in (c for scope in src.index.scopes if by_prefix or not _NAMES.isdisjoint(scope.call_attrs)
+                 for c in scope.calls):
         if not by_prefix and call.attr not in _NAMES:
             continue
         known = _CALLS.get(call.qualname)

@@ -184,7 +184,7 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
     index = src.index
     frozen = _frozen_models(src)
     for scope in index.scopes:
-        if scope.grad_off or not any(c.attr == "eval" for c in scope.calls):
+        if scope.grad_off or "eval" not in scope.call_attrs:
             continue
         if any(is_backward(c) or c.attr == "set_grad_enabled" for c in scope.calls):
             continue

@@ -200,7 +200,8 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
         return known[key]
 
     for call in scope.calls:
-        if call.loop is None or not (call.node.args or call.node.keywords) or not _may_call_project(call.node.func):
+        if call.loop is None or not (call.node.args or call.node.keywords) or not _may_run_backward(call.node.func,
+                                                                                                   index):
             continue
         found = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
         if found is None or not found[1].backward or found[1].clears_grads:
@@ -230,6 +231,21 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
                 fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
                 location=src.location(call.node),
             )
+
+
+def _may_run_backward(func: ast.expr, index: ModuleIndex) -> bool:
+    """Whether `f(...)` or `x.f(...)` may run a project function that itself runs a backward: a function of this
+    file of that name, or a name this file imports (the program model follows it); nothing else is resolved."""
+    question = ("functions running backward",)
+    here = index.memo.get(question)
+    if here is None:
+        here = index.memo[question] = {s.name for s in index.scopes[1:]
+                                       if not BACKWARD_METHODS.isdisjoint(s.call_attrs)}
+    if type(func) is ast.Name:
+        return func.id in here or func.id in index.imported or "__call__" in here  # `__call__`: an instance's
+    if type(func) is ast.Attribute and type(func.value) is ast.Name:
+        return func.attr in here and func.value.id in ("self", "cls") or func.value.id in index.imported
+    return False
 
 
 def _may_call_project(func: ast.expr) -> bool:
@@ -309,10 +325,11 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
     for scope in index.scopes:
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
-        backwards = [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)]
+        backwards = [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)] \
+            if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else []
         reported: set[str] = set()
         yield from _steps_in_helpers(src, scope, index, reported)
-        for call in scope.calls:
+        for call in scope.calls if "step" in scope.call_attrs else ():
             optimizer = _stepped_optimizer(call, scope, index, src) if call.attr == "step" else None
             if optimizer is None or optimizer in reported:
                 continue

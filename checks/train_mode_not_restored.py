@@ -159,6 +159,9 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
         return
     index = src.index
     for scope in index.scopes:
+        attrs = scope.call_attrs
+        if "eval" not in attrs and "train" not in attrs and attrs.isdisjoint(index.functions):
+            continue  # nothing here switches a model to eval(), itself or through a function of this file
         reported: set[str] = set()
         for loop in _outermost_loops(scope):
             calls = calls_in(scope, loop)

@@ -95,7 +95,7 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "load(" not in src.text:
         return
     for scope in src.index.scopes:
-        for call in scope.calls:
+        for call in scope.calls if "load" in scope.call_attrs else ():
             if call.qualname != "torch.load" or call.has_star_kwargs or call.kwarg("pickle_module") is not None:
                 continue
             flag = call.kwarg("weights_only")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+from operator import attrgetter, methodcaller
 from typing import Iterable, Iterator, Optional
 
 from torchdoctor.lint.index import Binding, CallSite, FunctionScope, Loop, ModuleIndex, child_fields, last, ref, resolve
@@ -18,6 +19,7 @@ OPTIMIZER_CLASSES = frozenset({
 # The last name of every call `is_optimizer_ctor` accepts, unless its qualified name starts with torch.optim. (a
 # function without such a call binds no optimizer: its bindings need not be looked at).
 _OPTIMIZER_CALLS = OPTIMIZER_CLASSES | {"optimizers"}
+_qualname, _in_torch_optim = attrgetter("qualname"), methodcaller("startswith", "torch.optim.")
 _OPTIMIZER_NAME = re.compile(r"^(optim|optimi[sz]er|opt)(_?[A-Za-z0-9]+)?$|^[A-Za-z0-9]+_(optim|optimi[sz]er|opt)$", re.I)
 TENSOR_FACTORIES = frozenset({
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
@@ -77,9 +79,11 @@ def optimizer_bindings(scope: FunctionScope, index: ModuleIndex) -> list[Binding
     question = ("optimizer bindings", id(scope))
     found = index.memo.get(question)
     if found is None:
-        found = index.memo[question] = [b for b in scope.bindings if (type(b.value) is ast.Call or type(b.value)
-                                        is ast.Subscript) and is_optimizer_ctor(b.value, index)] \
-            if any(c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.") for c in scope.calls) else []
+        found = index.memo[question] = []
+        if not _OPTIMIZER_CALLS.isdisjoint(scope.call_attrs) \
+                or any(map(_in_torch_optim, map(_qualname, scope.calls))):  # else it builds none (C-level loops)
+            found += [b for b in scope.bindings if (type(b.value) is ast.Call or type(b.value) is ast.Subscript)
+                      and is_optimizer_ctor(b.value, index)]
     return found
 
 

@@ -121,6 +121,16 @@ class FunctionScope:
     # target -> its bindings, built on the first question (and again if bindings were added since)
     _by_target: Optional[dict[str, list[Binding]]] = field(default=None, init=False, repr=False, compare=False)
     _tabled: int = field(default=0, init=False, repr=False, compare=False)
+    _attrs: Optional[frozenset[str]] = field(default=None, init=False, repr=False, compare=False)
+    _attrs_of: int = field(default=-1, init=False, repr=False, compare=False)
+
+    @property
+    def call_attrs(self) -> frozenset[str]:
+        """The last names of everything this function calls (`step` for `opt.step()`): several rules skip a
+        function that calls nothing they look for, asked in one set lookup instead of a pass over its calls."""
+        if self._attrs is None or self._attrs_of != len(self.calls):
+            self._attrs, self._attrs_of = frozenset(map(_attr, self.calls)), len(self.calls)
+        return self._attrs
 
     def bindings_of(self, target: str) -> list[Binding]:
         """The bindings of `target` in this scope, in source order."""
@@ -142,6 +152,7 @@ class ModuleIndex:
     classes: dict[str, list[str]]  # class name -> dotted base names
     functions: dict[str, list[FunctionScope]]
     imports: int = 0  # import statements, at any depth (the import table reads only the top level when all are)
+    imported: set[str] = field(default_factory=set)  # every name an import binds, at any depth (`*` not included)
     # what rules and their helpers work out once per module, keyed by the question and its arguments (see flow)
     memo: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -156,6 +167,7 @@ class _Indexer:
         self.scopes: list[FunctionScope] = []
         self.classes: dict[str, list[str]] = {}
         self.imports = 0  # import statements seen, at any depth
+        self.imported: set[str] = set()
 
     def is_grad_off(self, expr: ast.expr) -> bool:
         """`torch.no_grad()`, `torch.inference_mode()`, or `set_grad_enabled(x)` unless x is literally True."""
@@ -178,7 +190,7 @@ class _Indexer:
             scope.calls.sort(key=_position)
             if scope is not module_scope:
                 functions.setdefault(scope.name, []).append(scope)
-        return ModuleIndex(self.aliases, self.scopes, self.classes, functions, self.imports)
+        return ModuleIndex(self.aliases, self.scopes, self.classes, functions, self.imports, self.imported)
 
     def body(self, stmts: list, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
         handlers = _STMT_HANDLERS
@@ -223,12 +235,14 @@ class _Indexer:
     def import_(self, node: ast.Import, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
         self.imports += 1
         for a in node.names:
+            self.imported.add(a.asname or a.name.split(".", 1)[0])
             if a.asname:
                 self.aliases[a.asname] = a.name
 
     def import_from(self, node: ast.ImportFrom, scope: FunctionScope, loop: Optional[Loop], off: bool,
                     cls: Optional[str]) -> None:
         self.imports += 1
+        self.imported.update(a.asname or a.name for a in node.names if a.name != "*")
         if node.module and not node.level:
             for a in node.names:
                 self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
@@ -382,6 +396,7 @@ class _Indexer:
 
 
 _position = attrgetter("pos")
+_attr = attrgetter("attr")
 _Name, _Constant, _Attribute, _Call = ast.Name, ast.Constant, ast.Attribute, ast.Call
 _keyword, _Lambda = ast.keyword, ast.Lambda
 _STMT_HANDLERS: dict[type, Callable[..., None]] = {
