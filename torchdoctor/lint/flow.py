@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
-from operator import attrgetter, methodcaller
+from operator import attrgetter
 from typing import Iterable, Iterator, Optional
 
 from torchdoctor.lint.index import Binding, CallSite, FunctionScope, Loop, ModuleIndex, child_fields, last, ref, resolve
@@ -19,7 +19,7 @@ OPTIMIZER_CLASSES = frozenset({
 # The last name of every call `is_optimizer_ctor` accepts, unless its qualified name starts with torch.optim. (a
 # function without such a call binds no optimizer: its bindings need not be looked at).
 _OPTIMIZER_CALLS = OPTIMIZER_CLASSES | {"optimizers"}
-_qualname, _in_torch_optim = attrgetter("qualname"), methodcaller("startswith", "torch.optim.")
+_qualname = attrgetter("qualname")
 _OPTIMIZER_NAME = re.compile(r"^(optim|optimi[sz]er|opt)(_?[A-Za-z0-9]+)?$|^[A-Za-z0-9]+_(optim|optimi[sz]er|opt)$", re.I)
 TENSOR_FACTORIES = frozenset({
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
@@ -80,10 +80,15 @@ def optimizer_bindings(scope: FunctionScope, index: ModuleIndex) -> list[Binding
     found = index.memo.get(question)
     if found is None:
         found = index.memo[question] = []
-        if not _OPTIMIZER_CALLS.isdisjoint(scope.call_attrs) \
-                or any(map(_in_torch_optim, map(_qualname, scope.calls))):  # else it builds none (C-level loops)
-            found += [b for b in scope.bindings if (type(b.value) is ast.Call or type(b.value) is ast.Subscript)
-                      and is_optimizer_ctor(b.value, index)]
+        if _OPTIMIZER_CALLS.isdisjoint(scope.call_attrs) and "torch.optim." not in "\n".join(map(_qualname, scope.calls)):
+            return found  # no call here can build one (the commonest answer, found by loops that run in C)
+        ctors = {id(c.node) for c in scope.calls if c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.")}
+        for b in scope.bindings:
+            value = b.value
+            while type(value) is ast.Subscript:  # `self.optimizers()[0]`, as is_optimizer_ctor reads it
+                value = value.value
+            if id(value) in ctors and is_optimizer_ctor(b.value, index):
+                found.append(b)
     return found
 
 
