@@ -237,7 +237,7 @@ class _Backpropagated:
 def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, ast.AST]]]:
     """name -> [(loop, backward node)] for every name a backward call in a loop differentiates."""
     out: dict[str, list[tuple[Loop, ast.AST]]] = {}
-    for call in scope.calls:
+    for call in scope.calls if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else ():
         if call.attr in BACKWARD_METHODS and call.loop is not None and is_backward(call):
             for target in backward_targets(call):
                 for name in graph_refs(target):

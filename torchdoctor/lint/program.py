@@ -429,7 +429,7 @@ class Program:
     def _index_calls(self, module: Module, name: str,
                      found: dict[int, list[tuple[Module, FunctionScope, CallSite]]]) -> None:
         for s in module.index.scopes:
-            for call in s.calls:
+            for call in s.calls if name in s.call_attrs else ():
                 target = self.resolve_call(module, s, call) if call.attr == name else None
                 if target is not None:
                     found.setdefault(id(target[1].node), []).append((module, s, call))
