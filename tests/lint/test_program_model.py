@@ -340,6 +340,20 @@ def test_backward_and_step_inside_a_helper_in_another_file(tmp_path, clear, expe
     assert lint_one(tmp_path, {"engine.py": STEP.format(clear=clear), "train.py": train}, "train.py") == expected
 
 
+@pytest.mark.parametrize("clear", ["", "optimizer.zero_grad()"])
+def test_backward_and_step_in_a_helper_reached_through_a_module_or_a_method(tmp_path, clear):
+    through_module = ("import torch\nimport engine\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                      "for batch in loader:\n    engine.train_step(model, batch, opt)\n")
+    method = textwrap.indent(textwrap.dedent(STEP.format(clear=clear)).replace("(model,", "(self, model,"), "    ")
+    through_method = (f"import torch\n\nclass Trainer:\n{method}\n    def fit(self, model, loader):\n"
+                      "        for batch in loader:\n            self.train_step(model, batch, self.opt)\n")
+    expected = [] if clear else [("missing-zero-grad", 6)]
+    assert lint_one(tmp_path, {"engine.py": STEP.format(clear=clear), "train.py": through_module},
+                    "train.py") == expected
+    assert lint_one(tmp_path, {"trainer.py": through_method}, "trainer.py") == \
+        ([] if clear else [("missing-zero-grad", 14)])
+
+
 def test_a_loss_scaler_object_running_backward_and_step(tmp_path):
     code = """
     import torch
@@ -407,6 +421,48 @@ def test_releasing_a_project_forgets_its_modules_and_keeps_the_others(tmp_path):
     program.release(str(tmp_path / "a"))
     assert program.parsed(a.path) is None and program.parsed(ab.path) is ab
     assert program.module(a.path) is not a  # parsed again on demand
+
+
+def test_a_run_leaves_nothing_for_the_garbage_collector(tmp_path):
+    # Summaries, modules and trees are freed by reference counting when the run ends (lint runs with the
+    # collector off): a reference cycle would keep a whole project's syntax trees alive until a collection.
+    import gc
+
+    train = ("import torch\nfrom engine import train_step\nfrom evaluation import evaluate\n\n"
+             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor batch in loader:\n"
+             "    train_step(model, batch, opt)\nacc = evaluate(model, val_loader)\n")
+    files = {"engine.py": STEP.format(clear=""), "train.py": train, "evaluation.py": EVALUATE}
+    gc.collect()
+    assert lint_one(tmp_path, files, ".") == [("eval-without-no-grad", 8), ("missing-zero-grad", 7)]
+    assert gc.collect() == 0
+
+
+def test_a_summary_follows_calls_only_for_the_facts_asked(tmp_path):
+    from torchdoctor.lint.program import Program
+
+    (tmp_path / "m.py").write_text(textwrap.dedent("""
+        import torch
+
+        def clear(opt):
+            opt.zero_grad()
+
+        def epoch(opt, sampler):
+            sampler.set_epoch(1)
+            clear(opt)
+
+        def outer(opt, sampler):
+            epoch(opt, sampler)
+    """), encoding="utf-8")
+    program = Program()
+    module = program.module(str(tmp_path / "m.py"))
+    assert module is not None
+    outer = program.summary(module, module.functions["outer"])
+    assert not outer.backward and outer.forwards == {"epoch"}  # its own calls: nothing else is summarised
+    assert set(program._summaries) == {(module.path, id(module.functions["outer"].node))}
+    assert outer.set_epoch  # through epoch(); not through clear(), which is not needed for the answer
+    assert (module.path, id(module.functions["clear"].node)) not in program._summaries
+    assert outer.clears_grads  # two calls deep
+    assert not program.summary(module, module.functions["clear"]).set_epoch
 
 
 def test_the_project_root_is_found_as_ruff_finds_it(tmp_path):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
@@ -96,7 +97,8 @@ class Summary:
 
     def __init__(self, program: "Program", module: Module, scope: FunctionScope, grad_off: bool, depth: int) -> None:
         self.grad_off = grad_off  # decorated with no_grad/inference_mode, directly or through a project wrapper
-        self._program, self._module, self._scope, self._depth = program, module, scope, depth
+        # A weak reference: the program keeps its summaries, and a cycle would leave a run's trees to the collector.
+        self._program, self._module, self._scope, self._depth = weakref.ref(program), module, scope, depth
         self._local: Optional[tuple[frozenset[str], bool, frozenset[str], bool, bool]] = None
         self._reached: list[Optional[bool]] = [None, None]  # see _reach
         self._returns: Optional[bool] = None
@@ -131,9 +133,15 @@ class Summary:
         """It returns a new torch optimizer, built here or by a function it calls."""
         if self._returns is None:
             self._returns = False  # while it is worked out: a recursive call returns none
-            self._returns = self._depth < _DEPTH and self._program._returns_optimizer(self._module, self._scope,
+            self._returns = self._depth < _DEPTH and self._owner()._returns_optimizer(self._module, self._scope,
                                                                                      self._depth)
         return self._returns
+
+    def _owner(self) -> "Program":
+        """The program whose run made this summary (alive for as long as its rules ask questions)."""
+        program = self._program()
+        assert program is not None, "a summary outlived its lint run"
+        return program
 
     def _facts(self) -> tuple[frozenset[str], bool, frozenset[str], bool, bool]:
         """(forwards, backward, steps, set_epoch, clears) from the function's own body."""
@@ -173,7 +181,7 @@ class Summary:
             found = self._facts()[3 + which]
             reached[which] = found  # while it is worked out: a recursive call adds nothing
             if not found and self._depth < _DEPTH:
-                program, module, scope = self._program, self._module, self._scope
+                program, module, scope = self._owner(), self._module, self._scope
                 for call in scope.calls:
                     callee = program.resolve_call(module, scope, call)
                     if callee is not None and program.summary(*callee, depth=self._depth + 1)._reach(which):
