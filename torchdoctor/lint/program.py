@@ -178,7 +178,8 @@ class Summary:
         was first asked; each is followed only until it is found."""
         reached = self._reached
         if reached[which] is None:
-            found = self._facts()[3 + which]
+            _, _, _, set_epoch, clears = self._facts()
+            found = clears if which else set_epoch
             reached[which] = found  # while it is worked out: a recursive call adds nothing
             if not found and self._depth < _DEPTH:
                 program, module, scope = self._owner(), self._module, self._scope
