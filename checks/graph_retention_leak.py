@@ -208,7 +208,7 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
             continue
         kept = _Backpropagated(scope)
         for b in scope.bindings:
-            if b.loop is not None and not b.grad_off and (b.augmented or type(b.value) is ast.BinOp and _accumulates(b)):
+            if b.loop is not None and not b.grad_off and (b.augmented or _accumulates(b)):
                 leaked = _leaked_name(b.value, b.loop, b.pos, trained, scope)
                 if leaked and b.target not in kept and not _reset_in_loop(scope, b.target, b.loop, b.node):
                     yield _leak_finding(src, b.node, b.target, leaked, trained)

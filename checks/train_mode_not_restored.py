@@ -165,8 +165,7 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
         reported: set[str] = set()
         for loop in _outermost_loops(scope):
             calls = calls_in(scope, loop)
-            functions = index.functions
-            reach = [*calls, *(c for call in calls if call.attr in functions for f in functions[call.attr] for c in f.calls)]
+            reach = [*calls, *(c for call in calls for f in _local(call, index) for c in f.calls)]
             if not _trains(reach):
                 continue
             for call, model in _evals(calls, index):

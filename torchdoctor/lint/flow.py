@@ -70,7 +70,8 @@ def is_optimizer(key: Optional[str], scope: FunctionScope, index: ModuleIndex) -
     question = ("optimizer attribute", key)
     found = index.memo.get(question)
     if found is None:  # an attribute may be bound in any function (`self.opt = ...` in `__init__`): asked once
-        found = index.memo[question] = any(b.target == key for s in index.scopes for b in optimizer_bindings(s, index))
+        found = index.memo[question] = any(b.target == key for s in index.scopes
+                                           for b in optimizer_bindings(s, index))
     return found
 
 
@@ -80,9 +81,11 @@ def optimizer_bindings(scope: FunctionScope, index: ModuleIndex) -> list[Binding
     found = index.memo.get(question)
     if found is None:
         found = index.memo[question] = []
-        if _OPTIMIZER_CALLS.isdisjoint(scope.call_attrs) and "torch.optim." not in "\n".join(map(_qualname, scope.calls)):
-            return found  # no call here can build one (the commonest answer, found by loops that run in C)
-        ctors = {id(c.node) for c in scope.calls if c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.")}
+        if _OPTIMIZER_CALLS.isdisjoint(scope.call_attrs) \
+                and "torch.optim." not in "\n".join(map(_qualname, scope.calls)):
+            return found  # no call here can build one: the commonest answer, found by loops that run in C
+        ctors = {id(c.node) for c in scope.calls  # the same test, call by call, where some call may
+                 if c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.")}
         for b in scope.bindings:
             value = b.value
             while type(value) is ast.Subscript:  # `self.optimizers()[0]`, as is_optimizer_ctor reads it

@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from torchdoctor.lint.flow import is_optimizer_ctor
+from torchdoctor.lint.flow import BACKWARD_METHODS, is_optimizer_ctor
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, ref, resolve
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
@@ -153,7 +153,7 @@ class Summary:
             clears = any(b.target.endswith(".grad") for b in scope.bindings)
             for call in scope.calls:
                 attr = call.attr
-                if attr == "backward" or attr == "manual_backward":
+                if attr in BACKWARD_METHODS:
                     backward = True
                 elif attr == "step" and not call.node.keywords:
                     args = call.node.args
