@@ -1,6 +1,7 @@
 """Which checks a front door runs: the settings' `select`/`ignore` resolved against the registry.
 
-A name the registry does not know, or (from the caller) a check that another front door runs, is a
+Names and codes are resolved from the generated index of built-in checks (and the plug-ins), so selecting
+imports only the modules of the checks selected. A name the registry does not know, or (from the caller) a check that another front door runs, is a
 `SelectionError`: one line with a did-you-mean, shown as a usage error. The project table and the
 environment are shared by every door, so there a name of another door is skipped, and a `select` list
 that names none of a door's checks leaves that door's selection as the earlier layers made it.
@@ -27,9 +28,9 @@ class Door:
     required: tuple[str, ...] = ()  # never deselected and never ignorable (see `why_required`)
     why_required: str = ""
 
-    def runs(self, check: registry.Pitfall) -> bool:
+    def runs(self, check: "Ref | registry.Pitfall") -> bool:
         """Whether this door has a detector for `check`."""
-        return any(scope in check.scopes for scope in self.scopes)
+        return any(str(scope) in {str(s) for s in check.scopes} for scope in self.scopes)
 
 
 ENV = Door("torchdoctor env", (Scope.ENV,))
@@ -38,6 +39,21 @@ WATCH = Door("torchdoctor.watch()", (Scope.RUNTIME, Scope.DISTRIBUTED))
 LINT = Door("torchdoctor lint", (Scope.SOURCE,), required=("source-unreadable",),
             why_required="a file that cannot be read is never reported clean; exclude the file instead")
 DOORS = (ENV, CHECKPOINT, WATCH, LINT)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A check as selection sees it: its name, code and scopes, known without importing its module."""
+
+    name: str
+    code: str
+    scopes: tuple[str, ...]
+
+
+def _refs() -> list[Ref]:
+    """Every check: the built-ins from the generated index, then the plug-ins (imported to be known)."""
+    refs = [Ref(name, row.code, row.scopes) for name, row in registry.index().items()]
+    return refs + [Ref(p.name, p.code, tuple(str(s) for s in p.scopes)) for p in registry.plugin_checks()]
 
 
 class SelectionError(ValueError):
@@ -58,21 +74,31 @@ def select_checks(door: Door, settings: Settings) -> list[registry.Pitfall]:
             raise SelectionError(f"{blocked[0]} cannot be ignored in {door.label}{_in(layer, 'ignore')}: "
                                  f"{door.why_required}")
         dropped |= ignored
-    candidates = sorted({c for scope in door.scopes for c in registry.all_checks(scope)}, key=lambda c: c.code)
-    return [c for c in candidates if
+    if chosen is None:  # the whole door: every module of its scopes
+        candidates = {c for scope in door.scopes for c in registry.all_checks(scope)}
+    else:  # only the modules of the checks named (`env --select module-shadowing` imports one check)
+        candidates = set(registry.load_names(sorted(chosen | set(door.required))))
+    return [c for c in sorted(candidates, key=lambda c: c.code) if
             c.name in door.required or ((chosen is None or c.name in chosen) and c.name not in dropped)]
 
 
 def find(name_or_code: str, door: Optional[Door] = None, where: str = "") -> registry.Pitfall:
-    """The check with this name or code; else a `SelectionError` that suggests the closest one."""
-    try:
-        return registry.get(name_or_code)
-    except registry.RegistryError:
-        pass
+    """The check with this name or code (its module imported); else a `SelectionError` with a suggestion."""
+    ref = resolve(name_or_code, door, where)
+    return registry.load_names([ref.name])[0]
+
+
+def resolve(name_or_code: str, door: Optional[Door] = None, where: str = "") -> Ref:
+    """The check with this name or code, from the index; else a `SelectionError` with a suggestion."""
+    refs = _refs()
+    key = name_or_code.strip()
+    for ref in refs:
+        if key == ref.name or key.upper() == ref.code:
+            return ref
     message = f"unknown check {name_or_code!r}{where}"
-    guess = _closest(name_or_code, [c for c in registry.all_checks() if door is None or door.runs(c)])
+    guess = _closest(name_or_code, [c for c in refs if door is None or door.runs(c)])
     if guess is None and door is not None:
-        guess = _closest(name_or_code, registry.all_checks())
+        guess = _closest(name_or_code, refs)
     if guess is not None:
         message += f"; did you mean {guess}?"
     raise SelectionError(f"{message} (see `torchdoctor checks`)")
@@ -82,7 +108,7 @@ def _resolve(door: Door, layer: Layer, key: str, names: Iterable[str]) -> set[st
     """The names of `door`'s checks among `names`; other doors' checks are skipped in shared layers only."""
     out = set()
     for raw in names:
-        check = find(raw, door, _in(layer, key))
+        check = resolve(raw, door, _in(layer, key))
         if door.runs(check):
             out.add(check.name)
         elif not layer.shared:
@@ -90,15 +116,15 @@ def _resolve(door: Door, layer: Layer, key: str, names: Iterable[str]) -> set[st
     return out
 
 
-def _other_door(check: registry.Pitfall, door: Door) -> str:
+def _other_door(check: Ref, door: Door) -> str:
     """`env --select missing-zero-grad`: say which doors do run it, and what this door has that is close."""
     doors = " and ".join(d.label for d in DOORS if d.runs(check)) or "no front door"
     message = f"{check.name} ({check.code}) is not checked by {door.label}, only by {doors}"
-    guess = _closest(check.name, [c for c in registry.all_checks() if door.runs(c)])
+    guess = _closest(check.name, [c for c in _refs() if door.runs(c)])
     return message + (f"; did you mean {guess}?" if guess else "")
 
 
-def _closest(text: str, checks: list[registry.Pitfall]) -> Optional[str]:
+def _closest(text: str, checks: list[Ref]) -> Optional[str]:
     """The check name (or, for something shaped like a code, the code and name) closest to `text`."""
     import difflib  # only a usage error needs it
 

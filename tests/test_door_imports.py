@@ -1,0 +1,50 @@
+"""Each front door imports only what it uses: the engines of the other doors stay unloaded, and so does torch.
+
+Each case runs the door in a fresh interpreter (tests/door_imports.py), since an import is only seen the
+first time a process makes it.
+"""
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent / "door_imports.py"
+
+
+def imported(args: list[str], cwd: Path) -> list[str]:
+    """The torchdoctor modules `torchdoctor ARGS` imports beyond the command line's own; torch must stay out."""
+    out = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout)
+    assert result["exit_code"] in (0, 1), result["output"]
+    assert not result["torch"], f"torchdoctor {' '.join(args)} imported torch"
+    return result["imported"]
+
+
+def under(modules: list[str], *packages: str) -> list[str]:
+    return [m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)]
+
+
+def test_env_select_one_check_imports_only_that_check(tmp_path):
+    modules = imported(["env", "--select", "module-shadowing"], tmp_path)
+    assert under(modules, "torchdoctor.ckpt", "torchdoctor.lint", "torchdoctor.watch") == []
+    checks = [m for m in under(modules, "torchdoctor.checks") if not m.rpartition(".")[2].startswith("_")]
+    assert checks == ["torchdoctor.checks.module_shadowing"]
+
+
+def test_check_ckpt_loads_no_lint_watch_or_env_engine(tmp_path):
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps({"step": 1}))
+    modules = imported(["check-ckpt", "state.pkl"], tmp_path)
+    assert under(modules, "torchdoctor.lint", "torchdoctor.watch", "torchdoctor.env") == []
+
+
+@pytest.mark.parametrize("select", [[], ["--select", "missing-zero-grad"]])
+def test_lint_loads_no_checkpoint_reader_nor_watch_engine(tmp_path, select):
+    (tmp_path / "train.py").write_text("x = 1\n")
+    modules = imported(["lint", *select, "train.py"], tmp_path)
+    assert under(modules, "torchdoctor.ckpt") == []
+    # checks with a runtime detector too import watch's torch-free contract, never the session and its hooks
+    assert set(under(modules, "torchdoctor.watch")) <= {
+        "torchdoctor.watch", "torchdoctor.watch.contract", "torchdoctor.watch.handles", "torchdoctor.watch.patches"}
