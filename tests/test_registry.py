@@ -89,6 +89,30 @@ def test_detectors_are_validated_for_their_door_when_attached():
         make_pitfall("ZZ8", "no-such-door", "gpu", lambda facts: [])
 
 
+def test_runtime_handlers_must_accept_what_the_session_passes():
+    class NoEvent(RuntimeCheck):
+        def on_step_pre(self):  # the session calls on_step_pre(event): this would raise inside training
+            return None
+
+    class ExtraArgument(RuntimeCheck):
+        def on_stop(self, event):
+            return None
+
+    with pytest.raises(PitfallError, match=r"NoEvent.on_step_pre\(self\) must accept .*on_step_pre\(self, event"):
+        make_pitfall("ZZ9", "no-event", "runtime", NoEvent)
+    with pytest.raises(PitfallError, match="ExtraArgument.on_stop"):
+        make_pitfall("ZZ10", "extra-argument", "runtime", ExtraArgument)
+
+    class Flexible(RuntimeCheck):
+        def on_step_pre(self, event, *rest, detail=None):
+            return None
+
+        def on_stop(self, *args):
+            return None
+
+    assert make_pitfall("ZZ11", "flexible-handlers", "runtime", Flexible).scopes == [registry.Scope.RUNTIME]
+
+
 def test_a_broken_plugin_pitfall_is_a_load_error_not_a_crash(tmp_path, monkeypatch, fresh_registry):
     bad = PLUGIN.replace("def plugin_check(facts):", "def plugin_check(facts, extra):")
     make_distribution(tmp_path, "badshape", "mine = badshape_checks\n", {"badshape_checks": bad})

@@ -225,6 +225,22 @@ def _scope(value: "Scope | str", name: str) -> Scope:
                            f"(one of {', '.join(s.value for s in Scope)})") from None
 
 
+def _validate_handler(name: str, impl: type, attr: str, base: Callable[..., Any]) -> None:
+    """An ``on_<event>`` handler must accept the arguments the session passes (those of the base class's
+    handler), as pluggy verifies a hook implementation's signature when it is registered."""
+    handler = getattr(impl, attr)
+    if handler is base or not callable(handler):
+        return
+    expected = len(inspect.signature(base).parameters)  # self, and the event where there is one
+    try:
+        inspect.signature(handler).bind(*range(expected))
+    except TypeError:
+        raise PitfallError(f"pitfall {name}: {impl.__name__}.{attr}{inspect.signature(handler)} must accept the "
+                           f"arguments the session passes: {attr}{inspect.signature(base)}") from None
+    except ValueError:
+        return  # a builtin or C callable: its signature can't be read, so it is trusted
+
+
 def _validate(name: str, scope: Scope, impl: Any) -> None:
     """Check that `impl` has the shape `scope`'s engine calls, so a bad detector fails at definition."""
     if scope in (Scope.RUNTIME, Scope.DISTRIBUTED):
@@ -241,6 +257,8 @@ def _validate(name: str, scope: Scope, impl: Any) -> None:
                 near = difflib.get_close_matches(attr, sorted(known), n=1)
                 hint = f" (did you mean {near[0]}?)" if near else f" (known: {', '.join(sorted(known))})"
                 raise PitfallError(f"pitfall {name}: {impl.__name__}.{attr} is not a watch event{hint}")
+            if attr.startswith("on_"):
+                _validate_handler(name, impl, attr, getattr(RuntimeCheck, attr))
         return
     if isinstance(impl, type) or not callable(impl):
         raise PitfallError(f"pitfall {name}: the {scope} detector must be a function, not {impl!r}")
