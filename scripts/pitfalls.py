@@ -46,28 +46,49 @@ from torchdoctor.sdk import Example, Finding, Pitfall
 {const} = Pitfall(
     code="{code}",
     name="{name}",
-    severity="warning",
-    summary="ONE SENTENCE.",
-    why="WHY IT MATTERS.",
-    fix="HOW TO FIX IT.",
-    bad=Example("BAD CODE"),
-    good=Example("GOOD CODE"),
+    severity="warning",  # error: the run is wrong or will crash; warning: likely wrong or wasteful; info
+    summary="ONE SENTENCE: WHAT GOES WRONG.",
+    why="""WHY IT MATTERS (Markdown): the symptom users see, and the cause.""",
+    fix="""HOW TO FIX IT (Markdown), with the code to paste.""",
+    bad=Example(
+        """THE CODE THAT HAS THE BUG (shown on the page; the contract test runs it: it must fire)""",
+        setup="""HIDDEN CODE THAT MAKES IT A COMPLETE PROGRAM (a runtime example binds `model` and `optimizer`)""",
+    ),
+    good=Example(
+        """THE BAD CODE WITH THE FIX PASTED IN (it must stay quiet)""",
+        setup="""THE SAME SETUP""",
+    ),
+    details={{{details}}},
+    silence="",  # anything beyond the standard ways of silencing a finding, or nothing
     since="{since}",
 )
 
+
 {detectors}'''
 
+DETAIL = '        "{door}": """HOW THE {door} DETECTOR DECIDES, AND WHAT IT DELIBERATELY DOES NOT FLAG.""",'
+
 TEST = '''"""{name} ({code}): fires on a real tiny program, stays quiet on correct code."""
-from torchdoctor import registry
+import pytest
+
+from torchdoctor.checks.{module} import {const}
+from torchdoctor.sdk.testing import run_example
+
+DOORS = [{doors}]
 
 
-def test_fires() -> None:
-    pitfall = registry.get("{name}")
-    raise AssertionError(f"write the test that makes {{pitfall.name}} fire")
+@pytest.mark.parametrize("door", DOORS)
+def test_bad_example_fires(door: str) -> None:
+    assert run_example({const}, {const}.bad, door)
 
 
-def test_quiet_on_correct_code() -> None:
-    raise AssertionError("write the must-NOT-flag tests from PITFALLS.md")
+@pytest.mark.parametrize("door", DOORS)
+def test_good_example_is_quiet(door: str) -> None:
+    assert run_example({const}, {const}.good, door) == []
+
+
+def test_quiet_on_what_it_must_not_flag() -> None:
+    raise AssertionError("write the must-NOT-flag cases: the correct code that looks most like the bug")
 '''
 
 
@@ -131,9 +152,11 @@ def new(name: str, doors: tuple[str, ...], family: "int | None", root: Path) -> 
     definition.write_text(DEFINITION.format(
         name=name, code=code, const=const, since=__version__,
         imports="".join(DETECTOR[d][0] for d in doors),
+        details="\n" + "\n".join(DETAIL.format(door=d) for d in doors) + "\n    ",
         detectors="\n\n".join(DETECTOR[d][1].format(const=const, func=module, cls=cls) for d in doors)),
         encoding="utf-8")
-    test.write_text(TEST.format(name=name, code=code), encoding="utf-8")
+    test.write_text(TEST.format(name=name, code=code, module=module, const=const, doors=", ".join(f'"{d}"' for d in doors)),
+                    encoding="utf-8")
     click.echo(f"{code} {name}: wrote {definition} and {test}")
 
 

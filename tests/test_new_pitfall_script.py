@@ -1,5 +1,6 @@
 """scripts/pitfalls.py new: allocates the next code of the family and writes a definition that loads."""
 import importlib.util
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,13 @@ def test_new_writes_a_loadable_definition_with_the_next_code(tmp_path):
     spec.loader.exec_module(module)
     pitfall = module.FORGOT_SOMETHING
     assert isinstance(pitfall, Pitfall) and pitfall.scopes == [Scope.RUNTIME, Scope.SOURCE]
-    assert (tmp_path / "tests" / "pitfalls" / "test_forgot_something.py").is_file()
+    written = (tmp_path / "checks" / "forgot_something.py").read_text()
+    fields = [p for p in inspect.signature(Pitfall).parameters if p != "self"]
+    assert [f for f in fields if f"    {f}=" not in written] == []  # every documented field, to fill in
+    assert set(pitfall.details) == {"runtime", "source"}
+    stub = (tmp_path / "tests" / "pitfalls" / "test_forgot_something.py").read_text()
+    assert "run_example(FORGOT_SOMETHING, FORGOT_SOMETHING.bad, door)" in stub and "PITFALLS.md" not in stub
+    compile(stub, "test_forgot_something.py", "exec")
     again = subprocess.run([sys.executable, str(SCRIPT), "new", "forgot-something", "--door", "env",
                             "--root", str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr
