@@ -73,3 +73,35 @@ def test_no_import_cycles():
             visit(name, [name])
     assert cycles == []
     assert "torchdoctor.lint.command" in edges["torchdoctor.cli.lint"]  # the graph does see lazy imports
+
+
+def test_checks_import_only_the_sdk():
+    outside = {name: sorted(d for d in deps if not d.startswith(("torchdoctor.sdk", "torchdoctor.checks")))
+               for name, deps in graph().items() if name.startswith("torchdoctor.checks")}
+    assert {name: deps for name, deps in outside.items() if deps} == {}
+
+
+# the generated index of built-in checks, which the registry reads so that a door imports only its own checks
+READ_ACROSS = {("torchdoctor.registry", "torchdoctor.checks._scopes")}
+
+
+def test_private_modules_are_imported_only_inside_their_package():
+    """A module whose name starts with `_` belongs to its package: nothing outside it may import it."""
+    crossing = set()
+    for name, deps in graph().items():
+        for dep in deps:
+            package, _, leaf = dep.rpartition(".")
+            if leaf.startswith("_") and not leaf.startswith("__") and not name.startswith(package + "."):
+                crossing.add((name, dep))
+    assert crossing == READ_ACROSS
+
+
+DOORS = {"torchdoctor.sdk.env": "torchdoctor.env", "torchdoctor.sdk.checkpoint": "torchdoctor.ckpt",
+         "torchdoctor.sdk.runtime": "torchdoctor.watch", "torchdoctor.sdk.source": "torchdoctor.lint"}
+SHARED = ("torchdoctor.findings", "torchdoctor.pitfall", "torchdoctor.units", "torchdoctor.wrappers")
+
+
+def test_each_sdk_module_imports_only_its_own_door():
+    edges = graph()
+    for sdk, door in DOORS.items():
+        assert [d for d in edges[sdk] if not d.startswith((door, *SHARED))] == [], sdk
