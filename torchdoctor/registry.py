@@ -19,7 +19,7 @@ from torchdoctor.pitfall import Pitfall, Scope
 from torchdoctor.plugins import GROUP as ENTRY_POINT_GROUP
 
 __all__ = ["Pitfall", "Scope", "RegistryError", "Indexed", "all_checks", "get", "index", "load", "load_errors",
-           "load_names", "plugin_checks",
+           "load_names", "unindexed",
            "run_fact_checks", "internal_error", "BUILTIN_ORIGIN", "ENTRY_POINT_GROUP"]
 
 BUILTIN_ORIGIN = "built-in"
@@ -92,10 +92,12 @@ def index() -> dict[str, Indexed]:
     return {name: Indexed(*row) for name, row in CHECKS.items()}
 
 
-def plugin_checks() -> list[Pitfall]:
-    """The pitfalls plug-ins define (importing no built-in check module)."""
+def unindexed() -> list[Pitfall]:
+    """The registered pitfalls the generated index does not list: the plug-ins' (loaded by this call, which
+    imports no built-in check module) and any added at run time with `add`."""
     _ensure_plugins()
-    return [p for p in _CHECKS.values() if p.origin != BUILTIN_ORIGIN]
+    builtin = index()
+    return [p for p in _CHECKS.values() if p.name not in builtin]
 
 
 def load_names(names: Iterable[str]) -> list[Pitfall]:

@@ -51,9 +51,10 @@ class Ref:
 
 
 def _refs() -> list[Ref]:
-    """Every check: the built-ins from the generated index, then the plug-ins (imported to be known)."""
+    """Every check: the built-ins from the generated index, then the plug-ins (imported to be known) and any
+    pitfall registered at run time."""
     refs = [Ref(name, row.code, row.scopes) for name, row in registry.index().items()]
-    return refs + [Ref(p.name, p.code, tuple(str(s) for s in p.scopes)) for p in registry.plugin_checks()]
+    return refs + [Ref(p.name, p.code, tuple(str(s) for s in p.scopes)) for p in registry.unindexed()]
 
 
 class SelectionError(ValueError):
