@@ -47,13 +47,13 @@ Rules for handlers:
   ``ctx.fault(self, exc)`` for an exception such instrumentation caught: it must never raise into the
   user's forward, backward or data loading.
 
-Extending (distributed checks, issue 5): a ``checks/ddp_*.py`` module registers `RuntimeCheck`
-subclasses with ``scope=Scope.DISTRIBUTED``; a session also runs those (subject to ``checks=``/``ignore=``)
-when ``torch.distributed`` is initialised, and prints its report on rank 0 only (see ``WatchSession.start``).
-They use the same events (``PERIODIC`` for collectives, ``FORWARD`` and ``LOADER_ITER`` for data
-fingerprints) and ``ctx.rank``/``ctx.world_size``. A new kind of event (e.g. a forward pre-hook on the
-inner module, after DDP's buffer broadcast, for buffer fingerprints) is added as an `Event` member, a
-``on_<event>`` default here, a payload dataclass here and an installer in `torchdoctor.watch.events`.
+Cross-rank checks: a pitfall's ``@PITFALL.distributed`` detector is a `RuntimeCheck` like any other; a session
+runs it (subject to ``checks=``/``ignore=``) when ``torch.distributed`` is initialised, and prints its report on
+rank 0 only (see ``WatchSession.start``). It uses the same events (``PERIODIC`` for collectives, ``FORWARD`` and
+``LOADER_ITER`` for data fingerprints), ``ctx.rank``/``ctx.world_size``, and ``exchange_for`` from
+``torchdoctor.sdk.runtime`` for the side group. A new kind of event is added as an `Event` member, an
+``on_<event>`` default on `RuntimeCheck` (its signature is what every handler must accept), a payload dataclass
+here and an installer in `torchdoctor.watch.events`.
 """
 from __future__ import annotations
 
