@@ -95,12 +95,28 @@ def test_import_failure_without_a_known_cause_proposes_no_reinstall(cpu_facts):
 
 # slow-torch-import ------------------------------------------------------------------------------
 
-def test_slow_torch_import(cpu_facts):
+def test_slow_torch_import_judges_cpu_and_file_time_not_wall_time(cpu_facts):
     assert run_check("slow-torch-import", cpu_facts) == []  # 2 s
-    cpu_facts.torch.seconds = 9.5
+    probe = cpu_facts.torch
+    probe.seconds, probe.cpu_seconds, probe.cpu_wait_seconds, probe.blocked_seconds = 31.0, 1.9, 28.5, 0.6
+    [note] = run_check("slow-torch-import", cpu_facts)  # a loaded machine: a note, no warning
+    assert note.severity == Severity.INFO and "the machine is loaded: it waited 28 s for a CPU" in note.message
+    probe.seconds, probe.cpu_wait_seconds, probe.blocked_seconds = 31.0, 0.2, 28.9  # an NFS mount
+    f = one("slow-torch-import", cpu_facts, Severity.WARNING)
+    assert "spent 29 s waiting for its files" in f.message and "local disk" in f.fix.title
+    probe.cpu_seconds, probe.blocked_seconds = 29.0, 1.8  # a sitecustomize computing
+    assert "used 29 s of CPU time" in one("slow-torch-import", cpu_facts, Severity.WARNING).message
+    probe.cpu_seconds, probe.seconds = 9.5, 11.0
     assert run_check("slow-torch-import", cpu_facts) == []
-    cpu_facts.torch.seconds = 31.0
-    assert "took 31 s" in one("slow-torch-import", cpu_facts, Severity.WARNING).message
+
+
+def test_slow_torch_import_without_scheduler_statistics_trusts_off_cpu_time_only_on_an_idle_machine(cpu_facts):
+    probe = cpu_facts.torch
+    probe.seconds, probe.cpu_seconds, probe.cpu_wait_seconds, probe.blocked_seconds = 31.0, 2.0, None, None
+    cpu_facts.system.load_average = 0.5
+    assert "waiting for its files" in one("slow-torch-import", cpu_facts).message
+    cpu_facts.system.load_average = 9.0  # busy: the off-CPU time may be waiting for a CPU
+    assert run_check("slow-torch-import", cpu_facts) == []
 
 
 def test_import_failure_not_installed(cpu_facts):

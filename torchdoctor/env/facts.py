@@ -146,6 +146,7 @@ class SystemFacts:
     cpu_logical: Optional[int] = None
     cpu_physical: Optional[int] = None
     cpu_affinity: Optional[int] = None  # CPUs this process may run on
+    load_average: Optional[float] = None  # runnable processes, 1-minute average (os.getloadavg)
     cgroup_cpu_limit: Optional[float] = None  # CPUs allowed by a container quota
     cgroup_memory_limit: Optional[int] = None  # bytes a container's cgroup allows (psutil shows the host's)
     cgroup_memory_used: Optional[int] = None  # bytes charged to that cgroup now

@@ -184,6 +184,8 @@ def collect_system(cwd: str) -> SystemFacts:
             pass
     if hasattr(os, "sched_getaffinity"):
         facts.cpu_affinity = len(os.sched_getaffinity(0))
+    if hasattr(os, "getloadavg"):
+        facts.load_average = os.getloadavg()[0]
     mem = psutil.virtual_memory()
     facts.memory_total, facts.memory_available = mem.total, mem.available
     try:
