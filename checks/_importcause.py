@@ -30,8 +30,8 @@ LOADER_PROBLEMS = (
 STATE_WORDS = {"empty": "is an empty file (0 bytes)", "truncated": "is cut short (its ELF headers point past its "
                "end)", "not ELF": "is not a shared library", "wrong class": "is built for another architecture",
                "unreadable": "cannot be read", "missing": "does not exist"}
-MEMORY_WORDS = ("Memory allocation", "Cannot allocate memory", "MemoryError", "failed to map segment",
-                "bad_alloc", "out of memory", "mmap")
+MEMORY_WORDS = ("memory allocation", "cannot allocate memory", "memoryerror", "failed to map segment",
+                "bad_alloc", "out of memory", "mmap")  # compared in lower case
 LIMITS = {  # /proc/self/limits name -> (resource, ulimit flag)
     "Max address space": ("RLIMIT_AS", "-v", 1024),
     "Max data size": ("RLIMIT_DATA", "-d", 1024),
@@ -145,7 +145,7 @@ def _limit_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
     """A resource limit the error runs into: memory (RLIMIT_AS/DATA, a cgroup) or open files/processes."""
     probe = facts.torch
     wanted = []
-    if any(word in text for word in MEMORY_WORDS) or probe.error_errno == errno.ENOMEM:
+    if any(word in text.lower() for word in MEMORY_WORDS) or probe.error_errno == errno.ENOMEM:
         wanted = ["Max address space", "Max data size"]
     elif "Too many open files" in text or probe.error_errno == errno.EMFILE:
         wanted = ["Max open files"]
@@ -227,6 +227,10 @@ def _requirement_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
     if unmet is None:
         return None
     have = f"{unmet.installed} is installed" if unmet.installed else "it is not installed"
+    others = sorted({u.dist for u in facts.unmet_requirements
+                     if u.dist != "torch" and str(canonicalize_name(u.requirement_name)) == top})
+    if others:
+        have += f" (which {', '.join(others[:3])}{' and others' if len(others) > 3 else ''} reject too)"
     copy = next((p for p in _PATH.findall(text) if f"/{module.split('.')[0]}" in p), None)
     place = home(copy, facts) if copy else None
     cause = f"torch {unmet.version} requires {unmet.requirement}, but {have}"

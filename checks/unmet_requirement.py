@@ -76,8 +76,8 @@ def unmet_requirement(facts: EnvFacts) -> Iterator[Finding]:
     companions = companion_problems(facts) if facts.unmet_requirements else {}
     # one cause, one finding: what torch-import-failure names as its cause, and requirements on a companion that
     # companion-version-mismatch reports (with these as its evidence), are not repeated here
-    unmet = [u for u in facts.unmet_requirements
-             if u != explained and canonicalize_name(u.requirement_name) not in companions]
+    merged = set(companions) | ({canonicalize_name(explained.requirement_name)} if explained else set())
+    unmet = [u for u in facts.unmet_requirements if canonicalize_name(u.requirement_name) not in merged]
     if not unmet:
         return
     lines = [f"{u.dist} {u.version} requires {u.requirement}, but "

@@ -108,6 +108,10 @@ class FactCollection:
         facts.nvidia = self._nvidia[0] if self._nvidia else NvidiaFacts(unavailable_reason="NVML did not answer")
         progress("importing torch in a subprocess (as your scripts would)")
         facts.torch = self.probe.result()
+        if not facts.torch.ok and not facts.torch.limits:  # it died before saying: it had this process's limits
+            from torchdoctor.env.torch_probe import limits
+
+            facts.torch.limits = limits()
         return facts
 
     def _search_path(self) -> list[str]:

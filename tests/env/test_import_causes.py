@@ -1,0 +1,193 @@
+"""torch-import-failure on broken setups built for real: each gets the cause its evidence names and a fix that,
+pasted into a shell, makes `import torch` work (where the fix needs no network).
+
+Every setup's probe starts at once (one process each, all failing early), so the lot costs about one torch import.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from env_fixtures import run_check
+from torchdoctor.env.doctor import FactCollection
+
+TORCH_LIB = Path(__import__("importlib.util").util.find_spec("torch").origin).parent / "lib"
+OURS = sysconfig.get_paths()["purelib"]  # this environment's site-packages: torch, and torchdoctor's dependencies
+
+
+def venv(root: Path, *, ours: bool = True) -> Path:
+    """A bare venv (no pip); with `ours`, this environment's packages come after its own site-packages."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    if ours:
+        (site / "zz_ours.pth").write_text(f"import site; site.addsitedir({OURS!r})\n")
+    return root
+
+
+def python_prefix(root: Path) -> Path:
+    """A Python installation prefix of its own (for PYTHONHOME): the standard library linked in, its own
+    site-packages, and this environment's packages after it. Not a venv, so the user site is on."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    lib = root / "lib" / stdlib.name
+    (lib / "site-packages").mkdir(parents=True)
+    for entry in stdlib.iterdir():
+        if entry.name != "site-packages":
+            (lib / entry.name).symlink_to(entry)
+    (lib / "site-packages" / "zz_ours.pth").write_text(f"import site; site.addsitedir({OURS!r})\n")
+    return root
+
+
+def site_of(root: Path) -> Path:
+    return root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+
+
+def dist_info(site: Path, name: str, version: str, requires=(), direct_url=None) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("\n".join(lines) + "\n\n")
+    (info / "RECORD").write_text("")
+    if direct_url:
+        (info / "direct_url.json").write_text(json.dumps(direct_url))
+
+
+def clean_env(**changes):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONUSERBASE", "PYTHONNOUSERSITE")}
+    env.update(changes)
+    return env
+
+
+@pytest.fixture(scope="module")
+def setups(tmp_path_factory):
+    """Broken setups, each (python, environment, cwd), diagnosed concurrently: name -> (facts, python, env)."""
+    root = tmp_path_factory.mktemp("setups")
+    work = root / "work"
+    work.mkdir()
+    built = {}
+
+    # a zero-byte libgomp.so.1 in a folder on LD_LIBRARY_PATH (with a harmless second folder)
+    (root / "fakelib").mkdir()
+    (root / "fakelib" / "libgomp.so.1").write_bytes(b"")
+    (root / "other").mkdir()
+    built["empty_lib"] = (sys.executable, clean_env(LD_LIBRARY_PATH=f"{root / 'fakelib'}:{root / 'other'}"))
+    # a half-copied libgomp.so.1: the loader maps it and the process dies of SIGBUS
+    (root / "trunc").mkdir()
+    (root / "trunc" / "libgomp.so.1").write_bytes((TORCH_LIB / "libgomp.so.1").read_bytes()[:4096])
+    built["truncated_lib"] = (sys.executable, clean_env(LD_LIBRARY_PATH=str(root / "trunc")))
+    # a CUDA build of torch in the user site, ahead of the environment's own CPU torch, on a machine without CUDA;
+    # the environment is a prefix of its own (as a conda env or a system Python: in a venv the user site is off)
+    prefix = python_prefix(root / "prefix")
+    userbase = root / "userbase"
+    user_site = userbase / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    (user_site / "torch").mkdir(parents=True)
+    (user_site / "torch" / "__init__.py").write_text("import ctypes\nctypes.CDLL('libcudnn.so.9')\n")
+    (user_site / "torch" / "version.py").write_text("__version__ = '2.13.0+cu130'\ncuda = '13.0'\n")
+    dist_info(user_site, "torch", "2.13.0+cu130")
+    built["user_site"] = (os.path.realpath(sys.executable), clean_env(PYTHONHOME=str(prefix), PYTHONUSERBASE=str(userbase)))
+    # an editable install of torch whose source folder was deleted (pip still lists it)
+    gone = root / "pytorch-checkout"
+    editable = venv(root / "editvenv", ours=False)
+    dist_info(site_of(editable), "torch", "2.13.0a0+git1234", direct_url={"url": gone.as_uri(), "dir_info": {"editable": True}})
+    (site_of(editable) / "__editable__.torch-2.13.0a0+git1234.pth").write_text(f"{gone}\n")
+    built["deleted_editable"] = (str(editable / "bin" / "python"), clean_env())
+    # torch's own requirement unmet: typing_extensions 4.0.0 in the venv, ahead of the newer one
+    old = venv(root / "oldreqvenv")
+    (site_of(old) / "typing_extensions.py").write_text("# an old release, without what torch imports\n")
+    dist_info(site_of(old), "typing_extensions", "4.0.0")
+    built["old_requirement"] = (str(old / "bin" / "python"), clean_env())
+
+    collections = {name: (FactCollection(probe_timeout=120, cwd=str(work), python=python, environ=env), python, env)
+                   for name, (python, env) in built.items()}
+    return {name: (c.finish(), python, env) for name, (c, python, env) in collections.items()}
+
+
+def finding(facts):
+    [f] = run_check("torch-import-failure", facts)
+    return f
+
+
+def pasted(fix_title: str) -> str:
+    """The command a fix asks to paste (its last `backquoted` part)."""
+    return re.findall(r"`([^`]+)`", fix_title)[-1]
+
+
+def imports_after(fix: str, python: str, env: dict, limit: str = "") -> subprocess.CompletedProcess:
+    script = f"{limit}{fix}\n{python} -c 'import torch; torch.ones(2).sum()'\n"
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_zero_byte_library_on_ld_library_path(setups, tmp_path):
+    facts, python, env = setups["empty_lib"]
+    f = finding(facts)
+    fakelib = env["LD_LIBRARY_PATH"].split(":")[0]
+    assert f"{fakelib}/libgomp.so.1: file too short" in f.message
+    assert f"Cause: {fakelib}/libgomp.so.1 (from the LD_LIBRARY_PATH folder {fakelib}) is an empty file" in f.message
+    fix = pasted(f.fix.title)
+    assert fix == f"export LD_LIBRARY_PATH={env['LD_LIBRARY_PATH'].split(':')[1]}" and "reinstall" not in f.fix.title
+    assert imports_after(fix, python, env).returncode == 0
+
+
+def test_a_truncated_library_that_crashes_the_import(setups):
+    facts, python, env = setups["truncated_lib"]
+    assert facts.torch.exit_signal == 7 and any("_load_global_deps" in frame for frame in facts.torch.crash_stack)
+    f = finding(facts)
+    assert f"{env['LD_LIBRARY_PATH']}/libgomp.so.1 (from the LD_LIBRARY_PATH folder" in f.message
+    assert "is cut short" in f.message and "crashed (signal 7)" in f.message
+    assert pasted(f.fix.title) == "unset LD_LIBRARY_PATH"
+    assert imports_after("unset LD_LIBRARY_PATH", python, env).returncode == 0
+
+
+def test_torch_from_the_user_site_ahead_of_the_environments(setups):
+    facts, python, env = setups["user_site"]
+    f = finding(facts)
+    user_site = facts.torch.user_site
+    assert user_site.startswith(env["PYTHONUSERBASE"]) and facts.torch.torch_copies[0] == f"{user_site}/torch"
+    assert f"torch comes from the user site {user_site}, which Python searches before the environment's " \
+           f"site-packages, ahead of the environment's own torch in {TORCH_LIB.parent}" in f.message
+    assert "libcudnn.so.9: cannot open shared object file" in f.message  # the error, quoted
+    assert "cu1" not in f.fix.title and "--index-url" not in f.fix.title  # never a CUDA build without a driver
+    assert pasted(f.fix.title).startswith("rm -rf ")  # the permanent fix; the first one is tried here
+    assert imports_after("export PYTHONNOUSERSITE=1", python, env).returncode == 0
+    assert imports_after("true", python, env).returncode != 0  # the setup is broken without the fix
+
+
+def test_an_editable_install_whose_source_was_deleted(setups):
+    facts, python, env = setups["deleted_editable"]
+    f = finding(facts)
+    assert "No module named 'torch'" in f.message
+    assert f"torch 2.13.0a0+git1234 is an editable install whose source folder " \
+           f"{facts.torch_dist_editable} is gone" in f.message
+    assert f"{python} -m pip uninstall -y torch && {python} -m pip install torch==2.13.0 " \
+           "--index-url https://download.pytorch.org/whl/cpu" in f.fix.title
+    assert "cu1" not in f.fix.title
+
+
+def test_an_unmet_requirement_of_torch_is_the_cause_and_reported_once(setups):
+    facts, python, env = setups["old_requirement"]
+    f = finding(facts)
+    assert "from 'typing_extensions'" in f.message
+    assert "Cause: torch 2.13.0+cpu requires typing-extensions>=4.10.0, but 4.0.0 is installed" in f.message
+    assert f.fix.title == f'{python} -m pip install "typing-extensions>=4.10.0"'
+    # the same root cause is not reported again by unmet-requirement with another command
+    assert all("typing" not in u.message for u in run_check("unmet-requirement", facts))
+
+
+def test_a_memory_limit_names_rlimit_as_and_the_ulimit_that_lifts_it(tmp_path):
+    """`ulimit -v` (RLIMIT_AS) too small for torch's libraries: the whole `torchdoctor env` runs under it."""
+    limited = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (500 << 20, resource.RLIM_INFINITY)); "
+               "os.execv(sys.executable, [sys.executable, '-m', 'torchdoctor', 'env', '--format', 'json', "
+               "'--select', 'torch-import-failure'])")
+    result = subprocess.run([sys.executable, "-c", limited], cwd=tmp_path, env=clean_env(NO_COLOR="1"),
+                            capture_output=True, text=True, timeout=300)
+    report = json.loads(result.stdout)
+    [f] = report["findings"]
+    assert "Cause: the process runs under RLIMIT_AS = 500 MiB (`ulimit -v`)" in f["message"]
+    assert pasted(f["fix"]["title"]) == "ulimit -S -v unlimited" and result.returncode == 1
+    fixed = imports_after("ulimit -S -v unlimited", sys.executable, clean_env(), limit="ulimit -S -v 512000\n")
+    assert fixed.returncode == 0, fixed.stderr[-500:]
