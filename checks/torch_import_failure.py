@@ -99,4 +99,6 @@ def torch_import_failure(facts: EnvFacts) -> Iterator[Finding]:
     file = cause.file or probe.torch_file
     head = f"`import torch` hangs: {cause.cause}." if probe.timed_out else \
         f"`import torch` fails: {error}. Cause: {cause.cause}."
-    yield Finding(head, fix=cause.fix, location=Location(file=file) if file else None)
+    # ranks fold by key: the same error on several ranks is one finding, a hang and a failure are two
+    yield Finding(head, fix=cause.fix, location=Location(file=file) if file else None,
+                  key="hang" if probe.timed_out else error)
