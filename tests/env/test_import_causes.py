@@ -90,6 +90,13 @@ def setups(tmp_path_factory):
     (user_site / "torch" / "version.py").write_text("__version__ = '2.13.0+cu130'\ncuda = '13.0'\n")
     dist_info(user_site, "torch", "2.13.0+cu130")
     built["user_site"] = (os.path.realpath(sys.executable), clean_env(PYTHONHOME=str(prefix), PYTHONUSERBASE=str(userbase)))
+    # a working torch in the user site (the environment's own files, linked) ahead of the environment's: it imports
+    okbase = root / "okbase"
+    ok_site = okbase / user_site.relative_to(userbase)
+    ok_site.mkdir(parents=True)
+    (ok_site / "torch").symlink_to(TORCH_LIB.parent, target_is_directory=True)
+    built["user_site_works"] = (os.path.realpath(sys.executable),
+                                clean_env(PYTHONHOME=str(prefix), PYTHONUSERBASE=str(okbase)))
     # an editable install of torch whose source folder was deleted (pip still lists it)
     gone = root / "pytorch-checkout"
     editable = venv(root / "editvenv", ours=False)
@@ -191,3 +198,16 @@ def test_a_memory_limit_names_rlimit_as_and_the_ulimit_that_lifts_it(tmp_path):
     assert pasted(f["fix"]["title"]) == "ulimit -S -v unlimited" and result.returncode == 1
     fixed = imports_after("ulimit -S -v unlimited", sys.executable, clean_env(), limit="ulimit -S -v 512000\n")
     assert fixed.returncode == 0, fixed.stderr[-500:]
+
+
+def test_a_working_torch_in_the_user_site_is_named_with_the_copy_it_hides(setups):
+    facts, python, env = setups["user_site_works"]
+    assert run_check("torch-import-failure", facts) == [] and facts.torch.ok
+    [f] = run_check("torch-copy-hidden", facts)
+    user_copy = f"{facts.torch.user_site}/torch"
+    assert f.message.startswith(f"Python imports torch from {user_copy} (2.13.0+cpu), which hides {TORCH_LIB.parent}")
+    assert "`export PYTHONNOUSERSITE=1`" in f.fix.title
+    where = f"{python} -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec(\"torch\").origin))'"
+    after = subprocess.run(["bash", "-c", f"export PYTHONNOUSERSITE=1\n{where}"], env=env, capture_output=True,
+                           text=True)
+    assert after.stdout.strip() == str(TORCH_LIB.parent)  # the pasted fix: the environment's own torch again

@@ -15,8 +15,9 @@ from torchdoctor.cli.options import InputError, checks_for, emit, report_options
 
 
 AREAS = {  # -v groups the checks that passed by what they look at
-    "torch install": ("torch-import-failure", "slow-torch-import", "cpu-only-build", "companion-version-mismatch",
-                      "numpy-problem", "module-shadowing", "unmet-requirement", "duplicate-openmp"),
+    "torch install": ("torch-import-failure", "torch-copy-hidden", "slow-torch-import", "cpu-only-build",
+                      "companion-version-mismatch", "numpy-problem", "module-shadowing", "unmet-requirement",
+                      "duplicate-openmp"),
     "GPU, driver, CUDA": ("gpu-arch-unsupported", "driver-too-old", "cuda-toolkit-mismatch", "cuda-visible-devices",
                           "gpu-memory-held", "gpu-health"),
     "machine": ("shm-too-small", "low-resources", "open-files-limit", "thread-oversubscription"),

@@ -58,6 +58,7 @@ class TorchProbe:
     hang_stack: list[str] = field(default_factory=list)  # where a hanging probe was, innermost frame first
     companion_errors: dict[str, str] = field(default_factory=dict)  # torchvision/torchaudio import errors
     torch_copies: list[str] = field(default_factory=list)  # every torch/ folder on sys.path, the winner first
+    torch_copy_versions: dict[str, str] = field(default_factory=dict)  # folder -> __version__ in its version.py
     user_site: Optional[str] = None  # ~/.local/lib/pythonX.Y/site-packages (or $PYTHONUSERBASE's)
     user_site_enabled: Optional[bool] = None  # site.ENABLE_USER_SITE: off in venvs, with -s, -I, PYTHONNOUSERSITE
     isolated: Optional[bool] = None  # python -I

@@ -142,8 +142,18 @@ def where_facts() -> "dict[str, object]":
         folder = (entry or os.getcwd()).rstrip("/") + "/torch"
         if os.path.isfile(folder + "/__init__.py") and folder not in copies:
             copies.append(folder)
+    versions = {}
+    for folder in copies:
+        try:
+            with open(folder + "/version.py", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if line.startswith("__version__"):
+                        versions[folder] = line.split("=", 1)[1].split("#")[0].strip().strip("'\"")
+        except OSError:
+            pass
     return {
         "torch_copies": copies,
+        "torch_copy_versions": versions,
         "user_site": getattr(site, "USER_SITE", None),
         "user_site_enabled": getattr(site, "ENABLE_USER_SITE", None),
         "isolated": bool(sys.flags.isolated),
