@@ -109,6 +109,23 @@ def reinstall(facts: EnvFacts) -> str:
     return pip_install(facts, cuda)
 
 
+# Symbol or version prefixes whose library is not named after them.
+SYMBOL_LIBRARIES = {"omp_": "gomp", "kmp_": "iomp5", "glibcxx_": "stdc++", "cxxabi_": "stdc++", "gcc_": "gcc_s",
+                    "glibc_": "c"}
+_SYMBOL = re.compile(r"undefined symbol: ([\w.@]+)|version [`']([\w.]+)' not found|version ([A-Z][\w.]+)")
+
+
+def _defines(path: str, text: str) -> bool:
+    """Whether the library at `path` is the one that should define a symbol or symbol version the loader error
+    names (libgomp for `omp_get_max_threads` or `GOMP_4.5`, libcudnn for `cudnnCreate`, ...)."""
+    stem = os.path.basename(path).split(".so")[0].removeprefix("lib").lower()
+    for m in _SYMBOL.finditer(text):
+        name = next(g for g in m.groups() if g).lower()
+        if name.startswith(stem) or any(name.startswith(p) and lib == stem for p, lib in SYMBOL_LIBRARIES.items()):
+            return True
+    return False
+
+
 def _library_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
     """A library from LD_PRELOAD or an LD_LIBRARY_PATH folder that the error names, or that is broken while the
     loader failed or the probe crashed."""
@@ -124,8 +141,8 @@ def _library_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
         copy = named[0]
     elif broken and (loader or crashed):
         copy = broken[0]
-    elif loader:  # the failing library needs one whose name the copy has, e.g. "undefined symbol: omp_..."
-        copy = next((c for c in copies if os.path.basename(c.path).split(".so")[0] in text), None)
+    elif loader:  # the copy is the library that should define the missing symbol or version
+        copy = next((c for c in copies if _defines(c.path, text)), None)
     if copy is None:
         return None
     what = STATE_WORDS.get(copy.state) if copy.state != "ok" else loader or "is a different build than torch's"

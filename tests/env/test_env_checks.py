@@ -93,6 +93,68 @@ def test_import_failure_without_a_known_cause_proposes_no_reinstall(cpu_facts):
     assert "/usr/bin/python3 -X faulthandler -c \"import torch\"" in f.fix.title
 
 
+def failed(facts, error_type, error, **probe):
+    facts.torch = dataclasses.replace(facts.torch, ok=False, error_type=error_type, error=error, version=None, **probe)
+    return one("torch-import-failure", facts, Severity.ERROR)
+
+
+def test_import_failure_errno_names_the_file_system_and_the_variable(cpu_facts):
+    cpu_facts.env_vars["TMPDIR"] = "/mnt/ro/tmp"
+    f = failed(cpu_facts, "OSError", "[Errno 30] Read-only file system: '/mnt/ro/tmp/torch_cache.lock'",
+               error_errno=30, error_filename="/mnt/ro/tmp/torch_cache.lock")
+    assert "/mnt/ro/tmp is on a read-only file system (EROFS), set by TMPDIR" in f.message
+    assert "`mkdir -p $HOME/tmpdir && export TMPDIR=$HOME/tmpdir`" in f.fix.title and "reinstall" not in f.fix.title
+    f = failed(healthy_cpu_facts(), "OSError", "[Errno 28] No space left on device: '/data/cache/x.bin'",
+               error_errno=28, error_filename="/data/cache/x.bin")
+    assert "the file system holding /data/cache is full (ENOSPC)" in f.message and "df -h /data/cache" in f.fix.title
+
+
+def test_import_failure_permission_denied_inside_torchs_folder(cpu_facts):
+    f = failed(cpu_facts, "PermissionError", "[Errno 13] Permission denied: '/site-packages/torch/_C.so'",
+               error_errno=13, error_filename="/site-packages/torch/_C.so")
+    assert "this user may not access /site-packages/torch/_C.so (EACCES); it lives in torch's own folder" in f.message
+    assert f.fix.title.endswith("`chmod -R a+rX /site-packages/torch`")
+
+
+def test_import_failure_killed_by_a_containers_memory_limit(cpu_facts):
+    cpu_facts.system.cgroup_memory_limit, cpu_facts.system.cgroup_memory_used = 2 * GiB, 2 * GiB - 4096
+    f = failed(cpu_facts, "ProbeFailed", "the Python process that imported torch exited with status -9: no output",
+               exit_signal=9)
+    assert "the container's memory limit (2 GiB" in f.message and "SIGKILL" in f.message
+    assert "--memory" in f.fix.title
+
+
+def test_import_failure_open_files_limit_with_a_low_hard_limit(cpu_facts):
+    f = failed(cpu_facts, "OSError", "[Errno 24] Too many open files: '/site-packages/torch/lib'", error_errno=24,
+               limits={"Max open files": [64, 64]})
+    assert "RLIMIT_NOFILE = 64 (`ulimit -n`)" in f.message and "hard limit is 64 too" in f.fix.title
+
+
+def test_import_failure_from_a_library_on_ld_preload(cpu_facts):
+    from torchdoctor.env.facts import LibraryCopy
+
+    cpu_facts.env_vars["LD_PRELOAD"] = "/opt/tools/libjemalloc.so.2 /opt/old/libgomp.so.1"
+    cpu_facts.libraries = [LibraryCopy("/opt/tools/libjemalloc.so.2", "LD_PRELOAD", "/opt/tools/libjemalloc.so.2"),
+                           LibraryCopy("/opt/old/libgomp.so.1", "LD_PRELOAD", "/opt/old/libgomp.so.1")]
+    f = failed(cpu_facts, "OSError", "/site-packages/torch/lib/libtorch_cpu.so: undefined symbol: "
+                                     "omp_get_max_active_levels, version GOMP_4.5")
+    assert "Cause: /opt/old/libgomp.so.1 (from LD_PRELOAD) lacks a symbol torch needs" in f.message
+    assert f.fix.title.endswith("`export LD_PRELOAD=/opt/tools/libjemalloc.so.2`")
+
+
+def test_import_failure_cuda_build_without_a_driver_installs_the_cpu_build(cpu_facts):
+    cpu_facts.torch_dist_version, cpu_facts.torch_dist_cuda = "2.13.0+cu130", "13.0"
+    f = failed(cpu_facts, "OSError", "libcudnn.so.9: cannot open shared object file: No such file or directory")
+    assert "is a CUDA build and libcudnn.so.9 is missing, on a machine without an NVIDIA driver" in f.message
+    assert "--index-url https://download.pytorch.org/whl/cpu" in f.fix.title and "cu13" not in f.fix.title
+
+
+def test_import_failure_damaged_file_in_torchs_own_folder_is_a_reinstall(gpu_facts):
+    f = failed(gpu_facts, "OSError", "/site-packages/torch/lib/libtorch_cuda.so: file too short")
+    assert "a file of torch's own install, is damaged" in f.message
+    assert "install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124" in f.fix.title
+
+
 # slow-torch-import ------------------------------------------------------------------------------
 
 def test_slow_torch_import_judges_cpu_and_file_time_not_wall_time(cpu_facts):

@@ -6,6 +6,7 @@ Every setup's probe starts at once (one process each, all failing early), so the
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -80,6 +81,13 @@ def setups(tmp_path_factory):
     (root / "trunc").mkdir()
     (root / "trunc" / "libgomp.so.1").write_bytes((TORCH_LIB / "libgomp.so.1").read_bytes()[:4096])
     built["truncated_lib"] = (sys.executable, clean_env(LD_LIBRARY_PATH=str(root / "trunc")))
+    # a real shared library named libgomp.so.1 that defines none of OpenMP's symbols (where a C compiler exists)
+    if shutil.which("gcc"):
+        (root / "stub").mkdir()
+        (root / "stub" / "s.c").write_text("int unrelated(void) { return 0; }\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libgomp.so.1", "-o", str(root / "stub" / "libgomp.so.1"),
+                        str(root / "stub" / "s.c")], check=True)
+        built["stub_lib"] = (sys.executable, clean_env(LD_LIBRARY_PATH=str(root / "stub")))
     # a CUDA build of torch in the user site, ahead of the environment's own CPU torch, on a machine without CUDA;
     # the environment is a prefix of its own (as a conda env or a system Python: in a venv the user site is off)
     prefix = python_prefix(root / "prefix")
@@ -148,6 +156,17 @@ def test_a_truncated_library_that_crashes_the_import(setups):
     assert "is cut short" in f.message and "crashed (signal 7)" in f.message
     assert pasted(f.fix.title) == "unset LD_LIBRARY_PATH"
     assert imports_after("unset LD_LIBRARY_PATH", python, env).returncode == 0
+
+
+def test_a_library_without_the_symbols_torch_needs(setups):
+    if "stub_lib" not in setups:
+        pytest.skip("no C compiler to build the stand-in library")
+    facts, python, env = setups["stub_lib"]
+    f = finding(facts)
+    assert "undefined symbol: omp_" in f.message
+    assert f"Cause: {env['LD_LIBRARY_PATH']}/libgomp.so.1 (from the LD_LIBRARY_PATH folder {env['LD_LIBRARY_PATH']}) " \
+           "lacks a symbol torch needs" in f.message
+    assert pasted(f.fix.title) == "unset LD_LIBRARY_PATH"
 
 
 def test_torch_from_the_user_site_ahead_of_the_environments(setups):
