@@ -16,55 +16,60 @@ TORCH_IMPORT_FAILURE = Pitfall(
     summary="`import torch` fails or hangs; names the likely cause.",
     why="""
         `import torch` itself fails or hangs. torchdoctor imports torch in a separate process, so the doctor still
-        runs, shows the exception, and names the most likely cause: torch not installed for this Python, a folder or
-        file shadowing torch, a missing CUDA/cuDNN shared library, undefined symbols from mixed installs, a NumPy
-        ABI error, or an import that never finishes.
+        runs, shows the exception, and names the cause that the failure's own evidence points at: a library that
+        LD_PRELOAD or an LD_LIBRARY_PATH folder puts before torch's own (empty, cut short, or lacking a symbol), a
+        torch in the user site ahead of the environment's, a resource limit (`ulimit -v`, open files, a container's
+        memory), an errno on a named file, an editable install whose source folder is gone, a requirement of
+        torch's in the wrong version, a file or folder shadowing torch, a missing CUDA library, a NumPy ABI error,
+        or an import that never finishes.
 
         Nothing else works until `import torch` does, and the error text rarely says what to change. Typical messages:
 
-        - `ModuleNotFoundError: No module named 'torch'` (installed into another interpreter or venv)
+        - `OSError: /home/me/fakelib/libgomp.so.1: file too short` (a library on `LD_LIBRARY_PATH`)
         - `ImportError: libcudnn.so.9: cannot open shared object file: No such file or directory`
-        - `ImportError: .../torch/lib/libtorch_cuda.so: undefined symbol: ...` (pip and conda torch mixed, or
-          `LD_LIBRARY_PATH` pointing at another CUDA)
+        - `ImportError: .../torch/lib/libtorch_cpu.so: undefined symbol: omp_get_max_threads, version OMP_1.0`
+        - `OpenBLAS error: Memory allocation still failed after 10 retries, giving up.` (under `ulimit -v`)
+        - `ModuleNotFoundError: No module named 'torch'` (not installed here, or an editable install's source deleted)
+        - `ImportError: cannot import name 'deprecated' from 'typing_extensions'` (a requirement too old)
         - `AttributeError: partially initialized module 'torch' has no attribute 'cuda' (most likely due to a circular
           import)`
-        - `ImportError: No module named torch._C` (a `torch/` source folder in the working directory)
-        - `A module that was compiled using NumPy 1.x cannot be run in NumPy 2.x`
     """,
     fix="""
-        Follow the fix printed with the finding; it depends on the cause:
+        Follow the fix printed with the finding; it acts on the cause the evidence names, for example:
 
         ```console
-        # not installed for this interpreter
-        $ python -m pip install torch --index-url https://download.pytorch.org/whl/cu126
-        # mixed installs or missing libraries: uninstall until pip says torch is not installed, then reinstall
-        $ pip uninstall -y torch && pip uninstall -y torch
-        $ conda remove pytorch                 # conda environments only
-        $ unset LD_LIBRARY_PATH
-        $ pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124
+        # a broken libgomp.so.1 in an LD_LIBRARY_PATH folder: take that folder off the variable
+        $ export LD_LIBRARY_PATH=/usr/local/lib
+        # a torch in ~/.local hiding the environment's
+        $ export PYTHONNOUSERSITE=1
+        # a memory limit too small for torch's libraries
+        $ ulimit -S -v unlimited
+        # a requirement of torch's that is too old
+        $ python -m pip install "typing-extensions>=4.10.0"
         # a hanging import: see where it stops
         $ python -X importtime -c "import torch" 2>&1 | tail
         ```
 
-        For a shadowing `torch` folder or a circular import, rename the offending file or folder (see
-        [module-shadowing](module-shadowing.md)) and delete the `__pycache__` next to it.
+        A reinstall is proposed only when the evidence points at the install itself (a damaged file in torch's
+        folder, files missing, a CUDA library a CUDA build needs), and then the CPU build on a machine without an
+        NVIDIA driver. For a shadowing `torch` folder or a circular import, rename the offending file or folder
+        (see [module-shadowing](module-shadowing.md)) and delete the `__pycache__` next to it.
     """,
     bad=Example(
         """
-            $ pip install torch --index-url https://download.pytorch.org/whl/cu124
-            $ export LD_LIBRARY_PATH=/usr/local/cuda-11.8/lib64:$LD_LIBRARY_PATH
+            $ export LD_LIBRARY_PATH=/opt/old-gcc/lib64:/usr/local/lib
             $ python -c "import torch"
-            ImportError: /venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: ...
+            ImportError: /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so: undefined symbol:
+            omp_get_max_threads, version OMP_1.0
         """,
         language="console",
         unseen={"env": MACHINE_STATE},
     ),
     good=Example(
         """
-            $ unset LD_LIBRARY_PATH
-            $ pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124
-            $ python -c "import torch; print(torch.__version__, torch.version.cuda)"
-            2.5.1+cu124 12.4
+            $ export LD_LIBRARY_PATH=/usr/local/lib     # /opt/old-gcc/lib64 held another libgomp.so.1
+            $ python -c "import torch; print(torch.__version__)"
+            2.13.0+cpu
         """,
         language="console",
         unseen={"env": MACHINE_STATE},
@@ -73,15 +78,27 @@ TORCH_IMPORT_FAILURE = Pitfall(
         "env": """
             `torchdoctor env` runs `import torch` in a subprocess of the same Python interpreter, started in the working
             directory with your environment unchanged (as your scripts see it), with a time limit (`--timeout`, 60 s by
-            default). If the import raises, exits without reporting, or runs past the limit, this check fires as an
-            error with one cause and that cause's fix, picked in order: a hang (with the stack where it was, dumped by
-            `faulthandler` just before the probe is stopped, and how long it ran); a `torch` found outside the
-            installed torch package; a shadowing file the error or the hanging stack names (the fix renames it, never
-            a reinstall); torch not installed at all; a circular import; `cannot open shared object file`;
-            `undefined symbol`; a NumPy 1.x/2.x ABI error; other shadowing files; otherwise it quotes the exception
-            and suggests a clean reinstall of the same version. Every pip command names the interpreter
-            (`/path/to/python -m pip`). When the import succeeds this check is silent; a slow import is
-            [slow-torch-import](slow-torch-import.md).
+            default, counted from when the subprocess starts running). The probe reports the exception with its errno
+            and file name, the module an ImportError names, its resource limits (`/proc/self/limits`), every torch
+            folder on its `sys.path` and the user site, and, when it crashes or hangs, faulthandler's stack. Beside
+            it, torchdoctor reads (never loads) the libraries LD_PRELOAD and LD_LIBRARY_PATH would give torch
+            instead of its own (torch/lib and what torch's libraries need, by their ELF headers), torch's
+            `direct_url.json` and whether its files are where pip says, and torch's own requirements.
+
+            One cause is named, the first the evidence supports, in this order: a hang (with the stack where it
+            was); torch imported from the user site; a `torch` found outside the installed package; a shadowing
+            file the error names; a library copy from LD_PRELOAD / LD_LIBRARY_PATH (named in the error, broken while
+            the loader failed or the process died of SIGBUS/SIGSEGV, or the library that should define a missing
+            symbol); a resource limit (RLIMIT_AS/DATA, NOFILE, NPROC; a container's memory limit for a SIGKILL); an
+            errno (EACCES, ENOSPC, EROFS, EPERM) on a named file, with the variable that put it there; pip listing
+            torch without its files (an editable install whose source folder is gone); an unmet requirement of
+            torch's that the error names; torch not installed; a circular import; a missing shared library (on a
+            machine without an NVIDIA driver: the CPU build); undefined symbols; a NumPy 1.x/2.x ABI error; a
+            damaged file inside torch's folder (the only case answered with a reinstall); other shadowing files.
+            When none applies the finding says "no known cause matched" and proposes no reinstall. Every pip
+            command names the interpreter (`/path/to/python -m pip`). When the import succeeds this check is silent;
+            a slow import is [slow-torch-import](slow-torch-import.md). Under torchrun, ranks that saw the same
+            error are one finding, a hang and a failure are two.
         """,
     },
 )
