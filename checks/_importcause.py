@@ -86,6 +86,8 @@ def home(path: str, facts: EnvFacts) -> Optional[str]:
     for entry in env.get("PYTHONPATH", "").split(os.pathsep):
         if entry and _under(path, entry):
             return f"the PYTHONPATH folder {entry}"
+    if facts.cwd and facts.cwd != "/" and _under(path, facts.cwd):
+        return f"the working directory ({facts.cwd})"
     if env.get("CONDA_PREFIX") and _under(path, env["CONDA_PREFIX"]):
         return f"the conda environment {env['CONDA_PREFIX']}"
     return None
@@ -147,7 +149,7 @@ def _library_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
         return None
     what = STATE_WORDS.get(copy.state) if copy.state != "ok" else loader or "is a different build than torch's"
     how = f"the process crashed (signal {facts.torch.exit_signal}) while loading torch's libraries" if crashed \
-        and not named else "the loader took it instead of torch's own copy"
+        and not named else "the loader takes it before the copy torch was built with"
     value = facts.env_vars.get(copy.via, "")
     where = "LD_PRELOAD" if copy.via == "LD_PRELOAD" else f"the LD_LIBRARY_PATH folder {copy.entry}"
     return Cause(
@@ -257,6 +259,34 @@ def _requirement_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
                             f"{pip(facts)} install --target <that folder> --upgrade \"{unmet.requirement}\"",
                      file=copy, requirement=unmet)
     return Cause(cause, f"{pip(facts)} install \"{unmet.requirement}\"", file=copy, requirement=unmet)
+
+
+def _foreign_module_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
+    """A Python module the error names that comes from a PYTHONPATH folder, the working directory or the user
+    site (not the environment): that copy is not the one torch needs."""
+    for path in _PATH.findall(text):
+        if not path.endswith((".py", "__init__.py")):
+            continue
+        place = home(path, facts)
+        if not place or not any(word in place for word in ("PYTHONPATH", "working directory", "user site")):
+            continue
+        module = os.path.basename(os.path.dirname(path) if path.endswith("__init__.py") else path).removesuffix(".py")
+        spec = facts.torch_dist_requirements.get(str(canonicalize_name(module)))
+        need = f" (torch requires {canonicalize_name(module)}{spec})" if spec else ""
+        cause = f"Python finds {module} at {path}, in {place}, ahead of the installed one, and it is not what torch " \
+                f"needs{need}"
+        if "PYTHONPATH" in place:
+            folder = place.rsplit(" ", 1)[1]
+            rest = _without(facts.env_vars.get("PYTHONPATH", ""), folder, os.pathsep)
+            fix = f"Take {folder} off PYTHONPATH (or remove {path} from it): " + \
+                (f"`export PYTHONPATH={shlex.quote(rest)}`" if rest else "`unset PYTHONPATH`")
+        elif "user site" in place:
+            fix = f"Skip the user site: `export PYTHONNOUSERSITE=1`, or remove {path} from it."
+        else:
+            cache = os.path.join(os.path.dirname(path), "__pycache__")
+            fix = f"Rename {path} (it is yours, not the library torch imports) and delete {cache}."
+        return Cause(cause, fix, file=path)
+    return None
 
 
 def _user_site_cause(facts: EnvFacts) -> Optional[Cause]:
@@ -391,7 +421,7 @@ def diagnose(facts: EnvFacts) -> Cause:
                       rename_fix(culprit), file=culprit.path) if culprit else None,
         lambda: _library_cause(facts, text), lambda: _limit_cause(facts, text), lambda: _errno_cause(facts, text),
         lambda: _install_cause(facts, text), lambda: _requirement_cause(facts, text),
-        lambda: _known_messages(facts, text), lambda: _installed_file_cause(facts, text),
+        lambda: _foreign_module_cause(facts, text), lambda: _known_messages(facts, text), lambda: _installed_file_cause(facts, text),
     )
     for step in steps:
         cause = step()

@@ -155,6 +155,17 @@ def test_import_failure_damaged_file_in_torchs_own_folder_is_a_reinstall(gpu_fac
     assert "install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124" in f.fix.title
 
 
+def test_import_failure_from_a_module_copy_on_pythonpath(cpu_facts):
+    """Not a shadowing name torchdoctor lists, not in pip's metadata: the path in the error says where it lives."""
+    cpu_facts.env_vars["PYTHONPATH"] = "/home/me/vendored:/home/me/lib"
+    cpu_facts.torch_dist_requirements = {"typing-extensions": ">=4.10.0"}
+    f = failed(cpu_facts, "ImportError", "cannot import name 'deprecated' from 'typing_extensions' "
+                                         "(/home/me/vendored/typing_extensions.py)")
+    assert "Python finds typing_extensions at /home/me/vendored/typing_extensions.py, in the PYTHONPATH folder " \
+           "/home/me/vendored" in f.message and "(torch requires typing-extensions>=4.10.0)" in f.message
+    assert f.fix.title.endswith("`export PYTHONPATH=/home/me/lib`")
+
+
 # slow-torch-import ------------------------------------------------------------------------------
 
 def test_slow_torch_import_judges_cpu_and_file_time_not_wall_time(cpu_facts):
