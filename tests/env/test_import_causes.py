@@ -81,6 +81,8 @@ def setups(tmp_path_factory):
     (root / "trunc").mkdir()
     (root / "trunc" / "libgomp.so.1").write_bytes((TORCH_LIB / "libgomp.so.1").read_bytes()[:4096])
     built["truncated_lib"] = (sys.executable, clean_env(LD_LIBRARY_PATH=str(root / "trunc")))
+    # the same half-copied library on LD_PRELOAD: the process dies before Python runs any code
+    built["truncated_preload"] = (sys.executable, clean_env(LD_PRELOAD=str(root / "trunc" / "libgomp.so.1")))
     # a real shared library named libgomp.so.1 that defines none of OpenMP's symbols (where a C compiler exists)
     if shutil.which("gcc"):
         (root / "stub").mkdir()
@@ -167,6 +169,19 @@ def test_a_library_without_the_symbols_torch_needs(setups):
     assert f"Cause: {env['LD_LIBRARY_PATH']}/libgomp.so.1 (from the LD_LIBRARY_PATH folder {env['LD_LIBRARY_PATH']}) " \
            "lacks a symbol torch needs" in f.message
     assert pasted(f.fix.title) == "unset LD_LIBRARY_PATH"
+
+
+def test_a_truncated_library_on_ld_preload(setups):
+    facts, python, env = setups["truncated_preload"]
+    assert facts.torch.exit_signal == 7 and facts.torch.crash_stack == []  # no Python frame ran
+    f = finding(facts)
+    assert f"Cause: {env['LD_PRELOAD']} (from LD_PRELOAD) is cut short" in f.message
+    assert pasted(f.fix.title) == "unset LD_PRELOAD"
+    # the shell that the fix is pasted into was started before the variable was set (or it would crash too)
+    shell_env = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    before = f"export LD_PRELOAD={env['LD_PRELOAD']}\n"
+    assert imports_after("true", python, shell_env, limit=before).returncode != 0
+    assert imports_after("unset LD_PRELOAD", python, shell_env, limit=before).returncode == 0
 
 
 def test_torch_from_the_user_site_ahead_of_the_environments(setups):
