@@ -53,6 +53,7 @@ class Cause:
     fix: str
     file: Optional[str] = None  # where the finding points
     requirement: Optional[UnmetRequirement] = None  # an unmet requirement this cause accounts for
+    absorbs: Optional[str] = None  # the check whose finding this cause is (it stays quiet then)
 
 
 def failure_text(facts: EnvFacts) -> str:
@@ -402,7 +403,7 @@ def _known_messages(facts: EnvFacts, text: str) -> Optional[Cause]:
     if "numpy" in text.lower() and ("multiarray" in text or "NumPy 1.x" in text or "_ARRAY_API" in text):
         return Cause("a NumPy ABI mismatch: a package compiled against NumPy 1.x meets NumPy 2.x",
                      f"{pip(facts)} install \"numpy<2\" {torch_pin(facts)} (or upgrade the packages compiled "
-                     f"against NumPy 1.x)")
+                     f"against NumPy 1.x)", absorbs="numpy-problem")
     return None
 
 
@@ -437,6 +438,11 @@ def diagnose(facts: EnvFacts) -> Cause:
                  f"install folder torchdoctor can trace",
                  f"See the whole traceback: `{shlex.quote(facts.system.python_executable or 'python')} -X "
                  f"faulthandler -c \"import torch\"`; a reinstall is no answer until something points at the install.")
+
+
+def absorbed_by_import_failure(facts: EnvFacts, check: str) -> bool:
+    """Whether torch-import-failure's cause is `check`'s finding (which is then not reported twice)."""
+    return not facts.torch.ok and diagnose(facts).absorbs == check
 
 
 def explained_requirement(facts: EnvFacts) -> Optional[UnmetRequirement]:

@@ -398,6 +398,18 @@ def test_numpy_bridge_broken(cpu_facts):
     assert "Numpy is not available" in one("numpy-problem", cpu_facts).message
 
 
+def test_a_numpy_abi_error_that_breaks_import_torch_is_one_finding(cpu_facts):
+    """The ABI error is torch-import-failure's cause: numpy-problem does not repeat it with the same command."""
+    abi = "A module that was compiled using NumPy 1.x cannot be run in NumPy 2.4.6 as it may crash."
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="ImportError",
+                                          error="numpy.core.multiarray failed to import", stderr_tail=[abi])
+    f = one("torch-import-failure", cpu_facts)
+    assert "Cause: a NumPy ABI mismatch" in f.message and '"numpy<2"' in f.fix.title
+    assert run_check("numpy-problem", cpu_facts) == []
+    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=True, error_type=None, error=None)
+    assert "compiled using NumPy 1.x" in one("numpy-problem", cpu_facts).message  # torch imports: its own finding
+
+
 # module-shadowing -------------------------------------------------------------------------------
 
 def test_numpy_py_in_the_working_directory(cpu_facts):
