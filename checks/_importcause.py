@@ -54,6 +54,7 @@ class Cause:
     file: Optional[str] = None  # where the finding points
     requirement: Optional[UnmetRequirement] = None  # an unmet requirement this cause accounts for
     absorbs: Optional[str] = None  # the check whose finding this cause is (it stays quiet then)
+    shadow: Optional[str] = None  # the shadowing file or folder it names (module-shadowing leaves it out)
 
 
 def failure_text(facts: EnvFacts) -> str:
@@ -355,7 +356,8 @@ def _hang(facts: EnvFacts) -> Cause:
             where += " (called from " + ", ".join(probe.hang_stack[1:4]) + ")"
     culprit = _culprit(facts, " ".join(probe.hang_stack))
     if culprit:
-        return Cause(f"it hung in {culprit.path}, which shadows `{culprit.name}`{where}{ran}", rename_fix(culprit))
+        return Cause(f"it hung in {culprit.path}, which shadows `{culprit.name}`{where}{ran}", rename_fix(culprit),
+                     shadow=culprit.path)
     return Cause(f"it was stopped{ran} without finishing{where}",
                  "Look at the code at that line; to time every module: `python -X importtime -c \"import torch\" "
                  "2>&1 | tail`. Usual culprits: torch on a slow network filesystem, a sitecustomize/usercustomize "
@@ -370,7 +372,9 @@ def _found_first(facts: EnvFacts) -> Optional[Cause]:
     torch_entry = next((e for e in facts.shadowing if e.name == "torch"), None)
     fix = rename_fix(torch_entry) if torch_entry else \
         f"Rename or move {found} (or take its folder off PYTHONPATH), and delete the __pycache__ beside it."
-    return Cause(f"Python found {found} first, not the installed torch in {installed}", fix)
+    via = f" ({torch_entry.via} is searched before site-packages)" if torch_entry else ""
+    return Cause(f"Python found {found} first{via}, not the installed torch in {installed}", fix,
+                 shadow=torch_entry.path if torch_entry else None)
 
 
 def _known_messages(facts: EnvFacts, text: str) -> Optional[Cause]:
@@ -418,8 +422,9 @@ def diagnose(facts: EnvFacts) -> Cause:
     steps = (
         lambda: _user_site_cause(facts), lambda: _found_first(facts),
         lambda: Cause(f"{culprit.path} shadows " + ("torch" if culprit.name == "torch" else
-                                                    f"the module `{culprit.name}` that torch imports"),
-                      rename_fix(culprit), file=culprit.path) if culprit else None,
+                                                    f"the module `{culprit.name}` that torch imports")
+                      + f" ({culprit.via}, {culprit.origin_dir}, is searched before site-packages)",
+                      rename_fix(culprit), file=culprit.path, shadow=culprit.path) if culprit else None,
         lambda: _library_cause(facts, text), lambda: _limit_cause(facts, text), lambda: _errno_cause(facts, text),
         lambda: _install_cause(facts, text), lambda: _requirement_cause(facts, text),
         lambda: _foreign_module_cause(facts, text), lambda: _known_messages(facts, text), lambda: _installed_file_cause(facts, text),
@@ -443,6 +448,11 @@ def diagnose(facts: EnvFacts) -> Cause:
 def absorbed_by_import_failure(facts: EnvFacts, check: str) -> bool:
     """Whether torch-import-failure's cause is `check`'s finding (which is then not reported twice)."""
     return not facts.torch.ok and diagnose(facts).absorbs == check
+
+
+def shadow_named_by_import_failure(facts: EnvFacts) -> Optional[str]:
+    """The shadowing file or folder torch-import-failure names as its cause (module-shadowing leaves it out)."""
+    return diagnose(facts).shadow if not facts.torch.ok else None
 
 
 def explained_requirement(facts: EnvFacts) -> Optional[UnmetRequirement]:
