@@ -14,6 +14,7 @@ from typing import Optional
 from packaging.utils import canonicalize_name
 
 from torchdoctor.env.facts import LibraryCopy, UnmetRequirement
+from torchdoctor.sdk import byte_size
 from torchdoctor.sdk.env import EnvFacts, PathEntry
 
 from ._envutil import base_version, best_wheel_cuda, has_nvidia, major_minor, pip, pip_install, rename_fix, torch_pin
@@ -187,16 +188,13 @@ def _limit_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
                    f"request, /etc/security/limits.conf, `ulimit -H {flag}` in a wrapper script)")
         return Cause(f"the process runs under {resource} = {shown} (`ulimit {flag}`), and torch's libraries "
                      f"cannot get what they need within it", fix)
-    if wanted and wanted[0] == "Max address space" or (probe.exit_signal == 9 and not probe.timed_out):
-        limit, used = facts.system.cgroup_memory_limit, facts.system.cgroup_memory_used
-        if limit:
-            from torchdoctor.sdk import byte_size
-
-            return Cause(f"the container's memory limit ({byte_size(limit)}, {byte_size(used)} in use) "
-                         + ("killed the process (SIGKILL from the OOM killer)" if probe.exit_signal == 9
-                            else "leaves too little memory"),
-                         "Give the container more memory (`docker run --memory ...`, Kubernetes "
-                         "resources.limits.memory, your scheduler's memory request) or stop what fills it.")
+    limit, used = facts.system.cgroup_memory_limit, facts.system.cgroup_memory_used
+    killed = probe.exit_signal == 9 and not probe.timed_out  # SIGKILL, and not from torchdoctor
+    if limit and (killed or (wanted and wanted[0] == "Max address space" and used and used >= 0.9 * limit)):
+        return Cause(f"the container's memory limit ({byte_size(limit)}, {byte_size(used)} in use) "
+                     + ("killed the process (SIGKILL from the OOM killer)" if killed else "leaves too little memory"),
+                     "Give the container more memory (`docker run --memory ...`, Kubernetes "
+                     "resources.limits.memory, your scheduler's memory request) or stop what fills it.")
     return None
 
 
@@ -297,15 +295,14 @@ def _user_site_cause(facts: EnvFacts) -> Optional[Cause]:
     if not (probe.torch_file and probe.user_site and _under(probe.torch_file, probe.user_site)):
         return None
     others = [c for c in probe.torch_copies if not _under(c, probe.user_site)]
-    hidden = f", ahead of the environment's own torch in {others[0]}" if others else ""
+    if not others:
+        return None  # the only torch there is: the failure's own evidence decides
+    hidden = f", ahead of the environment's own torch in {others[0]}"
     cause = (f"torch comes from the user site {probe.user_site}, which Python searches before the environment's "
              f"site-packages{hidden}; that copy is the one failing")
     user_copy = os.path.dirname(probe.torch_file)
-    if others:
-        fix = (f"Skip the user site (this shell; put it in ~/.bashrc to keep it): `export PYTHONNOUSERSITE=1`; "
-               f"or remove that copy: `rm -rf {shlex.quote(user_copy)} {shlex.quote(probe.user_site)}/torch-*.dist-info`")
-    else:
-        fix = f"Reinstall it where it is: {reinstall(facts).replace(' install ', ' install --user ', 1)}"
+    fix = (f"Skip the user site (this shell; put it in ~/.bashrc to keep it): `export PYTHONNOUSERSITE=1`; "
+           f"or remove that copy: `rm -rf {shlex.quote(user_copy)} {shlex.quote(probe.user_site)}/torch-*.dist-info`")
     return Cause(cause, fix, file=user_copy)
 
 
@@ -419,13 +416,13 @@ def diagnose(facts: EnvFacts) -> Cause:
         return _hang(facts)
     text = failure_text(facts)
     culprit = _culprit(facts, text)
-    steps = (
-        lambda: _user_site_cause(facts), lambda: _found_first(facts),
+    steps = (  # what the failure itself names first: a library copy it loaded, then which torch it was
+        lambda: _library_cause(facts, text), lambda: _user_site_cause(facts), lambda: _found_first(facts),
         lambda: Cause(f"{culprit.path} shadows " + ("torch" if culprit.name == "torch" else
                                                     f"the module `{culprit.name}` that torch imports")
                       + f" ({culprit.via}, {culprit.origin_dir}, is searched before site-packages)",
                       rename_fix(culprit), file=culprit.path, shadow=culprit.path) if culprit else None,
-        lambda: _library_cause(facts, text), lambda: _limit_cause(facts, text), lambda: _errno_cause(facts, text),
+        lambda: _limit_cause(facts, text), lambda: _errno_cause(facts, text),
         lambda: _install_cause(facts, text), lambda: _requirement_cause(facts, text),
         lambda: _foreign_module_cause(facts, text), lambda: _known_messages(facts, text), lambda: _installed_file_cause(facts, text),
     )

@@ -86,10 +86,10 @@ TORCH_IMPORT_FAILURE = Pitfall(
             `direct_url.json` and whether its files are where pip says, and torch's own requirements.
 
             One cause is named, the first the evidence supports, in this order: a hang (with the stack where it
-            was); torch imported from the user site; a `torch` found outside the installed package; a shadowing
-            file the error names; a library copy from LD_PRELOAD / LD_LIBRARY_PATH (named in the error, broken while
-            the loader failed or the process died of SIGBUS/SIGSEGV, or the library that should define a missing
-            symbol); a resource limit (RLIMIT_AS/DATA, NOFILE, NPROC; a container's memory limit for a SIGKILL); an
+            was); a library copy from LD_PRELOAD / LD_LIBRARY_PATH (named in the error, broken while the loader
+            failed or the process died of SIGBUS/SIGSEGV, or the library that should define a missing symbol);
+            torch imported from the user site while the environment has its own; a `torch` found outside the
+            installed package; a shadowing file the error names; a resource limit (RLIMIT_AS/DATA, NOFILE, NPROC; a container's memory limit for a SIGKILL); an
             errno (EACCES, ENOSPC, EROFS, EPERM) on a named file, with the variable that put it there; pip listing
             torch without its files (an editable install whose source folder is gone); an unmet requirement of
             torch's that the error names; torch not installed; a circular import; a missing shared library (on a
