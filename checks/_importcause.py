@@ -297,7 +297,8 @@ def _user_site_cause(facts: EnvFacts) -> Optional[Cause]:
     others = [c for c in probe.torch_copies if not _under(c, probe.user_site)]
     if not others:
         return None  # the only torch there is: the failure's own evidence decides
-    hidden = f", ahead of the environment's own torch in {others[0]}"
+    version = probe.torch_copy_versions.get(others[0])
+    hidden = f", ahead of the environment's own torch{' ' + version if version else ''} in {others[0]}"
     cause = (f"torch comes from the user site {probe.user_site}, which Python searches before the environment's "
              f"site-packages{hidden}; that copy is the one failing")
     user_copy = os.path.dirname(probe.torch_file)

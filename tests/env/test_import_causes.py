@@ -190,7 +190,7 @@ def test_torch_from_the_user_site_ahead_of_the_environments(setups):
     user_site = facts.torch.user_site
     assert user_site.startswith(env["PYTHONUSERBASE"]) and facts.torch.torch_copies[0] == f"{user_site}/torch"
     assert f"torch comes from the user site {user_site}, which Python searches before the environment's " \
-           f"site-packages, ahead of the environment's own torch in {TORCH_LIB.parent}" in f.message
+           f"site-packages, ahead of the environment's own torch 2.13.0+cpu in {TORCH_LIB.parent}" in f.message
     assert "libcudnn.so.9: cannot open shared object file" in f.message  # the error, quoted
     assert "cu1" not in f.fix.title and "--index-url" not in f.fix.title  # never a CUDA build without a driver
     assert pasted(f.fix.title).startswith("rm -rf ")  # the permanent fix; the first one is tried here
