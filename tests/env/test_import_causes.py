@@ -10,15 +10,22 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from importlib import metadata
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from env_fixtures import run_check
 from torchdoctor.env.doctor import FactCollection
 
 TORCH_LIB = Path(__import__("importlib.util").util.find_spec("torch").origin).parent / "lib"
-OURS = sysconfig.get_paths()["purelib"]  # this environment's site-packages: torch, and torchdoctor's dependencies
+TORCH_VERSION = metadata.version("torch")
+OURS = sysconfig.get_paths()["purelib"]
+# torch's own requirement on typing-extensions, as its metadata states it (e.g. "typing-extensions>=4.10.0")
+TE_REQUIREMENT = next(f"typing-extensions{r.specifier}" for r in map(Requirement, metadata.requires("torch") or [])
+                      if canonicalize_name(r.name) == "typing-extensions")  # this environment's site-packages: torch, and torchdoctor's dependencies
 
 
 def venv(root: Path, *, ours: bool = True) -> Path:
@@ -190,7 +197,7 @@ def test_torch_from_the_user_site_ahead_of_the_environments(setups):
     user_site = facts.torch.user_site
     assert user_site.startswith(env["PYTHONUSERBASE"]) and facts.torch.torch_copies[0] == f"{user_site}/torch"
     assert f"torch comes from the user site {user_site}, which Python searches before the environment's " \
-           f"site-packages, ahead of the environment's own torch 2.13.0+cpu in {TORCH_LIB.parent}" in f.message
+           f"site-packages, ahead of the environment's own torch {TORCH_VERSION} in {TORCH_LIB.parent}" in f.message
     assert "libcudnn.so.9: cannot open shared object file" in f.message  # the error, quoted
     assert "cu1" not in f.fix.title and "--index-url" not in f.fix.title  # never a CUDA build without a driver
     assert pasted(f.fix.title).startswith("rm -rf ")  # the permanent fix; the first one is tried here
@@ -213,8 +220,8 @@ def test_an_unmet_requirement_of_torch_is_the_cause_and_reported_once(setups):
     facts, python, env = setups["old_requirement"]
     f = finding(facts)
     assert "from 'typing_extensions'" in f.message
-    assert "Cause: torch 2.13.0+cpu requires typing-extensions>=4.10.0, but 4.0.0 is installed" in f.message
-    assert f.fix.title == f'{python} -m pip install "typing-extensions>=4.10.0"'
+    assert f"Cause: torch {TORCH_VERSION} requires {TE_REQUIREMENT}, but 4.0.0 is installed" in f.message
+    assert f.fix.title == f'{python} -m pip install "{TE_REQUIREMENT}"'
     # the same root cause is not reported again by unmet-requirement with another command
     assert all("typing" not in u.message for u in run_check("unmet-requirement", facts))
 
@@ -239,7 +246,7 @@ def test_a_working_torch_in_the_user_site_is_named_with_the_copy_it_hides(setups
     assert run_check("torch-import-failure", facts) == [] and facts.torch.ok
     [f] = run_check("torch-copy-hidden", facts)
     user_copy = f"{facts.torch.user_site}/torch"
-    assert f.message.startswith(f"Python imports torch from {user_copy} (2.13.0+cpu), which hides {TORCH_LIB.parent}")
+    assert f.message.startswith(f"Python imports torch from {user_copy} ({TORCH_VERSION}), which hides {TORCH_LIB.parent}")
     assert "`export PYTHONNOUSERSITE=1`" in f.fix.title
     where = f"{python} -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec(\"torch\").origin))'"
     after = subprocess.run(["bash", "-c", f"export PYTHONNOUSERSITE=1\n{where}"], env=env, capture_output=True,
