@@ -144,7 +144,7 @@ class RunningProbe:
         elif payload is None:  # ended before "ready": it crashed, so there is nothing to exchange
             self._stop()
         probe = build_probe(payloads, self._stderr, timed_out, self.timeout, self.proc.returncode)
-        if probe.timed_out:
+        if probe.timed_out and not probe.ok:  # the import itself never finished (a CUDA hang keeps its time)
             probe.seconds = time.monotonic() - self.started
         return probe
 
