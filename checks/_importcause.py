@@ -1,7 +1,8 @@
 """Why `import torch` failed, read from what the failure names: a path and where it lives (LD_PRELOAD, an
 LD_LIBRARY_PATH folder, the user site, PYTHONPATH, an editable install, a conda env, torch's own folder), a
 resource limit, an errno, a module torch requires. Shared by torch-import-failure (which reports the cause) and
-the checks whose findings would repeat it (unmet-requirement leaves out the requirement named here)."""
+the checks whose findings would repeat it: unmet-requirement leaves out the requirement named here,
+module-shadowing the shadowing file, numpy-problem the NumPy ABI error (one cause, one finding)."""
 from __future__ import annotations
 
 import errno
@@ -59,12 +60,14 @@ class Cause:
 
 
 def failure_text(facts: EnvFacts) -> str:
+    """Everything the failed probe said: the exception, its traceback's frames and its last stderr lines."""
     probe = facts.torch
     return " ".join([f"{probe.error_type}: {probe.error}" if probe.error_type else (probe.error or ""),
                      *probe.traceback_tail, *probe.stderr_tail])
 
 
 def _under(path: str, folder: Optional[str]) -> bool:
+    """Whether `path` is `folder` or inside it."""
     if not folder:
         return False
     path, folder = os.path.normpath(path), os.path.normpath(folder)
@@ -126,7 +129,7 @@ def _defines(path: str, text: str) -> bool:
     stem = os.path.basename(path).split(".so")[0].removeprefix("lib").lower()
     for m in _SYMBOL.finditer(text):
         name = next(g for g in m.groups() if g).lower()
-        if name.startswith(stem) or any(name.startswith(p) and lib == stem for p, lib in SYMBOL_LIBRARIES.items()):
+        if (len(stem) >= 3 and name.startswith(stem)) or any(name.startswith(p) and lib == stem for p, lib in SYMBOL_LIBRARIES.items()):
             return True
     return False
 
@@ -137,17 +140,19 @@ def _library_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
     copies = facts.libraries
     if not copies:
         return None
-    named = [c for c in copies if c.path in text]
+    # ld.so skips an LD_PRELOAD entry it cannot load ("... cannot be preloaded ...: ignored."): not a cause
+    loaded = [c for c in copies if c.state != "missing" and f"object '{c.path}' from LD_PRELOAD cannot be" not in text]
+    named = [c for c in loaded if c.path in text]
     loader = next((words for key, words in LOADER_PROBLEMS if key in text), None)
     crashed = facts.torch.exit_signal in (7, 11)  # SIGBUS, SIGSEGV
-    broken = [c for c in copies if c.state != "ok"]
+    broken = [c for c in loaded if c.state != "ok"]
     copy: Optional[LibraryCopy] = None
     if named:
         copy = named[0]
     elif broken and (loader or crashed):
         copy = broken[0]
     elif loader:  # the copy is the library that should define the missing symbol or version
-        copy = next((c for c in copies if _defines(c.path, text)), None)
+        copy = next((c for c in loaded if _defines(c.path, text)), None)
     if copy is None:
         return None
     what = STATE_WORDS.get(copy.state) if copy.state != "ok" else loader or "is a different build than torch's"
