@@ -270,3 +270,20 @@ def test_env_starts_its_probe_early_and_adopts_it_once(tmp_path, monkeypatch):
         for p in [early, *probe._EARLY]:
             p._stop()
         probe._EARLY.clear()
+
+
+def test_probe_splits_import_time_into_cpu_and_blocked_time(tmp_path, monkeypatch):
+    """A torch that computes for 0.5 s of CPU time and sleeps 0.5 s: the split does not depend on how loaded
+    the machine is (CPU time is CPU time; a sleep is never shorter), only the wall time does."""
+    import pytest
+
+    if not os.path.exists("/proc/self/schedstat"):
+        pytest.skip("no per-thread scheduler statistics (not Linux)")
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("import time\nstart = time.process_time()\n"
+                                      "while time.process_time() - start < 0.5:\n    pass\ntime.sleep(0.5)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    p = probe.RunningProbe(timeout=120, cwd=str(tmp_path)).result()
+    assert not p.ok and p.error_type == "AttributeError"  # no __version__: not a working torch, but timed
+    assert p.cpu_seconds >= 0.5 and p.blocked_seconds >= 0.45
