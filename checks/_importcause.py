@@ -331,8 +331,18 @@ def _install_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
 
 
 def _installed_file_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
-    """A file inside torch's own folder that the loader rejects: the install itself is damaged."""
+    """A file inside torch's own folder that the loader rejects, or a library there that is not a whole ELF file
+    while the loader failed or the process crashed: the install itself is damaged."""
     location = facts.torch_dist_location
+    loader = any(key in text for key, _ in LOADER_PROBLEMS) or facts.torch.exit_signal in (7, 11)
+    if facts.torch_damaged_files and loader:
+        damaged = facts.torch_damaged_files
+        crashed = f" (the process died of signal {facts.torch.exit_signal} loading it)" if facts.torch.exit_signal \
+            else ""
+        return Cause(f"torch's own install is damaged: {', '.join(damaged[:3])} "
+                     + ("is not a whole shared library" if len(damaged) == 1 else "are not whole shared libraries")
+                     + crashed,
+                     f"Reinstall it: {reinstall(facts)}", file=damaged[0])
     for path in _PATH.findall(text):
         if location and _under(path, location) and any(key in text for key in
                                                         ("file too short", "invalid ELF header")):

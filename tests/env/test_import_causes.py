@@ -120,6 +120,19 @@ def setups(tmp_path_factory):
     dist_info(site_of(editable), "torch", "2.13.0a0+git1234", direct_url={"url": gone.as_uri(), "dir_info": {"editable": True}})
     (site_of(editable) / "__editable__.torch-2.13.0a0+git1234.pth").write_text(f"{gone}\n")
     built["deleted_editable"] = (str(editable / "bin" / "python"), clean_env())
+    # torch's own install damaged: its libgomp.so.1 cut short (the rest of the package linked to the real one)
+    damaged = venv(root / "damagedvenv")
+    copy = site_of(damaged) / "torch"
+    (copy / "lib").mkdir(parents=True)
+    for entry in TORCH_LIB.parent.iterdir():
+        if entry.name != "lib":
+            (copy / entry.name).symlink_to(entry)
+    for entry in TORCH_LIB.iterdir():
+        if entry.name != "libgomp.so.1":
+            (copy / "lib" / entry.name).symlink_to(entry)
+    (copy / "lib" / "libgomp.so.1").write_bytes((TORCH_LIB / "libgomp.so.1").read_bytes()[:4096])
+    dist_info(site_of(damaged), "torch", TORCH_VERSION)
+    built["damaged_install"] = (str(damaged / "bin" / "python"), clean_env())
     # torch's own requirement unmet: typing_extensions 4.0.0 in the venv, ahead of the newer one
     old = venv(root / "oldreqvenv")
     (site_of(old) / "typing_extensions.py").write_text("# an old release, without what torch imports\n")
@@ -214,6 +227,16 @@ def test_an_editable_install_whose_source_was_deleted(setups):
     assert f"{python} -m pip uninstall -y torch && {python} -m pip install torch==2.13.0 " \
            "--index-url https://download.pytorch.org/whl/cpu" in f.fix.title
     assert "cu1" not in f.fix.title
+
+
+def test_a_damaged_install_is_the_one_case_for_a_reinstall(setups):
+    facts, python, env = setups["damaged_install"]
+    assert facts.torch.exit_signal == 7 and facts.torch_dist_location == str(site_of(Path(python).parents[1]) / "torch")
+    f = finding(facts)
+    assert f"Cause: torch's own install is damaged: {facts.torch_dist_location}/lib/libgomp.so.1 is not a whole " \
+           "shared library (the process died of signal 7 loading it)" in f.message
+    assert f.fix.title == f"Reinstall it: {python} -m pip install --force-reinstall " \
+                          f"torch=={TORCH_VERSION.split('+')[0]} --index-url https://download.pytorch.org/whl/cpu"
 
 
 def test_an_unmet_requirement_of_torch_is_the_cause_and_reported_once(setups):

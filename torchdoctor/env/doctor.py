@@ -73,7 +73,7 @@ class FactCollection:
 
     def finish(self, progress: Callable[[str], None] = lambda step: None) -> EnvFacts:
         """Gather the torch-free facts, then wait for NVML and the probe; `progress` hears each step."""
-        from torchdoctor.env.libraries import library_copies
+        from torchdoctor.env.libraries import damaged_torch_files, library_copies
         from torchdoctor.env.packages import collect_packages
         from torchdoctor.env.shadowing import find_shadowing, installed_modules, search_dirs
         from torchdoctor.env.system import collect_system, relevant_env
@@ -98,6 +98,7 @@ class FactCollection:
             torch_dist_files_missing=packages.torch_files_missing,
             torch_dist_requirements=packages.torch_requires,
             libraries=library_copies(environ, packages.torch_location),
+            torch_damaged_files=damaged_torch_files(packages.torch_location),
             toolkit=collect_toolkit(),
             shadowing=find_shadowing(search_dirs(self.cwd, environ), installed_modules(packages.torch_location)),
         )

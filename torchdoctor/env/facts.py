@@ -234,6 +234,7 @@ class EnvFacts:
     torch_dist_files_missing: bool = False  # pip lists torch, but its torch/__init__.py is not where it says
     torch_dist_requirements: dict[str, str] = field(default_factory=dict)  # torch's own requirements: name -> spec
     libraries: list[LibraryCopy] = field(default_factory=list)  # LD_PRELOAD/LD_LIBRARY_PATH copies torch may load
+    torch_damaged_files: list[str] = field(default_factory=list)  # torch/lib libraries that are not whole ELF files
     nvidia: NvidiaFacts = field(default_factory=NvidiaFacts)
     toolkit: ToolkitFacts = field(default_factory=ToolkitFacts)
     system: SystemFacts = field(default_factory=SystemFacts)

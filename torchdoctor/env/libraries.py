@@ -132,3 +132,16 @@ def library_copies(environ: Mapping[str, str], torch_location: Optional[str]) ->
             state, size = elf_state(path)
             found.append(LibraryCopy(path=path, via="LD_LIBRARY_PATH", entry=folder, state=state, size=size))
     return found
+
+
+def damaged_torch_files(torch_location: Optional[str]) -> list[str]:
+    """The shared libraries in torch's own lib folder that are not whole ELF files (a half-finished download or
+    copy): the install itself is damaged."""
+    if not torch_location:
+        return []
+    lib = Path(torch_location) / "lib"
+    try:
+        files = sorted(p for p in lib.iterdir() if ".so" in p.name and p.is_file())
+    except OSError:
+        return []
+    return [str(p) for p in files if elf_state(str(p))[0] not in ("ok",)]
