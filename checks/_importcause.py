@@ -266,6 +266,33 @@ def _requirement_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
     return Cause(cause, f"{pip(facts)} install \"{unmet.requirement}\"", file=copy, requirement=unmet)
 
 
+_TOO_OLD = re.compile(r"(/[^\s:]+): version [`']([\w.]+)' not found \(required by (/[^\s)]+)\)")
+# conda packages that ship the runtime libraries torch's wheels need newer versions of
+CONDA_PACKAGES = {"libstdc++": "libstdcxx-ng", "libgcc_s": "libgcc-ng", "libgomp": "libgomp"}
+
+
+def _too_old_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
+    """`lib: version X not found (required by torch's library)`: the copy the loader found is older than the one
+    torch was built against; where it lives (a conda environment, the system) says how to get a newer one."""
+    m = _TOO_OLD.search(text)
+    if m is None:
+        return None
+    provider, version, needer = m.groups()
+    name = os.path.basename(provider).split(".so")[0]
+    place = home(provider, facts)
+    cause = f"{provider} is older than torch needs: it lacks {version} (required by {needer})"
+    conda = facts.env_vars.get("CONDA_PREFIX")
+    if place and conda and place.startswith("the conda environment"):
+        package = CONDA_PACKAGES.get(name)
+        fix = (f"Update it in that environment: `conda install -p {shlex.quote(conda)} -c conda-forge {package}`"
+               if package else f"Update the conda package that provides {name} in {conda}.")
+        return Cause(cause + f"; it comes from {place}", fix, file=provider)
+    return Cause(cause + (f"; it comes from {place}" if place else "; it is the system's"),
+                 f"Give torch a newer {name}: inside a conda environment `conda install -c conda-forge "
+                 f"{CONDA_PACKAGES.get(name, name)}`, or use a torch release built for this system's {name}.",
+                 file=provider)
+
+
 def _foreign_module_cause(facts: EnvFacts, text: str) -> Optional[Cause]:
     """A Python module the error names that comes from a PYTHONPATH folder, the working directory or the user
     site (not the environment): that copy is not the one torch needs."""
@@ -440,7 +467,8 @@ def diagnose(facts: EnvFacts) -> Cause:
                       rename_fix(culprit), file=culprit.path, shadow=culprit.path) if culprit else None,
         lambda: _limit_cause(facts, text), lambda: _errno_cause(facts, text),
         lambda: _install_cause(facts, text), lambda: _requirement_cause(facts, text),
-        lambda: _foreign_module_cause(facts, text), lambda: _known_messages(facts, text), lambda: _installed_file_cause(facts, text),
+        lambda: _foreign_module_cause(facts, text), lambda: _too_old_cause(facts, text),
+        lambda: _known_messages(facts, text), lambda: _installed_file_cause(facts, text),
     )
     for step in steps:
         cause = step()

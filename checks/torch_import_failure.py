@@ -92,9 +92,13 @@ TORCH_IMPORT_FAILURE = Pitfall(
             installed package; a shadowing file the error names; a resource limit (RLIMIT_AS/DATA, NOFILE, NPROC; a container's memory limit for a SIGKILL); an
             errno (EACCES, ENOSPC, EROFS, EPERM) on a named file, with the variable that put it there; pip listing
             torch without its files (an editable install whose source folder is gone); an unmet requirement of
-            torch's that the error names; torch not installed; a circular import; a missing shared library (on a
-            machine without an NVIDIA driver: the CPU build); undefined symbols; a NumPy 1.x/2.x ABI error; a
-            damaged file inside torch's folder (the only case answered with a reinstall); other shadowing files.
+            torch's that the error names; a module the error names from a PYTHONPATH folder, the working
+            directory or the user site; a runtime library older than torch needs (`version GLIBCXX_3.4.30 not
+            found`), with where it comes from (a conda environment: `conda install ... libstdcxx-ng`); torch not
+            installed; a circular import; a missing shared library (on a machine without an NVIDIA driver: the CPU
+            build); undefined symbols; a NumPy 1.x/2.x ABI error; a damaged file inside torch's folder (named by the
+            loader, or a library there that is not a whole ELF file while the loader failed or the process crashed:
+            the only case answered with a plain reinstall); other shadowing files.
             When none applies the finding says "no known cause matched" and proposes no reinstall. Every pip
             command names the interpreter (`/path/to/python -m pip`). When the import succeeds this check is silent;
             a slow import is [slow-torch-import](slow-torch-import.md). Under torchrun, ranks that saw the same

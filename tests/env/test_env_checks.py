@@ -166,6 +166,16 @@ def test_import_failure_from_a_module_copy_on_pythonpath(cpu_facts):
     assert f.fix.title.endswith("`export PYTHONPATH=/home/me/lib`")
 
 
+def test_import_failure_conda_environments_old_libstdcxx(cpu_facts):
+    """The loader found the conda environment's libstdc++ (python's RPATH), older than torch's wheel needs."""
+    cpu_facts.env_vars["CONDA_PREFIX"] = "/opt/conda/envs/train"
+    f = failed(cpu_facts, "ImportError", "/opt/conda/envs/train/lib/libstdc++.so.6: version `GLIBCXX_3.4.30' not "
+                                         "found (required by /site-packages/torch/lib/libtorch_cpu.so)")
+    assert "Cause: /opt/conda/envs/train/lib/libstdc++.so.6 is older than torch needs: it lacks GLIBCXX_3.4.30" \
+        in f.message and "it comes from the conda environment /opt/conda/envs/train" in f.message
+    assert f.fix.title.endswith("`conda install -p /opt/conda/envs/train -c conda-forge libstdcxx-ng`")
+
+
 # slow-torch-import ------------------------------------------------------------------------------
 
 def test_slow_torch_import_judges_cpu_and_file_time_not_wall_time(cpu_facts):
