@@ -213,9 +213,10 @@ def test_torch_from_the_user_site_ahead_of_the_environments(setups):
            f"site-packages, ahead of the environment's own torch {TORCH_VERSION} in {TORCH_LIB.parent}" in f.message
     assert "libcudnn.so.9: cannot open shared object file" in f.message  # the error, quoted
     assert "cu1" not in f.fix.title and "--index-url" not in f.fix.title  # never a CUDA build without a driver
-    assert pasted(f.fix.title).startswith("rm -rf ")  # the permanent fix; the first one is tried here
-    assert imports_after("export PYTHONNOUSERSITE=1", python, env).returncode == 0
     assert imports_after("true", python, env).returncode != 0  # the setup is broken without the fix
+    assert imports_after("export PYTHONNOUSERSITE=1", python, env).returncode == 0
+    removal = pasted(f.fix.title)  # the permanent fix, last: it deletes the user-site copy
+    assert removal.startswith("rm -rf ") and imports_after(removal, python, env).returncode == 0
 
 
 def test_an_editable_install_whose_source_was_deleted(setups):
@@ -275,3 +276,8 @@ def test_a_working_torch_in_the_user_site_is_named_with_the_copy_it_hides(setups
     after = subprocess.run(["bash", "-c", f"export PYTHONNOUSERSITE=1\n{where}"], env=env, capture_output=True,
                            text=True)
     assert after.stdout.strip() == str(TORCH_LIB.parent)  # the pasted fix: the environment's own torch again
+    removal = pasted(f.fix.title)  # `rm -rf <the user-site link> ...`: removes the link, never what it points to
+    assert removal.startswith(f"rm -rf {user_copy} ")
+    subprocess.run(["bash", "-c", removal], env=env, check=True)
+    assert TORCH_LIB.is_dir() and [] == run_check("torch-copy-hidden", FactCollection(
+        probe_timeout=120, python=python, environ=env, cwd=facts.cwd).finish())
