@@ -4,6 +4,8 @@ from __future__ import annotations
 import platform
 from typing import Iterator, Optional
 
+from packaging.utils import canonicalize_name
+
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
@@ -125,17 +127,17 @@ def _variant_problem(name: str, ours: Optional[str], theirs: Optional[str]) -> O
     return f"is {describe.get(b, f'a +{b} build')} while torch is {describe.get(a, f'+{a}')}"
 
 
-@COMPANION_VERSION_MISMATCH.env
-def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
-    """Packages whose torch requirement, release number or build variant excludes this torch, or whose
-    import failed in the probe."""
+def companion_problems(facts: EnvFacts) -> "dict[str, list[str]]":
+    """Installed packages whose torch requirement, release number or build variant excludes this torch, or
+    whose import failed in the probe: name -> what is wrong (empty list: only the import failed)."""
     from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
     torch_version = facts.torch_version
     if not torch_version:
-        return
+        return {}
     base = base_version(torch_version)
     ours = local_tag(torch_version)
+    found: dict[str, list[str]] = {}
     for name, version in sorted(facts.packages.items()):
         if name == "torch":
             continue
@@ -155,11 +157,34 @@ def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
         variant = _variant_problem(name, ours, local_tag(version))
         if variant:
             problems.append(variant)
+        if problems or facts.torch.companion_errors.get(name):
+            found[name] = problems
+    return found
+
+
+def _sentence(name: str, version: str, problems: list[str], torch_version: str) -> str:
+    """`name version` with its problems as one readable sentence (two at most joined by "and")."""
+    if len(problems) <= 2:
+        return f"{name} {version} {' and '.join(problems)}, but torch {torch_version} is installed."
+    return (f"{name} {version} does not go with torch {torch_version}: it "
+            + "; it ".join(problems[:-1]) + f"; and it {problems[-1]}.")
+
+
+@COMPANION_VERSION_MISMATCH.env
+def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
+    """Packages whose torch requirement, release number or build variant excludes this torch, or whose
+    import failed in the probe; an unmet requirement on the same package (`pip check`) is its evidence."""
+    torch_version = facts.torch_version
+    if not torch_version:
+        return
+    base = base_version(torch_version)
+    ours = local_tag(torch_version)
+    for name, problems in companion_problems(facts).items():
+        version = facts.packages[name]
+        want, known = _matching_companion(name, torch_version)
         error = facts.torch.companion_errors.get(name)
-        if not problems and not error:
-            continue
         if not problems:
-            problems.append("does not import with this torch")
+            problems = ["does not import with this torch"]
         if want:
             target = f'"{name}=={want}.*"'
         elif known:
@@ -170,6 +195,10 @@ def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
         seen = (f" Importing it fails: {error}." if error else
                 " Importing it fails with 'RuntimeError: operator torchvision::nms does not exist'."
                 if name == "torchvision" else "")
+        also = [f"{u.dist} {u.version} requires {u.requirement}" for u in facts.unmet_requirements
+                if canonicalize_name(u.requirement_name) == name]
+        if also:
+            seen += f" Also (pip check): {'; '.join(also)}."
         if target:
             fix = f"Install the matching release from the same index as torch, keeping torch: " \
                   f"{pip(facts)} install {torch_pin(facts)} {target.split('  #')[0]}{index}"
@@ -178,8 +207,4 @@ def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
         else:
             fix = f"No {name} release exists for this torch: {pip(facts)} uninstall {name}, or install the torch " \
                   f"release it was built for."
-        yield Finding(
-            f"{name} {version} {' and '.join(problems)}, but torch {torch_version} is installed.{seen}",
-            fix=fix,
-            key=name,
-        )
+        yield Finding(_sentence(name, version, problems, torch_version) + seen, fix=fix, key=name)

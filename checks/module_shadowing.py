@@ -8,6 +8,7 @@ from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.env import THIRD_PARTY, EnvFacts
 
 from ._envutil import MACHINE_STATE, rename_fix
+from ._importcause import shadow_named_by_import_failure
 
 MODULE_SHADOWING = Pitfall(
     code="TD108",
@@ -77,7 +78,9 @@ MODULE_SHADOWING = Pitfall(
             checkout installed with `pip install -e .`), folders without `__init__.py` (a `torch/` folder of checkpoints
             does not shadow anything), and modules Python loads before it reads the search path (`os`, `io`, `abc`,
             ...).
-            Python searches the folder of the *script* you run, so run `torchdoctor env` from that folder.
+            Python searches the folder of the *script* you run, so run `torchdoctor env` from that folder. When
+            `import torch` fails because of one of these files, [torch-import-failure](torch-import-failure.md)
+            names it as its cause (with the same fix) and this check reports only the others.
         """,
     },
 )
@@ -85,8 +88,12 @@ MODULE_SHADOWING = Pitfall(
 
 @MODULE_SHADOWING.env
 def module_shadowing(facts: EnvFacts) -> Iterator[Finding]:
-    """Each shadowing file or package the env probe found first on the search path."""
+    """Each shadowing file or package the env probe found first on the search path, except the one that
+    torch-import-failure names as the cause of a failed `import torch` (one cause, one finding)."""
+    named = shadow_named_by_import_failure(facts)
     for entry in facts.shadowing:
+        if entry.path == named:
+            continue
         what = ("the installed package" if entry.name in THIRD_PARTY
                 else "the standard-library module that torch imports")
         kind = "folder" if os.path.basename(entry.path) == entry.name else "file"

@@ -7,6 +7,7 @@ from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, pip, torch_pin
+from ._importcause import absorbed_by_import_failure
 
 NUMPY_PROBLEM = Pitfall(
     code="TD107",
@@ -110,7 +111,8 @@ def numpy_problem(facts: EnvFacts) -> Iterator[Finding]:
         return
     abi_text = " ".join(facts.torch.stderr_tail)
     excluded = _excluding(facts, numpy)
-    if facts.torch.numpy_error or "compiled using NumPy 1.x" in abi_text:
+    if (facts.torch.numpy_error or "compiled using NumPy 1.x" in abi_text) and \
+            not absorbed_by_import_failure(facts, "numpy-problem"):  # that finding names it as its cause
         detail = facts.torch.numpy_error or "a module compiled using NumPy 1.x cannot run in NumPy 2.x"
         yield Finding(
             f"torch cannot use NumPy {numpy}: {detail}.",

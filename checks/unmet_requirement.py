@@ -3,10 +3,14 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from packaging.utils import canonicalize_name
+
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, pip, torch_pin
+from ._importcause import explained_requirement
+from .companion_version_mismatch import companion_problems
 
 UNMET_REQUIREMENT = Pitfall(
     code="TD118",
@@ -55,7 +59,10 @@ UNMET_REQUIREMENT = Pitfall(
             `pip check` does: every requirement that applies here (environment markers evaluated, optional extras
             skipped) is compared with the installed version (local tags such as `+cu124` ignored). Requirements on
             torch are reported by [companion-version-mismatch](companion-version-mismatch.md) and on NumPy by
-            [numpy-problem](numpy-problem.md), so each problem is reported once. One finding lists every unmet
+            [numpy-problem](numpy-problem.md), so each problem is reported once; for the same reason a requirement
+            on a companion that companion-version-mismatch reports (an old torchvision) is quoted there as its
+            evidence, and a requirement of torch's that makes `import torch` fail is the cause
+            [torch-import-failure](torch-import-failure.md) names. One finding lists every other unmet
             requirement; the fix installs them with this interpreter's pip and keeps torch pinned.
         """,
     },
@@ -65,7 +72,12 @@ UNMET_REQUIREMENT = Pitfall(
 @UNMET_REQUIREMENT.env
 def unmet_requirement(facts: EnvFacts) -> Iterator[Finding]:
     """Every unmet declared requirement, in one finding."""
-    unmet = facts.unmet_requirements
+    explained = explained_requirement(facts)
+    companions = companion_problems(facts) if facts.unmet_requirements else {}
+    # one cause, one finding: what torch-import-failure names as its cause, and requirements on a companion that
+    # companion-version-mismatch reports (with these as its evidence), are not repeated here
+    merged = set(companions) | ({canonicalize_name(explained.requirement_name)} if explained else set())
+    unmet = [u for u in facts.unmet_requirements if canonicalize_name(u.requirement_name) not in merged]
     if not unmet:
         return
     lines = [f"{u.dist} {u.version} requires {u.requirement}, but "

@@ -99,6 +99,38 @@ def test_torchrun_two_ranks_report_once(tmp_path):
     assert [f for f in report["findings"] if f["severity"] != "info"] == []
 
 
+BREAK_RANKS = """import os, sys
+rank = os.environ.get("LOCAL_RANK")
+if rank in ("1", "2"):
+    class Broken:
+        def find_spec(self, name, path=None, target=None):
+            if name == "torch" and rank == "1":
+                raise ImportError("rank 1's torch is broken on purpose")
+            if name == "torch":
+                import time
+                time.sleep(600)
+    sys.meta_path.insert(0, Broken())
+"""
+
+
+@pytest.mark.slow
+def test_ranks_whose_torch_import_fails_or_hangs_still_get_rank_0s_report(tmp_path):
+    """Rank 1 cannot import torch, rank 2's import hangs (so neither has a TCPStore client): each posts its report
+    through the launcher's store in plain Python and exits 0, so torchrun lets rank 0 print the merged report,
+    whose exit code is the error."""
+    (tmp_path / "sitecustomize.py").write_text(BREAK_RANKS)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
+                str(free_port()), "-m", "torchdoctor", "env", "--format", "json", "--timeout", "8"]
+    result = run(torchrun, env={"PYTHONPATH": str(tmp_path)})
+    report = json.loads(result.stdout)  # one JSON document: rank 0's
+    assert sorted(r["rank"] for r in report["facts"]["ranks"]) == [0, 1, 2] and report["facts"]["missing_ranks"] == []
+    failures = sorted(f["message"] for f in report["findings"] if f["name"] == "torch-import-failure")
+    assert failures[0].startswith("[rank 1] `import torch` fails: ImportError: rank 1's torch is broken")
+    assert failures[1].startswith("[rank 2] `import torch` hangs") and "sitecustomize.py:10 in find_spec" in failures[1]
+    assert result.returncode == 1  # rank 0's report carries the error
+    assert "local_rank: 1" not in result.stderr and "local_rank: 2" not in result.stderr  # they ended well
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

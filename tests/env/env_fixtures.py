@@ -8,7 +8,8 @@ ARCHS = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 
 def healthy_gpu_facts() -> EnvFacts:
     return EnvFacts(
-        torch=TorchProbe(ok=True, seconds=2.0, version="2.5.1+cu124", cuda="12.4", cudnn=90100, nccl="2.21.5",
+        torch=TorchProbe(ok=True, seconds=2.0, cpu_seconds=1.8, cpu_wait_seconds=0.1, blocked_seconds=0.1,
+                         version="2.5.1+cu124", cuda="12.4", cudnn=90100, nccl="2.21.5",
                          arch_list=list(ARCHS), num_threads=8, cuda_available=True, cuda_device_count=2,
                          openmp_runtimes=["/site-packages/torch/lib/libgomp-a34b3233.so.1"],
                          numpy_version="1.26.4", torch_file="/site-packages/torch/__init__.py"),
@@ -36,7 +37,8 @@ def healthy_gpu_facts() -> EnvFacts:
 
 def healthy_cpu_facts() -> EnvFacts:
     return EnvFacts(
-        torch=TorchProbe(ok=True, seconds=2.0, version="2.13.0+cpu", num_threads=2,
+        torch=TorchProbe(ok=True, seconds=2.0, cpu_seconds=1.8, cpu_wait_seconds=0.1, blocked_seconds=0.1,
+                         version="2.13.0+cpu", num_threads=2,
                          openmp_runtimes=["/site-packages/torch/lib/libgomp.so.1"], numpy_version="2.4.6",
                          torch_file="/site-packages/torch/__init__.py"),
         torch_dist_version="2.13.0+cpu",

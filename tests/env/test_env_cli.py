@@ -24,8 +24,16 @@ def run_env(*args, cwd, extra_env=None):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_healthy_machine_exits_0_with_no_warning_or_error(tmp_path):
-    result = run_env("--format", "json", cwd=tmp_path)
+def test_healthy_machine_exits_0_with_no_warning_or_error_even_while_every_core_is_busy(tmp_path):
+    """The healthy control runs beside CPU-bound processes on every core: a loaded machine (a busy CI runner)
+    makes the import slow in wall time, which must not turn into a warning about the install."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        result = run_env("--format", "json", cwd=tmp_path)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["tool"] == "torchdoctor" and report["scope"] == "env"
@@ -42,9 +50,10 @@ def test_broken_torch_first_on_pythonpath(tmp_path):
     result = run_env(cwd=tmp_path, extra_env={"PYTHONPATH": str(fake)})
     assert result.returncode == 1, result.stdout + result.stderr
     out = result.stdout
-    assert "torch-import-failure" in out and "module-shadowing" in out
-    assert "this torch is broken on purpose" in out
-    assert out.count(str(fake / "torch")) >= 2  # both findings name the folder
+    assert "torch-import-failure" in out and "this torch is broken on purpose" in out
+    assert "module-shadowing" not in out  # one cause, one finding: the import failure names the folder
+    assert f"Python found {fake / 'torch'} first (PYTHONPATH is searched before site-packages)" in out
+    assert f"Rename {fake / 'torch'}" in out
     assert "Python" in out and "Memory" in out  # the facts section is still there
     assert result.stderr == "torch-imported=False"
 

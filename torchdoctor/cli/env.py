@@ -15,8 +15,9 @@ from torchdoctor.cli.options import InputError, checks_for, emit, report_options
 
 
 AREAS = {  # -v groups the checks that passed by what they look at
-    "torch install": ("torch-import-failure", "slow-torch-import", "cpu-only-build", "companion-version-mismatch",
-                      "numpy-problem", "module-shadowing", "unmet-requirement", "duplicate-openmp"),
+    "torch install": ("torch-import-failure", "torch-copy-hidden", "slow-torch-import", "cpu-only-build",
+                      "companion-version-mismatch", "numpy-problem", "module-shadowing", "unmet-requirement",
+                      "duplicate-openmp"),
     "GPU, driver, CUDA": ("gpu-arch-unsupported", "driver-too-old", "cuda-toolkit-mismatch", "cuda-visible-devices",
                           "gpu-memory-held", "gpu-health"),
     "machine": ("shm-too-small", "low-resources", "open-files-limit", "thread-oversubscription"),
@@ -64,13 +65,20 @@ def env(obj: dict[str, Any], fmt: str, select: tuple[str, ...], ignore: tuple[st
         report = diagnose_env(checks=checks, facts=facts)
         if multi_rank:
             assert launch is not None and launch.world_size is not None  # multi_rank_problem() checked both
-            answer = collection.exchange(dist.rank_summary(facts, report.findings))
+            summary = dist.rank_summary(facts, report.findings)
+            answer = collection.exchange(summary)
+            if answer is None and not facts.torch.ok:  # its probe never got to the exchange: report without torch
+                answer = dist.exchange_without_torch(summary, facts, timeout)
             if launch.rank != 0 and answer is not None:
-                sys.exit(0)  # rank 0 reports for everyone
+                sys.exit(0)  # rank 0 reports for everyone (this rank's errors included)
             if launch.rank != 0:  # its summary never reached rank 0: say so, and report locally
                 click.echo(f"torchdoctor: rank {launch.rank} could not report to rank 0 "
                            f"({collection.probe.unreachable or 'its torch probe did not finish'}); "
                            "this rank's own report follows", err=True)
+                if dist.launched_by_launcher(launch):  # an error exit would make torchrun stop rank 0's report
+                    with contextlib.suppress(SystemExit):
+                        _emit(report, fmt, settings.fail_on, checks if verbose else None)
+                    sys.exit(0)
                 _emit(report, fmt, settings.fail_on, checks if verbose else None)
             facts.ranks, facts.missing_ranks = dist.parse_ranks(answer, launch.world_size)
             facts.missing_doing = dict(answer.get("doing", {})) if answer else {}

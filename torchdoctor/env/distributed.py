@@ -88,3 +88,44 @@ def fold_ranks(own: list[Finding], ranks: list[RankFacts], own_rank: int = 0) ->
     received = {own_rank: own}
     received.update({r.rank: [Finding.from_dict(d) for d in r.findings] for r in ranks if r.rank != own_rank})
     return merge_ranks(received, cross_rank={"rank-env-mismatch"})
+
+
+def exchange_without_torch(payload: dict[str, Any], facts: EnvFacts, timeout: float) -> Optional[dict[str, Any]]:
+    """For a rank whose torch probe could not take part in the exchange (its `import torch` failed or hung): post
+    this rank's summary through the launcher's store with a plain-Python client, so that rank 0 reports it; on
+    rank 0, collect every rank's summary the same way (possible where the launcher's agent hosts the store, as
+    torchrun's does). Answers like `RunningProbe.exchange`; None when the store cannot be reached."""
+    import json
+    import time
+
+    from torchdoctor.env.store import connect
+
+    launch = facts.launch or LaunchFacts()
+    rank, world = launch.rank or 0, launch.world_size or 1
+    prefix = "torchdoctor/env/" + (launch.run_id or "run") + "/"
+    payload = {**payload, "torch": {"version": facts.torch_version, "cuda": facts.torch_cuda, "cudnn": None,
+                                    "hip": None, "nccl": None}}
+    client, _ = connect(launch.master_addr, launch.master_port, timeout)
+    if client is None:
+        return None
+    try:
+        client.set(prefix + str(rank), json.dumps(payload, default=str).encode())
+        if rank != 0:
+            return {"kind": "sent"}
+        deadline = time.monotonic() + timeout
+        pending, ranks = set(range(world)), []
+        while pending and time.monotonic() < deadline:
+            for r in sorted(pending):
+                if client.check(prefix + str(r)):
+                    ranks.append(json.loads(client.get(prefix + str(r))))
+                    pending.discard(r)
+            if pending:
+                time.sleep(0.05)
+        doing = {str(r): client.get(f"{prefix}doing/{r}").decode("utf-8", "replace") for r in sorted(pending)
+                 if client.check(f"{prefix}doing/{r}")}
+        client.set(prefix + "collected", b"1")
+        return {"ranks": ranks, "missing": sorted(pending), "doing": doing}
+    except (OSError, ValueError):
+        return None
+    finally:
+        client.close()

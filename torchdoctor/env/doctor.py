@@ -1,8 +1,11 @@
 """`torchdoctor env`: gather the facts (torch probed in a subprocess meanwhile) and run the env checks."""
 from __future__ import annotations
 
+import ast
 import os
 import platform
+import subprocess
+import sys
 import threading
 from typing import Any, Callable, Optional, Sequence
 
@@ -47,11 +50,14 @@ class FactCollection:
     when the body fails (e.g. a bad --select)."""
 
     def __init__(self, probe_timeout: float = 60.0, cwd: Optional[str] = None,
-                 exchange_timeout: Optional[float] = None) -> None:
+                 exchange_timeout: Optional[float] = None, python: Optional[str] = None,
+                 environ: Optional[dict[str, str]] = None) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.exchange_timeout = exchange_timeout
-        self.probe = adopt_early(probe_timeout, self.cwd, exchange_timeout) or \
-            RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout)
+        self.python, self.environ = python, environ  # another interpreter or environment than this process's
+        self.probe = (None if python or environ is not None else adopt_early(probe_timeout, self.cwd,
+                                                                             exchange_timeout)) or \
+            RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout, python=python, env=environ)
         self._nvidia: list[NvidiaFacts] = []
         self._nvml = threading.Thread(target=lambda: self._nvidia.append(_nvidia_with_timeout(NVML_TIMEOUT_S)),
                                       name="torchdoctor-nvml-wait", daemon=True)
@@ -67,18 +73,20 @@ class FactCollection:
 
     def finish(self, progress: Callable[[str], None] = lambda step: None) -> EnvFacts:
         """Gather the torch-free facts, then wait for NVML and the probe; `progress` hears each step."""
+        from torchdoctor.env.libraries import damaged_torch_files, library_copies
         from torchdoctor.env.packages import collect_packages
         from torchdoctor.env.shadowing import find_shadowing, installed_modules, search_dirs
         from torchdoctor.env.system import collect_system, relevant_env
         from torchdoctor.env.toolkit import collect_toolkit
 
+        environ = dict(os.environ) if self.environ is None else self.environ
         progress("reading installed packages (metadata, requirements)")
-        packages = collect_packages()
+        packages = collect_packages(self._search_path() if self.python or self.environ is not None else None)
         progress("reading the OS, CPU, memory, disks, /dev/shm, container limits")
         facts = EnvFacts(
             cwd=self.cwd,
             system=collect_system(self.cwd),
-            env_vars=relevant_env(),
+            env_vars=relevant_env(environ),
             packages=packages.versions,
             torch_requirements=packages.torch_requirements,
             numpy_requirements=packages.numpy_requirements,
@@ -86,15 +94,32 @@ class FactCollection:
             torch_dist_version=packages.versions.get("torch"),
             torch_dist_location=packages.torch_location,
             torch_dist_cuda=packages.torch_cuda,
+            torch_dist_editable=packages.torch_editable,
+            torch_dist_files_missing=packages.torch_files_missing,
+            torch_dist_requirements=packages.torch_requires,
+            libraries=library_copies(environ, packages.torch_location),
+            torch_damaged_files=damaged_torch_files(packages.torch_location),
             toolkit=collect_toolkit(),
-            shadowing=find_shadowing(search_dirs(self.cwd), installed_modules(packages.torch_location)),
+            shadowing=find_shadowing(search_dirs(self.cwd, environ), installed_modules(packages.torch_location)),
         )
+        if self.python:
+            facts.system.python_executable = self.python
         progress("asking the NVIDIA driver (NVML) about GPUs")
         self._nvml.join(NVML_TIMEOUT_S + 1)
         facts.nvidia = self._nvidia[0] if self._nvidia else NvidiaFacts(unavailable_reason="NVML did not answer")
         progress("importing torch in a subprocess (as your scripts would)")
         facts.torch = self.probe.result()
+        if not facts.torch.ok and not facts.torch.limits:  # it died before saying: it had this process's limits
+            from torchdoctor.env.torch_probe import limits
+
+            facts.torch.limits = limits()
         return facts
+
+    def _search_path(self) -> list[str]:
+        """The sys.path of the interpreter and environment examined (where its packages' metadata lives)."""
+        out = subprocess.run([self.python or sys.executable, "-c", "import sys; print(repr(sys.path))"],
+                             capture_output=True, text=True, env=self.environ, cwd=self.cwd, timeout=60)
+        return [p for p in ast.literal_eval(out.stdout.strip() or "[]") if p]
 
     def exchange(self, payload: dict[str, Any]) -> Optional[dict[str, Any]]:
         """Under torchrun: send this rank's summary; rank 0 gets every rank's (see `RunningProbe.exchange`)."""

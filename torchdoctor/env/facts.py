@@ -18,9 +18,18 @@ class TorchProbe:
 
     ok: bool = False
     timed_out: bool = False
-    seconds: Optional[float] = None
+    seconds: Optional[float] = None  # wall time of `import torch`
+    cpu_seconds: Optional[float] = None  # CPU time the import used
+    cpu_wait_seconds: Optional[float] = None  # time it was ready to run but waited for a CPU (a loaded machine)
+    blocked_seconds: Optional[float] = None  # the rest: waiting for files (a slow file system), locks, the network
+    exit_signal: Optional[int] = None  # the signal that ended a probe that died (7: SIGBUS, 9: SIGKILL, ...)
+    crash_stack: list[str] = field(default_factory=list)  # where a crashed probe was, innermost frame first
     error_type: Optional[str] = None
     error: Optional[str] = None  # the exception text, or the last lines of stderr
+    error_errno: Optional[int] = None  # an OSError's errno (13: EACCES, 28: ENOSPC, 30: EROFS, ...)
+    error_filename: Optional[str] = None  # an OSError's file name
+    error_module: Optional[str] = None  # the module an ImportError names
+    limits: dict[str, list[Any]] = field(default_factory=dict)  # /proc/self/limits: name -> [soft, hard]
     traceback_tail: list[str] = field(default_factory=list)
     stderr_tail: list[str] = field(default_factory=list)  # warnings printed while importing torch
     torch_file: Optional[str] = None  # the torch/__init__.py that was imported (or attempted)
@@ -48,6 +57,25 @@ class TorchProbe:
     xnnpack: Optional[bool] = None
     hang_stack: list[str] = field(default_factory=list)  # where a hanging probe was, innermost frame first
     companion_errors: dict[str, str] = field(default_factory=dict)  # torchvision/torchaudio import errors
+    torch_copies: list[str] = field(default_factory=list)  # every torch/ folder on sys.path, the winner first
+    torch_copy_versions: dict[str, str] = field(default_factory=dict)  # folder -> __version__ in its version.py
+    user_site: Optional[str] = None  # ~/.local/lib/pythonX.Y/site-packages (or $PYTHONUSERBASE's)
+    user_site_enabled: Optional[bool] = None  # site.ENABLE_USER_SITE: off in venvs, with -s, -I, PYTHONNOUSERSITE
+    isolated: Optional[bool] = None  # python -I
+    no_user_site_flag: Optional[bool] = None  # python -s or PYTHONNOUSERSITE
+    sys_prefix: Optional[str] = None  # the environment (venv, conda env) the interpreter runs in
+
+
+@dataclass
+class LibraryCopy:
+    """A shared library that the dynamic loader finds through LD_PRELOAD or LD_LIBRARY_PATH before the copy
+    torch was built with (it has the name of a library torch or its bundled libraries load)."""
+
+    path: str
+    via: str  # "LD_PRELOAD" or "LD_LIBRARY_PATH"
+    entry: str  # the LD_PRELOAD / LD_LIBRARY_PATH entry that brings it
+    state: str = "ok"  # ok, empty, truncated, not ELF, wrong class, unreadable
+    size: Optional[int] = None
 
 
 @dataclass
@@ -119,6 +147,7 @@ class SystemFacts:
     cpu_logical: Optional[int] = None
     cpu_physical: Optional[int] = None
     cpu_affinity: Optional[int] = None  # CPUs this process may run on
+    load_average: Optional[float] = None  # runnable processes, 1-minute average (os.getloadavg)
     cgroup_cpu_limit: Optional[float] = None  # CPUs allowed by a container quota
     cgroup_memory_limit: Optional[int] = None  # bytes a container's cgroup allows (psutil shows the host's)
     cgroup_memory_used: Optional[int] = None  # bytes charged to that cgroup now
@@ -201,6 +230,11 @@ class EnvFacts:
     torch_dist_version: Optional[str] = None  # from package metadata, without importing torch
     torch_dist_cuda: Optional[str] = None  # torch/version.py `cuda = ...`, read as text
     torch_dist_location: Optional[str] = None  # the installed torch package folder
+    torch_dist_editable: Optional[str] = None  # an editable install's source folder (PEP 610 direct_url.json)
+    torch_dist_files_missing: bool = False  # pip lists torch, but its torch/__init__.py is not where it says
+    torch_dist_requirements: dict[str, str] = field(default_factory=dict)  # torch's own requirements: name -> spec
+    libraries: list[LibraryCopy] = field(default_factory=list)  # LD_PRELOAD/LD_LIBRARY_PATH copies torch may load
+    torch_damaged_files: list[str] = field(default_factory=list)  # torch/lib libraries that are not whole ELF files
     nvidia: NvidiaFacts = field(default_factory=NvidiaFacts)
     toolkit: ToolkitFacts = field(default_factory=ToolkitFacts)
     system: SystemFacts = field(default_factory=SystemFacts)

@@ -1,11 +1,13 @@
 """Installed-package facts read from package metadata, never by importing the packages."""
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
+from urllib.parse import unquote, urlparse
 
 from packaging.markers import InvalidMarker, Marker, UndefinedEnvironmentName
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
@@ -36,6 +38,9 @@ class PackageFacts:
     unmet: list[UnmetRequirement] = field(default_factory=list)
     torch_location: Optional[str] = None
     torch_cuda: Optional[str] = None
+    torch_editable: Optional[str] = None  # an editable install's source folder
+    torch_files_missing: bool = False  # the torch distribution is installed, its torch/__init__.py is not there
+    torch_requires: dict[str, str] = field(default_factory=dict)  # torch's own requirements: name -> specifier
 
 
 _NAME = re.compile(r"^Name:\s*(\S+)", re.M)
@@ -89,15 +94,28 @@ def read_torch_cuda(version_py: Path) -> Optional[str]:
     return (m.group(1) or m.group(2)) if m else None
 
 
-def collect_packages() -> PackageFacts:
+def editable_source(dist: metadata.Distribution) -> Optional[str]:
+    """The source folder of an editable install (PEP 610 `direct_url.json`: `dir_info.editable`), else None."""
+    try:
+        info = json.loads(dist.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return None
+    url = info.get("url", "") if isinstance(info, dict) else ""
+    if not (isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable")) or \
+            not url.startswith("file://"):
+        return None
+    return unquote(urlparse(url).path)
+
+
+def collect_packages(path: Optional[list[str]] = None) -> PackageFacts:
     """One pass over installed distributions (their METADATA read as text, never imported): companion
     versions, every torch and numpy requirement, and, like `pip check`, every other declared requirement
-    that the installed packages do not meet."""
+    that the installed packages do not meet. `path`: another interpreter's sys.path (default: this one's)."""
     facts = PackageFacts()
     seen: set[str] = set()
     installed: dict[str, str] = {}
     declared: list[tuple[str, str, str, str]] = []
-    for dist in metadata.distributions():
+    for dist in (metadata.distributions(path=path) if path is not None else metadata.distributions()):
         # the headers end at the first blank line; the long description after it is never read
         text = (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").partition("\n\n")[0]
         m = _NAME.search(text)
@@ -117,10 +135,15 @@ def collect_packages() -> PackageFacts:
             elif target not in ("torch", "numpy"):
                 declared.append((name, installed[name], target, spec))
         if name == "torch":
+            facts.torch_editable = editable_source(dist)
+            facts.torch_requires = {target: spec for target, spec in _requirements(text)}
             init = Path(str(dist.locate_file("torch/__init__.py")))
             if init.is_file():
                 facts.torch_location = str(init.parent)
                 facts.torch_cuda = read_torch_cuda(init.parent / "version.py")
+            else:
+                facts.torch_files_missing = facts.torch_editable is None or \
+                    not (Path(facts.torch_editable) / "torch" / "__init__.py").is_file()
     for name, version, target, spec in declared:
         have = installed.get(target)
         if have is None or (spec and not _satisfied(spec, have)):

@@ -6,8 +6,9 @@ import atexit
 import dataclasses
 import json
 import os
-import re
 import queue
+import re
+import signal
 import subprocess
 import sys
 import threading
@@ -23,16 +24,16 @@ _FIELDS = {f.name for f in dataclasses.fields(TorchProbe)}
 _EOF = None
 
 
-def dump_after(timeout: float) -> float:
-    """When the probe dumps its stacks: shortly before the parent gives up on it."""
-    return max(0.2, timeout - min(2.0, timeout * 0.2))
+# How long after its own deadline the parent still waits for a probe that should have ended itself (it dumps its
+# stacks and exits when `import torch` runs past the timeout, counted from when it started running).
+GRACE_S = 10.0
 
 
 _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 
 
 def hang_stack(stderr: list[str]) -> list[str]:
-    """The main thread's stack from faulthandler's dump ("file:line in function", innermost first),
+    """The main thread's stack from faulthandler's dump (after a timeout or a crash) ("file:line in function", innermost first),
     without the import machinery's frozen frames and the probe's own."""
     stack: list[str] = []
     in_main = False
@@ -52,18 +53,22 @@ class RunningProbe:
     """A started probe. `result()` waits (up to the timeout) for its facts; under torchrun,
     `exchange()` then hands it this rank's payload and, on rank 0, returns every rank's."""
 
-    def __init__(self, timeout: float, cwd: Optional[str] = None, exchange_timeout: Optional[float] = None) -> None:
+    def __init__(self, timeout: float, cwd: Optional[str] = None, exchange_timeout: Optional[float] = None,
+                 python: Optional[str] = None, env: Optional[dict[str, str]] = None) -> None:
         self.timeout = timeout
         self.exchange_timeout = exchange_timeout
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.started = time.monotonic()
-        args = [sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8"), f"{dump_after(timeout):g}"]
+        args = [python or sys.executable, "-c", PROBE_SOURCE.read_text(encoding="utf-8"), f"{timeout:g}"]
         if exchange_timeout is not None:
             args.append(str(exchange_timeout))
-        # The user's environment exactly: what is diagnosed is how *their* `python` imports torch.
+        # The user's environment (or the one given) exactly: what is diagnosed is how *their* `python` imports
+        # torch. PYTHONFAULTHANDLER only makes a crash or a hang before the probe's own code (a sitecustomize)
+        # print its stack.
         self.proc = subprocess.Popen(
             args, stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, text=True, encoding="utf-8", errors="replace",
+            env={**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"},
         )
         self.unreachable: Optional[str] = None  # why the launcher's store could not be reached (torchrun)
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
@@ -97,7 +102,14 @@ class RunningProbe:
                 if isinstance(payload, dict):
                     return payload, False
 
-    def _stop(self) -> None:
+    def _stop(self, dump: bool = False) -> None:
+        """End the probe; with `dump`, first ask it for its stacks (SIGABRT: faulthandler prints them)."""
+        if self.proc.poll() is None and dump and hasattr(signal, "SIGABRT"):
+            self.proc.send_signal(signal.SIGABRT)
+            try:
+                self.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
@@ -105,14 +117,16 @@ class RunningProbe:
 
     def result(self) -> TorchProbe:
         """The torch facts, however the probe ended: finished, failed, or still hanging at the timeout."""
-        deadline = base = self.started + self.timeout
+        deadline = base = self.started + self.timeout + GRACE_S
         payloads: list[dict[str, Any]] = []
         timed_out = False
         while True:
             payload, timed_out = self._next_payload(deadline)
             if payload is None or payload.get("kind") == "ready":
                 break
-            if payload.get("kind") == "connecting":  # to the launcher's store: that wait is not the probe's time
+            if payload.get("kind") == "armed":  # its own clock runs from here: a slow start is not the import's
+                deadline = base = time.monotonic() + self.timeout + GRACE_S
+            elif payload.get("kind") == "connecting":  # to the launcher's store: that wait is not the probe's time
                 base, deadline = deadline, deadline + 3 * (self.exchange_timeout or 0) + 5
             elif payload.get("kind") == "rendezvous":
                 deadline = base + float(payload.get("waited") or 0)
@@ -126,11 +140,11 @@ class RunningProbe:
                     self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
-            self._stop()  # after "ready" every fact is out: torch's interpreter teardown (~0.5 s) is not waited for
+            self._stop(dump=timed_out)  # after "ready" every fact is out: torch's teardown (~0.5 s) is not waited for
         elif payload is None:  # ended before "ready": it crashed, so there is nothing to exchange
             self._stop()
         probe = build_probe(payloads, self._stderr, timed_out, self.timeout, self.proc.returncode)
-        if timed_out:
+        if probe.timed_out and not probe.ok:  # the import itself never finished (a CUDA hang keeps its time)
             probe.seconds = time.monotonic() - self.started
         return probe
 
@@ -171,9 +185,20 @@ def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bo
                 setattr(probe, key, value)
     err_lines = [line.rstrip("\n") for line in stderr if line.strip()]
     dump = next((i for i, line in enumerate(err_lines) if line.startswith("Timeout (")), None)
+    crash = next((i for i, line in enumerate(err_lines) if line.startswith("Fatal Python error: ")), None)
     if dump is not None:
         probe.hang_stack = hang_stack(err_lines[dump + 1:])
         err_lines = err_lines[:dump]
+        timed_out = True  # it dumped its stacks at its own deadline and ended itself
+    elif crash is not None:
+        stack = hang_stack(err_lines[crash + 1:])
+        if timed_out:  # the parent's SIGABRT at its deadline
+            probe.hang_stack = stack
+        else:
+            probe.crash_stack = stack
+        err_lines = err_lines[:crash + 1]
+    if returncode is not None and returncode < 0:
+        probe.exit_signal = -returncode
     probe.stderr_tail = [line for line in err_lines if '"<string>"' not in line][-12:]
     if timed_out:
         probe.timed_out = True

@@ -17,7 +17,8 @@ ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "CUDNN_", "NV
                 "KMP_", "GOMP_", "TORCHELASTIC_", "HIP_", "ROCR_", "TRITON_")
 ENV_NAMES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
              "OPENBLAS_NUM_THREADS", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "CUDA_HOME",
-             "CUDA_PATH", "XLA_FLAGS", "PYTHONHASHSEED")
+             "CUDA_PATH", "XLA_FLAGS", "PYTHONHASHSEED", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "CONDA_PREFIX",
+             "TMPDIR", "XDG_CACHE_HOME")
 
 
 def relevant_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:
@@ -183,6 +184,8 @@ def collect_system(cwd: str) -> SystemFacts:
             pass
     if hasattr(os, "sched_getaffinity"):
         facts.cpu_affinity = len(os.sched_getaffinity(0))
+    if hasattr(os, "getloadavg"):
+        facts.load_average = os.getloadavg()[0]
     mem = psutil.virtual_memory()
     facts.memory_total, facts.memory_available = mem.total, mem.available
     try:

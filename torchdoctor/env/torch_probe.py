@@ -104,11 +104,84 @@ def torch_location() -> "str | None":
         return None
 
 
-def build_facts(torch: "ModuleType", seconds: float) -> "dict[str, object]":
+def schedstat() -> "tuple[float, float] | None":
+    """(seconds on a CPU, seconds waiting for one) of the main thread so far (Linux `/proc/self/schedstat`)."""
+    try:
+        with open("/proc/self/schedstat") as f:
+            on_cpu, waiting = f.read().split()[:2]
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+class Clock:
+    """How long `import torch` took, split into CPU time, time waiting for a CPU (a loaded machine) and the rest
+    (blocked: reading files, a network file system, a lock), so that a busy machine is not mistaken for a slow
+    install."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu, self.sched = time.perf_counter(), time.process_time(), schedstat()
+
+    def times(self) -> "dict[str, object]":
+        wall, cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+        out: "dict[str, object]" = {"seconds": wall, "cpu_seconds": cpu}
+        sched = schedstat()
+        if self.sched is not None and sched is not None:
+            on_cpu, waiting = sched[0] - self.sched[0], sched[1] - self.sched[1]
+            out["cpu_wait_seconds"] = waiting
+            out["blocked_seconds"] = max(0.0, wall - on_cpu - waiting)
+        return out
+
+
+def where_facts() -> "dict[str, object]":
+    """Where Python looks for torch and why: the user site (on or off, and by what), every copy of torch on
+    sys.path in search order (the first one wins), and the flags that change the search."""
+    site = sys.modules.get("site")
+    copies = []
+    for entry in sys.path:
+        folder = (entry or os.getcwd()).rstrip("/") + "/torch"
+        if os.path.isfile(folder + "/__init__.py") and folder not in copies:
+            copies.append(folder)
+    versions = {}
+    for folder in copies:
+        try:
+            with open(folder + "/version.py", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if line.startswith("__version__"):
+                        versions[folder] = line.split("=", 1)[1].split("#")[0].strip().strip("'\"")
+        except OSError:
+            pass
+    return {
+        "torch_copies": copies,
+        "torch_copy_versions": versions,
+        "user_site": getattr(site, "USER_SITE", None),
+        "user_site_enabled": getattr(site, "ENABLE_USER_SITE", None),
+        "isolated": bool(sys.flags.isolated),
+        "no_user_site_flag": bool(sys.flags.no_user_site),
+        "sys_prefix": sys.prefix,
+    }
+
+
+def limits() -> "dict[str, list[object]]":
+    """This process's resource limits as /proc/self/limits shows them: name -> [soft, hard] (None: unlimited)."""
+    out: "dict[str, list[object]]" = {}
+    try:
+        with open("/proc/self/limits") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return out
+    for line in lines:
+        parts = line[26:].split()
+        if len(parts) >= 2:
+            out[line[:26].strip()] = [None if v == "unlimited" else int(v) if v.isdigit() else v for v in parts[:2]]
+    return out
+
+
+def build_facts(torch: "ModuleType", clock: "dict[str, object]") -> "dict[str, object]":
     """The build facts; raises (AttributeError, ...) when what was imported is not a working torch."""
     build: "dict[str, object]" = {
         "ok": True,
-        "seconds": seconds,
+        **clock,
         "torch_file": getattr(torch, "__file__", None),
         "version": torch.__version__,
         "cuda": torch.version.cuda,
@@ -174,21 +247,30 @@ def companion_errors(torch_version: str) -> "dict[str, str]":
 
 def main() -> None:
     dump_after = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
-    if dump_after > 0:  # the parent kills a hanging probe: print where it hangs just before that
-        faulthandler.dump_traceback_later(dump_after, exit=False)
+    faulthandler.enable()  # a crash (SIGBUS from a truncated library, SIGSEGV) leaves the stack where it happened
+    if dump_after > 0:  # a hanging import: print where it hangs, then end (the parent counts from "armed")
+        faulthandler.dump_traceback_later(dump_after, exit=True)
+    emit("armed", {})
     start = time.perf_counter()
+    clock = Clock()
     try:
         import torch
 
-        build = build_facts(torch, time.perf_counter() - start)
+        build = build_facts(torch, clock.times())
+        build.update(where_facts())
     except BaseException as exc:  # noqa: B902 - SystemExit from a broken package counts too
         emit("build", {
             "ok": False,
-            "seconds": time.perf_counter() - start,
+            **clock.times(),
             "error_type": type(exc).__name__,
             "error": str(exc),
+            "error_errno": getattr(exc, "errno", None) if isinstance(exc, OSError) else None,
+            "error_filename": getattr(exc, "filename", None) if isinstance(exc, OSError) else None,
+            "error_module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
             "traceback_tail": frames(exc.__traceback__),
             "torch_file": torch_location(),
+            "limits": limits(),
+            **where_facts(),
         })
         return
     emit("build", build)
@@ -205,7 +287,7 @@ def main() -> None:
         waited = time.perf_counter() - before
         emit("rendezvous", {"waited": waited})
         if dump_after > 0:
-            faulthandler.dump_traceback_later(max(0.1, dump_after - (before - start)), exit=False)
+            faulthandler.dump_traceback_later(max(0.1, dump_after - (before - start)), exit=True)
     cuda: "dict[str, object]" = {}
     if build["cuda"] or build["hip"]:
         if rendezvous:

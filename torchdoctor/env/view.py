@@ -1,6 +1,7 @@
 """The compact facts section of the `torchdoctor env` console report."""
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 from rich.console import Group
@@ -19,7 +20,10 @@ def _torch_row(torch: dict[str, Any], dist_version: Optional[str]) -> Text:
         build += f", cuDNN {torch['cudnn']}"
     if torch.get("nccl"):
         build += f", NCCL {torch['nccl']}"
-    parts = [f"{torch.get('version')} ({build})", f"import {torch.get('seconds', 0):.1f} s"]
+    took = f"import {torch.get('seconds') or 0:.1f} s"
+    if torch.get("cpu_seconds") is not None:
+        took += f" ({torch['cpu_seconds']:.1f} s CPU)"
+    parts = [f"{torch.get('version')} ({build})", took]
     blas = torch.get("blas") or ""
     parts.append("BLAS " + ("MKL" if "Math Kernel" in blas else blas or "?"))
     if torch.get("cpu_capability"):
@@ -31,6 +35,22 @@ def _torch_row(torch: dict[str, Any], dist_version: Optional[str]) -> Text:
     if torch.get("arch_list"):
         parts.append("archs " + " ".join(torch["arch_list"]))
     return Text(" · ".join(parts))
+
+
+def where_torch(torch: dict[str, Any]) -> Optional[str]:
+    """Which torch Python imports and why that one: the folder, whether it is the user site, what it hides."""
+    file = torch.get("torch_file")
+    if not file:
+        return None
+    folder = os.path.dirname(file) if file.endswith("__init__.py") else file
+    user_site = torch.get("user_site")
+    text = folder
+    if user_site and folder.startswith(user_site.rstrip("/") + "/"):
+        text += " (the user site: searched before the environment's site-packages)"
+    hidden = [c for c in torch.get("torch_copies") or [] if c != folder]
+    if hidden:
+        text += "; hides " + ", ".join(hidden)
+    return text
 
 
 def _gpu_rows(nvidia: dict[str, Any], torch: dict[str, Any]) -> list[tuple[str, Text]]:
@@ -67,6 +87,9 @@ def facts_view(facts: dict[str, Any]) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
     table.add_row("torch", _torch_row(torch, facts.get("torch_dist_version")))
+    where = where_torch(torch)
+    if where:
+        table.add_row("torch from", where)
     table.add_row("Python", f"{sysf['python']} ({sysf['python_executable']}) on {sysf['platform']}")
     cpu = f"{sysf.get('cpu_model') or sysf.get('machine')} · {sysf.get('cpu_logical')} logical / " \
           f"{sysf.get('cpu_physical')} physical cores"
