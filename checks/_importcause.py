@@ -14,7 +14,7 @@ from typing import Optional
 
 from packaging.utils import canonicalize_name
 
-from torchdoctor.env.facts import LibraryCopy, UnmetRequirement
+from torchdoctor.sdk.env import LibraryCopy, UnmetRequirement
 from torchdoctor.sdk import byte_size
 from torchdoctor.sdk.env import EnvFacts, PathEntry
 
