@@ -14,9 +14,8 @@ from typing import Optional
 
 from packaging.utils import canonicalize_name
 
-from torchdoctor.sdk.env import LibraryCopy, UnmetRequirement
 from torchdoctor.sdk import byte_size
-from torchdoctor.sdk.env import EnvFacts, PathEntry
+from torchdoctor.sdk.env import EnvFacts, LibraryCopy, PathEntry, UnmetRequirement
 
 from ._envutil import base_version, best_wheel_cuda, has_nvidia, major_minor, pip, pip_install, rename_fix, torch_pin
 
