@@ -80,6 +80,125 @@ def pickles(canary: str) -> dict[str, tuple[bytes, str]]:
     return loaders
 
 
+def _v(value: object) -> bytes:
+    """A pickled argument: str, bytes, int, bool, None, list, tuple, or a global given as ("global", mod, name)."""
+    if isinstance(value, str):
+        return _s(value)
+    if isinstance(value, bytes):
+        return b"B" + struct.pack("<I", len(value)) + value
+    if value is None:
+        return b"N"
+    if isinstance(value, bool):
+        return b"\x88" if value else b"\x89"
+    if isinstance(value, int):
+        return b"J" + struct.pack("<i", value)
+    if isinstance(value, list):
+        return b"](" + b"".join(map(_v, value)) + b"e"
+    if isinstance(value, dict):
+        assert not value
+        return b"}"
+    if isinstance(value, tuple) and value[:1] == ("global",):
+        return _g(value[1], value[2])
+    assert isinstance(value, tuple)
+    return b"(" + b"".join(map(_v, value)) + b"t"
+
+
+def _call(qualname: str, *args: object) -> bytes:
+    """`module.name(*args)` as GLOBAL + args + REDUCE (no STOP)."""
+    module, _, name = qualname.rpartition(".")
+    return _g(module, name) + _v(tuple(args)) + b"R"
+
+
+def _run(*calls: bytes) -> bytes:
+    """A pickle that makes `calls` in order (a tuple of their results)."""
+    return b"\x80\x02(" + b"".join(calls) + b"t."
+
+
+def _write_text(path: str, text: str, encoding: str = "utf-8") -> bytes:
+    """numpy.savetxt writing `text` verbatim (the header, without a comment prefix): the first step of a
+    gadget that runs a file."""
+    return _call("numpy.savetxt", path, [], "%s", " ", "\n", text, "", "", encoding)
+
+
+# Gadgets in libraries installed beside torch (in this test environment: torch's, transformers' and Lightning's
+# dependencies, click, pygments, psutil, accelerate), each verified to create its canary under pickle.load.
+# name -> the global the finding must name.
+THIRD_PARTY = {
+    "tp-sympy-sympify": "sympy.sympify", "tp-sympy-parse-expr": "sympy.parsing.sympy_parser.parse_expr",
+    "tp-sympy-eval-expr": "sympy.parsing.sympy_parser.eval_expr", "tp-sympy-S-instance": "sympy.S",
+    "tp-yaml-unsafe-load": "yaml.unsafe_load", "tp-yaml-load-unsafe-loader": "yaml.load",
+    "tp-psutil-popen": "psutil.Popen", "tp-hf-run-subprocess": "huggingface_hub.utils._subprocess.run_subprocess",
+    "tp-click-edit": "click.edit", "tp-click-open-file": "click.utils.open_file",
+    "tp-pygments-cmdline": "pygments.cmdline.main", "tp-pygments-lexer-file": "pygments.lexers.load_lexer_from_file",
+    "tp-pygments-formatter-file": "pygments.formatters.load_formatter_from_file",
+    "tp-lightning-cloud-io-load": "lightning.fabric.utilities.cloud_io._load",
+    "tp-lightning-atomic-save": "lightning.fabric.utilities.cloud_io._atomic_save",
+    "tp-lightning-hparams-yaml": "lightning.pytorch.core.saving.save_hparams_to_yaml",
+    "tp-jinja2-import-string": "jinja2.utils.import_string",
+    "tp-safetensors-torch-save-file": "safetensors.torch.save_file",
+    "tp-safetensors-numpy-save-file": "safetensors.numpy.save_file",
+    "tp-accelerate-write-config": "accelerate.utils.write_basic_config", "tp-accelerate-save": "accelerate.utils.save",
+    "tp-hf-create-symlink": "huggingface_hub.file_download._create_symlink",
+    "tp-transformers-direct-import": "transformers.utils.import_utils.direct_transformers_import",
+    "tp-tqdm-manpath": "tqdm.cli.main",
+    "numpy-memmap-newobj": "numpy.memmap", "numpy-memmap-newobj-ex": "numpy.memmap",
+    "numpy-memmap-copyreg-newobj": "numpy.memmap",
+}
+# samples whose payload writes a file of a fixed name (in the canary folder) instead of the canary path
+CANARY_FILES = {"tp-tqdm-manpath": "tqdm.1"}
+
+
+def third_party(canary: str) -> dict[str, tuple[bytes, str]]:
+    """Payloads that call (or instantiate) third-party code that reaches a sink."""
+    code = _touch_code(canary)
+    touch = f"touch {canary}"
+    shell = f"__import__('os').system({touch!r})"
+    nested = b"\x80\x02" + _g("builtins", "exec") + _s(code) + b"\x85R."
+    memmap_args = (canary, "uint8", "w+", 0, (1,))
+    out = {
+        "tp-sympy-sympify": _run(_call("sympy.sympify", shell)),
+        "tp-sympy-parse-expr": _run(_call("sympy.parsing.sympy_parser.parse_expr", shell)),
+        "tp-sympy-eval-expr": _run(_call("sympy.parsing.sympy_parser.eval_expr", shell, {}, {})),
+        "tp-sympy-S-instance": _run(_call("sympy.S", shell)),
+        "tp-yaml-unsafe-load": _run(_call("yaml.unsafe_load", f"!!python/object/apply:os.system [{touch!r}]")),
+        "tp-yaml-load-unsafe-loader": _run(_call("yaml.load", f"!!python/object/apply:os.system [{touch!r}]",
+                                                 ("global", "yaml", "Loader"))),
+        "tp-psutil-popen": _run(_call("psutil.Popen", ["touch", canary])),
+        "tp-hf-run-subprocess": _run(_call("huggingface_hub.utils._subprocess.run_subprocess", touch)),
+        "tp-click-edit": _run(_call("click.edit", None, touch, None, True, ".txt", canary + ".txt")),
+        "tp-click-open-file": _run(_call("click.utils.open_file", canary, "w")),
+        "tp-pygments-cmdline": _run(_call("pygments.cmdline.main", ["pygmentize", "-l", "text", "-f", "html", "-o",
+                                                                     canary, "/dev/null"])),
+        "tp-pygments-lexer-file": _run(_write_text(canary + ".py", code),
+                                       _call("pygments.lexers.load_lexer_from_file", canary + ".py")),
+        "tp-pygments-formatter-file": _run(_write_text(canary + ".py", code),
+                                           _call("pygments.formatters.load_formatter_from_file", canary + ".py")),
+        "tp-lightning-cloud-io-load": _run(_write_text(canary + ".pkl", nested.decode("latin1"), "latin1"),
+                                           _call("lightning.fabric.utilities.cloud_io._load", canary + ".pkl", None,
+                                                 False)),
+        "tp-lightning-atomic-save": _run(_call("lightning.fabric.utilities.cloud_io._atomic_save", {}, canary)),
+        "tp-lightning-hparams-yaml": _run(_call("lightning.pytorch.core.saving.save_hparams_to_yaml", canary, {})),
+        "tp-jinja2-import-string": b"\x80\x02" + _call("jinja2.utils.import_string", "os.system") + _v((touch,))
+        + b"R.",
+        "tp-safetensors-torch-save-file": _run(_call("safetensors.torch.save_file", {}, canary)),
+        "tp-safetensors-numpy-save-file": _run(_call("safetensors.numpy.save_file", {}, canary)),
+        "tp-accelerate-write-config": _run(_call("accelerate.utils.write_basic_config", "no", canary)),
+        "tp-accelerate-save": _run(_call("accelerate.utils.save", {}, canary)),
+        "tp-hf-create-symlink": _run(_call("huggingface_hub.file_download._create_symlink", "/", canary)),
+        "tp-transformers-direct-import": _run(
+            _write_text(canary + ".py", code),
+            _call("transformers.utils.import_utils.direct_transformers_import", os.path.dirname(canary),
+                  os.path.basename(canary) + ".py")),
+        "tp-tqdm-manpath": _run(_call("tqdm.cli.main", None, ["--manpath", os.path.dirname(canary)])),
+        # numpy.memmap.__new__ creates the file: only instantiated (NEWOBJ), never called
+        "numpy-memmap-newobj": b"\x80\x02" + _g("numpy", "memmap") + _v(memmap_args) + b"\x81.",
+        "numpy-memmap-newobj-ex": b"\x80\x04" + _g("numpy", "memmap") + _v(memmap_args) + b"}\x92.",
+        "numpy-memmap-copyreg-newobj": b"\x80\x02" + _g("copyreg", "__newobj__") + b"(" + _g("numpy", "memmap")
+        + b"".join(map(_v, memmap_args)) + b"tR.",
+    }
+    return {name: (data, "pickle") for name, data in out.items()}
+
+
 def _torch_zip(data_pkl: bytes, *, duplicate_first: bytes = b"") -> bytes:
     """A torch.save-style zip around `data_pkl` (optionally with an earlier record of the same name)."""
     buf = io.BytesIO()
@@ -169,9 +288,9 @@ def build(outdir: str, canaries: str) -> dict[str, tuple[str, str, str]]:
     os.makedirs(canaries, exist_ok=True)
     out = {}
     samples = {}
-    for family in (pickles, containers):
+    for family in (pickles, containers, third_party):
         for name in family("?"):
-            canary = os.path.join(canaries, name)
+            canary = os.path.join(canaries, CANARY_FILES.get(name, name))
             samples[name] = family(canary)[name] + (canary,)
     for name, (data, loader, canary) in samples.items():
         path = os.path.join(outdir, name + _EXTENSIONS[loader])
@@ -209,8 +328,14 @@ def run_all(samples: dict[str, tuple[str, str, str]]) -> dict[str, bool]:
             elif loader == "field":
                 with open(path, "rb") as f:
                     pickle.loads(pickle.load(f)["blob"])
-        except Exception:  # the payload ran (or not) before the loader failed; the canary tells
+        except BaseException:  # the payload ran (or not) before the loader failed (or exited); the canary tells
             pass
+    import time
+
+    deadline = time.monotonic() + 30  # a payload that starts a process does not wait for it
+    while not all(os.path.exists(c) for _, _, c in samples.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for name, (_, _, canary) in samples.items():
         ran[name] = os.path.exists(canary)
     return ran
 

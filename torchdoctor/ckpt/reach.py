@@ -690,7 +690,7 @@ def verdict(module: str, name: str, use: Use, calls: Sequence[tuple[str, Any]] =
     for _, args in calls if use is Use.CALLED else ():
         what = sink_with_arguments(qual, args)
         if what:
-            return Verdict.DANGEROUS, f"with these arguments it is {what}"
+            return Verdict.DANGEROUS, f"with the arguments the pickle passes it reaches {what}: {qual}"
     vetted = module.split(".")[0] in VETTED_ROOTS
     if vetted and use is not Use.NEW:
         return found, ""
