@@ -65,6 +65,9 @@ def pickles(canary: str) -> dict[str, tuple[bytes, str]]:
         "protocol0-text": b"cposix\nsystem\n(S'touch " + canary.encode() + b"'\ntR.",
         "no-proto-binary": _g("builtins", "exec") + b"(" + _s(code) + b"tR.",
         "frame-straddling": p4 + b"\x95" + struct.pack("<Q", 5) + _sg("builtins", "exec") + _s(code) + b"\x85R.",
+        # the FRAME's declared length ends inside the harmless BINBYTES: parsers that honour frames differ
+        "frame-cuts-binbytes": p4 + b"\x95" + struct.pack("<Q", 12) + b"B" + struct.pack("<I", 20) + b"N" * 20
+        + b"0" + _sg("builtins", "exec") + _s(code) + b"\x85R.",
         "py2-name-mapping": p2 + _g("__builtin__", "exec") + _s(code) + b"\x85R.",
         "py2-commands-getoutput": b"ccommands\ngetoutput\n(S'touch " + canary.encode() + b"'\ntR.",
         "smuggled-rebuild-from-type": p2 + _g("torch._tensor", "_rebuild_from_type_v2") + b"(" + _g("io", "FileIO")

@@ -237,6 +237,7 @@ class _Machine:
         # per global REDUCE calls: (pair, smuggles, dict type, rebuild function); pairs whose use is fully recorded
         self.plans: dict[GlobalRef, tuple[Pair, bool, bool, Optional[Rebuilder]]] = {}
         self.recorded: set[Pair] = set()
+        self.frame_end: Optional[int] = None  # where the current FRAME ends (stream position), while inside one
 
     # -- helpers -------------------------------------------------------------------------------
     def fail(self, message: str) -> NoReturn:
@@ -539,6 +540,10 @@ class _Machine:
                                 continue
                     src.pos = i + 1
                     pos = consumed + i
+                elif self.frame_end is not None and consumed + i >= self.frame_end:
+                    self.frame_ends(consumed + i)
+                    end = n - 5
+                    continue
                 elif i < n:
                     code = buf[i]
                     src.pos = i + 1
@@ -557,7 +562,7 @@ class _Machine:
                 handler(pos)
                 stack, buf, i, consumed = self.stack, src.buf, src.pos, src.consumed
                 n = len(buf)
-                end = n - 5
+                end = n - 5 if self.frame_end is None else min(n - 5, self.frame_end - consumed)
         finally:
             self.scan.opcodes.update(_OPCODES[c] for c in codes if c in _OPCODES)
 
@@ -570,7 +575,19 @@ class _Machine:
         self.scan.protocol = max(self.scan.protocol, proto)
 
     def op_FRAME(self, pos: int) -> None:
-        self.src.read(8)
+        length = struct.unpack("<Q", self.src.read(8))[0]
+        if self.frame_end is not None and pos < self.frame_end:
+            self.event(f"a FRAME starts at byte {pos}, inside the previous frame (which ends at byte "
+                       f"{self.frame_end}): unpicklers disagree on what follows", pos)
+        self.frame_end = self.src.tell() + length
+
+    def frame_ends(self, at: int) -> None:
+        """The stream reached the current frame's declared end: it must fall between two opcodes."""
+        if at > self.frame_end:  # type: ignore[operator]
+            self.event(f"a FRAME's declared end (byte {self.frame_end}) falls inside an opcode that runs to byte "
+                       f"{at}: Python's own unpicklers read that opcode differently (one refuses it), a way to show a "
+                       "scanner other opcodes than the loader runs", self.frame_end or 0)
+        self.frame_end = None
 
     def op_MARK(self, pos: int) -> None:
         self.marks.append(self.stack)
