@@ -218,6 +218,47 @@ def _torch_zip(data_pkl: bytes, *, duplicate_first: bytes = b"") -> bytes:
     return buf.getvalue()
 
 
+def _stored_zip(entries: list[tuple[str, bytes]], base: int) -> tuple[bytes, bytes]:
+    """Local records for `entries` written at file offset `base`, and the central directory naming them."""
+    import zlib
+
+    local, central = b"", b""
+    for name, data in entries:
+        crc, raw = zlib.crc32(data), name.encode()
+        offset = base + len(local)
+        local += struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, len(data), len(data), len(raw), 0)
+        local += raw + data
+        central += struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, len(data), len(data),
+                               len(raw), 0, 0, 0, 0, 0, offset) + raw
+    return local, central
+
+
+def two_directories(benign: bytes, evil: bytes) -> bytes:
+    """One zip, two central directories: zipfile takes the zip64 end record right before the locator (the
+    benign data.pkl), torch's reader the one at the offset the locator gives (the evil data.pkl)."""
+    def records(pkl: bytes) -> list[tuple[str, bytes]]:
+        return [("archive/data.pkl", pkl), ("archive/byteorder", b"little"), ("archive/version", b"3\n")]
+
+    local_a, _ = _stored_zip(records(benign), 0)
+    local_b, _ = _stored_zip(records(evil), len(local_a))
+    _, central_a = _stored_zip(records(benign), 0)
+    _, central_b = _stored_zip(records(evil), len(local_a))
+
+    def zip64_end(cd_offset: int, cd_size: int) -> bytes:
+        return struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, 3, 3, cd_size, cd_offset)
+
+    out = local_a + local_b
+    cd_b_at = len(out)
+    out += central_b
+    torch_end_at = len(out)
+    out += zip64_end(cd_b_at, len(central_b))
+    cd_a_at = len(out)
+    out += central_a + zip64_end(cd_a_at, len(central_a))
+    out += struct.pack("<4sLQL", b"PK\x06\x07", 0, torch_end_at, 1)
+    out += struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+    return out
+
+
 def containers(canary: str) -> dict[str, tuple[bytes, str]]:
     """Payloads inside the containers torch.load and numpy read."""
     code = _touch_code(canary)
@@ -226,6 +267,7 @@ def containers(canary: str) -> dict[str, tuple[bytes, str]]:
     out: dict[str, tuple[bytes, str]] = {
         "zip-data-pkl": (_torch_zip(evil), "torch"),
         "zip-duplicate-data-pkl": (_torch_zip(evil, duplicate_first=benign), "torch"),
+        "zip-two-central-directories": (two_directories(benign, evil), "torch"),
     }
     magic = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
     indirect = b"\x80\x02" + _g("builtins", "int") + _s("1950a86a20f9469cfc6c") + b"K\x10\x86R."

@@ -8,6 +8,7 @@ Tensor bytes are never read here; `Locator`s say where they are for `--scan-valu
 """
 from __future__ import annotations
 
+import copy
 import functools
 import io
 import os
@@ -23,6 +24,7 @@ from typing import IO, Any, Mapping, Optional
 from torchdoctor.ckpt.dtypes import SAFETENSORS_DTYPES, STORAGE_DTYPES, itemsize
 from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta, contiguous_strides
+from torchdoctor.ckpt import zipview
 from torchdoctor.ckpt.tables import HeaderTensors
 from torchdoctor.ckpt.unpickler import Event, Limits, PickleParseError, PickleScan, Source, scan_pickle, short
 
@@ -174,7 +176,17 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         raise CheckpointError(f"{path}: truncated or corrupt zip archive ({exc})") from None
     if not infos:
         raise CheckpointError(f"{path}: empty zip archive")
+    view = zipview.views(f, size)
+    if view is not None and view.concat > 0:  # bytes before the archive: zips back to back (a DCP shard)?
+        sequence = _read_zip_sequence(path, f, size, view, limits)
+        if sequence is not None:
+            return sequence
     ambiguity = _zip_ambiguity(f, size, infos)
+    if view is not None and not view.agree:
+        ambiguity.append(
+            "Python's zipfile and torch's reader find different central directories (zipfile: byte "
+            f"{view.zipfile_start}, shifted by {view.concat}; torch: byte {view.torch_start}): the file holds two "
+            "archives, and a scanner reading one does not see the pickle torch.load runs")
     if not any(i.filename.endswith("/data.pkl") for i in infos):
         archive = _read_other_zip(path, f, size, infos, limits)
         archive.events += [("zip", Event(a, 0)) for a in ambiguity]
@@ -213,6 +225,13 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     loader = _ZipStorages(archive, by_name, prefix)
     scan = _scan_member(f, main, loader.load_for("data"), limits, archive)
     archive.pickles.append(("data.pkl", scan))
+    other = zipview.torch_member(f, view, "data.pkl") if view is not None and not view.agree else None
+    if other is not None and (other.header_offset, other.compress_size) != (main.header_offset, main.compress_size):
+        info = zipfile.ZipInfo(other.name)
+        info.header_offset, info.compress_size, info.file_size = other.header_offset, other.compress_size, \
+            other.file_size
+        info.compress_type, info.flag_bits = other.compress_type, other.flag_bits
+        archive.pickles.append(("data.pkl as torch's reader finds it", _scan_member(f, info, None, limits, archive)))
     archive.root = scan.value
     extra = [i for i in infos if i.filename.endswith(".pkl") and i is not main][:_MAX_EXTRA_PICKLES]
     for info in extra:
@@ -227,6 +246,51 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         archive.details["extra_records"] = odd[:10]
     if is_script:
         _inspect_torchscript_code(archive, f, [i for i in infos if "/code/" in i.filename], limits)
+    return archive
+
+
+_MAX_ZIPS = 4096
+
+
+def _read_zip_sequence(path: str, f: IO[bytes], size: int, view: zipview.Views, limits: Limits) -> Optional[Archive]:
+    """Zips stored back to back, as torch.distributed.checkpoint writes a `.distcp` shard (one torch.save
+    per item; its loader reads each by offset): each read as the archive it is. None when the bytes before
+    the last archive are not such a sequence (then it is an archive with data prepended)."""
+    bounds = [(view.concat, size)]
+    while bounds[-1][0] > 0:
+        end = bounds[-1][0]
+        if len(bounds) > _MAX_ZIPS:
+            return None
+        before = zipview.views(zipview.window(f, 0, end), end)
+        if before is None or before.end_at != end - 22 or not 0 <= before.concat < end:
+            return None
+        bounds.append((before.concat, end))
+    if view.end_at != size - 22:
+        return None
+    archive = Archive(path, "zip-sequence", size)
+    archive.details["zips"] = len(bounds)
+    root: dict[str, Any] = {}
+    for number, (start, end) in enumerate(reversed(bounds)):
+        inner = zipview.window(f, start, end - start)
+        if inner.read(4) != b"PK\x03\x04":
+            return None
+        try:
+            part = _read_zip(path, inner, end - start, limits)
+        except (CheckpointError, zipfile.BadZipFile):
+            return None
+        tag = f"{number}"
+        root[tag] = part.root
+        archive.pickles += [(f"zip {number} (byte {start}) > {name}", scan) for name, scan in part.pickles]
+        archive.events += part.events
+        archive.problems += [f"zip {number} (byte {start}): {p}" for p in part.problems]
+        for key, ref in part.storages.items():
+            ref.key = f"{tag}:{key}"
+            archive.storages[ref.key] = ref
+            if key in part.zip_records:
+                record = copy.copy(part.zip_records[key])
+                record.header_offset += start
+                archive.zip_records[ref.key] = record
+    archive.root = root
     return archive
 
 
