@@ -161,11 +161,94 @@ def _dispatch_format(path: str, f: IO[bytes], head: bytes, size: int, limits: Li
         return _read_npy(path, f, size, limits)
     if _looks_like_safetensors(head, size):
         return _read_safetensors(path, f, size, head, limits)
+    compression = _compression(head)
+    if compression:
+        return _read_compressed(path, f, size, compression, limits)
     if head[0] == 0x80 and len(head) > 1 and head[1] <= 5:
         return _read_stacked(path, f, size, limits)
     if head[0] in _PROTO0_STARTS or head[0] in _OPCODE_BYTES:  # a pickle needs no PROTO: pickle.load reads it
         return _read_stacked(path, f, size, limits, strict=True)
     raise CheckpointError(f"{path}: not a PyTorch checkpoint (unrecognised format, starts with {head[:8]!r})")
+
+
+# -- compressed pickles (joblib.dump(..., compress=...)) -----------------------------------------------
+def _compression(head: bytes) -> str:
+    """The compressor joblib would detect from the first bytes ("" for none)."""
+    if len(head) > 1 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib"
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if head[:3] == b"BZh" and head[4:10] == b"1AY&SY":
+        return "bz2"
+    if head[:6] == b"\xfd7zXZ\x00":
+        return "xz"
+    if head[:3] == b"\x5d\x00\x00" and len(head) > 12 and head[5:13] == b"\xff" * 8:
+        return "lzma"
+    if head[:4] == b"\x04\x22\x4d\x18":
+        return "lz4"
+    return ""
+
+
+class _Decompress(io.RawIOBase):
+    """A zlib stream decompressed as it is read."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.z, self.pending = f, zlib.decompressobj(), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = 1 << 20 if n is None or n < 0 else n
+        while len(self.pending) < n and not self.z.eof:
+            chunk = self.z.unconsumed_tail or self.f.read(1 << 16)
+            if not chunk:
+                break
+            self.pending += self.z.decompress(chunk, max(n - len(self.pending), 1 << 16))
+        data, self.pending = self.pending[:n], self.pending[n:]
+        return data
+
+
+def _read_compressed(path: str, f: IO[bytes], size: int, compression: str, limits: Limits) -> Archive:
+    """A compressed pickle stream as joblib writes it: decompressed as it is read, never to disk or memory."""
+    import bz2
+    import gzip
+    import lzma
+
+    f.seek(0)
+    stream: Any
+    if compression == "zlib":
+        stream = _Decompress(f)
+    elif compression == "gzip":
+        stream = gzip.GzipFile(fileobj=f, mode="rb")
+    elif compression == "bz2":
+        stream = bz2.BZ2File(f, "rb")
+    elif compression in ("xz", "lzma"):
+        stream = lzma.LZMAFile(f, "rb", format=lzma.FORMAT_XZ if compression == "xz" else lzma.FORMAT_ALONE)
+    else:
+        try:
+            import lz4.frame  # type: ignore[import-not-found]
+        except ImportError:
+            raise CheckpointError(f"{path}: an lz4-compressed file (joblib); install lz4 to scan it") from None
+        stream = lz4.frame.LZ4FrameFile(f, "rb")
+    archive = Archive(path, "joblib", size)
+    archive.details["compression"] = compression
+    # deflate expands at most ~1032x; other codecs are held to that too (a decompression bomb ends as a problem)
+    src = Source(stream, size * 1100 + (1 << 20), size)
+    try:
+        first = scan_pickle(src, None, limits)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
+        raise CheckpointError(f"{path}: corrupt {compression} stream ({exc})") from None
+    if first.error and not first.globals and not first.events:
+        raise CheckpointError(f"{path}: a {compression}-compressed file that holds no readable pickle ({first.error})")
+    archive.pickles.append(("pickle 1", first))
+    archive.root = first.value
+    archive.details["protocol"] = first.protocol
+    if first.error:
+        archive.problems.append(f"pickle 1: {first.error}")
+    else:
+        _scan_trailing_pickles(archive, src, limits, 2)
+    return archive
 
 
 # -- zip ------------------------------------------------------------------------------------------

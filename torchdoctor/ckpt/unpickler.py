@@ -901,6 +901,8 @@ class _Machine:
 
     def joblib_array(self, state: Any, pos: int) -> Any:
         """joblib writes an array's bytes (or, for object arrays, a nested pickle) right after its BUILD."""
+        if self.frame_end is not None and self.src.tell() >= self.frame_end:
+            self.frame_ends(self.src.tell())  # joblib ends the frame at the BUILD; the bytes are outside frames
         if not isinstance(state, dict) or not isinstance(state.get("dtype"), Instance):
             self.fail("joblib array header without a dtype")
         spec = state["dtype"].args[0] if isinstance(state["dtype"].args, tuple) and state["dtype"].args else None
