@@ -53,6 +53,20 @@ _SMUGGLERS = frozenset({"torch._tensor._rebuild_from_type_v2", "copyreg._reconst
                         "copyreg.__newobj_ex__", "torch._utils._rebuild_wrapper_subclass"})
 
 
+# The special names Python itself looks up (a library's private `__cache__`-style attribute is plain data).
+_PYTHON_DUNDERS = frozenset(
+    {n for obj in (object, type, lambda: 0, (lambda: 0).__code__, [], {}, 1, 1.0, "", b"", set(), iter([]),
+                   property(), staticmethod(len), classmethod(len), codecs, Exception())
+     for n in dir(obj) if n.startswith("__") and n.endswith("__")}
+    | set("__setstate__ __getstate__ __reduce_ex__ __getattr__ __call__ __enter__ __exit__ __get__ __set__ __delete__ "
+          "__set_name__ __missing__ __fspath__ __index__ __await__ __aiter__ __anext__ __copy__ __deepcopy__ "
+          "__class_getitem__ __builtins__ __import__ __loader__ __spec__ __path__ __file__ __wrapped__ __func__ "
+          "__self__ __globals__ __code__ __closure__ __defaults__ __kwdefaults__ __annotations__ __init_subclass__ "
+          "__subclasshook__ __instancecheck__ __subclasscheck__ __post_init__ __iter__ __next__ __getitem__ "
+          "__setitem__ __len__ __contains__ __bool__ __del__ __dict__ __slots__ __weakref__ __mro_entries__ "
+          "__prepare__ __signature__ __text_signature__ __objclass__ __cached__ __package__ __all__".split()))
+
+
 @dataclass(frozen=True)
 class Limits:
     """Bounds on the work one pickle may cause; generous for real checkpoints, small for bombs."""
@@ -885,8 +899,7 @@ class _Machine:
         state = self.pop()
         target = self.top()
         parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
-        dunders = [k for part in parts if isinstance(part, dict) for k in part
-                   if isinstance(k, str) and k.startswith("__") and k.endswith("__")]
+        dunders = [k for part in parts if isinstance(part, dict) for k in part if k in _PYTHON_DUNDERS]
         if dunders:
             self.event(f"BUILD sets {', '.join(sorted(dunders)[:4])} on {short(target)}: overriding a dunder makes "
                        "Python run code the pickle chose", pos)
