@@ -233,10 +233,10 @@ def _compressed(out: str) -> dict[str, str]:
         obj = make_pipeline(StandardScaler(), LogisticRegression()).fit(x, (x[:, 0] > 0).astype(int))
     except ImportError:
         pass
-    for compress in (3, ("gzip", 3), ("bz2", 3), ("xz", 3), ("lzma", 3)):
-        tag = compress if isinstance(compress, int) else compress[0]
+    for level in (3, ("gzip", 3), ("bz2", 3), ("xz", 3), ("lzma", 3)):
+        tag = level if isinstance(level, int) else level[0]
         files[f"joblib_{tag}"] = os.path.join(out, f"joblib_{tag}.joblib")
-        joblib.dump(obj, files[f"joblib_{tag}"], compress=compress)
+        joblib.dump(obj, files[f"joblib_{tag}"], compress=level)
     return files
 
 

@@ -553,9 +553,11 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
     seen: set[str] = set()  # definitions queued
     called: set[str] = set()  # names of callees already looked at
     for entry in _entry_points(start, use):
-        what = sink(entry if isinstance(entry, str) else entry.qual) if entry is not None else ""
-        if what:
-            return Reach((root, entry if isinstance(entry, str) else entry.qual), what)
+        if entry is None:
+            continue
+        name = entry if isinstance(entry, str) else entry.qual
+        if sink(name):
+            return Reach((root, name), sink(name))
         if isinstance(entry, _Def) and entry.qual not in seen:
             seen.add(entry.qual)
             queue.append((entry, (root,) if entry.qual == root else (root, entry.qual)))

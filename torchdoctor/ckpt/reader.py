@@ -24,7 +24,7 @@ from typing import IO, Any, Mapping, Optional
 from torchdoctor.ckpt.dtypes import SAFETENSORS_DTYPES, STORAGE_DTYPES, itemsize
 from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta, contiguous_strides
-from torchdoctor.ckpt import zipview
+from torchdoctor.ckpt.zipview import Views, torch_member, views, window
 from torchdoctor.ckpt.tables import HeaderTensors
 from torchdoctor.ckpt.unpickler import Event, Limits, PickleParseError, PickleScan, Source, scan_pickle, short
 
@@ -259,7 +259,7 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         raise CheckpointError(f"{path}: truncated or corrupt zip archive ({exc})") from None
     if not infos:
         raise CheckpointError(f"{path}: empty zip archive")
-    view = zipview.views(f, size)
+    view = views(f, size)
     if view is not None and view.concat > 0:  # bytes before the archive: zips back to back (a DCP shard)?
         sequence = _read_zip_sequence(path, f, size, view, limits)
         if sequence is not None:
@@ -308,7 +308,7 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     loader = _ZipStorages(archive, by_name, prefix)
     scan = _scan_member(f, main, loader.load_for("data"), limits, archive)
     archive.pickles.append(("data.pkl", scan))
-    other = zipview.torch_member(f, view, "data.pkl") if view is not None and not view.agree else None
+    other = torch_member(f, view, "data.pkl") if view is not None and not view.agree else None
     if other is not None and (other.header_offset, other.compress_size) != (main.header_offset, main.compress_size):
         info = zipfile.ZipInfo(other.name)
         info.header_offset, info.compress_size, info.file_size = other.header_offset, other.compress_size, \
@@ -335,7 +335,7 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
 _MAX_ZIPS = 4096
 
 
-def _read_zip_sequence(path: str, f: IO[bytes], size: int, view: zipview.Views, limits: Limits) -> Optional[Archive]:
+def _read_zip_sequence(path: str, f: IO[bytes], size: int, view: Views, limits: Limits) -> Optional[Archive]:
     """Zips stored back to back, as torch.distributed.checkpoint writes a `.distcp` shard (one torch.save
     per item; its loader reads each by offset): each read as the archive it is. None when the bytes before
     the last archive are not such a sequence (then it is an archive with data prepended)."""
@@ -344,7 +344,7 @@ def _read_zip_sequence(path: str, f: IO[bytes], size: int, view: zipview.Views, 
         end = bounds[-1][0]
         if len(bounds) > _MAX_ZIPS:
             return None
-        before = zipview.views(zipview.window(f, 0, end), end)
+        before = views(window(f, 0, end), end)
         if before is None or before.end_at != end - 22 or not 0 <= before.concat < end:
             return None
         bounds.append((before.concat, end))
@@ -354,7 +354,7 @@ def _read_zip_sequence(path: str, f: IO[bytes], size: int, view: zipview.Views, 
     archive.details["zips"] = len(bounds)
     root: dict[str, Any] = {}
     for number, (start, end) in enumerate(reversed(bounds)):
-        inner = zipview.window(f, start, end - start)
+        inner = window(f, start, end - start)
         if inner.read(4) != b"PK\x03\x04":
             return None
         try:
@@ -528,7 +528,7 @@ def _scan_zip_member(archive: Archive, f: IO[bytes], info: zipfile.ZipInfo, limi
     where = f"{archive.path} > {info.filename}"
     try:
         if info.compress_type == zipfile.ZIP_STORED:
-            inner: IO[bytes] = zipview.window(f, _local_data_offset(f, info), info.file_size)
+            inner: IO[bytes] = window(f, _local_data_offset(f, info), info.file_size)
         elif info.file_size <= limits.max_total_inline:
             inner = io.BytesIO(_member_stream(f, info).read(info.file_size))
         else:

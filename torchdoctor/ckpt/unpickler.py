@@ -55,8 +55,8 @@ _SMUGGLERS = frozenset({"torch._tensor._rebuild_from_type_v2", "copyreg._reconst
 
 # The special names Python itself looks up (a library's private `__cache__`-style attribute is plain data).
 _PYTHON_DUNDERS = frozenset(
-    {n for obj in (object, type, lambda: 0, (lambda: 0).__code__, [], {}, 1, 1.0, "", b"", set(), iter([]),
-                   property(), staticmethod(len), classmethod(len), codecs, Exception())
+    {n for obj in (object, type, lambda: 0, (lambda: 0).__code__, list, dict, int, float, str, bytes, set,
+                   property, staticmethod, classmethod, codecs, Exception)
      for n in dir(obj) if n.startswith("__") and n.endswith("__")}
     | set("__setstate__ __getstate__ __reduce_ex__ __getattr__ __call__ __enter__ __exit__ __get__ __set__ __delete__ "
           "__set_name__ __missing__ __fspath__ __index__ __await__ __aiter__ __anext__ __copy__ __deepcopy__ "
