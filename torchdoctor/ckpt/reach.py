@@ -17,7 +17,6 @@ import ast
 import builtins
 import functools
 import importlib.machinery
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -600,6 +599,8 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
 # -- the cache ---------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
 def _distributions() -> dict[str, list[str]]:
+    import importlib.metadata
+
     try:
         return dict(importlib.metadata.packages_distributions())
     except Exception:  # a broken distribution's metadata only costs the cache
@@ -615,6 +616,8 @@ def _version_key(module: str) -> str:
     dists = _distributions().get(top)
     if not dists:
         return ""
+    import importlib.metadata
+
     try:
         return f"{dists[0]}=={importlib.metadata.version(dists[0])}"
     except importlib.metadata.PackageNotFoundError:
