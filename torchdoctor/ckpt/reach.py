@@ -608,16 +608,47 @@ def _distributions() -> dict[str, list[str]]:
 
 
 def _version_key(module: str) -> str:
+    """`_distribution_key`, remembered in the cache next to the verdicts, keyed by where the package's source
+    is and when it was written (reading distribution metadata costs more than the cached verdict saves)."""
+    top = module.split(".")[0]
+    spec = _spec(top)
+    origin = spec.origin if spec is not None else None
+    if not origin or not os.path.exists(origin):
+        return _distribution_key(module)
+    from torchdoctor.settings import cache_dir
+
+    stamp = f"{origin}:{os.stat(origin).st_mtime_ns}"
+    path = os.path.join(cache_dir(), "ckpt-reach", f"{_ANALYSIS}-distributions.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            known = json.load(f).get(top)
+        if isinstance(known, list) and len(known) == 2 and known[0] == stamp:
+            return str(known[1])
+    except (OSError, ValueError, AttributeError):
+        pass
+    key = _distribution_key(module)
+    _store(path, top, [stamp, key])
+    return key
+
+
+def _distribution_key(module: str) -> str:
     """"dist==version" of the package `module` belongs to (the Python version for the standard library);
     "" when it belongs to no installed distribution (a user's own module: never cached)."""
     top = module.split(".")[0]
     if top in sys.stdlib_module_names or top == "builtins":
         return f"python=={sys.version.split()[0]}"
-    dists = _distributions().get(top)
-    if not dists:
-        return ""
     import importlib.metadata
 
+    for guess in dict.fromkeys((top, top.replace("_", "-"))):  # most distributions are named as they import
+        try:
+            dist = importlib.metadata.distribution(guess)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if top in (dist.read_text("top_level.txt") or top).split():
+            return f"{dist.metadata['Name']}=={dist.version}"
+    dists = _distributions().get(top)  # reads every distribution's metadata: only for the others (yaml: PyYAML)
+    if not dists:
+        return ""
     try:
         return f"{dists[0]}=={importlib.metadata.version(dists[0])}"
     except importlib.metadata.PackageNotFoundError:
@@ -654,11 +685,11 @@ def judge(module: str, name: str, use: Use) -> Reach:
         result = Reach((f"{module}.{name}",), inspected=False, note="its source is too deeply nested to read")
     _memory[key] = result
     if path:
-        _store(path, entry, result)
+        _store(path, entry, [list(result.path), result.what, result.inspected, result.note])
     return result
 
 
-def _store(path: str, entry: str, result: Reach) -> None:
+def _store(path: str, entry: str, value: object) -> None:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         try:
@@ -668,7 +699,7 @@ def _store(path: str, entry: str, result: Reach) -> None:
                 data = {}
         except (OSError, ValueError):
             data = {}
-        data[entry] = [list(result.path), result.what, result.inspected, result.note]
+        data[entry] = value
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f)
