@@ -200,7 +200,7 @@ def test_verdicts_are_cached_per_distribution_version(tmp_path, monkeypatch):
     reach._memory.clear()
     found = reach.judge("yaml", "unsafe_load", Use.CALLED)
     assert found.dangerous
-    (cache,) = os.listdir(tmp_path / "ckpt-reach")
+    (cache,) = [n for n in os.listdir(tmp_path / "ckpt-reach") if "distributions" not in n]
     assert "PyYAML==" in cache
     data = json.loads((tmp_path / "ckpt-reach" / cache).read_text())
     assert data["yaml:unsafe_load:called"][1] == reach.UNPICKLE
