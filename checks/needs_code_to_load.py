@@ -72,12 +72,21 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
         yield Finding(
             f"Loading this file with `torch.load(..., weights_only=False)` or `pickle.load` calls third-party or "
             f"user code: {runs}. That is how some libraries pickle their objects (an enum rebuilt by value), and "
-            "exactly how a payload would run; torchdoctor cannot see what that code does.",
+            f"exactly how a payload would run; {called[0].qualname}: {called[0].reason or 'not inspected'}.",
             fix="Load it only if you trust both the file and the code it calls; better, re-save plain values "
                 "(str/int/float/dicts) instead of library objects.",
             location=Location(file=info.path), key="calls",
         )
     if info.format not in _TORCH_LOAD_FORMATS:
+        code = [g for g in info.globals if g.verdict is Verdict.UNKNOWN and g.use is not Use.CALLED]
+        if code:  # never silent on code: pickle.load imports each of these and builds objects with it
+            yield Finding(
+                f"Loading this file needs code outside torch's and torchdoctor's allowlists: "
+                f"{', '.join(g.qualname for g in code[:12])}{' …' if len(code) > 12 else ''}. pickle.load imports "
+                f"it and builds objects with it; {code[0].qualname}: {code[0].reason or 'not inspected'}.",
+                fix="Load it only if you trust both the file and that code; better, re-save plain values.",
+                location=Location(file=info.path), key="code",
+            )
         return
     extra = [g for g in info.globals if g.verdict in (Verdict.BENIGN, Verdict.UNKNOWN)]
     if extra:

@@ -65,6 +65,21 @@ def _describe(info: CheckpointInfo) -> tuple[str, str]:
                 "(\"Cannot use weights_only=True with TorchScript archives passed to torch.load\").",
                 "Load it with torch.jit.load(path, map_location='cpu'); to get weights: "
                 "torch.jit.load(path).state_dict()")
+    if fmt == "zip-sequence":
+        return (f"{d.get('zips', 0)} torch.save archives stored back to back, as torch.distributed.checkpoint writes "
+                "a .distcp shard (its loader reads each item by offset; torch.load reads none of them). Each archive "
+                "was read and scanned.",
+                "Load the checkpoint folder with torch.distributed.checkpoint.load(state_dict, checkpoint_id=folder), "
+                "or convert it once: torch.distributed.checkpoint.format_utils.dcp_to_torch_save(folder, 'model.pt')")
+    if fmt == "joblib":
+        return (f"joblib file ({d.get('compression', 'uncompressed')}): a pickle with numpy arrays stored raw after "
+                "it; joblib.load runs whatever code the pickle names. Its pickles were decompressed and scanned.",
+                "If you trust it, load it with joblib.load once and re-save the arrays (numpy.save, safetensors).")
+    if fmt == "pt2":
+        return ("torch.export archive (.pt2): the graph as JSON, raw weights described by JSON, and pickled "
+                "constants or sample inputs; torch.export.load unpickles those with weights_only=False. Its pickles "
+                "were scanned.",
+                "Load it with torch.export.load(path) only if its pickles are clean; the weights are listed above.")
     if fmt == "safetensors":
         return ("safetensors file: a JSON header plus raw tensor bytes, no pickle, nothing can execute; read from "
                 "the header only.",

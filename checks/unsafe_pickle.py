@@ -72,8 +72,8 @@ def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
             continue
         where = ", ".join(g.pickles)
         shown = f"`{g.module}` attribute `{g.name}`" if "." in g.name else f"`{g.qualname}`"
-        runs = "; ".join(f"{g.qualname}({show_args(args)})" + (f" {how}" if how.startswith("via") else "")
-                         for how, args in g.calls)
+        runs = "; ".join(dict.fromkeys(f"{g.qualname}({show_args(args)})" + (f" {how}" if how.startswith("via") else "")
+                                       for how, args in g.calls))
         if g.use is Use.CALLED:
             what = f"calls `{runs}`"
         elif g.use is Use.NEW:
@@ -81,7 +81,7 @@ def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
         else:
             what = "imports it (the payload may call it through another object)"
         yield Finding(
-            f"{where} names {shown} and {what}: {dangerous_reason(g.module, g.name, g.use)}. Loading this file with "
+            f"{where} names {shown} and {what}: {g.reason or dangerous_reason(g.module, g.name, g.use)}. Loading this file with "
             "`torch.load(..., weights_only=False)` or `pickle.load` executes that; torchdoctor only read it.",
             fix="Do not load this file. If you trust its source anyway, know that loading runs exactly: "
                 + (runs if g.calls else f"an import of {g.qualname}")

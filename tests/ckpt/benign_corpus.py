@@ -88,8 +88,11 @@ def _dtensor(out: str) -> dict[str, str]:
         import torch.distributed.checkpoint as dcp
 
         dcp_dir = os.path.join(out, "dcp")
-        dcp.save({"w": torch.ones(3), "step": 5}, checkpoint_id=dcp_dir)
-        return {"dtensor": path, "dcp_metadata": os.path.join(dcp_dir, ".metadata")}
+        dcp.save({"w": torch.ones(3), "b": torch.zeros(2, 2), "step": 5, "extra": {"lr": 0.1, "names": ["a"]}},
+                 checkpoint_id=dcp_dir)
+        shards = {f"dcp_shard_{n}": os.path.join(dcp_dir, n) for n in sorted(os.listdir(dcp_dir))
+                  if n.endswith(".distcp")}
+        return {"dtensor": path, "dcp_metadata": os.path.join(dcp_dir, ".metadata"), **shards}
     finally:
         dist.destroy_process_group()
 
@@ -192,6 +195,81 @@ def _joblib(out: str) -> dict[str, str]:
     return {"joblib": path}
 
 
+def _export(out: str) -> dict[str, str]:
+    """A torch.export archive (.pt2) of a small module with a buffer."""
+    model = _tiny().eval()
+    path = os.path.join(out, "exported.pt2")
+    torch.export.save(torch.export.export(model, (torch.randn(2, 4),)), path)
+    return {"pt2": path}
+
+
+def _compressed(out: str) -> dict[str, str]:
+    """What joblib.dump(..., compress=...) writes: a pickle stream compressed whole (zlib, gzip, bz2, xz, lzma),
+    written with joblib itself when it is installed (a scikit-learn pipeline when that is too)."""
+    import bz2
+    import gzip
+    import lzma
+    import zlib
+
+    data = pickle.dumps({"coef": np.arange(6.0).reshape(2, 3), "classes": np.array([0, 1]), "n_iter": 7,
+                         "params": {"C": 1.0, "penalty": "l2"}}, protocol=4)
+    files = {}
+    for name, compress in (("zlib", zlib.compress), ("gzip", gzip.compress), ("bz2", bz2.compress),
+                           ("xz", lzma.compress), ("lzma", lambda d: lzma.compress(d, format=lzma.FORMAT_ALONE))):
+        files[f"compressed_{name}"] = os.path.join(out, f"model_{name}.joblib")
+        with open(files[f"compressed_{name}"], "wb") as f:
+            f.write(compress(data))
+    try:
+        import joblib  # type: ignore[import-not-found]
+    except ImportError:
+        return files
+    obj: object = {"x": np.arange(10.0)}
+    try:
+        from sklearn.linear_model import LogisticRegression  # type: ignore[import-not-found]
+        from sklearn.pipeline import make_pipeline  # type: ignore[import-not-found]
+        from sklearn.preprocessing import StandardScaler  # type: ignore[import-not-found]
+
+        x = np.random.default_rng(0).normal(size=(20, 3))
+        obj = make_pipeline(StandardScaler(), LogisticRegression()).fit(x, (x[:, 0] > 0).astype(int))
+    except ImportError:
+        pass
+    for level in (3, ("gzip", 3), ("bz2", 3), ("xz", 3), ("lzma", 3)):
+        tag = level if isinstance(level, int) else level[0]
+        files[f"joblib_{tag}"] = os.path.join(out, f"joblib_{tag}.joblib")
+        joblib.dump(obj, files[f"joblib_{tag}"], compress=level)
+    return files
+
+
+def _library_objects(out: str) -> dict[str, str]:
+    """Enums, dataclasses and plain objects of libraries installed beside torch, saved in training checkpoints
+    (each library only if installed; transformers, accelerate, huggingface_hub, sympy, networkx, pygments,
+    click, yaml are in the test environment). Loading calls or instantiates their code: needs-code-to-load,
+    never unsafe-pickle."""
+    objects: dict[str, object] = {}
+    for module, build_one in (
+            ("transformers", lambda: {"strategy": __import__("transformers.trainer_utils").trainer_utils
+                                      .IntervalStrategy.STEPS,
+                                      "scheduler": __import__("transformers.trainer_utils").trainer_utils
+                                      .SchedulerType.COSINE,
+                                      "config": __import__("transformers").BertConfig(hidden_size=8)}),
+            ("accelerate", lambda: {"dist": __import__("accelerate.utils").utils.DistributedType.NO,
+                                    "precision": __import__("accelerate.utils").utils.PrecisionType.BF16}),
+            ("sympy", lambda: {"expr": __import__("sympy").Symbol("x") * 2 + 1}),
+            ("networkx", lambda: {"graph": __import__("networkx").path_graph(3)}),
+            ("yaml", lambda: {"mark": __import__("yaml").Mark("f", 0, 1, 2, None, None)}),
+            ("click", lambda: {"choice": __import__("click").Choice(["a", "b"])}),
+            ("pygments", lambda: {"token": __import__("pygments.token").token.Keyword})):
+        try:
+            objects.update(build_one())
+        except Exception as exc:  # a library that is missing in this environment adds nothing
+            print(f"skipped {module}: {type(exc).__name__}: {exc}"[:200], file=sys.stderr)
+    files = {}
+    for name, obj in objects.items():
+        files[f"lib_{name}"] = os.path.join(out, f"lib_{name}.pt")
+        torch.save({"w": torch.ones(2), name: obj}, files[f"lib_{name}"])
+    return files
+
+
 def build(out: str, libraries: bool = True) -> dict[str, str]:
     """Write the corpus under `out`; name -> path."""
     os.makedirs(out, exist_ok=True)
@@ -201,6 +279,9 @@ def build(out: str, libraries: bool = True) -> dict[str, str]:
         pickle.dump({"lr": 0.1, "arr": np.ones(3)}, f, protocol=5)
     files["plain_pickle_np"] = pkl
     files.update(_dtensor(out))
+    files.update(_export(out))
+    files.update(_compressed(out))
+    files.update(_library_objects(out))
     if libraries:
         files.update(_libraries(out))
     return files

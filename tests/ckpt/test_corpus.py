@@ -33,6 +33,18 @@ def test_every_hostile_sample_is_unsafe_pickle_and_no_canary_appears(hostile):
     assert os.listdir(canaries) == []
 
 
+def test_third_party_gadgets_are_named_by_their_own_unsafe_pickle_finding(hostile):
+    """The finding names the library function itself (judged by what its source reaches), not a helper call."""
+    samples, _ = hostile
+    assert len({q for q in hostile_corpus.THIRD_PARTY.values() if not q.startswith("numpy.")}) >= 20
+    unnamed = {}
+    for name, qualname in hostile_corpus.THIRD_PARTY.items():
+        found = [f for f in check_checkpoint(samples[name][0]).findings if f.name == "unsafe-pickle"]
+        if not any(f.key == qualname and "reaches" in f.message for f in found):
+            unnamed[name] = [f.message[:160] for f in found]
+    assert unnamed == {}
+
+
 def test_every_hostile_sample_really_runs_its_payload(hostile, tmp_path):
     """One subprocess loads the whole corpus as victims would; a sample whose payload does not run fails here."""
     samples, canaries = hostile

@@ -62,6 +62,7 @@ class GlobalUse:
     name: str = ""
     use: Use = Use.NAMED
     calls: list[tuple[str, Any]] = field(default_factory=list)  # first (how, args) of the calls
+    reason: str = ""  # why it is dangerous, or what reading its source found
 
 
 @dataclass

@@ -215,6 +215,9 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 def show_args(args: Any, budget: int = 160) -> str:
     """A short, inert rendering of call arguments (strings and numbers verbatim, the rest by type)."""
     def one(v: Any, depth: int = 0) -> str:
+        if isinstance(v, (bytes, bytearray)) and len(v) > 32:  # a payload's raw bytes say nothing to a reader
+            kind = " (a torch.save zip)" if v[:4] == b"PK\x03\x04" else " (a pickle)" if v[:1] == b"\x80" else ""
+            return f"<{len(v):,} bytes{kind}>"
         if isinstance(v, (str, bytes)):
             return repr(v[:budget])
         if isinstance(v, (int, float, bool)) or v is None:

@@ -144,7 +144,7 @@ _DANGEROUS_NAMES = {
 _SAFE_BUILTINS = {n for m, n in DATA | TORCH_ALLOWED if m == "builtins"} | {"Ellipsis", "NotImplemented"}
 # Top-level packages whose callables a pickle has no business calling unless allowlisted (the standard
 # library is full of gadgets: imaplib, logging handlers, doctest, test.support, _osx_support, …).
-_VETTED_ROOTS = frozenset(sys.stdlib_module_names) | {
+VETTED_ROOTS = frozenset(sys.stdlib_module_names) | {
     "torch", "numpy", "test", "_pyrepl", "__hello__", "__phello__", "_sysconfigdata", "sre_compile", "sre_parse",
     "sre_constants", "imp", "asynchat", "asyncore", "distutils", "smtpd"}  # what stdlib_module_names leaves out
 
@@ -174,6 +174,6 @@ def dangerous_reason(module: str, name: str, use: Use = Use.NAMED) -> str:
         return "runs commands, evaluates code, loads nested pickles, imports modules or touches files"
     if "__builtins__" in name or (name.startswith("__") and name.endswith("__")):
         return "a dunder attribute (reaches interpreter internals)"
-    if use is Use.CALLED and module.split(".", 1)[0] in _VETTED_ROOTS:
+    if use is Use.CALLED and module.split(".", 1)[0] in VETTED_ROOTS:
         return "a standard-library, torch or numpy callable outside the allowlist, called by the pickle"
     return ""

@@ -8,6 +8,7 @@ Tensor bytes are never read here; `Locator`s say where they are for `--scan-valu
 """
 from __future__ import annotations
 
+import copy
 import functools
 import io
 import os
@@ -23,6 +24,7 @@ from typing import IO, Any, Mapping, Optional
 from torchdoctor.ckpt.dtypes import SAFETENSORS_DTYPES, STORAGE_DTYPES, itemsize
 from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta, contiguous_strides
+from torchdoctor.ckpt.zipview import Views, torch_member, views, window
 from torchdoctor.ckpt.tables import HeaderTensors
 from torchdoctor.ckpt.unpickler import Event, Limits, PickleParseError, PickleScan, Source, scan_pickle, short
 
@@ -159,11 +161,94 @@ def _dispatch_format(path: str, f: IO[bytes], head: bytes, size: int, limits: Li
         return _read_npy(path, f, size, limits)
     if _looks_like_safetensors(head, size):
         return _read_safetensors(path, f, size, head, limits)
+    compression = _compression(head)
+    if compression:
+        return _read_compressed(path, f, size, compression, limits)
     if head[0] == 0x80 and len(head) > 1 and head[1] <= 5:
         return _read_stacked(path, f, size, limits)
     if head[0] in _PROTO0_STARTS or head[0] in _OPCODE_BYTES:  # a pickle needs no PROTO: pickle.load reads it
         return _read_stacked(path, f, size, limits, strict=True)
     raise CheckpointError(f"{path}: not a PyTorch checkpoint (unrecognised format, starts with {head[:8]!r})")
+
+
+# -- compressed pickles (joblib.dump(..., compress=...)) -----------------------------------------------
+def _compression(head: bytes) -> str:
+    """The compressor joblib would detect from the first bytes ("" for none)."""
+    if len(head) > 1 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib"
+    if head[:2] == b"\x1f\x8b":
+        return "gzip"
+    if head[:3] == b"BZh" and head[4:10] == b"1AY&SY":
+        return "bz2"
+    if head[:6] == b"\xfd7zXZ\x00":
+        return "xz"
+    if head[:3] == b"\x5d\x00\x00" and len(head) > 12 and head[5:13] == b"\xff" * 8:
+        return "lzma"
+    if head[:4] == b"\x04\x22\x4d\x18":
+        return "lz4"
+    return ""
+
+
+class _Decompress(io.RawIOBase):
+    """A zlib stream decompressed as it is read."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self.f, self.z, self.pending = f, zlib.decompressobj(), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        n = 1 << 20 if n is None or n < 0 else n
+        while len(self.pending) < n and not self.z.eof:
+            chunk = self.z.unconsumed_tail or self.f.read(1 << 16)
+            if not chunk:
+                break
+            self.pending += self.z.decompress(chunk, max(n - len(self.pending), 1 << 16))
+        data, self.pending = self.pending[:n], self.pending[n:]
+        return data
+
+
+def _read_compressed(path: str, f: IO[bytes], size: int, compression: str, limits: Limits) -> Archive:
+    """A compressed pickle stream as joblib writes it: decompressed as it is read, never to disk or memory."""
+    import bz2
+    import gzip
+    import lzma
+
+    f.seek(0)
+    stream: Any
+    if compression == "zlib":
+        stream = _Decompress(f)
+    elif compression == "gzip":
+        stream = gzip.GzipFile(fileobj=f, mode="rb")
+    elif compression == "bz2":
+        stream = bz2.BZ2File(f, "rb")
+    elif compression in ("xz", "lzma"):
+        stream = lzma.LZMAFile(f, "rb", format=lzma.FORMAT_XZ if compression == "xz" else lzma.FORMAT_ALONE)
+    else:
+        try:
+            import lz4.frame  # type: ignore[import-not-found]
+        except ImportError:
+            raise CheckpointError(f"{path}: an lz4-compressed file (joblib); install lz4 to scan it") from None
+        stream = lz4.frame.LZ4FrameFile(f, "rb")
+    archive = Archive(path, "joblib", size)
+    archive.details["compression"] = compression
+    # deflate expands at most ~1032x; other codecs are held to that too (a decompression bomb ends as a problem)
+    src = Source(stream, size * 1100 + (1 << 20), size)
+    try:
+        first = scan_pickle(src, None, limits)
+    except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
+        raise CheckpointError(f"{path}: corrupt {compression} stream ({exc})") from None
+    if first.error and not first.globals and not first.events:
+        raise CheckpointError(f"{path}: a {compression}-compressed file that holds no readable pickle ({first.error})")
+    archive.pickles.append(("pickle 1", first))
+    archive.root = first.value
+    archive.details["protocol"] = first.protocol
+    if first.error:
+        archive.problems.append(f"pickle 1: {first.error}")
+    else:
+        _scan_trailing_pickles(archive, src, limits, 2)
+    return archive
 
 
 # -- zip ------------------------------------------------------------------------------------------
@@ -174,7 +259,17 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         raise CheckpointError(f"{path}: truncated or corrupt zip archive ({exc})") from None
     if not infos:
         raise CheckpointError(f"{path}: empty zip archive")
+    view = views(f, size)
+    if view is not None and view.concat > 0:  # bytes before the archive: zips back to back (a DCP shard)?
+        sequence = _read_zip_sequence(path, f, size, view, limits)
+        if sequence is not None:
+            return sequence
     ambiguity = _zip_ambiguity(f, size, infos)
+    if view is not None and not view.agree:
+        ambiguity.append(
+            "Python's zipfile and torch's reader find different central directories (zipfile: byte "
+            f"{view.zipfile_start}, shifted by {view.concat}; torch: byte {view.torch_start}): the file holds two "
+            "archives, and a scanner reading one does not see the pickle torch.load runs")
     if not any(i.filename.endswith("/data.pkl") for i in infos):
         archive = _read_other_zip(path, f, size, infos, limits)
         archive.events += [("zip", Event(a, 0)) for a in ambiguity]
@@ -213,6 +308,13 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     loader = _ZipStorages(archive, by_name, prefix)
     scan = _scan_member(f, main, loader.load_for("data"), limits, archive)
     archive.pickles.append(("data.pkl", scan))
+    other = torch_member(f, view, "data.pkl") if view is not None and not view.agree else None
+    if other is not None and (other.header_offset, other.compress_size) != (main.header_offset, main.compress_size):
+        info = zipfile.ZipInfo(other.name)
+        info.header_offset, info.compress_size, info.file_size = other.header_offset, other.compress_size, \
+            other.file_size
+        info.compress_type, info.flag_bits = other.compress_type, other.flag_bits
+        archive.pickles.append(("data.pkl as torch's reader finds it", _scan_member(f, info, None, limits, archive)))
     archive.root = scan.value
     extra = [i for i in infos if i.filename.endswith(".pkl") and i is not main][:_MAX_EXTRA_PICKLES]
     for info in extra:
@@ -227,6 +329,51 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         archive.details["extra_records"] = odd[:10]
     if is_script:
         _inspect_torchscript_code(archive, f, [i for i in infos if "/code/" in i.filename], limits)
+    return archive
+
+
+_MAX_ZIPS = 4096
+
+
+def _read_zip_sequence(path: str, f: IO[bytes], size: int, view: Views, limits: Limits) -> Optional[Archive]:
+    """Zips stored back to back, as torch.distributed.checkpoint writes a `.distcp` shard (one torch.save
+    per item; its loader reads each by offset): each read as the archive it is. None when the bytes before
+    the last archive are not such a sequence (then it is an archive with data prepended)."""
+    bounds = [(view.concat, size)]
+    while bounds[-1][0] > 0:
+        end = bounds[-1][0]
+        if len(bounds) > _MAX_ZIPS:
+            return None
+        before = views(window(f, 0, end), end)
+        if before is None or before.end_at != end - 22 or not 0 <= before.concat < end:
+            return None
+        bounds.append((before.concat, end))
+    if view.end_at != size - 22:
+        return None
+    archive = Archive(path, "zip-sequence", size)
+    archive.details["zips"] = len(bounds)
+    root: dict[str, Any] = {}
+    for number, (start, end) in enumerate(reversed(bounds)):
+        inner = window(f, start, end - start)
+        if inner.read(4) != b"PK\x03\x04":
+            return None
+        try:
+            part = _read_zip(path, inner, end - start, limits)
+        except (CheckpointError, zipfile.BadZipFile):
+            return None
+        tag = f"{number}"
+        root[tag] = part.root
+        archive.pickles += [(f"zip {number} (byte {start}) > {name}", scan) for name, scan in part.pickles]
+        archive.events += part.events
+        archive.problems += [f"zip {number} (byte {start}): {p}" for p in part.problems]
+        for key, ref in part.storages.items():
+            ref.key = f"{tag}:{key}"
+            archive.storages[ref.key] = ref
+            if key in part.zip_records:
+                record = copy.copy(part.zip_records[key])
+                record.header_offset += start
+                archive.zip_records[ref.key] = record
+    archive.root = root
     return archive
 
 
@@ -342,15 +489,22 @@ def _zip_ambiguity(f: IO[bytes], size: int, infos: list[zipfile.ZipInfo]) -> lis
 
 
 def _read_other_zip(path: str, f: IO[bytes], size: int, infos: list[zipfile.ZipInfo], limits: Limits) -> Archive:
-    """A zip without data.pkl: numpy's .npz or an archive of pickles; every pickle in it is scanned."""
+    """A zip without data.pkl: numpy's .npz, a torch.export archive (.pt2) or an archive of pickles; every
+    pickle in it, and every torch.save archive stored in it, is scanned."""
     npz = any(i.filename.endswith(".npy") for i in infos)
-    archive = Archive(path, "numpy" if npz else "zip-of-pickles", size)
+    pt2 = any(i.filename.endswith("/archive_format") or i.filename == "archive_format" for i in infos)
+    archive = Archive(path, "pt2" if pt2 else "numpy" if npz else "zip-of-pickles", size)
     archive.details["records"] = len(infos)
+    if pt2:
+        archive.root = _pt2_payloads(archive, f, infos, limits)
     for info in infos[:_MAX_EXTRA_PICKLES * 4]:
         try:
             head = _member_stream(f, info).read(16)
         except CheckpointError as exc:
             archive.problems.append(str(exc))
+            continue
+        if head[:4] == b"PK\x03\x04":  # torch.save output stored as a record (.pt2 weights, constants, inputs)
+            _scan_zip_member(archive, f, info, limits)
             continue
         if head[:6] == b"\x93NUMPY":
             scan = _scan_npy(_member_stream(f, info), info.file_size, limits)
@@ -364,9 +518,75 @@ def _read_other_zip(path: str, f: IO[bytes], size: int, infos: list[zipfile.ZipI
             continue
         if scan is not None:
             archive.pickles.append((info.filename, scan))
-    if not archive.pickles and not npz:
+    if not archive.pickles and not npz and not pt2:
         raise CheckpointError(f"{path}: a zip archive without a data.pkl record or pickles, not a checkpoint")
     return archive
+
+
+def _scan_zip_member(archive: Archive, f: IO[bytes], info: zipfile.ZipInfo, limits: Limits) -> None:
+    """A torch.save archive stored as a record of another zip: its pickles join the outer archive's."""
+    where = f"{archive.path} > {info.filename}"
+    try:
+        if info.compress_type == zipfile.ZIP_STORED:
+            inner: IO[bytes] = window(f, _local_data_offset(f, info), info.file_size)
+        elif info.file_size <= limits.max_total_inline:
+            inner = io.BytesIO(_member_stream(f, info).read(info.file_size))
+        else:
+            archive.problems.append(f"{info.filename}: a compressed torch.save record too large to scan")
+            return
+        part = _read_zip(where, inner, info.file_size, limits)
+    except (CheckpointError, zipfile.BadZipFile, OSError, ValueError, struct.error) as exc:
+        archive.problems.append(f"{info.filename}: {exc}"[:300])
+        return
+    archive.pickles += [(f"{info.filename} > {name}", scan) for name, scan in part.pickles]
+    archive.events += part.events
+    archive.problems += [f"{info.filename}: {p}" for p in part.problems]
+
+
+# torch.export's ScalarType numbers (torch/_export/serde/schema.py)
+_PT2_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16", 7: "float32", 8: "float64",
+               9: "complex32", 10: "complex64", 11: "complex128", 12: "bool", 13: "bfloat16", 28: "uint16",
+               29: "float8_e4m3fn", 30: "float8_e5m2", 31: "float8_e4m3fnuz", 32: "float8_e5m2fnuz",
+               33: "float8_e8m0fnu", 34: "uint32", 35: "uint64"}
+
+
+def _pt2_payloads(archive: Archive, f: IO[bytes], infos: list[zipfile.ZipInfo], limits: Limits) -> dict[str, Any]:
+    """The raw weights and constants a .pt2 archive's JSON configs describe, as tensors located in the file."""
+    import json
+
+    by_name = {i.filename: i for i in infos}
+    root: dict[str, Any] = {}
+    for info in infos:
+        name = info.filename
+        if not name.endswith(("_weights_config.json", "_constants_config.json")) or info.file_size > (64 << 20):
+            continue
+        folder = name.rsplit("/", 1)[0]
+        try:
+            config = json.loads(_member_stream(f, info).read(info.file_size)).get("config", {})
+        except (ValueError, AttributeError, CheckpointError) as exc:
+            archive.problems.append(f"{name}: unreadable ({exc})"[:300])
+            continue
+        group: dict[str, Any] = {}
+        for fqn, payload in (config.items() if isinstance(config, dict) else []):
+            meta = payload.get("tensor_meta") if isinstance(payload, dict) else None
+            record = by_name.get(f"{folder}/{payload.get('path_name')}") if isinstance(payload, dict) else None
+            if not isinstance(meta, dict) or record is None or payload.get("use_pickle"):
+                continue  # pickled payloads are scanned as the torch.save archives they are
+            try:
+                dtype = _PT2_DTYPES.get(int(meta["dtype"]), "uint8")
+                shape = tuple(int(d["as_int"]) for d in meta["sizes"])
+                stride = tuple(int(d["as_int"]) for d in meta["strides"])
+            except (KeyError, TypeError, ValueError):
+                continue  # symbolic sizes
+            key = f"pt2:{record.filename}"
+            size = itemsize(dtype)
+            storage = StorageRef(key, dtype, size, "cpu", record.file_size // size, record.filename)
+            archive.storages[key] = storage
+            archive.zip_records[key] = record
+            group[str(fqn)] = TensorMeta(dtype, shape, stride, storage)
+        if group:
+            root["weights" if "weights" in name else "constants"] = group
+    return root
 
 
 _CODE_RISKS = (

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from torchdoctor.ckpt.info import CheckpointInfo, GlobalUse, Path, PickledObject, StateDict
 from torchdoctor.ckpt.objects import Blob, GlobalRef, Instance, Key, PickledDict, TensorMeta
-from torchdoctor.ckpt.policy import Pair, Use, classify
+from torchdoctor.ckpt.policy import Pair, Use, Verdict, classify
 from torchdoctor.ckpt.reader import Archive
 from torchdoctor.ckpt.tables import HeaderTable, HeaderTensors, TensorTable
 from torchdoctor.ckpt.unpickler import WEIGHTS_ONLY_OPCODES, short
@@ -64,9 +64,17 @@ def _globals(archive: Archive) -> list[GlobalUse]:
                 uses[pair] = use
         for pair, first in scan.calls.items():
             calls[pair].extend(first[: 3 - len(calls[pair])])
-    return [GlobalUse(f"{m}.{n}", classify(m, n, uses[(m, n)]), counts[(m, n)], uses[(m, n)] is Use.CALLED,
-                      where[(m, n)], module=m, name=n, use=uses[(m, n)], calls=calls.get((m, n), []))
-            for m, n in sorted(counts)]
+    out = []
+    for m, n in sorted(counts):
+        use, first = uses[(m, n)], calls.get((m, n), [])
+        found, reason = classify(m, n, use), ""
+        if found is not Verdict.ALLOWED and found is not Verdict.BENIGN:  # only then is any source read
+            from torchdoctor.ckpt.reach import verdict
+
+            found, reason = verdict(m, n, use, first)
+        out.append(GlobalUse(f"{m}.{n}", found, counts[(m, n)], use is Use.CALLED, where[(m, n)], module=m, name=n,
+                             use=use, calls=first, reason=reason))
+    return out
 
 
 def _unsupported_opcodes(archive: Archive) -> set[str]:

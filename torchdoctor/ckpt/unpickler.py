@@ -53,6 +53,20 @@ _SMUGGLERS = frozenset({"torch._tensor._rebuild_from_type_v2", "copyreg._reconst
                         "copyreg.__newobj_ex__", "torch._utils._rebuild_wrapper_subclass"})
 
 
+# The special names Python itself looks up (a library's private `__cache__`-style attribute is plain data).
+_PYTHON_DUNDERS = frozenset(
+    {n for obj in (object, type, lambda: 0, (lambda: 0).__code__, list, dict, int, float, str, bytes, set,
+                   property, staticmethod, classmethod, codecs, Exception)
+     for n in dir(obj) if n.startswith("__") and n.endswith("__")}
+    | set("__setstate__ __getstate__ __reduce_ex__ __getattr__ __call__ __enter__ __exit__ __get__ __set__ __delete__ "
+          "__set_name__ __missing__ __fspath__ __index__ __await__ __aiter__ __anext__ __copy__ __deepcopy__ "
+          "__class_getitem__ __builtins__ __import__ __loader__ __spec__ __path__ __file__ __wrapped__ __func__ "
+          "__self__ __globals__ __code__ __closure__ __defaults__ __kwdefaults__ __annotations__ __init_subclass__ "
+          "__subclasshook__ __instancecheck__ __subclasscheck__ __post_init__ __iter__ __next__ __getitem__ "
+          "__setitem__ __len__ __contains__ __bool__ __del__ __dict__ __slots__ __weakref__ __mro_entries__ "
+          "__prepare__ __signature__ __text_signature__ __objclass__ __cached__ __package__ __all__".split()))
+
+
 @dataclass(frozen=True)
 class Limits:
     """Bounds on the work one pickle may cause; generous for real checkpoints, small for bombs."""
@@ -237,6 +251,7 @@ class _Machine:
         # per global REDUCE calls: (pair, smuggles, dict type, rebuild function); pairs whose use is fully recorded
         self.plans: dict[GlobalRef, tuple[Pair, bool, bool, Optional[Rebuilder]]] = {}
         self.recorded: set[Pair] = set()
+        self.frame_end: Optional[int] = None  # where the current FRAME ends (stream position), while inside one
 
     # -- helpers -------------------------------------------------------------------------------
     def fail(self, message: str) -> NoReturn:
@@ -539,6 +554,10 @@ class _Machine:
                                 continue
                     src.pos = i + 1
                     pos = consumed + i
+                elif self.frame_end is not None and consumed + i >= self.frame_end:
+                    self.frame_ends(consumed + i)
+                    end = n - 5
+                    continue
                 elif i < n:
                     code = buf[i]
                     src.pos = i + 1
@@ -557,7 +576,7 @@ class _Machine:
                 handler(pos)
                 stack, buf, i, consumed = self.stack, src.buf, src.pos, src.consumed
                 n = len(buf)
-                end = n - 5
+                end = n - 5 if self.frame_end is None else min(n - 5, self.frame_end - consumed)
         finally:
             self.scan.opcodes.update(_OPCODES[c] for c in codes if c in _OPCODES)
 
@@ -570,7 +589,19 @@ class _Machine:
         self.scan.protocol = max(self.scan.protocol, proto)
 
     def op_FRAME(self, pos: int) -> None:
-        self.src.read(8)
+        length = struct.unpack("<Q", self.src.read(8))[0]
+        if self.frame_end is not None and pos < self.frame_end:
+            self.event(f"a FRAME starts at byte {pos}, inside the previous frame (which ends at byte "
+                       f"{self.frame_end}): unpicklers disagree on what follows", pos)
+        self.frame_end = self.src.tell() + length
+
+    def frame_ends(self, at: int) -> None:
+        """The stream reached the current frame's declared end: it must fall between two opcodes."""
+        if at > self.frame_end:  # type: ignore[operator]
+            self.event(f"a FRAME's declared end (byte {self.frame_end}) falls inside an opcode that runs to byte "
+                       f"{at}: Python's own unpicklers read that opcode differently (one refuses it), a way to show a "
+                       "scanner other opcodes than the loader runs", self.frame_end or 0)
+        self.frame_end = None
 
     def op_MARK(self, pos: int) -> None:
         self.marks.append(self.stack)
@@ -868,8 +899,7 @@ class _Machine:
         state = self.pop()
         target = self.top()
         parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
-        dunders = [k for part in parts if isinstance(part, dict) for k in part
-                   if isinstance(k, str) and k.startswith("__") and k.endswith("__")]
+        dunders = [k for part in parts if isinstance(part, dict) for k in part if k in _PYTHON_DUNDERS]
         if dunders:
             self.event(f"BUILD sets {', '.join(sorted(dunders)[:4])} on {short(target)}: overriding a dunder makes "
                        "Python run code the pickle chose", pos)
@@ -884,6 +914,8 @@ class _Machine:
 
     def joblib_array(self, state: Any, pos: int) -> Any:
         """joblib writes an array's bytes (or, for object arrays, a nested pickle) right after its BUILD."""
+        if self.frame_end is not None and self.src.tell() >= self.frame_end:
+            self.frame_ends(self.src.tell())  # joblib ends the frame at the BUILD; the bytes are outside frames
         if not isinstance(state, dict) or not isinstance(state.get("dtype"), Instance):
             self.fail("joblib array header without a dtype")
         spec = state["dtype"].args[0] if isinstance(state["dtype"].args, tuple) and state["dtype"].args else None

@@ -1,0 +1,297 @@
+"""Judging a callee by what its installed source reaches: a small library written for each test, never imported."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import textwrap
+
+import pytest
+
+from torchdoctor.ckpt import reach
+from torchdoctor.ckpt.api import check_checkpoint
+from torchdoctor.ckpt.policy import Use, Verdict
+
+GADGETS = '''
+import os as _os
+import pickle
+import subprocess
+from socket import socket
+import ctypes
+import importlib
+import yaml
+import numpy as np
+import torch
+
+open({canary!r}, "w").close()  # import-time side effect: judging must never import this module
+
+
+class Launcher(subprocess.Popen):
+    """Only inherits: instantiating it runs subprocess.Popen.__init__."""
+
+
+class Quiet(subprocess.Popen):
+    def __new__(cls, *args):
+        return object.__new__(cls)
+
+
+def evaluate(text):
+    return helper(text)
+
+
+def helper(text):
+    return eval(text)
+
+
+def plugin(name):
+    return importlib.import_module(name)
+
+
+def fixed_plugin():
+    return importlib.import_module("json")
+
+
+def save(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def remove(path):
+    _os.remove(path)
+
+
+def connect(host):
+    return socket().connect((host, 80))
+
+
+def reload(blob):
+    return pickle.loads(blob)
+
+
+def config(text, loader=yaml.SafeLoader):
+    return yaml.load(text, loader)
+
+
+def unsafe_config(text):
+    return yaml.load(text, Loader=yaml.UnsafeLoader)
+
+
+def safe_config(text):
+    return yaml.load(text, Loader=yaml.SafeLoader)
+
+
+def arrays(path):
+    return np.load(path, allow_pickle=True)
+
+
+def weights(path):
+    return torch.load(path, weights_only=True)
+
+
+def checkpoint(path):
+    return torch.load(path)
+
+
+def native(name):
+    return ctypes.CDLL(name)
+
+
+class Restored:
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        _os.system(state["cmd"])
+
+
+class Plain:
+    def __init__(self, value):
+        self.value = value
+
+    def run(self):
+        _os.system("x")  # never called on load
+
+
+class Child(Restored):
+    pass
+
+
+class Tool:
+    def __init__(self, path):
+        self.path = path
+        self._write()
+
+    def _write(self):
+        save(self.path, b"")
+'''
+
+
+@pytest.fixture
+def lib(tmp_path, monkeypatch):
+    canary = tmp_path / "imported"
+    (tmp_path / "gadgetlib.py").write_text(GADGETS.format(canary=str(canary)))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reach._spec.cache_clear()
+    reach._module.cache_clear()
+    reach._memory.clear()
+    yield canary
+    reach._spec.cache_clear()
+    reach._module.cache_clear()
+    reach._memory.clear()
+
+
+@pytest.mark.parametrize("name, use, what, via", [
+    ("Launcher", Use.CALLED, reach.PROCESS, "subprocess.Popen.__init__"),
+    ("evaluate", Use.CALLED, reach.EVAL, "gadgetlib.helper"),
+    ("plugin", Use.CALLED, reach.IMPORT, "importlib.import_module"),
+    ("save", Use.CALLED, reach.WRITE, "builtins.open"),
+    ("remove", Use.CALLED, reach.WRITE, "os.remove"),
+    ("connect", Use.CALLED, reach.NETWORK, "socket.socket"),
+    ("reload", Use.CALLED, reach.UNPICKLE, "pickle.loads"),
+    ("config", Use.CALLED, reach.UNPICKLE, "yaml.load"),
+    ("unsafe_config", Use.CALLED, reach.UNPICKLE, "yaml.load"),
+    ("arrays", Use.CALLED, reach.UNPICKLE, "numpy.load"),
+    ("checkpoint", Use.CALLED, reach.UNPICKLE, "torch.load"),
+    ("native", Use.CALLED, reach.NATIVE, "ctypes.CDLL"),
+    ("Restored", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
+    ("Child", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
+    ("Tool", Use.CALLED, reach.WRITE, "gadgetlib.Tool._write"),
+])
+def test_each_sink_is_reached_and_the_path_is_named(lib, name, use, what, via):
+    found = reach.judge_uncached("gadgetlib", name, use)
+    assert found.what == what and via in found.path and found.path[0] == f"gadgetlib.{name}"
+    assert "→" in found.reason() and what in found.reason()
+    assert not lib.exists() and "gadgetlib" not in sys.modules  # read, never imported
+
+
+@pytest.mark.parametrize("name, use", [
+    ("read", Use.CALLED), ("fixed_plugin", Use.CALLED), ("safe_config", Use.CALLED), ("weights", Use.CALLED),
+    ("Plain", Use.CALLED), ("Plain", Use.NEW), ("Launcher", Use.NEW), ("Quiet", Use.NEW),
+])
+def test_harmless_callees_reach_nothing(lib, name, use):
+    found = reach.judge_uncached("gadgetlib", name, use)
+    assert not found.dangerous and found.inspected, found
+
+
+def test_code_that_cannot_be_read_is_unsafe_when_called_and_needs_code_when_only_instantiated(lib):
+    called = reach.verdict("not_installed_lib", "run", Use.CALLED)
+    built = reach.verdict("not_installed_lib", "Thing", Use.NEW)
+    assert called[0] is Verdict.DANGEROUS and "could not be inspected" in called[1]
+    assert built[0] is Verdict.UNKNOWN and "could not be inspected" in built[1]
+    compiled = reach.judge_uncached("_pickle", "loads", Use.NEW)  # a C module: no source
+    assert not compiled.inspected
+
+
+def test_arguments_the_pickle_passes_decide_conditional_callees():
+    from torchdoctor.ckpt.objects import GlobalRef
+
+    assert reach.sink_with_arguments("yaml.load", ("x", GlobalRef("yaml", "UnsafeLoader"))) == reach.UNPICKLE
+    assert reach.sink_with_arguments("yaml.load", ("x", GlobalRef("yaml", "SafeLoader"))) == ""
+    assert reach.sink_with_arguments("numpy.load", ("f.npy", None, True)) == reach.UNPICKLE
+    assert reach.sink_with_arguments("numpy.load", ("f.npy",)) == ""
+
+
+def test_verdicts_are_cached_per_distribution_version(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHDOCTOR_CACHE_DIR", str(tmp_path))
+    reach._memory.clear()
+    found = reach.judge("yaml", "unsafe_load", Use.CALLED)
+    assert found.dangerous
+    (cache,) = [n for n in os.listdir(tmp_path / "ckpt-reach") if "distributions" not in n]
+    assert "PyYAML==" in cache
+    data = json.loads((tmp_path / "ckpt-reach" / cache).read_text())
+    assert data["yaml:unsafe_load:called"][1] == reach.UNPICKLE
+    data["yaml:unsafe_load:called"] = [["yaml.unsafe_load"], "", True, ""]  # a cached verdict is reused
+    (tmp_path / "ckpt-reach" / cache).write_text(json.dumps(data))
+    reach._memory.clear()
+    assert not reach.judge("yaml", "unsafe_load", Use.CALLED).dangerous
+    reach._memory.clear()
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def test_a_library_class_only_instantiated_in_a_plain_pickle_is_never_silent(tmp_path, lib):
+    path = tmp_path / "obj.pkl"
+    path.write_bytes(b"\x80\x02" + _global("gadgetlib", "Plain") + b")\x81}b.")
+    names = {f.name: f for f in check_checkpoint(str(path)).findings}
+    assert "unsafe-pickle" not in names
+    assert "gadgetlib.Plain" in names["needs-code-to-load"].message
+
+
+def test_an_unsafe_library_class_is_named_with_its_path(tmp_path, lib):
+    path = tmp_path / "obj.pkl"
+    path.write_bytes(b"\x80\x02" + _global("gadgetlib", "Launcher") + b"(X\x04\x00\x00\x00truetR.")
+    (finding,) = [f for f in check_checkpoint(str(path)).findings if f.name == "unsafe-pickle"]
+    assert "gadgetlib.Launcher → subprocess.Popen.__init__" in finding.message and finding.key == "gadgetlib.Launcher"
+    assert not lib.exists()
+
+
+def test_a_user_enum_pickled_by_value_stays_a_warning(tmp_path, lib):
+    (tmp_path / "modes.py").write_text("import enum\n\nclass Mode(enum.Enum):\n    FAST = 2\n")
+    path = tmp_path / "enum.pkl"
+    path.write_bytes(pickle.dumps(None, protocol=2)[:2] + _global("modes", "Mode") + b"K\x02\x85R.")
+    names = {f.name for f in check_checkpoint(str(path)).findings}
+    assert "unsafe-pickle" not in names and "needs-code-to-load" in names
+
+
+def test_source_is_found_without_importing_parent_packages(tmp_path, monkeypatch):
+    canary = tmp_path / "parent-imported"
+    pkg = tmp_path / "parentpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f"open({str(canary)!r}, 'w').close()\n")
+    (pkg / "tools.py").write_text("import os\n\ndef run(cmd):\n    return os.system(cmd)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = reach.judge_uncached("parentpkg.tools", "run", Use.CALLED)
+    assert found.what == reach.PROCESS and not canary.exists() and "parentpkg" not in sys.modules
+
+
+def test_source_files_are_parsed_not_executed_even_when_hostile(tmp_path, monkeypatch):
+    (tmp_path / "weird.py").write_text(textwrap.dedent("""
+        def f(x):
+            return g(x)
+        g = f
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert not reach.judge_uncached("weird", "f", Use.CALLED).dangerous  # cycles end
+
+
+def test_new_formats_are_read_with_their_tensors(tmp_path):
+    """A .pt2 archive lists its weights; a DCP shard is its torch.save archives back to back (values readable);
+    a compressed pickle (what joblib.dump(compress=...) writes) is read through its compressor."""
+    import bz2
+    import lzma
+    import warnings
+    import zlib
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+
+    pt2 = tmp_path / "m.pt2"
+    torch.export.save(torch.export.export(nn.Linear(3, 2), (torch.randn(1, 3),)), str(pt2))
+    report = check_checkpoint(str(pt2))
+    assert report.infos[0].format == "pt2" and report.structure["tensors"]["count"] == 2
+    assert "unsafe-pickle" not in {f.name for f in report.findings}
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"w": torch.ones(3), "b": torch.full((2, 2), float("nan"))}, checkpoint_id=str(tmp_path / "dcp"))
+    (shard,) = [p for p in (tmp_path / "dcp").iterdir() if p.suffix == ".distcp"]
+    report = check_checkpoint(str(shard), scan_values=True)
+    info = report.infos[0]
+    assert info.format == "zip-sequence" and info.archive.details["zips"] == 2
+    assert info.values is not None and info.values.tensors == 2 and len(info.values.nonfinite) == 1
+    assert "unsafe-pickle" not in {f.name for f in report.findings}
+
+    data = pickle.dumps({"lr": 0.5, "steps": [1, 2]}, protocol=4)
+    for name, packed in (("zlib", zlib.compress(data)), ("bz2", bz2.compress(data)), ("xz", lzma.compress(data))):
+        path = tmp_path / f"m.{name}.joblib"
+        path.write_bytes(packed)
+        info = check_checkpoint(str(path)).infos[0]
+        assert info.format == "joblib" and info.archive.details["compression"] == name
+        assert [k["key"] for k in info.top_level] == ["lr", "steps"]
