@@ -6,7 +6,7 @@ from typing import Any, Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import CallSite, FunctionScope, SourceFile, is_backward, ref
+from torchdoctor.sdk.source import CallSite, FunctionScope, SourceFile, is_backward, literal, ref
 
 _VALIDATION = """
 import torch
@@ -188,6 +188,8 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
             continue
         if any(is_backward(c) or c.attr == "set_grad_enabled" for c in scope.calls):
             continue
+        if "volatile" in src.text and any(_volatile(c) for c in scope.calls):
+            continue  # `Variable(x, volatile=True)`: meant as no-grad inference; deprecated-api reports that line
         if scope.name != "<module>" and not _reached_with_grad(src, scope):
             continue
         reported: set[str] = set()
@@ -242,6 +244,12 @@ def _forwarded(src: SourceFile, scope: FunctionScope, call: CallSite,
         model = passed.get(name) if name in params or name in passed else name  # a closure's free variable
         if model is not None and mode.get(model, ("",))[0] == "eval":
             yield model
+
+
+def _volatile(call: CallSite) -> bool:
+    """`Variable(x, volatile=True)` (any value but a literal False)."""
+    flag = call.kwarg("volatile")
+    return flag is not None and literal(flag) is not False
 
 
 def _frozen_models(src: SourceFile) -> set[str]:
