@@ -15,10 +15,24 @@ from torchdoctor.lint.runner import check_source, read_source
 from torchdoctor.lint.source import ProjectFacts
 
 SOURCE_CHECKS = registry.all_checks(registry.Scope.SOURCE)
+# The rules the engine and command-line tests (cache, runner, program model, CLI) expect findings from: a rule
+# added later does not run there, so a new rule cannot change what those tests see.
+ENGINE_RULES = ("missing-zero-grad", "stale-optimizer-params", "optimizer-state-device", "eval-without-no-grad",
+                "graph-retention-leak", "nondeterministic-settings", "sampler-epoch-not-set",
+                "local-rank-argument", "to-result-discarded", "shuffle-with-sampler", "unsafe-torch-load",
+                "prefix-strip-by-slicing", "dataparallel-optimizer", "deprecated-api", "source-unreadable")
+ENGINE_CHECKS = [registry.get(name) for name in ENGINE_RULES]
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "rule(*names): the lint rules a test asks about (the only ones it runs)")
+
+
+@pytest.fixture(autouse=True)
+def _command_line_runs_the_engine_rules(monkeypatch):
+    """`torchdoctor lint` invoked by a test selects ENGINE_RULES (through the environment layer, which an
+    explicit --select replaces)."""
+    monkeypatch.setenv("TORCHDOCTOR_SELECT", ",".join(ENGINE_RULES))
 
 
 def asked_rules(request) -> list:

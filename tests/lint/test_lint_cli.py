@@ -171,6 +171,7 @@ def test_select_and_ignore(project):
 
 
 def test_pyproject_defaults_apply_and_the_command_line_wins(project, monkeypatch):
+    monkeypatch.delenv("TORCHDOCTOR_SELECT")  # the project's select is what this test is about
     write(project, "pyproject.toml", """
         [tool.torchdoctor]
         ignore = ["missing-zero-grad"]

@@ -10,9 +10,9 @@ import pytest
 
 from torchdoctor import registry
 from torchdoctor.lint.runner import lint_paths
-from conftest import asked_rules
+from conftest import ENGINE_CHECKS, asked_rules
 
-CHECKS = registry.all_checks(registry.Scope.SOURCE)
+CHECKS = ENGINE_CHECKS
 
 
 @pytest.fixture(autouse=True)
