@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
@@ -66,7 +66,11 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             function is only judged when the program model finds its callers in the project (through imports,
             closures and methods, read from disk whichever files were given) and none calls it under `no_grad`, and
             when it is not decorated with `torch.no_grad()`/`inference_mode()` or a project wrapper of them (such as
-            yolov5's `smart_inference_mode`). Models frozen in the file (`m.requires_grad_(False)`, or a loop setting
+            yolov5's `smart_inference_mode`, or a `functools.wraps` wrapper that calls its target inside
+            `with torch.no_grad():`). A function with a decorator the project does not define (and that is not
+            known to leave autograd alone, like `functools.lru_cache`) is reported as a note that names the
+            decorator: what it does is unknown. A scope that passes `Variable(..., volatile=True)` is left to
+            deprecated-api, which reports that line. Models frozen in the file (`m.requires_grad_(False)`, or a loop setting
             `requires_grad = False` over `m.parameters()`) are skipped. `watch` sees the remaining cases at run
             time.
         """,
@@ -193,6 +197,7 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
         if scope.name != "<module>" and not _reached_with_grad(src, scope):
             continue
         reported: set[str] = set()
+        unknown: Optional[list[ast.expr]] = None  # decorators not followed (asked at the first finding)
         mode: dict[str, tuple[str, CallSite]] = {}
         for call in scope.calls:
             if call.attr in ("eval", "train") and call.receiver and not call.node.keywords:
@@ -209,14 +214,19 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                     continue
                 reported.add(model)
                 through = "" if ref(call.node.func) == model or call.attr == "forward" else f" (it calls `{model}`)"
+                if unknown is None:
+                    unknown = src.project.unknown_decorators(scope)
+                caveat = (f" This rests on `@{src.snippet(unknown[0])}`, which is not defined in the project and was not "
+                          "followed: if it turns autograd off, silence this line." if unknown else "")
                 yield Finding(
                     f"`{src.snippet(call.node)}`{through} runs after `{model}.eval()` (line "
                     f"{mode[model][1].node.lineno}) with autograd still on, and nothing here is back-propagated: "
                     "eval() only switches Dropout/BatchNorm, so this forward records a graph and keeps its "
-                    "activations for nothing.",
+                    "activations for nothing." + caveat,
                     fix="Run evaluation under `with torch.no_grad():` (or `torch.inference_mode()`), or decorate the "
                         "function with `@torch.no_grad()`.",
                     location=src.location(call.node),
+                    severity=Severity.INFO if unknown else None,
                 )
 
 

@@ -211,7 +211,7 @@ class Program:
         folder = os.path.dirname(path)
         found = self._roots.get(folder)
         if found is None:
-            found = self._roots[folder] = find_root(folder)
+            found = self._roots[folder] = _searchable_root(find_root(folder), folder)
         return found
 
     def release(self, root: str) -> None:
@@ -371,6 +371,24 @@ class Program:
                 return True
         return False
 
+    def unknown_decorators(self, module: Module, scope: FunctionScope) -> list[ast.expr]:
+        """Decorators of the function that the project does not define and that are not known to leave autograd
+        alone (`staticmethod`, `functools.wraps(...)`, `torch.jit.*`...): what they do is unknown."""
+        if isinstance(scope.node, ast.Module):
+            return []
+        out = []
+        parent = module.parents.get(id(scope.node)) or module.index.scopes[0]
+        for d in scope.node.decorator_list:
+            name = d.func if isinstance(d, ast.Call) else d
+            qual = resolve(name, module.index.aliases) if isinstance(name, (ast.Name, ast.Attribute)) else ""
+            if not qual or qual in _HARMLESS_DECORATORS or qual.startswith(_HARMLESS_DECORATOR_PREFIXES) \
+                    or last(qual) in _GRAD_OFF or last(qual) in ("setter", "getter", "deleter"):
+                continue
+            fake = CallSite(ast.Call(func=name, args=[], keywords=[]), "", last(qual), None, None, False, (0, 0))
+            if self.resolve_call(module, parent, fake) is None:
+                out.append(d)
+        return out
+
     def is_grad_off_wrapper(self, module: Module, scope: FunctionScope) -> bool:
         """The function (with its closures) names no_grad/inference_mode other than in a `with`, and returns
         something: it builds a decorator or wrapped callable that runs its target without grad."""
@@ -383,7 +401,7 @@ class Program:
                 elif isinstance(node, (ast.Attribute, ast.Name)) and _is_grad_off_name(node, module):
                     used += 1
             returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(scope.node))
-            self._wrappers[key] = used > withs and returns
+            self._wrappers[key] = returns and (used > withs or withs > 0 and _wraps_in_grad_off(scope.node, module))
         return self._wrappers[key]
 
     # ---- callers -------------------------------------------------------------------------------------------
@@ -446,6 +464,47 @@ class Program:
     def parsed(self, path: str) -> Optional[Module]:
         """The module at `path` if this run has parsed it already (so linting it does not parse it again)."""
         return self._modules.get(path)
+
+
+# Decorators known to leave autograd as it is (anything else the project does not define is unknown).
+_HARMLESS_DECORATORS = frozenset({
+    "staticmethod", "classmethod", "property", "abstractmethod", "abc.abstractmethod", "override",
+    "typing.override", "typing_extensions.override", "overload", "typing.overload", "dataclass",
+    "dataclasses.dataclass", "contextmanager", "contextlib.contextmanager", "pytest.fixture", "torch.enable_grad",
+    "torch.compile", "unittest.skip", "unittest.skipIf",
+})
+_HARMLESS_DECORATOR_PREFIXES = ("functools.", "torch.jit.", "torch.compiler.", "torch._dynamo.", "pytest.mark.",
+                                "click.", "typing.", "lru_cache", "cache", "wraps", "torch.autocast",
+                                "torch.cuda.amp.", "torch.amp.")
+
+
+def _searchable_root(root: str, folder: str) -> str:
+    """The root whose files are searched for callers: `root`, unless `folder` lies in a dot-folder below it (a
+    project kept in `~/.jobs/proj` of a home-folder repository), which the search would skip: then that folder."""
+    rel = os.path.relpath(folder, root)
+    if rel == "." or rel.startswith(".."):
+        return root
+    parts = rel.split(os.sep)
+    hidden = [i for i, part in enumerate(parts) if part.startswith(".") and part not in _SKIP_DIRS]
+    return os.path.join(root, *parts[:hidden[-1] + 1]) if hidden else root
+
+
+def _wraps_in_grad_off(outer: ast.AST, module: Module) -> bool:
+    """A nested function (the wrapper a decorator returns) calls a parameter of an enclosing function (the
+    decorated target) inside `with torch.no_grad():` (`functools.wraps` decorators written by hand)."""
+    targets = {a.arg for n in ast.walk(outer) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               for a in n.args.posonlyargs + n.args.args}
+    for inner in ast.walk(outer):
+        if inner is outer or not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        own = {a.arg for a in inner.args.posonlyargs + inner.args.args + inner.args.kwonlyargs}
+        for node in ast.walk(inner):
+            if isinstance(node, (ast.With, ast.AsyncWith)) \
+                    and any(_names_grad_off(item.context_expr, module) for item in node.items) \
+                    and any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in targets - own
+                            for stmt in node.body for c in ast.walk(stmt)):
+                return True
+    return False
 
 
 def _is_grad_off_name(node: ast.expr, module: Module) -> bool:

@@ -1,0 +1,293 @@
+"""Planted bugs from the classes real code showed (issue 24), each beside a look-alike control that must stay quiet.
+
+Every case writes a small project (a pyproject.toml marks its root), lints one file as an editor would, and
+asks only the rule the bug belongs to. `BUG` is the buggy project with the line the finding must name;
+`CONTROL` is the same project with the one change that makes it correct (or deliberate).
+"""
+import textwrap
+
+import pytest
+
+from torchdoctor import registry
+from torchdoctor.lint.runner import lint_paths
+
+
+def lint_project(root, files, target, rule):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "pyproject.toml").write_text("[project]\nname = 'demo'\n", encoding="utf-8")
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    result = lint_paths([str(root / target)], [registry.get(rule)], cwd=str(root), jobs=1)
+    return result.findings
+
+
+def case(rule, target, bug, control, line, **extra):
+    """One planted bug: `bug` and `control` map file names to source; the finding must be at `line` of target."""
+    return pytest.param(rule, target, bug, control, line, extra, id=f"{rule}:{target}:{line}")
+
+
+# ---- missing-zero-grad: whose gradients a clear touches, and when -----------------------------------------------
+
+GAN = """
+import torch
+
+def train(netG, netD, loader, criterion, noise):
+    optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-4)
+    optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-4)
+    for real in loader:
+        {clear_d}
+        errD = criterion(netD(real), 1) + criterion(netD(netG(noise).detach()), 0)
+        errD.backward()
+        optimizerD.step()
+        netG.zero_grad()
+        errG = criterion(netD(netG(noise)), 1)
+        errG.backward()
+        optimizerG.step()
+"""
+
+GAN_CLASS = """
+import torch
+from torch import nn
+
+class GANTrainer:
+    def __init__(self, gen, disc):
+        self.gen, self.disc = gen, disc
+        self.opt_g = torch.optim.Adam(self.gen.parameters(), lr=2e-4)
+        self.opt_d = torch.optim.Adam([{{"params": self.disc.parameters(), "lr": 1e-4}}])
+
+    def fit(self, loader, noise):
+        for real in loader:
+            {clear_d}
+            loss_d = self.disc(real).mean() - self.disc(self.gen(noise).detach()).mean()
+            loss_d.backward()
+            self.opt_d.step()
+            self.gen.zero_grad()
+            loss_g = -self.disc(self.gen(noise)).mean()
+            loss_g.backward()
+            self.opt_g.step()
+"""
+
+EVERY_KTH = """
+def train(model, loader, optimizer, criterion, k=4):
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if (i + 1) % k == 0:
+            optimizer.zero_grad()
+"""
+
+ACCUMULATE = """
+def train(model, loader, optimizer, criterion, k=4):
+    for i, (x, y) in enumerate(loader):
+        if i % k == 0:
+            optimizer.zero_grad()
+        loss = criterion(model(x), y) / k
+        loss.backward()
+        if (i + 1) % k == 0:
+            optimizer.step()
+"""
+
+LIBRARY_CALL = """
+import torch
+from mylib.optim import clip_gradient
+
+def train(model, loader, optimizer, criterion):
+    for x, y in loader:
+        {clear}
+        loss = criterion(model(x), y)
+        loss.backward()
+        clip_gradient(optimizer, 5.0)
+        optimizer.step()
+"""
+
+LAST_LAYER_ONLY = """
+def reset_head(model):
+    model.head.weight.grad = None
+
+def train(model, loader, optimizer, criterion):
+    for x, y in loader:
+        reset_head(model)
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+"""
+
+# ---- eval-without-no-grad: the ways projects turn autograd off ---------------------------------------------------
+
+WRAPS_DECORATOR = """
+import functools
+import torch
+
+def {name}(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        {body}
+    return wrapper
+"""
+
+EVALUATE = """
+from utils import {name}
+
+@{name}{call}
+def evaluate(model, loader):
+    model.eval()
+    total = 0
+    for x, y in loader:
+        total += (model(x).argmax(1) == y).sum().item()
+    return total
+
+acc = evaluate(model, val_loader)
+"""
+
+SMART = """
+import torch
+
+def smart_inference_mode(torch_1_9=True):
+    def decorate(fn):
+        return (torch.inference_mode if torch_1_9 else {grad_off})()(fn)
+    return decorate
+"""
+
+# ---- train-mode-not-restored: deliberate eval and models eval() does not change ------------------------------------
+
+TRAIN_MODE = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), {layer}, nn.ReLU(), nn.Linear(16, 3))
+
+    def forward(self, x):
+        return self.body(x)
+
+def fit(loader, val_loader, epochs):
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            for x, y in val_loader:
+                print(model(x).argmax(1))
+"""
+
+FROZEN_BN = """
+import torch
+
+def validate(model):
+    with torch.no_grad():
+        for x, y in val_loader:
+            print(model(x).argmax(1))
+
+def finetune(model, loader, optimizer, epochs):
+    for epoch in range(epochs):
+        {first}
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        {after}
+        validate(model)
+"""
+
+# ---- local-rank-argument -----------------------------------------------------------------------------------------
+
+LOCAL_RANK = """
+import argparse
+{extra}
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, default=-1)
+args = parser.parse_args()
+"""
+
+
+CASES = [
+    case("missing-zero-grad", "gan.py", {"gan.py": GAN.format(clear_d="")},
+         {"gan.py": GAN.format(clear_d="netD.zero_grad()")}, 11),
+    case("missing-zero-grad", "gan.py", {"gan.py": GAN.format(clear_d="")},
+         {"gan.py": GAN.format(clear_d="optimizerD.zero_grad()")}, 11),
+    case("missing-zero-grad", "trainer.py", {"trainer.py": GAN_CLASS.format(clear_d="")},
+         {"trainer.py": GAN_CLASS.format(clear_d="self.disc.zero_grad()")}, 16),
+    case("missing-zero-grad", "train.py", {"train.py": EVERY_KTH}, {"train.py": ACCUMULATE}, 6,
+         message="runs only when `(i + 1) % k == 0`"),
+    case("missing-zero-grad", "train.py", {"train.py": EVERY_KTH},
+         {"train.py": EVERY_KTH.replace("        optimizer.step()\n        if (i + 1) % k == 0:\n",
+                                        "        if (i + 1) % k == 0:\n            optimizer.step()\n")}, 6),
+    case("missing-zero-grad", "train.py", {"train.py": LIBRARY_CALL.format(clear="")},
+         {"train.py": LIBRARY_CALL.format(clear="optimizer.zero_grad()")}, 11,
+         message="`clip_gradient(optimizer, 5.0)` receives `optimizer` but is not defined in the project",
+         severity="warning"),
+    case("missing-zero-grad", "train.py",
+         {"train.py": "from helpers import step_all\n" + LIBRARY_CALL.format(clear="").replace(
+             "from mylib.optim import clip_gradient", "from helpers import clip_gradient"),
+          "helpers.py": "def clip_gradient(optimizer, value):\n    for group in optimizer.param_groups:\n"
+                        "        pass\n"},
+         {"train.py": LIBRARY_CALL.format(clear="").replace(
+             "from mylib.optim import clip_gradient", "from helpers import clip_gradient"),
+          "helpers.py": "def clip_gradient(optimizer, value):\n    optimizer.zero_grad()\n"}, 12),
+    case("eval-without-no-grad", "val.py",
+         {"val.py": EVALUATE.format(name="timed", call=""),
+          "utils.py": WRAPS_DECORATOR.format(name="timed", body="return fn(*args, **kwargs)")},
+         {"val.py": EVALUATE.format(name="timed", call=""),
+          "utils.py": WRAPS_DECORATOR.format(name="timed", body="with torch.no_grad():\n            return fn(*args, "
+                                                                  "**kwargs)")}, 9),
+    case("eval-without-no-grad", "val.py",
+         {"val.py": EVALUATE.format(name="smart_inference_mode", call="()"),
+          "utils.py": SMART.format(grad_off="torch.no_grad").replace("torch.inference_mode if torch_1_9 else ", "")
+          .replace("(torch.no_grad)", "(contextlib.nullcontext)")},
+         {"val.py": EVALUATE.format(name="smart_inference_mode", call="()"),
+          "utils.py": SMART.format(grad_off="torch.no_grad")}, 9),
+    case("eval-without-no-grad", "val.py",
+         {"val.py": EVALUATE.format(name="timed", call="").replace("from utils import timed", "import functools")
+          .replace("@timed", "@functools.lru_cache")},
+         {"val.py": EVALUATE.format(name="smart_inference_mode", call="()").replace(
+             "from utils import", "from ultralytics.utils.torch_utils import")}, 9,
+         control_severity="info"),
+    case("train-mode-not-restored", "fit.py", {"fit.py": TRAIN_MODE.format(layer="nn.Dropout(0.2)")},
+         {"fit.py": TRAIN_MODE.format(layer="nn.LayerNorm(16)")}, 21),
+    case("train-mode-not-restored", "fit.py", {"fit.py": TRAIN_MODE.format(layer="nn.BatchNorm1d(16)")},
+         {"fit.py": TRAIN_MODE.format(layer="nn.GELU()")}, 21),
+    case("train-mode-not-restored", "ft.py", {"ft.py": FROZEN_BN.format(first="", after="model.eval()")},
+         {"ft.py": FROZEN_BN.format(first="model.eval()  # BatchNorm statistics frozen for fine-tuning", after="")},
+         16),
+    case("local-rank-argument", "train.py", {"train.py": LOCAL_RANK.format(extra="import torch")},
+         {"train.py": LOCAL_RANK.format(extra="import deepspeed")}, 5),
+]
+
+
+@pytest.mark.parametrize("rule, target, bug, control, line, extra", CASES)
+def test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
+    found = lint_project(tmp_path / "bug", bug, target, rule)
+    assert [f.location.line for f in found] == [line], [f.message for f in found]
+    if "message" in extra:
+        assert extra["message"] in found[0].message
+    if "severity" in extra:
+        assert str(found[0].severity) == extra["severity"]
+    quiet = lint_project(tmp_path / "control", control, target, rule)
+    if "control_severity" in extra:  # the verdict rests on an unknown decorator: a note that says so
+        assert [str(f.severity) for f in quiet] == [extra["control_severity"]] and "not followed" in quiet[0].message
+    else:
+        assert quiet == [], [f.message for f in quiet]
+
+
+def test_a_project_in_a_dot_folder_of_an_enclosing_repository_keeps_its_callers(tmp_path):
+    """`~/.jobs/proj` inside a home-folder git repository: the callers of an eval function are still found."""
+    (tmp_path / ".git").mkdir()
+    files = {".jobs/proj/evaluation.py": EVALUATE.split("@")[0] + "def evaluate(model, loader):\n    model.eval()\n"
+             "    for x, y in loader:\n        print(model(x))\n",
+             ".jobs/proj/main.py": "from evaluation import evaluate\nevaluate(model, val_loader)\n"}
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.replace("from utils import {name}\n", ""), encoding="utf-8")
+    result = lint_paths([str(tmp_path / ".jobs/proj/evaluation.py")], [registry.get("eval-without-no-grad")],
+                        cwd=str(tmp_path), jobs=1)
+    assert [f.location.line for f in result.findings] == [6]
