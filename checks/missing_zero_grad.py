@@ -422,10 +422,9 @@ def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionSco
     calls = calls_in(scope, loop)
     others: Optional[set[str]] = None
     verdict = _Verdict(False)
-    guards = _guards(index, loop) if step is not None else {}
 
     def counts(clear: CallSite) -> bool:
-        guard = _only_every_kth(guards, clear.node, step) if step is not None else None
+        guard = _only_every_kth(loop, clear.node, step) if step is not None else None
         if guard is not None:
             verdict.every_kth = verdict.every_kth or (clear, guard)
             return False
@@ -455,31 +454,37 @@ def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionSco
     return verdict
 
 
-def _guards(index: ModuleIndex, loop: Loop) -> dict[int, tuple[ast.If, ...]]:
-    """id(call node) -> the `if` statements inside `loop` that enclose it (worked out once per loop)."""
-    question = ("loop guards", id(loop.node))
-    found = index.memo.get(question)
-    if found is None:
-        found = index.memo[question] = {}
-        stack: list[tuple[ast.AST, tuple[ast.If, ...]]] = [(child, ()) for child in ast.iter_child_nodes(loop.node)]
-        while stack:
-            node, ifs = stack.pop()
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
-                continue
-            if isinstance(node, ast.Call):
-                found[id(node)] = ifs
-            inner = ifs + (node,) if isinstance(node, ast.If) else ifs
-            for child in ast.iter_child_nodes(node):
-                stack.append((child, ifs if isinstance(node, ast.If) and child is node.test else inner))
-    return found
+def _enclosing_ifs(loop: Loop, call: ast.Call) -> tuple[ast.If, ...]:
+    """The `if` statements inside `loop` whose body (or else branch) holds `call`, outermost first: found by
+    descending the blocks whose lines span the call (a few statements per level, no walk of the loop)."""
+    found: list[ast.If] = []
+    block: list[ast.stmt] = list(getattr(loop.node, "body", []))
+    where = (call.lineno, call.col_offset)
+    while block:
+        stmt = next((s for s in block if (s.lineno, s.col_offset) <= where
+                     <= (s.end_lineno or s.lineno, s.end_col_offset or 0)), None)
+        if stmt is None or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            break
+        if isinstance(stmt, ast.If):
+            if stmt.test.lineno <= call.lineno <= (stmt.test.end_lineno or stmt.test.lineno) \
+                    and any(n is call for n in ast.walk(stmt.test)):
+                break  # the call is the condition itself
+            found.append(stmt)
+        block = [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])] \
+            + [s for h in getattr(stmt, "handlers", []) for s in h.body] \
+            + [s for c in getattr(stmt, "cases", []) for s in c.body]
+    return tuple(found)
 
 
-def _only_every_kth(guards: dict[int, tuple[ast.If, ...]], clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
+def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
     """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
-    step_ifs = guards.get(id(step), ())
+    clear_ifs = _enclosing_ifs(loop, clear)
+    if not clear_ifs:
+        return None  # the common case: an unconditional clear
+    step_ifs = _enclosing_ifs(loop, step)
     if any(_periodic(g.test) for g in step_ifs):
         return None  # both periodic: gradient accumulation, judged by its own clears
-    return next((g for g in guards.get(id(clear), ()) if g not in step_ifs and _periodic(g.test)), None)
+    return next((g for g in clear_ifs if g not in step_ifs and _periodic(g.test)), None)
 
 
 def _periodic(test: ast.expr) -> bool:

@@ -172,12 +172,10 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
             reach = [*calls, *(c for call in calls for f in _local(call, index) for c in f.calls)]
             if not _trains(reach):
                 continue
-            first_training = min((c.pos for c in calls if _trains([c, *(i for f in _local(c, index) for i in f.calls)])
-                                  or c.attr == "step" or is_backward(c)), default=None)
             for call, model in _evals(calls, index):
                 if model in reported or _may_restore(calls, model, index) or not _called_as_model(reach, model):
                     continue
-                if first_training is None or call.pos < first_training:
+                if not _trains_before(calls, call, index):
                     continue  # eval() before the iteration's training: every step, the first too, trains so on purpose
                 if _without_mode_layers(src, scope, model):
                     continue  # eval() changes nothing in this model
@@ -247,6 +245,12 @@ def _outermost_loops(scope: FunctionScope) -> list[Loop]:
 def _local(call: CallSite, index: ModuleIndex) -> list[FunctionScope]:
     """The functions defined in this file that `call` may run (by name)."""
     return index.functions.get(call.attr, []) if call.attr else []
+
+
+def _trains_before(calls: list[CallSite], switch: CallSite, index: ModuleIndex) -> bool:
+    """Whether the loop trains (a backward, a step, or a local function doing both) before `switch` in its body."""
+    return any(c.pos < switch.pos and (c.attr == "step" or is_backward(c) or _trains(
+        [c, *(i for f in _local(c, index) for i in f.calls)])) for c in calls)
 
 
 def _trains(reach: list[CallSite]) -> bool:
