@@ -212,7 +212,8 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
         found = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
         if found is None or not found[1].backward or found[1].clears_grads:
             continue
-        if not any(optimizer_arg(a) for a in call.node.args) \
+        same_instance = isinstance(call.node.func, ast.Attribute) and ref(call.node.func.value) == "self"
+        if not same_instance and not any(optimizer_arg(a) for a in call.node.args) \
                 and not any(optimizer_arg(k.value) for k in call.node.keywords):
             continue
         callee, summary = found
@@ -222,6 +223,8 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
             params = params[1:]
         passed = {p: ref(a) for p, a in zip(params, call.node.args)}
         passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg})
+        if same_instance and callee.class_name is not None:  # `self.run_step()`: its `self.x` is the caller's
+            passed.update({name: name for name in summary.steps if name.startswith("self.")})
         for param in sorted(summary.steps):
             optimizer = passed.get(param)
             if optimizer is None or optimizer in reported or not (
@@ -253,8 +256,27 @@ def _may_run_backward(func: ast.expr, index: ModuleIndex) -> bool:
     if type(func) is ast.Name:
         return func.id in here or func.id in index.imported or "__call__" in here  # `__call__`: an instance's
     if type(func) is ast.Attribute and type(func.value) is ast.Name:
-        return func.attr in here and func.value.id in ("self", "cls") or func.value.id in index.imported
+        if func.value.id in ("self", "cls"):  # a method of this class, or inherited from a base of another file
+            return func.attr in here or _inherits_from_project(index)
+        return func.value.id in index.imported
     return False
+
+
+def _inherits_from_project(index: ModuleIndex) -> bool:
+    """Whether a class of this file has a base that may be a project class of another file (not torch's, not a
+    builtin): its methods may run what that base defines."""
+    question = ("inherits from the project",)
+    found = index.memo.get(question)
+    if found is None:
+        found = index.memo[question] = any(
+            not base.startswith(("torch.", "lightning.", "pytorch_lightning.", "typing.", "abc.", "enum."))
+            and base not in _BUILTIN_BASES and base not in index.classes
+            for bases in index.classes.values() for base in bases)
+    return found
+
+
+_BUILTIN_BASES = frozenset({"object", "Exception", "dict", "list", "tuple", "str", "int", "float", "type",
+                            "NamedTuple", "TypedDict", "Protocol", "Generic", "ABC", "Enum"})
 
 
 def _may_call_project(func: ast.expr) -> bool:
@@ -354,8 +376,9 @@ def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> O
 
 @MISSING_ZERO_GRAD.source
 def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or ("backward" not in src.text or ".step(" not in src.text) and "opt" not in src.text:
-        return  # neither a backward and a step here, nor an optimizer that a helper might step
+    if src.tree is None or ("backward" not in src.text or ".step(" not in src.text) and "opt" not in src.text \
+            and not ("self." in src.text and _inherits_from_project(src.index)):
+        return  # neither a backward and a step here, nor an optimizer that a helper (or a base class) might step
     index = src.index
     for scope in index.scopes:
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function

@@ -291,3 +291,73 @@ def test_a_project_in_a_dot_folder_of_an_enclosing_repository_keeps_its_callers(
     result = lint_paths([str(tmp_path / ".jobs/proj/evaluation.py")], [registry.get("eval-without-no-grad")],
                         cwd=str(tmp_path), jobs=1)
     assert [f.location.line for f in result.findings] == [6]
+
+
+# ---- structure: the step and the loop in different classes or files ------------------------------------------------
+
+BASE_TRAINER = """
+class BaseTrainer:
+    def __init__(self, model, optimizer, loader):
+        self.model, self.optimizer, self.loader = model, optimizer, loader
+
+    def train(self, epochs):
+        for epoch in range(epochs):
+            for batch in self.loader:
+                self.run_step(batch)
+
+    def run_step(self, batch):
+        {clear}
+        loss = self.model(*batch).mean()
+        loss.backward()
+        self.optimizer.step()
+"""
+
+SUBCLASS = """
+from engine import BaseTrainer
+
+class MyTrainer(BaseTrainer):
+    def fit(self, loader):
+        for batch in loader:
+            self.run_step(batch)
+            self.log_step()
+
+    def log_step(self):
+        print("step")
+"""
+
+OVERRIDE = """
+class BaseTrainer:
+    def train(self, loader):
+        for batch in loader:
+            self.run_step(batch)
+
+    def run_step(self, batch):
+        raise NotImplementedError
+
+
+class SimpleTrainer(BaseTrainer):
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def run_step(self, batch):
+        {clear}
+        loss = self.model(*batch).mean()
+        loss.backward()
+        self.optimizer.step()
+"""
+
+STRUCTURE_CASES = [
+    # the step in a base class of another file, the loop in the subclass
+    case("missing-zero-grad", "train.py",
+         {"train.py": SUBCLASS, "engine.py": BASE_TRAINER.format(clear="pass")},
+         {"train.py": SUBCLASS, "engine.py": BASE_TRAINER.format(clear="self.optimizer.zero_grad()")}, 7),
+    # the loop in a base class's train(), the step in the subclass's run_step()
+    case("missing-zero-grad", "trainer.py", {"trainer.py": OVERRIDE.format(clear="pass")},
+         {"trainer.py": OVERRIDE.format(clear="self.optimizer.zero_grad()")}, 5),
+]
+
+
+@pytest.mark.parametrize("rule, target, bug, control, line, extra", STRUCTURE_CASES)
+def test_planted_structure_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
+                                                                    extra):
+    test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)

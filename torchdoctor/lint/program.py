@@ -309,14 +309,64 @@ class Program:
             return instance if instance is not None else self.lookup(module, func.id)
         if type(func) is ast.Attribute and type(func.value) is ast.Name:
             if func.value.id in ("self", "cls") and scope.class_name is not None:
-                method = module.methods.get((scope.class_name, func.attr))
-                return (module, method) if method is not None else None
+                return self.method(module, scope.class_name, func.attr)
             target = module.imports(self).get(func.value.id)
             if target is not None and target[0] is not None and target[1] is None:  # a project module
                 self.touched.add(target[0])
                 other = self.module(target[0])
                 return self.lookup(other, func.attr) if other is not None else None
         return None
+
+    def method(self, module: Module, class_name: str, name: str, hops: int = 0) -> Optional[tuple[Module, FunctionScope]]:
+        """The method `name` of class `class_name` of `module` as Python finds it: the class's own, else its
+        bases' in order (project classes of this module or imported ones), else, for a method the class only
+        calls, the one subclass in this module that defines it (a base's `train()` calling `self.run_step()`)."""
+        own = module.methods.get((class_name, name))
+        if own is not None and not _abstract(own.node):
+            return module, own
+        if hops > 4:
+            return None
+        for base in module.index.classes.get(class_name, []):
+            found = self._base_method(module, base, name, hops)
+            if found is not None:
+                return found
+        if hops == 0:
+            subclasses = [c for c, bases in module.index.classes.items()
+                          if class_name in bases and (c, name) in module.methods]
+            if len(subclasses) == 1:
+                return module, module.methods[(subclasses[0], name)]
+        return (module, own) if own is not None else None
+
+    def _base_method(self, module: Module, base: str, name: str, hops: int) -> Optional[tuple[Module, FunctionScope]]:
+        """The method `name` found in base class `base` (a dotted name as the module writes it) or its bases."""
+        if base in module.index.classes:
+            return self.method(module, base, name, hops + 1)
+        # the class names are stored with import aliases resolved: find the local name the import bound
+        local = next((k for k, v in module.index.aliases.items() if v == base), None)
+        if local is not None:
+            head, rest = local, ""
+        else:
+            head = next((k for k, v in module.index.aliases.items() if base.startswith(v + ".")), "")
+            rest = base[len(module.index.aliases[head]) + 1:] if head else ""
+        target = module.imports(self).get(head) if head else None
+        if target is None or target[0] is None:
+            return None
+        self.touched.add(target[0])
+        other = self.module(target[0])
+        if other is None:
+            return None
+        cls = rest if target[1] is None else target[1] if not rest else None
+        if cls is None or "." in cls:
+            return None
+        if cls not in other.index.classes:  # re-exported: `from .trainer import Trainer` in a package
+            again = other.imports(self).get(cls)
+            if again is None or again[0] is None or again[1] is None or hops > 3:
+                return None
+            other = self.module(again[0])
+            cls = again[1]
+            if other is None:
+                return None
+        return self.method(other, cls, name, hops + 1)
 
     def _instance_call(self, module: Module, scope: FunctionScope, name: str) -> Optional[tuple[Module, FunctionScope]]:
         """`name(...)` where `name` is bound here to an instance of a class of this module: its `__call__`."""
@@ -476,6 +526,14 @@ _HARMLESS_DECORATORS = frozenset({
 _HARMLESS_DECORATOR_PREFIXES = ("functools.", "torch.jit.", "torch.compiler.", "torch._dynamo.", "pytest.mark.",
                                 "click.", "typing.", "lru_cache", "cache", "wraps", "torch.autocast",
                                 "torch.cuda.amp.", "torch.amp.")
+
+
+def _abstract(node: ast.AST) -> bool:
+    """A method whose body only raises NotImplementedError, passes or is `...` (a docstring aside)."""
+    body = [stmt for stmt in getattr(node, "body", []) if not (isinstance(stmt, ast.Expr)
+                                                               and isinstance(stmt.value, ast.Constant))]
+    return all(isinstance(stmt, ast.Pass) or isinstance(stmt, ast.Raise) and "NotImplementedError" in ast.dump(stmt)
+               for stmt in body)
 
 
 def _searchable_root(root: str, folder: str) -> str:
