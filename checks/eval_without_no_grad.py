@@ -64,7 +64,8 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             `no_grad`/`inference_mode`/`set_grad_enabled(...)`, in a function without any backward, including calls
             of project functions that run the model (passed as an argument, or a closure's free variable). A
             function is only judged when the program model finds its callers in the project (through imports,
-            closures and methods, read from disk whichever files were given) and none calls it under `no_grad`, and
+            closures and methods, read from disk whichever files were given) and one of them runs it with autograd
+            on (the message names that call when another runs it under `no_grad`), and
             when it is not decorated with `torch.no_grad()`/`inference_mode()` or a project wrapper of them (such as
             yolov5's `smart_inference_mode`, or a `functools.wraps` wrapper that calls its target inside
             `with torch.no_grad():`). A function with a decorator the project does not define (and that is not
@@ -194,7 +195,8 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
             continue
         if "volatile" in src.text and any(_volatile(c) for c in scope.calls):
             continue  # `Variable(x, volatile=True)`: meant as no-grad inference; deprecated-api reports that line
-        if scope.name != "<module>" and not _reached_with_grad(src, scope):
+        reached = _reached_with_grad(src, scope) if scope.name != "<module>" else ""
+        if reached is None:
             continue
         reported: set[str] = set()
         unknown: Optional[list[ast.expr]] = None  # decorators not followed (asked at the first finding)
@@ -222,7 +224,7 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                     f"`{src.snippet(call.node)}`{through} runs after `{model}.eval()` (line "
                     f"{mode[model][1].node.lineno}) with autograd still on, and nothing here is back-propagated: "
                     "eval() only switches Dropout/BatchNorm, so this forward records a graph and keeps its "
-                    "activations for nothing." + caveat,
+                    "activations for nothing." + reached + caveat,
                     fix="Run evaluation under `with torch.no_grad():` (or `torch.inference_mode()`), or decorate the "
                         "function with `@torch.no_grad()`.",
                     location=src.location(call.node),
@@ -278,10 +280,30 @@ def _frozen_models(src: SourceFile) -> set[str]:
     return {name for name in frozen if name}
 
 
-def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> bool:
-    """The function is not decorated to run without grad, is called somewhere in the project (found through
-    imports, closures and methods, whichever files this run was given), and never under no_grad."""
+def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
+    """None unless the function is not decorated to run without grad and is called somewhere in the project
+    (found through imports, closures and methods, whichever files this run was given) with grad on; then what
+    the message adds: "" when every caller runs it with grad on, else the call that does (one no_grad caller
+    does not excuse another that runs the same evaluation with autograd on)."""
     if src.project.grad_off(scope):
-        return False
+        return None
     callers = src.project.callers(scope)
-    return bool(callers) and not any(off for _, _, off in callers)
+    on = [call for caller, call, off in callers if not off and _runs_with_grad(src, caller, {id(scope)})]
+    if not on:
+        return None
+    if len(on) == len(callers):
+        return ""
+    call = min(on, key=lambda c: c.pos)
+    return (f" Another call runs it under no_grad, but `{ast.unparse(call.node)[:60]}` (line {call.node.lineno} of its "
+            "file) runs it with autograd on.")
+
+
+def _runs_with_grad(src: SourceFile, caller: FunctionScope, seen: set[int], depth: int = 0) -> bool:
+    """Whether a calling function may run with autograd on: module level, a function nothing in the project calls
+    (its caller is unknown), or one called with grad on somewhere (a helper that only a `@torch.no_grad()`
+    function calls runs without grad, however many calls lie between)."""
+    if caller.name == "<module>" or depth >= 3 or id(caller) in seen:
+        return True
+    seen.add(id(caller))
+    callers = src.project.callers(caller)
+    return not callers or any(not off and _runs_with_grad(src, up, seen, depth + 1) for up, _, off in callers)

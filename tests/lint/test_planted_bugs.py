@@ -361,3 +361,56 @@ STRUCTURE_CASES = [
 def test_planted_structure_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
                                                                     extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
+
+
+# ---- over-broad off-switches -----------------------------------------------------------------------------------
+
+EVAL_FN = """
+def evaluate(model, loader):
+    model.eval()
+    total = 0
+    for x, y in loader:
+        total += (model(x).argmax(1) == y).sum().item()
+    return total
+"""
+
+CALLERS = """
+import torch
+from evaluation import evaluate
+
+def fit(model, loader, val_loader, optimizer, epochs):
+    for epoch in range(epochs):
+        with torch.no_grad():
+            print(evaluate(model, val_loader))
+    {final}
+"""
+
+CHAIN = """
+import torch
+from evaluation import evaluate
+
+def gather(model, loader):
+    return [evaluate(model, loader)]
+
+{decorator}
+def score(model, loader):
+    return gather(model, loader)
+"""
+
+OFF_SWITCH_CASES = [
+    # the no_grad is two calls up: the helper between is not a caller with grad on
+    case("eval-without-no-grad", "evaluation.py",
+         {"evaluation.py": EVAL_FN, "main.py": CHAIN.format(decorator="")},
+         {"evaluation.py": EVAL_FN, "main.py": CHAIN.format(decorator="@torch.no_grad()")}, 6),
+    case("eval-without-no-grad", "evaluation.py",
+         {"evaluation.py": EVAL_FN, "main.py": CALLERS.format(final="return evaluate(model, val_loader)")},
+         {"evaluation.py": EVAL_FN, "main.py": CALLERS.format(final="with torch.no_grad():\n        return "
+                                                                    "evaluate(model, val_loader)")}, 6,
+         message="runs it with autograd on"),
+]
+
+
+@pytest.mark.parametrize("rule, target, bug, control, line, extra", OFF_SWITCH_CASES)
+def test_planted_off_switch_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
+                                                                     extra):
+    test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
