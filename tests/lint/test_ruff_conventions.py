@@ -211,3 +211,17 @@ def test_docs_sample_output_is_what_lint_prints(project):
     out = CliRunner().invoke(cli, ["lint", "train.py"]).stdout
     seconds = re.compile(r"in \d+\.\d\d s")
     assert seconds.sub("in _ s", out) == seconds.sub("in _ s", shown)
+
+
+def test_watch_from_the_command_line_lints_then_stops_on_ctrl_c(project, monkeypatch):
+    import time
+
+    write(project, "train.py", LEAKY)
+
+    def interrupted(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", interrupted)
+    result = CliRunner().invoke(cli, ["lint", "--format", "text", "--watch"])
+    assert result.exit_code == 0 and codes(result) == ["TD301", "TD308"]
+    assert "watching for changes" in result.stderr

@@ -24,10 +24,12 @@ def snapshot(paths: Iterable[str], exclude: Iterable["str | Pattern"] = (), extr
 
 
 def watch(lint_once: Callable[[], object], current: Callable[[], dict[str, str]],
-          sleep: Callable[[float], None] = time.sleep, rounds: Optional[int] = None,
+          sleep: Optional[Callable[[float], None]] = None, rounds: Optional[int] = None,
           announce: Callable[[str], None] = lambda _: None) -> int:
-    """Run `lint_once`, then again each time `current()` (a `snapshot`) changes, polling every POLL_SECONDS;
-    `rounds` bounds the polls (None: until interrupted). Returns how many times it linted."""
+    """Run `lint_once`, then again each time `current()` (a `snapshot`) changes, polling every POLL_SECONDS
+    with `sleep` (default time.sleep); `rounds` bounds the polls (None: until interrupted, Ctrl-C).
+    Returns how many times it linted."""
+    sleep = sleep or time.sleep
     seen = current()
     lint_once()
     runs, polls = 1, 0
