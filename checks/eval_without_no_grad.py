@@ -6,7 +6,9 @@ from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import CallSite, FunctionScope, SourceFile, is_backward, literal, ref
+from torchdoctor.sdk.source import (
+    BACKWARD_METHODS, CallSite, FunctionScope, SourceFile, backprop_names, backward_targets, is_backward, literal, ref,
+)
 
 _VALIDATION = """
 import torch
@@ -191,8 +193,9 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
     for scope in index.scopes:
         if scope.grad_off or "eval" not in scope.call_attrs:
             continue
-        if any(is_backward(c) or c.attr == "set_grad_enabled" for c in scope.calls):
+        if any(c.attr == "set_grad_enabled" for c in scope.calls):
             continue
+        fed = _feeding_backward(scope) if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else set()
         if "volatile" in src.text and any(_volatile(c) for c in scope.calls):
             continue  # `Variable(x, volatile=True)`: meant as no-grad inference; deprecated-api reports that line
         reached = _reached_with_grad(src, scope) if scope.name != "<module>" else ""
@@ -209,8 +212,8 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                     continue
                 mode[call.receiver] = ("eval" if off else "train", call)
                 continue
-            if call.grad_off:
-                continue
+            if call.grad_off or id(call.node) in fed:
+                continue  # without grad, or its output is back-propagated (a frozen teacher, a target network)
             for model in _forwarded(src, scope, call, mode):
                 if model in reported or model in frozen:
                     continue
@@ -258,6 +261,18 @@ def _forwarded(src: SourceFile, scope: FunctionScope, call: CallSite,
             yield model
 
 
+def _feeding_backward(scope: FunctionScope) -> set[int]:
+    """ids of the expressions whose value reaches a backward of the function (through the names it binds):
+    a forward among them is needed for that backward. Empty when the function runs no backward."""
+    backwards = [c for c in scope.calls if is_backward(c)]
+    if not backwards:
+        return set()
+    names = backprop_names(scope)
+    roots: list[ast.AST] = [t for c in backwards for t in backward_targets(c)]
+    roots += [b.value for b in scope.bindings if b.target in names and b.value is not None]
+    return {id(node) for root in roots for node in ast.walk(root)}
+
+
 def _volatile(call: CallSite) -> bool:
     """`Variable(x, volatile=True)` (any value but a literal False)."""
     flag = call.kwarg("volatile")
@@ -274,8 +289,9 @@ def _frozen_models(src: SourceFile) -> set[str]:
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Attribute) \
                 and node.iter.func.attr in ("parameters", "named_parameters"):
             owner = ref(node.iter.func.value)
+            # unconditional, in the loop's own body: `if "bn" in name: p.requires_grad = False` freezes a part
             if owner and any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad"
-                                                                 for t in n.targets) for n in ast.walk(node)):
+                                                                 for t in n.targets) for n in node.body):
                 frozen.add(owner)
     return {name for name in frozen if name}
 

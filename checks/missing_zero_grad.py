@@ -9,8 +9,8 @@ from typing import Any, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent, ZeroGradEvent
 from torchdoctor.sdk.source import (
-    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, inner_scopes, is_backward,
-    is_optimizer, ref,
+    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, clears_every_grad, inner_scopes,
+    is_backward, is_optimizer, ref,
 )
 
 _TINY_LOOP = """
@@ -315,7 +315,7 @@ def _clears_grads(call: CallSite, optimizer: str, others: set[str], scope: Funct
             return _may_share_parameters(scope, index, receiver, optimizer)
         sources = _parameter_sources(scope, index, optimizer)
         return sources is None or any(_related(receiver, source) for source in sources)
-    return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and (call.receiver or "").endswith(".grad")
+    return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and clears_every_grad(call.receiver)
 
 
 def _related(a: str, b: str) -> bool:
@@ -362,7 +362,7 @@ def _helper_clears(call: CallSite, index: ModuleIndex) -> bool:
     e.g. `self.reset()` of another class)."""
     local = index.functions.get(call.attr) or []
     return bool(local) and (any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls) or any(
-        b.target.endswith(".grad") for s in local for b in s.bindings))
+        clears_every_grad(b.target) for s in local for b in s.bindings))
 
 
 def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> Optional[Loop]:
@@ -470,7 +470,7 @@ def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionSco
             verdict.unknown = call
         if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
             return _Verdict(True)  # distributed autograd keeps gradients per context: nothing to clear
-    if any(b.target.endswith(".grad") and loop.encloses(b.loop) for b in scope.bindings):
+    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings):
         return _Verdict(True)
     if any(c.attr in ("zero_grad", "zero_") for s in inner_scopes(index, loop) for c in s.calls):
         return _Verdict(True)

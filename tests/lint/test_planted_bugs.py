@@ -258,6 +258,9 @@ CASES = [
     case("train-mode-not-restored", "ft.py", {"ft.py": FROZEN_BN.format(first="", after="model.eval()")},
          {"ft.py": FROZEN_BN.format(first="model.eval()  # BatchNorm statistics frozen for fine-tuning", after="")},
          16),
+    case("missing-zero-grad", "train.py", {"train.py": LAST_LAYER_ONLY},
+         {"train.py": LAST_LAYER_ONLY.replace("    model.head.weight.grad = None",
+                                              "    for p in model.parameters():\n        p.grad = None")}, 10),
     case("local-rank-argument", "train.py", {"train.py": LOCAL_RANK.format(extra="import torch")},
          {"train.py": LOCAL_RANK.format(extra="import deepspeed")}, 5),
 ]
@@ -397,7 +400,44 @@ def score(model, loader):
     return gather(model, loader)
 """
 
+INLINE_VALIDATION = """
+import torch
+
+def fit(model, loader, val_loader, optimizer, criterion, epochs):
+    for epoch in range(epochs):
+        model.train()
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        {guard}
+            for x, y in val_loader:
+                print(criterion(model(x), y).item())
+
+fit(model, loader, val_loader, optimizer, criterion, 10)
+"""
+
+PARTLY_FROZEN = """
+def extract(model, loader):
+    for name, p in model.named_parameters():
+        {freeze}
+    model.eval()
+    for x in loader:
+        print(model(x).shape)
+
+extract(model, loader)
+"""
+
 OFF_SWITCH_CASES = [
+    # freezing some parameters by name is not freezing the model: its forward still records a graph
+    case("eval-without-no-grad", "extract.py",
+         {"extract.py": PARTLY_FROZEN.format(freeze='if "bn" in name:\n            p.requires_grad = False')},
+         {"extract.py": PARTLY_FROZEN.format(freeze="p.requires_grad = False")}, 8),
+    # a backward elsewhere in the function does not make the validation forward's graph useful
+    case("eval-without-no-grad", "fit.py", {"fit.py": INLINE_VALIDATION.format(guard="if True:")},
+         {"fit.py": INLINE_VALIDATION.format(guard="with torch.no_grad():")}, 15),
     # the no_grad is two calls up: the helper between is not a caller with grad on
     case("eval-without-no-grad", "evaluation.py",
          {"evaluation.py": EVAL_FN, "main.py": CHAIN.format(decorator="")},

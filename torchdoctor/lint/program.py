@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from torchdoctor.lint.flow import BACKWARD_METHODS, is_optimizer_ctor
+from torchdoctor.lint.flow import BACKWARD_METHODS, clears_every_grad, is_optimizer_ctor
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, ref, resolve
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
@@ -150,7 +150,7 @@ class Summary:
             forwards: set[str] = set()
             steps: set[str] = set()
             backward = set_epoch = False
-            clears = any(b.target.endswith(".grad") for b in scope.bindings)
+            clears = any(clears_every_grad(b.target) for b in scope.bindings)
             for call in scope.calls:
                 attr = call.attr
                 if attr in BACKWARD_METHODS:
@@ -163,7 +163,7 @@ class Summary:
                         steps.add(stepped)
                 elif attr == "set_epoch":
                     set_epoch = True
-                elif attr == "zero_grad" or attr == "zero_":
+                elif attr == "zero_grad" or attr == "zero_" and clears_every_grad(call.receiver):
                     clears = True
                 if not (grad_off or call.grad_off):
                     if type(call.node.func) is ast.Name:
