@@ -67,7 +67,9 @@ GRAPH_RETENTION_LEAK = Pitfall(
             reads, outside
             `.item()`/`.detach()`/`float()`, a value that the same loop back-propagates (or that a Lightning
             `training_step` returns), the accumulator itself is never back-propagated, and it is not
-            re-initialised in that loop. Summing loss terms before one `backward()` is therefore quiet, and so is
+            re-initialised in that loop (a reset only every N-th iteration for logging, `if step % log_every == 0:
+            running = 0`, still keeps up to N graphs and does not count; the window of a gradient-accumulation
+            step, whose `if` also steps the optimizer, does). Summing loss terms before one `backward()` is therefore quiet, and so is
             keeping input data (a step method's `batch` parameter or a loop variable taken from a loader).
             Accumulations it cannot tie to a backward are left to `watch`, which measures the growth at run time.
         """,
@@ -287,9 +289,28 @@ def _is_input(scope: FunctionScope, name: str, pos: tuple) -> bool:
 
 
 def _reset_in_loop(scope: FunctionScope, target: str, loop: Loop, node: Optional[ast.AST]) -> bool:
-    """The accumulator is re-initialised inside the same loop, so at most one window of history is kept."""
+    """The accumulator is re-initialised inside the same loop, so at most one window of history is kept; a reset
+    only every N-th iteration for logging (`if step % log_every == 0: running = 0`) keeps up to N graphs and does
+    not count (the window of a gradient-accumulation step, whose `if` also steps an optimizer, does)."""
     return any(b.target == target and not b.augmented and b.node is not node and loop.encloses(b.loop)
-               for b in scope.bindings)
+               and not _logging_window(loop, b.node) for b in scope.bindings)
+
+
+def _logging_window(loop: Loop, node: ast.AST) -> bool:
+    """`node` runs under an `if ... % n ...` of the loop that steps no optimizer (a logging window)."""
+    line = getattr(node, "lineno", 0)
+    block: list[ast.stmt] = list(getattr(loop.node, "body", []))
+    while block:
+        stmt = next((s for s in block if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+        if stmt is None or stmt is node or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return False
+        if isinstance(stmt, ast.If) and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+                                            for n in ast.walk(stmt.test)):
+            return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
+                           for n in ast.walk(stmt))
+        block = [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])] \
+            + [s for h in getattr(stmt, "handlers", []) for s in h.body]
+    return False
 
 
 def _leak_finding(src: SourceFile, node: Spanned, target: str, leaked: str, trained: dict) -> Finding:

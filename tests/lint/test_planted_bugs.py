@@ -430,7 +430,24 @@ def extract(model, loader):
 extract(model, loader)
 """
 
+LOG_WINDOW = """
+def train(model, loader, optimizer, criterion, log_every=100):
+    running_loss = 0.0
+    for step, (x, y) in enumerate(loader):
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        running_loss += {kept}
+        if step % log_every == 0:
+            print(running_loss / log_every)
+            running_loss = 0.0
+"""
+
 OFF_SWITCH_CASES = [
+    # a reset every log_every steps still keeps up to log_every graphs
+    case("graph-retention-leak", "train.py", {"train.py": LOG_WINDOW.format(kept="loss")},
+         {"train.py": LOG_WINDOW.format(kept="loss.item()")}, 9),
     # freezing some parameters by name is not freezing the model: its forward still records a graph
     case("eval-without-no-grad", "extract.py",
          {"extract.py": PARTLY_FROZEN.format(freeze='if "bn" in name:\n            p.requires_grad = False')},
