@@ -471,3 +471,46 @@ OFF_SWITCH_CASES = [
 def test_planted_off_switch_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
                                                                      extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
+
+
+# ---- accumulation through an object of a project class ----------------------------------------------------------
+
+METER = """
+class AverageMeter:
+    def __init__(self):
+        self.sum, self.count = 0, 0
+
+    def update(self, val, n=1):
+        self.sum += val * n
+        self.count += n
+"""
+
+METER_LOOP = """
+from utils import AverageMeter
+
+def train(model, loader, optimizer, criterion):
+    losses = AverageMeter()
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.update({kept}, x.size(0))
+    return losses.sum / losses.count
+"""
+
+OBJECT_CASES = [
+    case("graph-retention-leak", "train.py", {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
+         {"train.py": METER_LOOP.format(kept="loss.item()"), "utils.py": METER}, 11, message="losses.sum"),
+    case("graph-retention-leak", "train.py", {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
+         {"train.py": METER_LOOP.format(kept="loss"),
+          "utils.py": METER.replace("self.sum += val * n", "self.sum += float(val) * n")}, 11),
+    case("graph-retention-leak", "train.py", {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
+         {"train.py": METER_LOOP.format(kept="loss"),
+          "utils.py": METER.replace("self.sum += val * n", "val = val.data.sum()\n        self.sum += val * n")}, 11),
+]
+
+
+@pytest.mark.parametrize("rule, target, bug, control, line, extra", OBJECT_CASES)
+def test_planted_object_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
+    test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)

@@ -337,6 +337,26 @@ class Program:
                 return module, module.methods[(subclasses[0], name)]
         return (module, own) if own is not None else None
 
+    def instance_method(self, module: Module, scope: FunctionScope, receiver: str,
+                        name: str) -> Optional[tuple[Module, FunctionScope]]:
+        """The method `name` of the project class `receiver` is an instance of: `receiver` is bound (only) to
+        `Cls(...)` in this function or at module level, `Cls` a class of this module or one it imports."""
+        bound = [b.value for s in (scope, module.index.scopes[0]) for b in s.bindings_of(receiver)
+                 if b.value is not None]
+        if len(bound) != 1 or not isinstance(bound[0], ast.Call) or not isinstance(bound[0].func, ast.Name):
+            return None
+        cls = bound[0].func.id
+        if cls in module.index.classes:
+            return self.method(module, cls, name)
+        target = module.imports(self).get(cls)
+        if target is None or target[0] is None or target[1] is None:
+            return None
+        self.touched.add(target[0])
+        other = self.module(target[0])
+        if other is None or target[1] not in other.index.classes:
+            return None
+        return self.method(other, target[1], name)
+
     def _base_method(self, module: Module, base: str, name: str, hops: int) -> Optional[tuple[Module, FunctionScope]]:
         """The method `name` found in base class `base` (a dotted name as the module writes it) or its bases."""
         if base in module.index.classes:
