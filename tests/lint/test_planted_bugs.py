@@ -514,3 +514,97 @@ OBJECT_CASES = [
 @pytest.mark.parametrize("rule, target, bug, control, line, extra", OBJECT_CASES)
 def test_planted_object_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
+
+
+# ---- optimizers and tensors whose origin lies in a helper -------------------------------------------------------
+
+BUILD = """
+import torch
+
+def build_optimizer(cfg, model):
+    params = [{"params": model.backbone.parameters(), "lr": cfg.lr * 0.1}, {"params": model.head.parameters()}]
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+"""
+TRAIN_BUILT = """
+from solver import build_optimizer
+
+def train(cfg, model, loader, criterion):
+    optimizer = build_optimizer(cfg, model)
+    for x, y in loader:
+        {clear}
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+"""
+NEXT_ITER = """
+import torch
+
+def overfit_one_batch(model, loader, optimizer, criterion, device, steps=100):
+    images, labels = next(iter(loader))
+    {move}
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss = criterion(model(images), labels)
+        loss.backward()
+        optimizer.step()
+"""
+GET_BATCH = """
+import torch
+
+def get_batch(data, block, batch_size):
+    ix = torch.randint(len(data) - block, (batch_size,))
+    x = torch.stack([data[i:i + block] for i in ix])
+    y = torch.stack([data[i + 1:i + 1 + block] for i in ix])
+    return x, y
+
+def train(model, data, optimizer, device):
+    for step in range(1000):
+        x, y = get_batch(data, 64, 12)
+        {move}
+        optimizer.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        optimizer.step()
+"""
+SCALER_CLASS = """
+import torch
+
+class Trainer:
+    def __init__(self, model, lr):
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+        self.scaler = torch.amp.GradScaler("cuda")
+
+    def step(self, batch):
+        {clear}
+        with torch.autocast("cuda"):
+            loss = self.model(*batch)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+    def fit(self, loader):
+        for batch in loader:
+            self.step(batch)
+"""
+GET_BATCH_MODULE = GET_BATCH.split("def train")[0]
+TRAIN_WITH_GET_BATCH = "from data import get_batch\n\ndef train" + GET_BATCH.split("def train")[1]
+
+ORIGIN_CASES = [
+    case("missing-zero-grad", "train.py", {"train.py": TRAIN_BUILT.format(clear="pass"), "solver.py": BUILD},
+     {"train.py": TRAIN_BUILT.format(clear="optimizer.zero_grad()"), "solver.py": BUILD}, 10),
+    case("to-result-discarded", "t.py", {"t.py": NEXT_ITER.format(move="images.to(device)")},
+     {"t.py": NEXT_ITER.format(move="images = images.to(device)")}, 6),
+    case("to-result-discarded", "t.py", {"t.py": GET_BATCH.format(move="x.to(device)")},
+     {"t.py": GET_BATCH.format(move="x = x.to(device)")}, 13),
+    case("missing-zero-grad", "t.py", {"t.py": SCALER_CLASS.format(clear="pass")},
+     {"t.py": SCALER_CLASS.format(clear="self.optimizer.zero_grad()")}, 20),
+    case("to-result-discarded", "train.py",
+         {"train.py": TRAIN_WITH_GET_BATCH.format(move="x.to(device)"), "data.py": GET_BATCH_MODULE},
+         {"train.py": TRAIN_WITH_GET_BATCH.format(move="x = x.to(device)"), "data.py": GET_BATCH_MODULE}, 6),
+]
+
+
+@pytest.mark.parametrize("rule, target, bug, control, line, extra", ORIGIN_CASES)
+def test_planted_origin_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
+    test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
