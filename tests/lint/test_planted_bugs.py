@@ -608,3 +608,95 @@ ORIGIN_CASES = [
 @pytest.mark.parametrize("rule, target, bug, control, line, extra", ORIGIN_CASES)
 def test_planted_origin_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
+
+
+# ---- clears, switches and evaluations seen through structure ----------------------------------------------------
+
+CHAIN_GAN = """
+import itertools
+import torch
+
+def train(G, D1, D2, loader, noise):
+    opt_g = torch.optim.Adam(G.parameters())
+    opt_d = torch.optim.Adam(itertools.chain(D1.parameters(), D2.parameters()))
+    for real in loader:
+        {clear}
+        loss_d = D1(real).mean() + D2(real).mean() - D1(G(noise).detach()).mean()
+        loss_d.backward()
+        opt_d.step()
+        G.zero_grad()
+        loss_g = -D1(G(noise)).mean()
+        loss_g.backward()
+        opt_g.step()
+"""
+VALIDATE_FN = """
+import torch
+
+def validate(model, loader):
+    model.eval()
+    with torch.no_grad():
+        for x, y in loader:
+            print(model(x).argmax(1))
+    {restore}
+
+def fit(model, loader, val_loader, optimizer, epochs):
+    for epoch in range(epochs):
+        for x, y in loader:
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        validate(model, val_loader)
+"""
+TRAINER_EVAL = """
+import torch
+
+class Trainer:
+    def __init__(self, model, loader, val_loader, optimizer):
+        self.model, self.loader, self.val_loader, self.optimizer = model, loader, val_loader, optimizer
+
+    {decorator}
+    def validate(self):
+        self.model.eval()
+        correct = 0
+        for x, y in self.val_loader:
+            correct += (self.model(x).argmax(1) == y).sum().item()
+        return correct
+
+    def fit(self, epochs):
+        for epoch in range(epochs):
+            self.model.train()
+            for x, y in self.loader:
+                self.optimizer.zero_grad()
+                torch.nn.functional.cross_entropy(self.model(x), y).backward()
+                self.optimizer.step()
+            print(self.validate())
+"""
+SCRIPT_EVAL = """
+import torch
+
+model = torch.load("model.pt", weights_only=False)
+model.eval()
+{guard}
+    out = model(torch.randn(1, 3, 224, 224))
+    print(out.argmax())
+"""
+
+MORE_CASES = [
+    case("missing-zero-grad", "gan.py", {"gan.py": CHAIN_GAN.format(clear="")},
+     {"gan.py": CHAIN_GAN.format(clear="D2.zero_grad(); D1.zero_grad()")}, 12),
+    case("train-mode-not-restored", "fit.py", {"fit.py": VALIDATE_FN.format(restore="")},
+     {"fit.py": VALIDATE_FN.format(restore="model.train()")}, 17),
+    case("eval-without-no-grad", "trainer.py", {"trainer.py": TRAINER_EVAL.format(decorator="")},
+     {"trainer.py": TRAINER_EVAL.format(decorator="@torch.no_grad()")}, 13),
+    case("eval-without-no-grad", "infer.py", {"infer.py": SCRIPT_EVAL.format(guard="if True:")},
+         {"infer.py": SCRIPT_EVAL.format(guard="with torch.set_grad_enabled(False):")}, 7),
+    case("local-rank-argument", "train.py", {"train.py": LOCAL_RANK.format(extra="import torch")},
+         {"train.py": LOCAL_RANK.format(extra="import torch").replace('"--local_rank", ', '"--local_rank", "--local-rank", ')},
+         5),
+]
+
+
+@pytest.mark.parametrize("rule, target, bug, control, line, extra", MORE_CASES)
+def test_planted_structure_case_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
+                                                                     extra):
+    test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
