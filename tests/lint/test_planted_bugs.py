@@ -700,3 +700,97 @@ MORE_CASES = [
 def test_planted_structure_case_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
                                                                      extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
+
+
+# ---- the other rules, on realistic setups ------------------------------------------------------------------------
+
+DDP_BRANCH = """
+import torch
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+def main(args, dataset, model, optimizer):
+    train_sampler = DistributedSampler(dataset) if args.distributed else None
+    loader = DataLoader(dataset, batch_size=32, shuffle=(train_sampler is None), sampler=train_sampler)
+    for epoch in range(args.epochs):
+        {set_epoch}
+        for x, y in loader:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+            optimizer.step()
+"""
+DETERMINISM = """
+import torch
+
+def setup(seed):
+    torch.manual_seed(seed)
+    torch.backends.cudnn.benchmark = {benchmark}
+    torch.use_deterministic_algorithms(True)
+"""
+VGG_HEAD = """
+import torch
+import torchvision
+from torch import nn
+
+def build(num_classes):
+    model = torchvision.models.vgg16(weights="DEFAULT")
+    {first}
+    {second}
+    return model, optimizer
+"""
+RESUME_CUDA = """
+import torch
+
+def resume(model, path):
+    optimizer = torch.optim.Adam(model.parameters())
+    {before}
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    {after}
+    return model, optimizer
+"""
+AMP_CLIP = """
+import torch
+
+def train(model, loader, optimizer, criterion):
+    scaler = torch.amp.GradScaler("cuda")
+    for x, y in loader:
+        optimizer.zero_grad()
+        with torch.autocast("cuda"):
+            loss = criterion(model(x), y)
+        scaler.scale(loss).backward()
+        {unscale}
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(optimizer)
+        scaler.update()
+"""
+LOADERS = """
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler
+
+def build_loader(dataset, batch_size):
+    sampler = DistributedSampler(dataset)
+    return DataLoader(dataset, batch_size=batch_size, shuffle={shuffle}, sampler=sampler)
+"""
+HEAD_LINE = "model.classifier[6] = nn.Linear(4096, num_classes)"
+OPT_LINE = "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)"
+SETUP_CASES = [
+    case("sampler-epoch-not-set", "main.py", {"main.py": DDP_BRANCH.format(set_epoch="pass")},
+     {"main.py": DDP_BRANCH.format(set_epoch="if args.distributed:\n            train_sampler.set_epoch(epoch)")}, 7),
+    case("nondeterministic-settings", "setup.py", {"setup.py": DETERMINISM.format(benchmark="True")},
+     {"setup.py": DETERMINISM.format(benchmark="False")}, 6),
+    case("stale-optimizer-params", "model.py", {"model.py": VGG_HEAD.format(first=OPT_LINE, second=HEAD_LINE)},
+     {"model.py": VGG_HEAD.format(first=HEAD_LINE, second=OPT_LINE)}, 9),
+    case("optimizer-state-device", "resume.py", {"resume.py": RESUME_CUDA.format(before="", after="model.cuda()")},
+     {"resume.py": RESUME_CUDA.format(before="model.cuda()", after="")}, 9),
+    case("clip-before-unscale", "train.py", {"train.py": AMP_CLIP.format(unscale="")},
+     {"train.py": AMP_CLIP.format(unscale="scaler.unscale_(optimizer)")}, 12),
+    case("shuffle-with-sampler", "data.py", {"data.py": LOADERS.format(shuffle="True")},
+     {"data.py": LOADERS.format(shuffle="False")}, 7),
+]
+
+
+@pytest.mark.parametrize("rule, target, bug, control, line, extra", SETUP_CASES)
+def test_planted_setup_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
+    test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
