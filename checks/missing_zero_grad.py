@@ -86,7 +86,9 @@ MISSING_ZERO_GRAD = Pitfall(
             `if (i + 1) % k == 0` while the step runs every iteration is reported (gradient accumulation, where
             the step is periodic too, is not). A call outside the project that receives the optimizer
             (`clip_gradient(optimizer, 5.0)` from a library) is unknown: it is not assumed to clear, the finding
-            is a warning and its message names that call. It stays quiet inside `dist_autograd.context()` loops,
+            is a warning and its message names that call. Calls into installed libraries are followed: their
+            source is read from site-packages (`loss_scaler(loss, optimizer)` with timm's NativeScaler, which runs
+            backward and step but never clears, is reported when the loop does not clear). It stays quiet inside `dist_autograd.context()` loops,
             where gradients live per context. `watch` confirms the rest at run time.
         """,
     },
@@ -253,13 +255,25 @@ def _may_run_backward(func: ast.expr, index: ModuleIndex) -> bool:
     if here is None:
         here = index.memo[question] = {s.name for s in index.scopes[1:]
                                        if not BACKWARD_METHODS.isdisjoint(s.call_attrs)}
-    if type(func) is ast.Name:
-        return func.id in here or func.id in index.imported or "__call__" in here  # `__call__`: an instance's
+    if type(func) is ast.Name:  # `__call__`: an instance's, of a class here or imported
+        return func.id in here or func.id in index.imported or "__call__" in here or func.id in _instances(index)
     if type(func) is ast.Attribute and type(func.value) is ast.Name:
         if func.value.id in ("self", "cls"):  # a method of this class, or inherited from a base of another file
             return func.attr in here or _inherits_from_project(index)
         return func.value.id in index.imported
     return False
+
+
+def _instances(index: ModuleIndex) -> frozenset[str]:
+    """Names bound to an instance of an imported class (`loss_scaler = NativeScaler()`): calling one runs its
+    `__call__`, which the program model follows into the project or the installed library."""
+    question = ("instances of imported classes",)
+    found = index.memo.get(question)
+    if found is None:
+        found = index.memo[question] = frozenset(
+            b.target for s in index.scopes for b in s.bindings if type(b.value) is ast.Call
+            and type(b.value.func) is ast.Name and b.value.func.id in index.imported and b.value.func.id[:1].isupper())
+    return found
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:

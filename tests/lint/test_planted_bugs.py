@@ -794,3 +794,85 @@ SETUP_CASES = [
 @pytest.mark.parametrize("rule, target, bug, control, line, extra", SETUP_CASES)
 def test_planted_setup_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
+
+
+# ---- calls into installed libraries: read from site-packages, summarised like the project's ---------------------
+
+NATIVE_SCALER = """
+import torch
+
+class NativeScaler:
+    def __init__(self):
+        self._scaler = torch.amp.GradScaler("cuda")
+
+    def __call__(self, loss, optimizer, clip_grad=None, parameters=None):
+        self._scaler.scale(loss).backward()
+        {clear}
+        self._scaler.step(optimizer)
+        self._scaler.update()
+"""
+
+SMART_LIB = """
+import torch
+
+def smart_inference_mode():
+    def decorate(fn):
+        return {grad_off}()(fn)
+    return decorate
+"""
+
+LIB_TRAIN = """
+from fakelib import NativeScaler
+
+def train(model, loader, optimizer, criterion):
+    loss_scaler = NativeScaler()
+    for x, y in loader:
+        {clear}
+        loss = criterion(model(x), y)
+        loss_scaler(loss, optimizer, parameters=model.parameters())
+"""
+
+LIB_EVAL = """
+from fakelib.torch_utils import smart_inference_mode
+
+@smart_inference_mode()
+def evaluate(model, loader):
+    model.eval()
+    for x, y in loader:
+        print(model(x).argmax(1))
+
+evaluate(model, val_loader)
+"""
+
+
+def lint_with_library(tmp_path, monkeypatch, library: dict, code: str, rule: str):
+    """Install `library` as the package `fakelib` in a site-packages folder on sys.path and lint `code`."""
+    import sys
+
+    site = tmp_path / "env" / "site-packages"
+    for name, text in library.items():
+        (site / "fakelib").mkdir(parents=True, exist_ok=True)
+        (site / "fakelib" / name).write_text(textwrap.dedent(text), encoding="utf-8")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(site)])
+    return lint_project(tmp_path / "proj", {"train.py": code}, "train.py", rule)
+
+
+def test_a_library_scaler_that_steps_without_clearing_is_followed(tmp_path, monkeypatch):
+    library = {"__init__.py": "from .cuda import NativeScaler\n", "cuda.py": NATIVE_SCALER.format(clear="")}
+    [f] = lint_with_library(tmp_path, monkeypatch, library, LIB_TRAIN.format(clear="pass"), "missing-zero-grad")
+    assert f.location.line == 9 and "(in `__call__`)" in f.message
+
+
+@pytest.mark.parametrize("library_clear, loop_clear", [("", "optimizer.zero_grad()"),
+                                                       ("optimizer.zero_grad()", "pass")])
+def test_a_library_scaler_look_alikes_are_quiet(tmp_path, monkeypatch, library_clear, loop_clear):
+    library = {"__init__.py": "from .cuda import NativeScaler\n", "cuda.py": NATIVE_SCALER.format(clear=library_clear)}
+    assert lint_with_library(tmp_path, monkeypatch, library, LIB_TRAIN.format(clear=loop_clear),
+                             "missing-zero-grad") == []
+
+
+@pytest.mark.parametrize("grad_off, expected", [("torch.inference_mode", []), ("contextlib.nullcontext", [8])])
+def test_a_library_no_grad_decorator_is_followed(tmp_path, monkeypatch, grad_off, expected):
+    library = {"__init__.py": "", "torch_utils.py": SMART_LIB.format(grad_off=grad_off)}
+    found = lint_with_library(tmp_path, monkeypatch, library, LIB_EVAL, "eval-without-no-grad")
+    assert [f.location.line for f in found] == expected

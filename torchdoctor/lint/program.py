@@ -204,6 +204,8 @@ class Program:
         self._found: dict[tuple[str, str, int], Optional[str]] = {}
         self._callers: dict[tuple[str, str], dict[int, list[tuple[Module, FunctionScope, CallSite]]]] = {}
         self.touched: set[str] = set()  # modules consulted since the caller last cleared this
+        self._libraries: dict[str, Optional[str]] = {}  # dotted module -> its source in site-packages
+        self._library_paths: Optional[list[str]] = None
 
     # ---- files and modules -------------------------------------------------------------------------------
     def root_of(self, path: str) -> str:
@@ -262,6 +264,31 @@ class Program:
             self._found[key] = self._find_module(importer, dotted, level)
         return self._found[key]
 
+    def find_library(self, dotted: str) -> Optional[str]:
+        """The source file of module `dotted` of an installed library (found file by file in site-packages, as
+        the import system would, without importing anything); None when absent or compiled only. Its functions
+        are then summarised like the project's, so a call into `timm.utils` has a real answer."""
+        if not dotted:
+            return None
+        found = self._libraries.get(dotted)
+        if found is None and dotted not in self._libraries:
+            parts = dotted.split(".")
+            for base in self._library_folders():
+                target = os.path.join(base, *parts)
+                for candidate in (target + ".py", os.path.join(target, "__init__.py")):
+                    if os.path.isfile(candidate):
+                        found = candidate
+                        break
+                if found is not None:
+                    break
+            self._libraries[dotted] = found
+        return found
+
+    def _library_folders(self) -> list[str]:
+        if self._library_paths is None:
+            self._library_paths = _library_folders()
+        return self._library_paths
+
     def _find_module(self, importer: str, dotted: str, level: int) -> Optional[str]:
         parts = dotted.split(".") if dotted else []
         if level:
@@ -306,7 +333,9 @@ class Program:
                     return module, local
                 inner = module.parents.get(id(inner.node))
             instance = self._instance_call(module, scope, func.id) if module.callable_classes else None
-            return instance if instance is not None else self.lookup(module, func.id)
+            if instance is None:
+                instance = self.lookup(module, func.id)
+            return instance if instance is not None else self._imported_instance_call(module, scope, func.id)
         if type(func) is ast.Attribute and type(func.value) is ast.Name:
             if func.value.id in ("self", "cls") and scope.class_name is not None:
                 return self.method(module, scope.class_name, func.attr)
@@ -352,10 +381,14 @@ class Program:
         if target is None or target[0] is None or target[1] is None:
             return None
         self.touched.add(target[0])
-        other = self.module(target[0])
-        if other is None or target[1] not in other.index.classes:
+        other, cls = self.module(target[0]), target[1]
+        if other is not None and cls not in other.index.classes:  # re-exported: `from .cuda import NativeScaler`
+            again = other.imports(self).get(cls)
+            other = self.module(again[0]) if again is not None and again[0] is not None and again[1] else None
+            cls = again[1] if again is not None and again[1] else cls
+        if other is None or cls not in other.index.classes:
             return None
-        return self.method(other, target[1], name)
+        return self.method(other, cls, name)
 
     def _base_method(self, module: Module, base: str, name: str, hops: int) -> Optional[tuple[Module, FunctionScope]]:
         """The method `name` found in base class `base` (a dotted name as the module writes it) or its bases."""
@@ -396,6 +429,15 @@ class Program:
                 if method is not None:
                     return module, method
         return None
+
+    def _imported_instance_call(self, module: Module, scope: FunctionScope,
+                                name: str) -> Optional[tuple[Module, FunctionScope]]:
+        """`name(...)` where `name` is bound to an instance of an imported class (project or library): its
+        `__call__` (`loss_scaler = NativeScaler()` ... `loss_scaler(loss, optimizer)`)."""
+        if not any(isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)
+                   and b.value.func.id in module.index.imported for b in scope.bindings_of(name)):
+            return None
+        return self.instance_method(module, scope, name, "__call__")
 
     # ---- summaries ----------------------------------------------------------------------------------------
     def summary(self, module: Module, scope: FunctionScope, depth: int = 0) -> Summary:
@@ -616,21 +658,34 @@ def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -
 def _import_table(module: Module, program: Program) -> dict[str, tuple[Optional[str], Optional[str]]]:
     table: dict[str, tuple[Optional[str], Optional[str]]] = {}
     path = module.path
+
+    def find(dotted: str, level: int) -> Optional[str]:
+        """A project module, else (absolute imports) an installed library's source file."""
+        return program.find_module(path, dotted, level) or (program.find_library(dotted) if not level else None)
+
     body = module.tree.body
     top = [stmt for stmt in body if type(stmt) is ast.Import or type(stmt) is ast.ImportFrom]
     for stmt in top if len(top) == module.index.imports else _statements(body):
         if isinstance(stmt, ast.Import):
             for a in stmt.names:
                 if (a.asname or "." not in a.name) and a.name.split(".")[0] not in _EXTERNAL:
-                    table.setdefault(a.asname or a.name, (program.find_module(path, a.name, 0), None))
+                    table.setdefault(a.asname or a.name, (find(a.name, 0), None))
         elif isinstance(stmt, ast.ImportFrom) and (stmt.level or (stmt.module or "").split(".")[0] not in _EXTERNAL):
-            source = program.find_module(path, stmt.module or "", stmt.level)
+            source = find(stmt.module or "", stmt.level)
             for a in stmt.names:
                 if a.name == "*":
                     continue
-                sub = program.find_module(path, f"{stmt.module}.{a.name}" if stmt.module else a.name, stmt.level)
+                sub = find(f"{stmt.module}.{a.name}" if stmt.module else a.name, stmt.level)
                 table.setdefault(a.asname or a.name, (sub, None) if sub else (source, a.name))
     return table
+
+
+def _library_folders() -> list[str]:
+    """The folders of installed distributions on this interpreter's path (site-packages / dist-packages): the
+    environment lint runs in. The working directory and the project's own folders are not among them."""
+    import sys
+
+    return [p for p in sys.path if p and os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")]
 
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:
