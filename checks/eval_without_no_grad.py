@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import ast
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import CallSite, FunctionScope, SourceFile, is_backward, ref
+from torchdoctor.sdk.source import (
+    BACKWARD_METHODS, CallSite, FunctionScope, SourceFile, backprop_names, backward_targets, is_backward, literal, ref,
+)
 
 _VALIDATION = """
 import torch
@@ -64,9 +66,14 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             `no_grad`/`inference_mode`/`set_grad_enabled(...)`, in a function without any backward, including calls
             of project functions that run the model (passed as an argument, or a closure's free variable). A
             function is only judged when the program model finds its callers in the project (through imports,
-            closures and methods, read from disk whichever files were given) and none calls it under `no_grad`, and
+            closures and methods, read from disk whichever files were given) and one of them runs it with autograd
+            on (the message names that call when another runs it under `no_grad`), and
             when it is not decorated with `torch.no_grad()`/`inference_mode()` or a project wrapper of them (such as
-            yolov5's `smart_inference_mode`). Models frozen in the file (`m.requires_grad_(False)`, or a loop setting
+            yolov5's `smart_inference_mode`, or a `functools.wraps` wrapper that calls its target inside
+            `with torch.no_grad():`). A function with a decorator the project does not define (and that is not
+            known to leave autograd alone, like `functools.lru_cache`) is reported as a note that names the
+            decorator: what it does is unknown. A scope that passes `Variable(..., volatile=True)` is left to
+            deprecated-api, which reports that line. Models frozen in the file (`m.requires_grad_(False)`, or a loop setting
             `requires_grad = False` over `m.parameters()`) are skipped. `watch` sees the remaining cases at run
             time.
         """,
@@ -186,11 +193,16 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
     for scope in index.scopes:
         if scope.grad_off or "eval" not in scope.call_attrs:
             continue
-        if any(is_backward(c) or c.attr == "set_grad_enabled" for c in scope.calls):
+        if any(c.attr == "set_grad_enabled" for c in scope.calls):
             continue
-        if scope.name != "<module>" and not _reached_with_grad(src, scope):
+        fed = _feeding_backward(scope) if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else set()
+        if "volatile" in src.text and any(_volatile(c) for c in scope.calls):
+            continue  # `Variable(x, volatile=True)`: meant as no-grad inference; deprecated-api reports that line
+        reached = _reached_with_grad(src, scope) if scope.name != "<module>" else ""
+        if reached is None:
             continue
         reported: set[str] = set()
+        unknown: Optional[list[ast.expr]] = None  # decorators not followed (asked at the first finding)
         mode: dict[str, tuple[str, CallSite]] = {}
         for call in scope.calls:
             if call.attr in ("eval", "train") and call.receiver and not call.node.keywords:
@@ -200,21 +212,26 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                     continue
                 mode[call.receiver] = ("eval" if off else "train", call)
                 continue
-            if call.grad_off:
-                continue
+            if call.grad_off or id(call.node) in fed:
+                continue  # without grad, or its output is back-propagated (a frozen teacher, a target network)
             for model in _forwarded(src, scope, call, mode):
                 if model in reported or model in frozen:
                     continue
                 reported.add(model)
                 through = "" if ref(call.node.func) == model or call.attr == "forward" else f" (it calls `{model}`)"
+                if unknown is None:
+                    unknown = src.project.unknown_decorators(scope)
+                caveat = (f" This rests on `@{src.snippet(unknown[0])}`, which is not defined in the project and was not "
+                          "followed: if it turns autograd off, silence this line." if unknown else "")
                 yield Finding(
                     f"`{src.snippet(call.node)}`{through} runs after `{model}.eval()` (line "
                     f"{mode[model][1].node.lineno}) with autograd still on, and nothing here is back-propagated: "
                     "eval() only switches Dropout/BatchNorm, so this forward records a graph and keeps its "
-                    "activations for nothing.",
+                    "activations for nothing." + reached + caveat,
                     fix="Run evaluation under `with torch.no_grad():` (or `torch.inference_mode()`), or decorate the "
                         "function with `@torch.no_grad()`.",
                     location=src.location(call.node),
+                    severity=Severity.INFO if unknown else None,
                 )
 
 
@@ -244,6 +261,24 @@ def _forwarded(src: SourceFile, scope: FunctionScope, call: CallSite,
             yield model
 
 
+def _feeding_backward(scope: FunctionScope) -> set[int]:
+    """ids of the expressions whose value reaches a backward of the function (through the names it binds):
+    a forward among them is needed for that backward. Empty when the function runs no backward."""
+    backwards = [c for c in scope.calls if is_backward(c)]
+    if not backwards:
+        return set()
+    names = backprop_names(scope)
+    roots: list[ast.AST] = [t for c in backwards for t in backward_targets(c)]
+    roots += [b.value for b in scope.bindings if b.target in names and b.value is not None]
+    return {id(node) for root in roots for node in ast.walk(root)}
+
+
+def _volatile(call: CallSite) -> bool:
+    """`Variable(x, volatile=True)` (any value but a literal False)."""
+    flag = call.kwarg("volatile")
+    return flag is not None and literal(flag) is not False
+
+
 def _frozen_models(src: SourceFile) -> set[str]:
     """Models frozen in this file: `m.requires_grad_(False)`, or `p.requires_grad = False` in a loop over
     `m.parameters()` (their forwards record no graph of their own)."""
@@ -254,16 +289,37 @@ def _frozen_models(src: SourceFile) -> set[str]:
         if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Attribute) \
                 and node.iter.func.attr in ("parameters", "named_parameters"):
             owner = ref(node.iter.func.value)
+            # unconditional, in the loop's own body: `if "bn" in name: p.requires_grad = False` freezes a part
             if owner and any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad"
-                                                                 for t in n.targets) for n in ast.walk(node)):
+                                                                 for t in n.targets) for n in node.body):
                 frozen.add(owner)
     return {name for name in frozen if name}
 
 
-def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> bool:
-    """The function is not decorated to run without grad, is called somewhere in the project (found through
-    imports, closures and methods, whichever files this run was given), and never under no_grad."""
+def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
+    """None unless the function is not decorated to run without grad and is called somewhere in the project
+    (found through imports, closures and methods, whichever files this run was given) with grad on; then what
+    the message adds: "" when every caller runs it with grad on, else the call that does (one no_grad caller
+    does not excuse another that runs the same evaluation with autograd on)."""
     if src.project.grad_off(scope):
-        return False
+        return None
     callers = src.project.callers(scope)
-    return bool(callers) and not any(off for _, _, off in callers)
+    on = [call for caller, call, off in callers if not off and _runs_with_grad(src, caller, {id(scope)})]
+    if not on:
+        return None
+    if len(on) == len(callers):
+        return ""
+    call = min(on, key=lambda c: c.pos)
+    return (f" Another call runs it under no_grad, but `{ast.unparse(call.node)[:60]}` (line {call.node.lineno} of its "
+            "file) runs it with autograd on.")
+
+
+def _runs_with_grad(src: SourceFile, caller: FunctionScope, seen: set[int], depth: int = 0) -> bool:
+    """Whether a calling function may run with autograd on: module level, a function nothing in the project calls
+    (its caller is unknown), or one called with grad on somewhere (a helper that only a `@torch.no_grad()`
+    function calls runs without grad, however many calls lie between)."""
+    if caller.name == "<module>" or depth >= 3 or id(caller) in seen:
+        return True
+    seen.add(id(caller))
+    callers = src.project.callers(caller)
+    return not callers or any(not off and _runs_with_grad(src, up, seen, depth + 1) for up, _, off in callers)

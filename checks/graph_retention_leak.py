@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
-    BACKWARD_METHODS, Binding, FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets, graph_refs,
-    is_backward, ref,
+    BACKWARD_METHODS, Binding, CallSite, FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets,
+    graph_refs, is_backward, ref,
 )
 
 if TYPE_CHECKING:
@@ -67,7 +67,11 @@ GRAPH_RETENTION_LEAK = Pitfall(
             reads, outside
             `.item()`/`.detach()`/`float()`, a value that the same loop back-propagates (or that a Lightning
             `training_step` returns), the accumulator itself is never back-propagated, and it is not
-            re-initialised in that loop. Summing loss terms before one `backward()` is therefore quiet, and so is
+            re-initialised in that loop (a reset only every N-th iteration for logging, `if step % log_every == 0:
+            running = 0`, still keeps up to N graphs and does not count; the window of a gradient-accumulation
+            step, whose `if` also steps the optimizer, does). It also fires on `meter.update(loss, n)` when `meter`
+            is an instance of a project class whose method accumulates that argument into an attribute
+            (`self.sum += val * n`, `self.values.append(val)`) without taking it out of autograd first. Summing loss terms before one `backward()` is therefore quiet, and so is
             keeping input data (a step method's `batch` parameter or a loop variable taken from a loader).
             Accumulations it cannot tie to a backward are left to `watch`, which measures the growth at run time.
         """,
@@ -213,11 +217,19 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
                 if leaked and b.target not in kept and not _reset_in_loop(scope, b.target, b.loop, b.node):
                     yield _leak_finding(src, b.node, b.target, leaked, trained)
         for call in scope.calls:
-            if call.attr == "append" and call.loop is not None and not call.grad_off and call.receiver \
-                    and len(call.node.args) == 1:
+            if call.loop is None or call.grad_off or not call.receiver or not call.node.args:
+                continue
+            if call.attr == "append" and len(call.node.args) == 1:
                 leaked = _leaked_name(call.node.args[0], call.loop, call.pos, trained, scope)
                 if leaked and call.receiver not in kept and not _reset_in_loop(scope, call.receiver, call.loop, None):
                     yield _leak_finding(src, call.node, call.receiver, leaked, trained)
+            elif "." not in call.receiver and call.receiver not in trained:
+                leaked = next((n for a in call.node.args if (n := _leaked_name(a, call.loop, call.pos, trained, scope))),
+                              None)
+                method = src.project.instance_method(scope, call.receiver, call.attr) if leaked else None
+                attr = _accumulated_attribute(method, call, leaked) if method is not None and leaked else None
+                if leaked and attr:
+                    yield _leak_finding(src, call.node, f"{call.receiver}.{attr}", leaked, trained)
 
 
 class _Backpropagated:
@@ -286,10 +298,56 @@ def _is_input(scope: FunctionScope, name: str, pos: tuple) -> bool:
     return isinstance(latest.node, (ast.arg, ast.For, ast.AsyncFor))
 
 
+def _accumulated_attribute(method: FunctionScope, call: CallSite, leaked: str) -> Optional[str]:
+    """The attribute a project method accumulates the argument holding `leaked` into (`self.sum += val * n` in
+    `AverageMeter.update(self, val, n=1)`), so the object keeps every call's history; None when it does not."""
+    node = method.node
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    params = [a.arg for a in node.args.posonlyargs + node.args.args][1:]  # without self
+    passed = {params[i] for i, arg in enumerate(call.node.args) if i < len(params) and leaked in graph_refs(arg)}
+    def still_tensor(names: set[str], pos: tuple) -> bool:
+        """A parameter keeps its history at `pos` unless rebound before it to a value without (`v = v.data.sum()`)."""
+        for name in names & passed:
+            before = [b for b in method.bindings if b.target == name and not b.augmented and b.pos < pos
+                      and not isinstance(b.node, ast.arg)]
+            if not before or name in graph_refs(max(before, key=lambda b: b.pos).value):
+                return True
+        return False
+
+    for b in method.bindings:
+        if b.target.startswith("self.") and (b.augmented or _accumulates(b)) and still_tensor(graph_refs(b.value), b.pos):
+            return b.target[len("self."):]
+    for c in method.calls:
+        if c.attr == "append" and c.receiver and c.receiver.startswith("self.") and c.node.args \
+                and still_tensor(graph_refs(c.node.args[0]), c.pos):
+            return c.receiver[len("self."):]
+    return None
+
+
 def _reset_in_loop(scope: FunctionScope, target: str, loop: Loop, node: Optional[ast.AST]) -> bool:
-    """The accumulator is re-initialised inside the same loop, so at most one window of history is kept."""
+    """The accumulator is re-initialised inside the same loop, so at most one window of history is kept; a reset
+    only every N-th iteration for logging (`if step % log_every == 0: running = 0`) keeps up to N graphs and does
+    not count (the window of a gradient-accumulation step, whose `if` also steps an optimizer, does)."""
     return any(b.target == target and not b.augmented and b.node is not node and loop.encloses(b.loop)
-               for b in scope.bindings)
+               and not _logging_window(loop, b.node) for b in scope.bindings)
+
+
+def _logging_window(loop: Loop, node: ast.AST) -> bool:
+    """`node` runs under an `if ... % n ...` of the loop that steps no optimizer (a logging window)."""
+    line = getattr(node, "lineno", 0)
+    block: list[ast.stmt] = list(getattr(loop.node, "body", []))
+    while block:
+        stmt = next((s for s in block if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
+        if stmt is None or stmt is node or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return False
+        if isinstance(stmt, ast.If) and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+                                            for n in ast.walk(stmt.test)):
+            return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
+                           for n in ast.walk(stmt))
+        block = [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])] \
+            + [s for h in getattr(stmt, "handlers", []) for s in h.body]
+    return False
 
 
 def _leak_finding(src: SourceFile, node: Spanned, target: str, leaked: str, trained: dict) -> Finding:

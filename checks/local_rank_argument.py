@@ -6,7 +6,7 @@ from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
-from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, SourceFile, literal
+from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, SourceFile, has_word, literal
 
 _FROM_ENV = 'int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else '
 _ENV_UNSEEN = ("it reads the arguments its own process was launched with (by a launcher put before "
@@ -48,7 +48,8 @@ LOCAL_RANK_ARGUMENT = Pitfall(
         "source": """
             The lint rule reports `add_argument("--local_rank", ...)` in a file that never mentions `--local-rank` or
             `LOCAL_RANK`, unless the script parses with `parse_known_args` and a project module it imports (directly
-            or through other project modules) reads `LOCAL_RANK`. `--fix` adds the dashed spelling and, when the argument has `type=int`, a default read from
+            or through other project modules) reads `LOCAL_RANK`, and in files that use deepspeed (whose launcher
+            passes `--local_rank=N`, the spelling they accept). `--fix` adds the dashed spelling and, when the argument has `type=int`, a default read from
             `LOCAL_RANK` that keeps the old default when the variable is unset (adding `import os` if needed).
         """,
         "env": """
@@ -100,6 +101,8 @@ def parses_only_local_rank(src: SourceFile) -> Iterator[Finding]:
     """`add_argument("--local_rank")` in a file that never mentions --local-rank or LOCAL_RANK."""
     if src.tree is None or "--local_rank" not in src.text or "--local-rank" in src.text or "LOCAL_RANK" in src.text:
         return
+    if has_word(src.text, "deepspeed"):
+        return  # the deepspeed launcher passes --local_rank=N (with an underscore): the spelling it expects
     calls = list(src.index.all_calls())
     if any(c.attr == "parse_known_args" for c in calls) and src.project.imported_module_mentions("LOCAL_RANK"):
         return  # the launcher's argument is tolerated and a project module it imports reads the rank from the env

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import ast
 import weakref
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent, ZeroGradEvent
 from torchdoctor.sdk.source import (
-    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, inner_scopes, is_backward,
-    is_optimizer, ref,
+    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, clears_every_grad, inner_scopes,
+    is_backward, is_optimizer, ref,
 )
 
 _TINY_LOOP = """
@@ -79,9 +80,16 @@ MISSING_ZERO_GRAD = Pitfall(
             `p.grad = None`, no project function called there (resolved through imports, closures and methods)
             whose summary clears gradients, no helper defined in the file
             that does so, no closure that does so. Optimizers returned by a project function that builds one
-            (`solver = make_optimizer(model)`) count as optimizers. It stays quiet when the loop hands the
-            optimizer to a function outside the project, and inside `dist_autograd.context()` loops, where gradients live per
-            context. `watch` confirms the rest at run time.
+            (`solver = make_optimizer(model)`) count as optimizers. A clear counts only for the optimizers whose
+            parameters it may touch: `netG.zero_grad()` does not clear an optimizer built from `netD.parameters()`
+            (also through param-group lists and attributes set in `__init__`), and a clear that runs only under
+            `if (i + 1) % k == 0` while the step runs every iteration is reported (gradient accumulation, where
+            the step is periodic too, is not). A call outside the project that receives the optimizer
+            (`clip_gradient(optimizer, 5.0)` from a library) is unknown: it is not assumed to clear, the finding
+            is a warning and its message names that call. Calls into installed libraries are followed: their
+            source is read from site-packages (`loss_scaler(loss, optimizer)` with timm's NativeScaler, which runs
+            backward and step but never clears, is reported when the loop does not clear). It stays quiet inside `dist_autograd.context()` loops,
+            where gradients live per context. `watch` confirms the rest at run time.
         """,
     },
 )
@@ -206,7 +214,8 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
         found = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
         if found is None or not found[1].backward or found[1].clears_grads:
             continue
-        if not any(optimizer_arg(a) for a in call.node.args) \
+        same_instance = isinstance(call.node.func, ast.Attribute) and ref(call.node.func.value) == "self"
+        if not same_instance and not any(optimizer_arg(a) for a in call.node.args) \
                 and not any(optimizer_arg(k.value) for k in call.node.keywords):
             continue
         callee, summary = found
@@ -216,20 +225,25 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
             params = params[1:]
         passed = {p: ref(a) for p, a in zip(params, call.node.args)}
         passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg})
+        if same_instance and callee.class_name is not None:  # `self.run_step()`: its `self.x` is the caller's
+            passed.update({name: name for name in summary.steps if name.startswith("self.")})
         for param in sorted(summary.steps):
             optimizer = passed.get(param)
             if optimizer is None or optimizer in reported or not (
                     is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer)):
                 continue
-            if _loop_clears(src, call.loop, optimizer, scope, index):
+            verdict = _loop_clears(src, call.loop, optimizer, scope, index, step=call.node)
+            if verdict:
                 continue
             reported.add(optimizer)
             yield Finding(
                 f"`{src.snippet(call.node)}` runs backward and `{optimizer}.step()` (in `{callee.name}`) in the loop "
                 f"at line {call.loop.node.lineno}, but `{optimizer}.zero_grad()` is never called there: every "
-                "backward adds to the gradients of all previous iterations, so each step uses their running sum.",
+                "backward adds to the gradients of all previous iterations, so each step uses their running sum."
+                + verdict.caveat(src, optimizer),
                 fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
                 location=src.location(call.node),
+                severity=Severity.WARNING if verdict.unknown is not None else None,
             )
 
 
@@ -241,11 +255,42 @@ def _may_run_backward(func: ast.expr, index: ModuleIndex) -> bool:
     if here is None:
         here = index.memo[question] = {s.name for s in index.scopes[1:]
                                        if not BACKWARD_METHODS.isdisjoint(s.call_attrs)}
-    if type(func) is ast.Name:
-        return func.id in here or func.id in index.imported or "__call__" in here  # `__call__`: an instance's
+    if type(func) is ast.Name:  # `__call__`: an instance's, of a class here or imported
+        return func.id in here or func.id in index.imported or "__call__" in here or func.id in _instances(index)
     if type(func) is ast.Attribute and type(func.value) is ast.Name:
-        return func.attr in here and func.value.id in ("self", "cls") or func.value.id in index.imported
+        if func.value.id in ("self", "cls"):  # a method of this class, or inherited from a base of another file
+            return func.attr in here or _inherits_from_project(index)
+        return func.value.id in index.imported
     return False
+
+
+def _instances(index: ModuleIndex) -> frozenset[str]:
+    """Names bound to an instance of an imported class (`loss_scaler = NativeScaler()`): calling one runs its
+    `__call__`, which the program model follows into the project or the installed library."""
+    question = ("instances of imported classes",)
+    found = index.memo.get(question)
+    if found is None:
+        found = index.memo[question] = frozenset(
+            b.target for s in index.scopes for b in s.bindings if type(b.value) is ast.Call
+            and type(b.value.func) is ast.Name and b.value.func.id in index.imported and b.value.func.id[:1].isupper())
+    return found
+
+
+def _inherits_from_project(index: ModuleIndex) -> bool:
+    """Whether a class of this file has a base that may be a project class of another file (not torch's, not a
+    builtin): its methods may run what that base defines."""
+    question = ("inherits from the project",)
+    found = index.memo.get(question)
+    if found is None:
+        found = index.memo[question] = any(
+            not base.startswith(("torch.", "lightning.", "pytorch_lightning.", "typing.", "abc.", "enum."))
+            and base not in _BUILTIN_BASES and base not in index.classes
+            for bases in index.classes.values() for base in bases)
+    return found
+
+
+_BUILTIN_BASES = frozenset({"object", "Exception", "dict", "list", "tuple", "str", "int", "float", "type",
+                            "NamedTuple", "TypedDict", "Protocol", "Generic", "ABC", "Enum"})
 
 
 def _may_call_project(func: ast.expr) -> bool:
@@ -270,42 +315,68 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     return found is not None and found[1].returns_optimizer
 
 
-def _clears_grads(call: CallSite, optimizer: str, others: set[str]) -> bool:
-    """A zero_grad that may clear `optimizer`'s gradients: its own, a model's, or any optimizer not known
-    to be a different one (`for opt in optimizers: opt.zero_grad()`)."""
+def _clears_grads(call: CallSite, optimizer: str, others: set[str], scope: FunctionScope, index: ModuleIndex) -> bool:
+    """A zero_grad that may clear `optimizer`'s gradients: its own; another optimizer's or a model's unless
+    they are known to hold other parameters (`netG.zero_grad()` does not clear an optimizer built from
+    `netD.parameters()`); any optimizer not known to be a different one (`for opt in optimizers: opt.zero_grad()`)."""
     if call.attr == "zero_grad":
-        return call.receiver == optimizer or call.receiver not in others
-    return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and (call.receiver or "").endswith(".grad")
+        receiver = call.receiver
+        if receiver == optimizer:
+            return True
+        if receiver in others or receiver is None:
+            return False
+        if is_optimizer(receiver, scope, index):
+            return _may_share_parameters(scope, index, receiver, optimizer)
+        sources = _parameter_sources(scope, index, optimizer)
+        return sources is None or any(_related(receiver, source) for source in sources)
+    return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and clears_every_grad(call.receiver)
 
 
-def _parameter_source(scope: FunctionScope, optimizer: str) -> Optional[str]:
-    """The model an optimizer was built from (`opt = SGD(model.parameters())` -> `model`); None when unknown."""
-    built = [b.value for b in scope.bindings if b.target == optimizer and b.value is not None]
-    if len(built) != 1 or not isinstance(built[0], ast.Call) or not built[0].args:
+def _related(a: str, b: str) -> bool:
+    """The same model, or one a part of the other (`model` and `model.head`)."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
+def _parameter_sources(scope: FunctionScope, index: ModuleIndex, optimizer: str) -> Optional[frozenset[str]]:
+    """The models an optimizer was built from (`SGD(model.parameters())` -> {model}; `Adam([{"params":
+    a.parameters()}, {"params": b.parameters()}])` or `chain(a.parameters(), b.parameters())` -> {a, b});
+    an attribute's binding is looked for in every function of the file. None when unknown."""
+    scopes = index.scopes if "." in optimizer else [scope]
+    built = [b.value for s in scopes for b in s.bindings if b.target == optimizer and b.value is not None]
+    if len(built) != 1 or not isinstance(built[0], ast.Call) or not (built[0].args or built[0].keywords):
         return None
-    first = built[0].args[0]
-    if isinstance(first, ast.Call) and isinstance(first.func, ast.Attribute) and first.func.attr == "parameters":
-        return ref(first.func.value)
-    return None
+    first = built[0].args[0] if built[0].args else next((k.value for k in built[0].keywords if k.arg == "params"), None)
+    if first is None or isinstance(first, ast.Name):
+        return None  # parameters gathered elsewhere: unknown
+    found: set[str] = set()
+    for node in ast.walk(first):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("parameters", "named_parameters"):
+            owner = ref(node.func.value)
+            if owner is None:
+                return None
+            found.add(owner)
+        leaves = node.elts if isinstance(node, (ast.List, ast.Tuple)) else node.values if isinstance(node, ast.Dict) \
+            else node.args if isinstance(node, ast.Call) else []
+        if any(isinstance(leaf, (ast.Name, ast.Attribute)) for leaf in leaves):
+            return None  # `[{"params": head_params}, ...]`, `chain(a.parameters(), extra)`: partly unknown
+    return frozenset(found) or None
 
 
-def _may_share_parameters(scope: FunctionScope, a: str, b: str) -> bool:
+def _may_share_parameters(scope: FunctionScope, index: ModuleIndex, a: str, b: str) -> bool:
     """Two optimizers not known to hold different parameters (one's zero_grad may clear the other's)."""
-    first, second = _parameter_source(scope, a), _parameter_source(scope, b)
+    first, second = _parameter_sources(scope, index, a), _parameter_sources(scope, index, b)
     if first is None or second is None:
         return True
-    return first == second or first.startswith(second + ".") or second.startswith(first + ".")
+    return any(_related(x, y) for x in first for y in second)
 
 
-def _helper_may_clear(call: CallSite, optimizer: str, index: ModuleIndex) -> bool:
-    """A call in the loop that might zero the gradients where we cannot see it."""
-    local = index.functions.get(call.attr)
-    if local:
-        return any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls) or any(
-            b.target.endswith(".grad") for s in local for b in s.bindings)
-    if call.attr in _HARMLESS_WITH_OPTIMIZER:
-        return False
-    return any(ref(a) == optimizer for a in call.node.args) or any(ref(k.value) == optimizer for k in call.node.keywords)
+def _helper_clears(call: CallSite, index: ModuleIndex) -> bool:
+    """A function of this file with the called name clears gradients (a helper the program model did not resolve,
+    e.g. `self.reset()` of another class)."""
+    local = index.functions.get(call.attr) or []
+    return bool(local) and (any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls) or any(
+        clears_every_grad(b.target) for s in local for b in s.bindings))
 
 
 def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> Optional[Loop]:
@@ -319,8 +390,9 @@ def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> O
 
 @MISSING_ZERO_GRAD.source
 def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or ("backward" not in src.text or ".step(" not in src.text) and "opt" not in src.text:
-        return  # neither a backward and a step here, nor an optimizer that a helper might step
+    if src.tree is None or ("backward" not in src.text or ".step(" not in src.text) and "opt" not in src.text \
+            and not ("self." in src.text and _inherits_from_project(src.index)):
+        return  # neither a backward and a step here, nor an optimizer that a helper (or a base class) might step
     index = src.index
     for scope in index.scopes:
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
@@ -334,38 +406,128 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
             if optimizer is None or optimizer in reported:
                 continue
             loop = _smallest_loop_with_backward(call, backwards)
-            if loop is None or _loop_clears(src, loop, optimizer, scope, index):
+            if loop is None:
+                continue
+            verdict = _loop_clears(src, loop, optimizer, scope, index, step=call.node)
+            if verdict:
                 continue
             reported.add(optimizer)
             backward = next(b for b in backwards if loop.encloses(b.loop))
             what = "training_step" if isinstance(loop.node, ast.FunctionDef) else f"the loop at line {loop.node.lineno}"
+            never = "is never called there" if verdict.every_kth is None else "does not run before every step"
             yield Finding(
                 f"`{src.snippet(call.node)}` runs in {what} with `{src.snippet(backward.node)}` "
-                f"(line {backward.node.lineno}) but `{optimizer}.zero_grad()` is never called there: every "
-                "backward adds to the gradients of all previous iterations, so each step uses their running sum.",
+                f"(line {backward.node.lineno}) but `{optimizer}.zero_grad()` {never}: every "
+                "backward adds to the gradients of all previous iterations, so each step uses their running sum."
+                + verdict.caveat(src, optimizer),
                 fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
                 location=src.location(call.node),
+                severity=Severity.WARNING if verdict.unknown is not None else None,
             )
 
 
-def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
+@dataclass
+class _Verdict:
+    """Whether a loop clears an optimizer's gradients before each step, and what a "no" rests on."""
+
+    cleared: bool
+    every_kth: Optional[tuple[CallSite, ast.If]] = None  # a clear that runs only under `if i % k == 0`
+    unknown: Optional[CallSite] = None  # a call outside the project that receives the optimizer (not followed)
+
+    def __bool__(self) -> bool:
+        return self.cleared
+
+    def caveat(self, src: SourceFile, optimizer: str) -> str:
+        """What the message adds about the clears the loop has but that do not count."""
+        out = ""
+        if self.every_kth is not None:
+            clear, guard = self.every_kth
+            out += (f" `{src.snippet(clear.node)}` (line {clear.node.lineno}) runs only when "
+                    f"`{src.snippet(guard.test)}`, while the step runs every iteration: the steps between clears "
+                    "apply the running sum.")
+        if self.unknown is not None:
+            out += (f" `{src.snippet(self.unknown.node)}` receives `{optimizer}` but is not defined in the project, "
+                    "so it was not followed: if it clears the gradients, silence this line.")
+        return out
+
+
+def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex,
+                 step: Optional[ast.Call] = None) -> _Verdict:
+    """Whether something in `loop` clears `optimizer`'s gradients once per `step` (the call that steps it): a
+    clear that runs only every k-th iteration while the step runs every one does not count, and a call outside
+    the project is unknown: it neither clears nor steps anything (the verdict names it)."""
     calls = calls_in(scope, loop)
     others: Optional[set[str]] = None
+    verdict = _Verdict(False)
+
+    def counts(clear: CallSite) -> bool:
+        guard = _only_every_kth(loop, clear.node, step) if step is not None else None
+        if guard is not None:
+            verdict.every_kth = verdict.every_kth or (clear, guard)
+            return False
+        return True
+
     for call in calls:  # first what the loop itself clears: the commonest answer, and it asks nothing of other files
         if call.attr == "zero_grad" and call.receiver != optimizer and others is None:
             others = {o for c in calls if c.attr == "step" and (o := _stepped_optimizer(c, scope, index))
-                      and o != optimizer and not _may_share_parameters(scope, o, optimizer)}
-        if _clears_grads(call, optimizer, others or set()):
-            return True
+                      and o != optimizer and not _may_share_parameters(scope, index, o, optimizer)}
+        if _clears_grads(call, optimizer, others or set(), scope, index) and counts(call):
+            return _Verdict(True)
     for call in calls:
         found = src.project.callee(scope, call) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None
         if found is not None:  # a project function: its summary says whether it clears gradients
-            if found[1].clears_grads:
-                return True
-        elif _helper_may_clear(call, optimizer, index):
-            return True
+            if found[1].clears_grads and counts(call):
+                return _Verdict(True)
+        elif _helper_clears(call, index) and counts(call):
+            return _Verdict(True)
+        elif verdict.unknown is None and _receives(call, optimizer) and call.attr not in _HARMLESS_WITH_OPTIMIZER:
+            verdict.unknown = call
         if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
-            return True  # distributed autograd keeps gradients per context: nothing to clear
-    if any(b.target.endswith(".grad") and loop.encloses(b.loop) for b in scope.bindings):
-        return True
-    return any(c.attr in ("zero_grad", "zero_") for s in inner_scopes(index, loop) for c in s.calls)
+            return _Verdict(True)  # distributed autograd keeps gradients per context: nothing to clear
+    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings):
+        return _Verdict(True)
+    if any(c.attr in ("zero_grad", "zero_") for s in inner_scopes(index, loop) for c in s.calls):
+        return _Verdict(True)
+    return verdict
+
+
+def _enclosing_ifs(loop: Loop, call: ast.Call) -> tuple[ast.If, ...]:
+    """The `if` statements inside `loop` whose body (or else branch) holds `call`, outermost first: found by
+    descending the blocks whose lines span the call (a few statements per level, no walk of the loop)."""
+    found: list[ast.If] = []
+    block: list[ast.stmt] = list(getattr(loop.node, "body", []))
+    where = (call.lineno, call.col_offset)
+    while block:
+        stmt = next((s for s in block if (s.lineno, s.col_offset) <= where
+                     <= (s.end_lineno or s.lineno, s.end_col_offset or 0)), None)
+        if stmt is None or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            break
+        if isinstance(stmt, ast.If):
+            if stmt.test.lineno <= call.lineno <= (stmt.test.end_lineno or stmt.test.lineno) \
+                    and any(n is call for n in ast.walk(stmt.test)):
+                break  # the call is the condition itself
+            found.append(stmt)
+        block = [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])] \
+            + [s for h in getattr(stmt, "handlers", []) for s in h.body] \
+            + [s for c in getattr(stmt, "cases", []) for s in c.body]
+    return tuple(found)
+
+
+def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
+    """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
+    clear_ifs = _enclosing_ifs(loop, clear)
+    if not clear_ifs:
+        return None  # the common case: an unconditional clear
+    step_ifs = _enclosing_ifs(loop, step)
+    if any(_periodic(g.test) for g in step_ifs):
+        return None  # both periodic: gradient accumulation, judged by its own clears
+    return next((g for g in clear_ifs if g not in step_ifs and _periodic(g.test)), None)
+
+
+def _periodic(test: ast.expr) -> bool:
+    """A condition on a remainder (`(i + 1) % k == 0`, `step % log_every`): true every k-th iteration."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(test))
+
+
+def _receives(call: CallSite, optimizer: str) -> bool:
+    return any(ref(a) == optimizer for a in call.node.args) or any(ref(k.value) == optimizer for k in call.node.keywords)

@@ -219,6 +219,9 @@ def _shuffling_samplers(index: ModuleIndex) -> Iterator[tuple[FunctionScope, Cal
     """DistributedSampler(...) calls that shuffle, with the name they are bound to (None when inline)."""
     for scope in index.scopes:
         bound = {id(b.value): b.target for b in scope.bindings if isinstance(b.value, ast.Call)}
+        # `sampler = DistributedSampler(ds) if args.distributed else None`, as torchvision's and pytorch/examples'
+        bound.update({id(branch): b.target for b in scope.bindings if isinstance(b.value, ast.IfExp)
+                      for branch in (b.value.body, b.value.orelse) if isinstance(branch, ast.Call)})
         for call in scope.calls:
             if last(call.qualname).endswith("DistributedSampler") and literal(call.kwarg("shuffle")) is not False:
                 yield scope, call, bound.get(id(call.node))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Iterator
+from typing import Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.source import (
@@ -54,9 +54,10 @@ TO_RESULT_DISCARDED = Pitfall(
     details={
         "source": """
             Only names known to hold tensors are reported (built by a torch tensor factory, unpacked from a loop over
-            a data loader — a name containing "loader" or one bound to `DataLoader(...)` in the same function — or
-            annotated `Tensor`); `model.to(device)` and unknown objects (which may move in place)
-            are quiet. This check has no run-time counterpart.
+            a data loader — a name containing "loader" or one bound to `DataLoader(...)` in the same function —,
+            unpacked from one batch of such a loader (`x, y = next(iter(loader))`) or from a project function whose
+            every `return` gives torch tensors at that position (`x, y = get_batch(...)`), or annotated `Tensor`);
+            `model.to(device)`, whole batches and unknown objects (which may move in place) are quiet. This check has no run-time counterpart.
         """,
     },
 )
@@ -85,7 +86,7 @@ def _is_loader(name: str, scope: FunctionScope, index: ModuleIndex) -> bool:
                for b in scope.bindings_of(name))
 
 
-def _is_tensor(binding: Binding, index: ModuleIndex, scope: FunctionScope) -> bool:
+def _is_tensor(binding: Binding, index: ModuleIndex, scope: FunctionScope, src: Optional[SourceFile] = None) -> bool:
     value = binding.value
     if isinstance(binding.node, ast.arg):
         ann = binding.node.annotation
@@ -105,7 +106,40 @@ def _is_tensor(binding: Binding, index: ModuleIndex, scope: FunctionScope) -> bo
     if isinstance(value, ast.Call):
         qual = qualname(value.func, index)
         return qual.startswith("torch.") and last(qual) in TENSOR_FACTORIES
+    if isinstance(binding.node, ast.Assign) and value is None and src is not None:
+        return _unpacked_tensor(binding, binding.node, index, scope, src)
     return False
+
+
+def _unpacked_tensor(binding: Binding, node: ast.Assign, index: ModuleIndex, scope: FunctionScope,
+                     src: SourceFile) -> bool:
+    """A part of a tuple unpacked from one batch of a loader (`x, y = next(iter(loader))`) or from a project
+    function whose every `return` gives torch tensors at that position (`x, y = get_batch(...)`)."""
+    if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Tuple) or not isinstance(node.value, ast.Call):
+        return False
+    names = [ref(e) for e in node.targets[0].elts]
+    if binding.target not in names:
+        return False
+    position, call = names.index(binding.target), node.value
+    if last(ref(call.func) or "") == "next" and len(call.args) == 1 and isinstance(call.args[0], ast.Call) \
+            and last(ref(call.args[0].func) or "") == "iter" and call.args[0].args:
+        loader = ref(call.args[0].args[0])
+        return loader is not None and _is_loader(loader, scope, index)
+    site = next((c for c in scope.calls if c.node is call), None)
+    found = src.project.callee(scope, site) if site is not None else None
+    if found is None or not found[0].returns:
+        return False
+    callee = found[0]
+    for ret in callee.returns:
+        if not isinstance(ret.value, ast.Tuple) or len(ret.value.elts) != len(names):
+            return False
+        part = ret.value.elts[position]
+        values = [part] if isinstance(part, ast.Call) else [
+            b.value for b in callee.bindings_of(ref(part) or "") if b.value is not None]
+        if not values or not all(isinstance(v, ast.Call) and qualname(v.func, index).startswith("torch.")
+                                 and last(qualname(v.func, index)) in TENSOR_FACTORIES for v in values):
+            return False
+    return True
 
 
 @TO_RESULT_DISCARDED.source
@@ -118,7 +152,7 @@ def to_result_discarded(src: SourceFile) -> Iterator[Finding]:
             if not call.discarded or call.attr not in _MOVES or not call.receiver or "." in call.receiver:
                 continue
             bindings = [b for b in scope.bindings if b.target == call.receiver and b.pos <= call.pos]
-            if bindings and all(_is_tensor(b, index, scope) for b in bindings):
+            if bindings and all(_is_tensor(b, index, scope, src) for b in bindings):
                 yield Finding(
                     f"`{src.snippet(call.node)}` throws its result away: unlike a module's .to(), a tensor's "
                     f".{call.attr}() returns a new tensor and leaves `{call.receiver}` where it was.",

@@ -7,7 +7,7 @@ from typing import Any, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
-    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, is_backward, ref,
+    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, is_backward, qualname, ref,
 )
 
 _SETUP = """
@@ -81,8 +81,12 @@ TRAIN_MODE_NOT_RESTORED = Pitfall(
             (directly, or inside such a function it calls with the model), where nothing in that loop — nor
             in the functions it calls that are defined in the file — calls `.train()` on the model. It stays
             quiet when the loop hands the model to a function it cannot see (that function may call
-            `model.train()`), and for `.eval()` on anything the loop does not call as a model, such as
-            BatchNorm layers frozen one by one.
+            `model.train()`), for `.eval()` on anything the loop does not call as a model, such as
+            BatchNorm layers frozen one by one, for an `eval()` that comes before the iteration's training (every
+            step, the first too, trains in eval mode: deliberate, e.g. BatchNorm statistics frozen for
+            fine-tuning), and for models built from a class of the file whose layers are all torch.nn layers
+            that eval() does not change (no Dropout, BatchNorm, InstanceNorm, RNN or Transformer layer, no
+            `F.dropout`, nothing from another library).
         """,
     },
 )
@@ -171,6 +175,10 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
             for call, model in _evals(calls, index):
                 if model in reported or _may_restore(calls, model, index) or not _called_as_model(reach, model):
                     continue
+                if not _trains_before(calls, call, index):
+                    continue  # eval() before the iteration's training: every step, the first too, trains so on purpose
+                if _without_mode_layers(src, scope, model):
+                    continue  # eval() changes nothing in this model
                 reported.add(model)
                 yield Finding(
                     f"`{src.snippet(call.node)}` runs inside the training loop at line {loop.node.lineno} and "
@@ -178,6 +186,55 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
                     "step runs with Dropout off and BatchNorm frozen.",
                     fix=f"Switch back to training mode at the top of the loop:\n{model}.train()",
                     location=src.location(call.node))
+
+
+# Layers of torch.nn whose behaviour eval() changes (LayerNorm and GroupNorm keep no running statistics).
+_MODE_LAYERS = ("Dropout", "BatchNorm", "InstanceNorm", "AlphaDropout", "RReLU", "Transformer", "MultiheadAttention",
+                "LSTM", "GRU", "RNN")
+_MODE_FREE = frozenset({"Module", "Sequential", "ModuleList", "ModuleDict", "Parameter", "ParameterList", "Identity",
+                        "Flatten", "Unflatten", "LayerNorm", "GroupNorm", "Embedding", "Linear", "Bilinear",
+                        "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
+                        "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+                        "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Upsample", "PixelShuffle",
+                        "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "ELU",
+                        "Mish", "Hardswish", "Softplus", "PReLU", "ZeroPad2d", "ReflectionPad2d"})
+
+
+def _without_mode_layers(src: SourceFile, scope: FunctionScope, model: str) -> bool:
+    """The model is an instance of a class of this file whose layers are all torch.nn layers that eval() does
+    not change (no Dropout, BatchNorm, ...; no `F.dropout`, no layer of another library): eval() is a no-op."""
+    if "." in model:
+        return False
+    built = [b.value for s in (scope, src.index.scopes[0]) for b in s.bindings_of(model) if b.value is not None]
+    if len(built) != 1 or not isinstance(built[0], ast.Call) or not isinstance(built[0].func, ast.Name):
+        return False
+    return _mode_free_class(src, built[0].func.id, set())
+
+
+def _mode_free_class(src: SourceFile, name: str, seen: set[str]) -> bool:
+    if name in seen or src.tree is None:
+        return name in seen
+    seen.add(name)
+    cls = next((n for n in src.tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if cls is None:
+        return False
+    for base in cls.bases:
+        qual = qualname(base, src.index)
+        if qual not in ("torch.nn.Module", "nn.Module") and not _mode_free_class(src, qual, seen):
+            return False
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Attribute) and "dropout" in node.attr.lower():
+            return False  # `F.dropout(x, training=self.training)`, `self.dropout`
+        if not isinstance(node, ast.Call):
+            continue
+        qual = qualname(node.func, src.index)
+        short = qual.rsplit(".", 1)[-1]
+        if qual.startswith("torch.nn.") and not qual.startswith("torch.nn.functional."):
+            if short not in _MODE_FREE or any(word in short for word in _MODE_LAYERS):
+                return False
+        elif short[:1].isupper() and not _mode_free_class(src, short, seen) and short not in ("super",):
+            return False  # a layer of another class or library: unknown
+    return True
 
 
 def _outermost_loops(scope: FunctionScope) -> list[Loop]:
@@ -188,6 +245,12 @@ def _outermost_loops(scope: FunctionScope) -> list[Loop]:
 def _local(call: CallSite, index: ModuleIndex) -> list[FunctionScope]:
     """The functions defined in this file that `call` may run (by name)."""
     return index.functions.get(call.attr, []) if call.attr else []
+
+
+def _trains_before(calls: list[CallSite], switch: CallSite, index: ModuleIndex) -> bool:
+    """Whether the loop trains (a backward, a step, or a local function doing both) before `switch` in its body."""
+    return any(c.pos < switch.pos and (c.attr == "step" or is_backward(c) or _trains(
+        [c, *(i for f in _local(c, index) for i in f.calls)])) for c in calls)
 
 
 def _trains(reach: list[CallSite]) -> bool:

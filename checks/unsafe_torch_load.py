@@ -17,7 +17,7 @@ model = nn.Linear(4, 2)
 UNSAFE_TORCH_LOAD = Pitfall(
     code="TD503",
     name="unsafe-torch-load",
-    severity="warning",
+    severity="info",
     summary="torch.load without weights_only=True can run arbitrary code from the file.",
     why="""
         A checkpoint is a pickle. With `weights_only=False` (the default before PyTorch 2.6) loading it runs any
@@ -46,7 +46,8 @@ UNSAFE_TORCH_LOAD = Pitfall(
     ),
     details={
         "source": """
-            An explicit `weights_only=False` is a warning when the file is downloaded (a URL, or a `*download*` /
+            Findings are notes (the default severity above) except one: an explicit `weights_only=False` is a
+            warning when the file is downloaded (a URL, or a `*download*` /
             `urlopen` call feeding the path) and otherwise a note (a deliberate choice, e.g. a test loading what it
             just wrote); a call without `weights_only` is a note, fixable when its result is only passed to
             `load_state_dict` (directly or by constant key).
@@ -108,7 +109,7 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
                     fix="Load with weights_only=True (allow your own classes with "
                         "torch.serialization.add_safe_globals([...])), or only load files you made.",
                     location=src.location(call.node),
-                    severity=None if downloaded else Severity.INFO,
+                    severity=Severity.WARNING if downloaded else None,
                 )
             elif flag is None:
                 edits: tuple[Edit, ...] = ()
@@ -123,6 +124,5 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
                     fix="Say what you mean: `torch.load(..., weights_only=True)` for a state dict or checkpoint of "
                         "tensors; weights_only=False only for files you made yourself.",
                     location=src.location(call.node),
-                    severity=Severity.INFO,
                     edits=edits,
                 )

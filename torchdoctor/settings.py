@@ -10,6 +10,9 @@
        fail-on = "warning"
        exclude = ["legacy/", "*_pb2.py"]        # lint only (gitignore syntax, relative to this file)
 
+       [tool.torchdoctor.per-file-ignores]      # lint only, as ruff's: pattern (as exclude's) -> names or codes
+       "tests/" = ["unsafe-torch-load"]
+
 2. The environment: `TORCHDOCTOR_SELECT`, `TORCHDOCTOR_IGNORE` (comma-separated) and `TORCHDOCTOR_FAIL_ON`.
 3. Command-line options (`--select`, `--ignore`, `--fail-on`, `--exclude`) or keyword arguments.
 
@@ -32,7 +35,7 @@ ENV_IGNORE = "TORCHDOCTOR_IGNORE"
 ENV_FAIL_ON = "TORCHDOCTOR_FAIL_ON"
 ENVIRONMENT = "the environment"  # the origin of the environment layer
 _VARIABLES = {"select": ENV_SELECT, "ignore": ENV_IGNORE, "fail-on": ENV_FAIL_ON}
-_TABLE_KEYS = ("select", "ignore", "fail-on", "exclude")
+_TABLE_KEYS = ("select", "ignore", "fail-on", "exclude", "per-file-ignores")
 
 
 class SettingsError(ValueError):
@@ -48,6 +51,7 @@ class Layer:
     fail_on: Optional[str] = None
     exclude: tuple[str, ...] = ()
     origin: Optional[str] = None
+    per_file_ignores: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (pattern, names or codes), project only
 
     @property
     def shared(self) -> bool:
@@ -86,6 +90,12 @@ class Settings:
         """Every `exclude` pattern with the folder it is relative to (None: the working directory)."""
         return [(pattern, self.root if layer.shared else None)
                 for layer in self.layers for pattern in layer.exclude]
+
+    @property
+    def per_file_ignores(self) -> list[tuple[str, tuple[str, ...], str]]:
+        """`per-file-ignores` of the project table: (pattern, names or codes, where it was set)."""
+        return [(pattern, names, layer.where("per-file-ignores"))
+                for layer in self.layers for pattern, names in layer.per_file_ignores]
 
 
 def load_settings(
@@ -171,7 +181,15 @@ def _table_layer(path: str, table: Any) -> Layer:
         fail_on=_fail_on(table["fail-on"], f"{where} fail-on") if "fail-on" in table else None,
         exclude=_string_list(table.get("exclude", ()), f"{where} exclude"),
         origin=path,
+        per_file_ignores=_per_file_ignores(table.get("per-file-ignores", {}), f"{where} per-file-ignores"),
     )
+
+
+def _per_file_ignores(value: Any, where: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """`{"pattern" = ["name", ...]}` as (pattern, names) pairs."""
+    if not isinstance(value, dict):
+        raise SettingsError(f"{where} must be a table of pattern = [names or codes]")
+    return tuple((str(pattern), _string_list(names, f"{where} {pattern!r}")) for pattern, names in value.items())
 
 
 def _environment_layer(environ: Mapping[str, str]) -> Layer:

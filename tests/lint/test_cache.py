@@ -11,9 +11,10 @@ from torchdoctor.findings import Severity
 from torchdoctor.lint.cache import LintCache
 from torchdoctor.settings import cache_dir as default_cache_dir
 from torchdoctor.lint.runner import lint_paths
+from conftest import ENGINE_CHECKS
 from pitfall_factory import make_pitfall
 
-CHECKS = registry.all_checks(registry.Scope.SOURCE)
+CHECKS = ENGINE_CHECKS
 LEAKY = textwrap.dedent("""
     def train(model, loader, optimizer, criterion):
         for x, y in loader:

@@ -18,17 +18,20 @@ def main(dataset, model, optimizer, epochs):
 """
 
 
+@pytest.mark.rule("sampler-epoch-not-set")
 def test_sampler_without_set_epoch_fires_even_with_the_word_in_a_comment(lint, fired):
     [f] = fired(lint(DDP), "sampler-epoch-not-set")
     assert f.code == "TD311" and f.location.line == 7 and "train_sampler.set_epoch(epoch)" in f.fix.title
 
 
+@pytest.mark.rule("sampler-epoch-not-set")
 def test_set_epoch_called_is_quiet(lint):
     code = DDP.replace("        # remember: train_sampler.set_epoch(epoch)\n",
                        "        # shuffle differently every epoch\n        train_sampler.set_epoch(epoch)\n")
     assert lint(code) == []
 
 
+@pytest.mark.rule("sampler-epoch-not-set")
 def test_set_epoch_called_by_an_imported_function_in_the_epoch_loop_is_quiet(lint):
     code = DDP.replace("        # remember: train_sampler.set_epoch(epoch)\n", "        start_epoch(train_loader, epoch)\n")
     code = "from hooks import start_epoch\n" + code
@@ -40,6 +43,7 @@ def test_set_epoch_called_by_an_imported_function_in_the_epoch_loop_is_quiet(lin
     assert lint(DDP, others={"hooks.py": other}) != []
 
 
+@pytest.mark.rule("sampler-epoch-not-set")
 def test_loader_passed_to_a_train_function_each_epoch_fires(lint, fired):
     code = """
     def main():
@@ -51,6 +55,7 @@ def test_loader_passed_to_a_train_function_each_epoch_fires(lint, fired):
     assert len(fired(lint(code), "sampler-epoch-not-set")) == 1
 
 
+@pytest.mark.rule("sampler-epoch-not-set")
 @pytest.mark.parametrize("code", [
     # one pass only: the order never needs to change
     "sampler = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=sampler)\nfor x in loader:\n    pass\n",
@@ -62,6 +67,7 @@ def test_samplers_that_need_no_set_epoch_are_quiet(lint, code):
     assert lint(code) == []
 
 
+@pytest.mark.rule("shuffle-with-sampler")
 def test_shuffle_with_sampler_fires(lint, fired):
     code = """
     from torch.utils.data import DataLoader, DistributedSampler
@@ -73,6 +79,7 @@ def test_shuffle_with_sampler_fires(lint, fired):
     assert f.code == "TD502" and f.location.line == 3
 
 
+@pytest.mark.rule("shuffle-with-sampler")
 @pytest.mark.parametrize("kwargs", ["shuffle=(sampler is None), sampler=sampler", "shuffle=True, sampler=None",
                                     "shuffle=False, sampler=sampler"])
 def test_shuffle_look_alikes_are_quiet(lint, kwargs):
@@ -94,16 +101,19 @@ def train(model, loader, optimizer, device):
 """
 
 
+@pytest.mark.rule("to-result-discarded")
 def test_discarded_to_on_a_batch_tensor_fires(lint, fired):
     [f] = fired(lint(MOVE), "to-result-discarded")
     assert f.code == "TD501" and f.location.line == 7 and f.fix.code == "images = images.to(device)"
 
 
+@pytest.mark.rule("to-result-discarded")
 def test_discarded_cuda_on_a_factory_tensor_fires(lint, fired):
     code = "import torch\nmask = torch.zeros(4, 4)\nmask.cuda()\n"
     assert len(fired(lint(code), "to-result-discarded")) == 1
 
 
+@pytest.mark.rule("to-result-discarded")
 @pytest.mark.parametrize("code", [
     "model = Net()\nmodel.to(device)\n",                     # modules move in place
     "for batch in loader:\n    batch.to(device)\n",          # BatchEncoding / PyG Data move in place

@@ -98,7 +98,7 @@ def test_a_file_that_cannot_be_read_is_never_reported_clean(project):
         assert [f["name"] for f in doc["findings"]] == ["source-unreadable"]  # the ignore comment does not count
         assert doc["facts"]["unreadable"] == ["bad.py"]
     assert "No problems found" not in run("--select", "missing-zero-grad", "bad.py").output
-    assert run("--exclude", "bad.py").output.rstrip().endswith("No problems found.")
+    assert run("--exclude", "bad.py").output.rstrip().endswith("No Python files found under .: nothing was checked.")
 
 
 def test_json_and_sarif(project):
@@ -171,6 +171,7 @@ def test_select_and_ignore(project):
 
 
 def test_pyproject_defaults_apply_and_the_command_line_wins(project, monkeypatch):
+    monkeypatch.delenv("TORCHDOCTOR_SELECT")  # the project's select is what this test is about
     write(project, "pyproject.toml", """
         [tool.torchdoctor]
         ignore = ["missing-zero-grad"]

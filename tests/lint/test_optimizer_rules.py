@@ -1,4 +1,5 @@
 """stale-optimizer-params, optimizer-state-device and dataparallel-optimizer on small scripts."""
+import pytest
 
 FINETUNE = """
 import torch
@@ -14,11 +15,13 @@ def build(num_classes, device):
 """
 
 
+@pytest.mark.rule("stale-optimizer-params")
 def test_head_replaced_after_optimizer_fires(lint, fired):
     [f] = fired(lint(FINETUNE), "stale-optimizer-params")
     assert f.code == "TD302" and f.location.line == 9 and "model.fc" in f.message
 
 
+@pytest.mark.rule("stale-optimizer-params")
 def test_head_replaced_before_optimizer_is_quiet(lint):
     code = FINETUNE.replace(
         "    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n    model.fc = nn.Linear(model.fc.in_features, num_classes)\n",
@@ -26,6 +29,7 @@ def test_head_replaced_before_optimizer_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("stale-optimizer-params")
 def test_moving_or_wrapping_after_the_optimizer_is_not_stale(lint):
     code = """
     model = Net()
@@ -37,6 +41,7 @@ def test_moving_or_wrapping_after_the_optimizer_is_not_stale(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("stale-optimizer-params")
 def test_new_parameter_after_optimizer_fires_and_add_param_group_is_quiet(lint, fired):
     code = """
     import torch.nn as nn
@@ -62,25 +67,30 @@ def resume(path, device):
 """
 
 
+@pytest.mark.rule("optimizer-state-device")
 def test_optimizer_state_loaded_before_the_move_fires(lint, fired):
     [f] = fired(lint(RESUME), "optimizer-state-device")
     assert f.code == "TD304" and f.location.line == 9 and "model.to(device)" in f.message
 
 
+@pytest.mark.rule("optimizer-state-device")
 def test_moving_first_is_quiet(lint):
     code = RESUME.replace("    model.to(device)\n", "").replace("    model = Net()\n", "    model = Net().to(device)\n")
     assert lint(code) == []
 
 
+@pytest.mark.rule("optimizer-state-device")
 def test_a_second_move_after_an_earlier_one_is_quiet(lint):
     code = RESUME.replace("    model = Net()\n", "    model = Net().to(device)\n")
     assert "model.to(device)" in code and lint(code) == []
 
 
+@pytest.mark.rule("optimizer-state-device")
 def test_moving_to_cpu_is_quiet(lint):
     assert lint(RESUME.replace("model.to(device)", 'model.to("cpu")')) == []
 
 
+@pytest.mark.rule("dataparallel-optimizer")
 def test_dataparallel_around_an_optimizer_fires(lint, fired):
     code = """
     import torch.nn as nn

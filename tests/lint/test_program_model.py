@@ -3,14 +3,24 @@
 Every case writes a small project (with a pyproject.toml marking its root) and lints ONE file of it, as an
 editor or pre-commit would: the program model reads the rest of the project from disk.
 """
+import sys
 import textwrap
 
 import pytest
 
 from torchdoctor import registry
 from torchdoctor.lint.runner import lint_paths
+from conftest import ENGINE_CHECKS, asked_rules
 
-CHECKS = registry.all_checks(registry.Scope.SOURCE)
+CHECKS = ENGINE_CHECKS
+
+
+@pytest.fixture(autouse=True)
+def _only_the_rules_asked(request, monkeypatch):
+    """`lint_one` runs the rules the test names (@pytest.mark.rule), or every rule for engine tests that lint
+    through lint_paths themselves."""
+    if request.node.get_closest_marker("rule") is not None:
+        monkeypatch.setattr(sys.modules[__name__], "CHECKS", asked_rules(request))
 
 
 def lint_one(tmp_path, files, target):
@@ -36,6 +46,7 @@ def evaluate(model, loader):
 """
 
 
+@pytest.mark.rule("eval-without-no-grad")
 @pytest.mark.parametrize("caller, expected", [
     ("from evaluation import evaluate\nacc = evaluate(model, val_loader)\n", [("eval-without-no-grad", 8)]),
     ("from evaluation import evaluate\nwith torch.no_grad():\n    acc = evaluate(model, val_loader)\n", []),
@@ -48,6 +59,7 @@ def test_an_eval_function_is_judged_by_its_callers_in_other_files(tmp_path, call
     assert lint_one(tmp_path, files, "pkg/evaluation.py") == expected
 
 
+@pytest.mark.rule("eval-without-no-grad")
 def test_a_common_name_in_another_file_does_not_silence_the_bug(tmp_path):
     # pytorch/examples' language_translation: a `validate` elsewhere (under no_grad) is another function
     train = EVALUATE.replace("evaluate", "validate") + "\nacc = validate(model, val_loader)\n"
@@ -73,6 +85,7 @@ def timed():
 """
 
 
+@pytest.mark.rule("eval-without-no-grad")
 @pytest.mark.parametrize("utils, expected", [(WRAPPER, []), (NOT_A_WRAPPER, [("eval-without-no-grad", 10)])])
 def test_a_project_decorator_wrapping_no_grad_is_seen_from_a_single_file_run(tmp_path, utils, expected):
     name = "smart_inference_mode" if utils is WRAPPER else "timed"
@@ -96,6 +109,7 @@ validate(val_loader, model)
 """
 
 
+@pytest.mark.rule("eval-without-no-grad")
 def test_a_nested_closure_running_the_model_fires_at_its_call(tmp_path):
     assert lint_one(tmp_path, {"main.py": CLOSURE}, "main.py") == [("eval-without-no-grad", 9)]
     quiet = CLOSURE.replace("        for images", "        with torch.no_grad():\n         for images")
@@ -110,6 +124,7 @@ def predict(net, x):
 """
 
 
+@pytest.mark.rule("eval-without-no-grad")
 @pytest.mark.parametrize("decorator, expected", [("", [("eval-without-no-grad", 6)]), ("@torch.no_grad()\n", [])])
 def test_a_model_passed_to_a_helper_in_another_file(tmp_path, decorator, expected):
     script = "from helpers import predict\n\ndef show(model, x):\n    model.eval()\n    print('eval')\n" \
@@ -137,6 +152,7 @@ class Trainer:
 """
 
 
+@pytest.mark.rule("sampler-epoch-not-set")
 @pytest.mark.parametrize("imports, call, body, fires", [
     ("from .hooks import start_epoch", "start_epoch(loader, epoch)", "pass", False),  # relative import
     ("from .hooks import start_epoch", "start_epoch(loader, 0)", "pass", False),
@@ -163,6 +179,7 @@ args, _ = parser.{parse}()
 """
 
 
+@pytest.mark.rule("local-rank-argument")
 @pytest.mark.parametrize("parse, utils, fires", [
     ("parse_known_args", "import os\nLOCAL = int(os.environ.get('LOCAL_RANK', 0))\ndef init_distributed():\n    pass\n",
      False),
@@ -175,6 +192,7 @@ def test_local_rank_argument_with_the_rank_read_in_an_imported_module(tmp_path, 
     assert lint_one(tmp_path, files, "train.py") == ([("local-rank-argument", 6)] if fires else [])
 
 
+@pytest.mark.rule("eval-without-no-grad")
 def test_the_same_findings_whether_the_tree_or_each_file_alone_is_linted(tmp_path):
     files = {"pkg/__init__.py": "", "pkg/evaluation.py": EVALUATE, "utils/__init__.py": "",
              "utils/torch_utils.py": WRAPPER, "pkg/train.py": "from .evaluation import evaluate\nevaluate(m, l)\n",
@@ -189,6 +207,7 @@ def test_the_same_findings_whether_the_tree_or_each_file_alone_is_linted(tmp_pat
 
 # --- order, branches and data flow inside one function ---------------------------------------------------
 
+@pytest.mark.rule("missing-zero-grad")
 def test_optimizers_that_may_share_parameters_are_cleared_by_either_zero_grad(tmp_path):
     shared = """
     class M(LightningModule):
@@ -214,6 +233,7 @@ def test_optimizers_that_may_share_parameters_are_cleared_by_either_zero_grad(tm
     assert lint_one(tmp_path, {"gan.py": gan}, "gan.py") == [("missing-zero-grad", 9)]
 
 
+@pytest.mark.rule("stale-optimizer-params")
 def test_a_model_rebound_in_the_other_branch_is_not_stale(tmp_path):
     code = """
     import torch
@@ -229,6 +249,7 @@ def test_a_model_rebound_in_the_other_branch_is_not_stale(tmp_path):
     assert lint_one(tmp_path, {"t.py": sequential}, "t.py") == [("stale-optimizer-params", 7)]
 
 
+@pytest.mark.rule("graph-retention-leak")
 def test_an_input_batch_kept_is_not_a_graph_leak_but_the_loss_is(tmp_path):
     code = """
     class M(LightningModule):
@@ -241,6 +262,7 @@ def test_an_input_batch_kept_is_not_a_graph_leak_but_the_loss_is(tmp_path):
     assert lint_one(tmp_path, {"m.py": code}, "m.py") == [("graph-retention-leak", 6)]
 
 
+@pytest.mark.rule("nondeterministic-settings")
 def test_determinism_switched_off_before_benchmark_is_quiet(tmp_path):
     code = """
     import torch
@@ -253,6 +275,7 @@ def test_determinism_switched_off_before_benchmark_is_quiet(tmp_path):
     assert lint_one(tmp_path, {"t.py": on}, "t.py") == [("nondeterministic-settings", 4)]
 
 
+@pytest.mark.rule("to-result-discarded")
 def test_a_whole_enumerated_batch_may_move_in_place_but_its_tensors_do_not(tmp_path):
     code = """
     for step, batch in enumerate(train_dataloader):
@@ -263,6 +286,7 @@ def test_a_whole_enumerated_batch_may_move_in_place_but_its_tensors_do_not(tmp_p
     assert lint_one(tmp_path, {"t.py": code}, "t.py") == [("to-result-discarded", 5)]
 
 
+@pytest.mark.rule("prefix-strip-by-slicing")
 @pytest.mark.parametrize("code, fires", [
     ("sd = torch.load('m.pt')\nfor k, v in list(sd.items()):\n    sd[k[7:]] = sd.pop(k)\n", True),
     ("prefix = 'module.'\nnew = {k[len(prefix):]: v for k, v in state_dict.items()}\n", True),
@@ -274,6 +298,7 @@ def test_prefix_cut_through_a_copy_of_the_items_or_a_named_prefix(tmp_path, code
     assert [name for name, _ in found] == (["prefix-strip-by-slicing"] if fires else [])
 
 
+@pytest.mark.rule("shuffle-with-sampler")
 @pytest.mark.parametrize("args, fires", [
     ("ds, 32, True, sampler", True),
     ("ds, 32, True, batch_sampler=bs", True),
@@ -286,6 +311,7 @@ def test_shuffle_and_sampler_passed_by_position(tmp_path, args, fires):
     assert found == ([("shuffle-with-sampler", 3)] if fires else [])
 
 
+@pytest.mark.rule("graph-retention-leak")
 @pytest.mark.parametrize("line, fires", [
     ("total_loss = total_loss + loss", True),
     ("total_loss = loss + total_loss", True),
@@ -315,6 +341,7 @@ def make_optimizer(cfg, model):
 """
 
 
+@pytest.mark.rule("missing-zero-grad")
 @pytest.mark.parametrize("clear, expected", [("", [("missing-zero-grad", 8)]), ("        solver.zero_grad()\n", [])])
 def test_an_optimizer_built_by_a_helper_in_another_file(tmp_path, clear, expected):
     train = ("from solver import make_optimizer\n\ndef train(cfg, model, loader):\n"
@@ -333,6 +360,7 @@ def train_step(model, batch, optimizer):
 """
 
 
+@pytest.mark.rule("missing-zero-grad")
 @pytest.mark.parametrize("clear, expected", [("", [("missing-zero-grad", 6)]), ("optimizer.zero_grad()", [])])
 def test_backward_and_step_inside_a_helper_in_another_file(tmp_path, clear, expected):
     train = ("import torch\nfrom engine import train_step\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
@@ -340,6 +368,7 @@ def test_backward_and_step_inside_a_helper_in_another_file(tmp_path, clear, expe
     assert lint_one(tmp_path, {"engine.py": STEP.format(clear=clear), "train.py": train}, "train.py") == expected
 
 
+@pytest.mark.rule("missing-zero-grad")
 @pytest.mark.parametrize("clear", ["", "optimizer.zero_grad()"])
 def test_backward_and_step_in_a_helper_reached_through_a_module_or_a_method(tmp_path, clear):
     through_module = ("import torch\nimport engine\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
@@ -354,6 +383,7 @@ def test_backward_and_step_in_a_helper_reached_through_a_module_or_a_method(tmp_
         ([] if clear else [("missing-zero-grad", 14)])
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_a_loss_scaler_object_running_backward_and_step(tmp_path):
     code = """
     import torch
@@ -378,6 +408,7 @@ def test_a_loss_scaler_object_running_backward_and_step(tmp_path):
     assert lint_one(tmp_path, {"t.py": cleared}, "t.py") == []
 
 
+@pytest.mark.rule("to-result-discarded")
 @pytest.mark.parametrize("source, fires", [
     ("train_data = DataLoader(ds, batch_size=8)\nfor x, y in train_data:\n    x.to(device)\n", True),
     ("batches = DataLoader(ds)\nfor i, (x, y) in enumerate(batches):\n    y.cuda()\n", True),
@@ -423,6 +454,7 @@ def test_releasing_a_project_forgets_its_modules_and_keeps_the_others(tmp_path):
     assert program.module(a.path) is not a  # parsed again on demand
 
 
+@pytest.mark.rule("eval-without-no-grad", "missing-zero-grad")
 def test_a_run_leaves_nothing_for_the_garbage_collector(tmp_path):
     # Summaries, modules and trees are freed by reference counting when the run ends (lint runs with the
     # collector off): a reference cycle would keep a whole project's syntax trees alive until a collection.

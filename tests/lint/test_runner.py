@@ -4,6 +4,7 @@ import textwrap
 from torchdoctor import registry
 from torchdoctor.findings import Severity
 from torchdoctor.lint.runner import check_source, lint_paths, read_source
+from conftest import ENGINE_CHECKS
 from pitfall_factory import make_pitfall
 
 LEAKY = textwrap.dedent("""
@@ -21,7 +22,7 @@ LEAKY = textwrap.dedent("""
 def test_workers_find_what_a_serial_run_finds(tmp_path):
     for i in range(220):
         (tmp_path / f"t{i}.py").write_text(LEAKY if i % 2 else "x = 1\n", encoding="utf-8")
-    checks = registry.all_checks(registry.Scope.SOURCE)
+    checks = ENGINE_CHECKS
     serial = lint_paths([str(tmp_path)], checks, cwd=str(tmp_path), jobs=1)
     parallel = lint_paths([str(tmp_path)], checks, cwd=str(tmp_path), jobs=2)
     assert len(serial.findings) == 220 and serial.findings == parallel.findings
@@ -43,6 +44,6 @@ def test_columns_count_characters_in_crlf_files(tmp_path):
     path = tmp_path / "t.py"
     path.write_bytes("for x, y in loader:\r\n    loss = crit(model(x), y)\r\n    loss.backward()\r\n"
                      "    é = 1; optimizer.step()  # torchdoctor: ignore[graph-retention-leak]\r\n".encode("utf-8"))
-    [f] = check_source(read_source(str(path), "t.py"), registry.all_checks(registry.Scope.SOURCE))
+    [f] = check_source(read_source(str(path), "t.py"), ENGINE_CHECKS)
     assert (f.name, f.location.line, f.location.column) == ("missing-zero-grad", 4, 12)
     assert f.message.startswith("`optimizer.step()`")

@@ -4,6 +4,7 @@ import pytest
 from torchdoctor.findings import Severity
 
 
+@pytest.mark.rule("local-rank-argument")
 def test_local_rank_only_fires(lint, fired):
     code = """
     import argparse
@@ -15,6 +16,7 @@ def test_local_rank_only_fires(lint, fired):
     assert f.code == "TD406" and f.location.line == 4 and f.edits
 
 
+@pytest.mark.rule("local-rank-argument")
 @pytest.mark.parametrize("code", [
     'parser.add_argument("--local_rank", "--local-rank", type=int)\n',
     'parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))\n',
@@ -24,6 +26,7 @@ def test_local_rank_handled_is_quiet(lint, code):
     assert lint(code) == []
 
 
+@pytest.mark.rule("nondeterministic-settings")
 def test_benchmark_with_determinism_fires(lint, fired):
     code = """
     import torch
@@ -35,6 +38,7 @@ def test_benchmark_with_determinism_fires(lint, fired):
     assert f.code == "TD310" and f.severity == Severity.WARNING and f.location.line == 5
 
 
+@pytest.mark.rule("nondeterministic-settings")
 def test_benchmark_in_the_other_branch_is_quiet(lint):
     code = """
     if args.deterministic:
@@ -45,6 +49,7 @@ def test_benchmark_in_the_other_branch_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("unsafe-torch-load")
 @pytest.mark.parametrize("source", [
     'path = hf_hub_download("org/model", "model.pt")\nckpt = torch.load(path, weights_only=False)\n',
     'ckpt = torch.load(urlopen("https://example.com/m.pt"), weights_only=False)\n',
@@ -54,12 +59,14 @@ def test_torch_load_weights_only_false_of_a_download_is_a_warning(lint, fired, s
     assert f.code == "TD503" and f.severity == Severity.WARNING and "downloaded" in f.message
 
 
+@pytest.mark.rule("unsafe-torch-load")
 def test_torch_load_weights_only_false_of_a_local_file_is_a_note(lint, fired):
     code = 'import torch\ntorch.save(model, "x.pt")\nckpt = torch.load("x.pt", weights_only=False)\n'
     [f] = fired(lint(code), "unsafe-torch-load")
     assert f.severity == Severity.INFO  # deliberate: a test loading what it just wrote, a resume
 
 
+@pytest.mark.rule("unsafe-torch-load")
 def test_torch_load_without_weights_only_is_a_note_fixable_only_for_state_dicts(lint, fired):
     code = """
     import torch
@@ -74,10 +81,12 @@ def test_torch_load_without_weights_only_is_a_note_fixable_only_for_state_dicts(
     assert [bool(f.edits) for f in found] == [True, True, False]
 
 
+@pytest.mark.rule("unsafe-torch-load")
 def test_torch_load_with_weights_only_true_is_quiet(lint):
     assert lint('import torch\nsd = torch.load("x.pt", weights_only=True)\n') == []
 
 
+@pytest.mark.rule("prefix-strip-by-slicing")
 def test_prefix_slicing_fires(lint, fired):
     code = """
     import torch
@@ -96,6 +105,7 @@ def test_prefix_slicing_fires(lint, fired):
     assert not fired(lint(code + "print(name)\n"), "prefix-strip-by-slicing")[1].edits
 
 
+@pytest.mark.rule("prefix-strip-by-slicing")
 @pytest.mark.parametrize("code", [
     "state = {(k[7:] if k.startswith('module.') else k): v for k, v in sd.items()}\n",
     "state = {k.replace('module.', '', 1): v for k, v in sd.items()}\n",
@@ -106,6 +116,7 @@ def test_prefix_look_alikes_are_quiet(lint, code):
     assert lint(code) == []
 
 
+@pytest.mark.rule("deprecated-api")
 def test_deprecated_apis_fire_with_resolved_imports(lint, fired):
     code = """
     import torch
@@ -124,12 +135,14 @@ def test_deprecated_apis_fire_with_resolved_imports(lint, fired):
     assert found[4].severity == Severity.INFO and "apex" in found[4].message  # a deliberate option in most projects
 
 
+@pytest.mark.rule("deprecated-api")
 def test_local_class_named_variable_is_quiet(lint):
     code = ('"""Do not use torch.distributed.launch."""\nclass Variable:\n    pass\nv = Variable()\n'
             'warnings.warn("python -m torch.distributed.launch is deprecated, use torchrun")\n')
     assert lint(code) == []
 
 
+@pytest.mark.rule("deprecated-api")
 @pytest.mark.parametrize("bad, good", [
     ("n = torch.norm(x, dim=1)", "n = torch.linalg.vector_norm(x, dim=1)"),
     ("from functorch import vmap\nys = vmap(f)(xs)", "from torch.func import vmap\nys = vmap(f)(xs)"),
@@ -154,12 +167,33 @@ def test_torchfix_deprecations_are_notes_and_their_replacements_quiet(lint, fire
     assert lint("import torch\n" + good + "\n") == []
 
 
+@pytest.mark.rule("deprecated-api")
 def test_a_tensor_norm_method_and_a_local_checkpoint_function_are_quiet(lint):
     code = "import torch\nn = x.norm(dim=1)\ndef checkpoint(f, x):\n    return f(x)\ny = checkpoint(g, x)\n" \
            "m = timm.create_model('resnet50', pretrained=True)\n"
     assert lint(code) == []
 
 
+@pytest.mark.rule("deprecated-api")
 def test_functorch_as_a_fallback_import_is_quiet(lint):
     code = "try:\n    from torch.func import vmap\nexcept ImportError:\n    from functorch import vmap\nys = vmap(f)(xs)\n"
     assert lint(code) == []
+
+
+@pytest.mark.rule("deprecated-api", "eval-without-no-grad")
+def test_variable_volatile_is_reported_once_by_deprecated_api(lint):
+    code = """
+    import torch
+    from torch.autograd import Variable
+
+    def validate(model, loader):
+        model.eval()
+        for images, target in loader:
+            output = model(Variable(images, volatile=True))
+            print(output.argmax(1))
+    validate(model, val_loader)
+    """
+    assert [(f.name, f.location.line) for f in lint(code)] == [("deprecated-api", 8)]
+    # the same forward without the volatile flag is eval-without-no-grad's
+    plain = code.replace("Variable(images, volatile=True)", "Variable(images)")
+    assert sorted(f.name for f in lint(plain)) == ["deprecated-api", "eval-without-no-grad"]

@@ -21,10 +21,7 @@ def train_one_epoch(model, loader, optimizer, criterion, device):
 """
 
 
-def test_canonical_loop_is_quiet(lint):
-    assert lint(CANONICAL) == []
-
-
+@pytest.mark.rule("missing-zero-grad")
 def test_missing_zero_grad_in_a_loop_inside_a_function(lint, fired):
     code = CANONICAL.replace("        optimizer.zero_grad(set_to_none=True)\n", "")
     [f] = fired(lint(code), "missing-zero-grad")
@@ -32,6 +29,7 @@ def test_missing_zero_grad_in_a_loop_inside_a_function(lint, fired):
     assert "optimizer.zero_grad()" in f.message and "line 11" in f.message
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_zero_grad_only_before_the_loop_still_fires(lint, fired):
     code = """
     import torch
@@ -46,6 +44,7 @@ def test_zero_grad_only_before_the_loop_still_fires(lint, fired):
     assert len(fired(lint(code), "missing-zero-grad")) == 1
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_nested_loops_zero_grad_once_per_epoch_fires(lint, fired):
     code = """
     def fit(model, loader, optimizer, criterion, epochs):
@@ -60,6 +59,7 @@ def test_nested_loops_zero_grad_once_per_epoch_fires(lint, fired):
     assert "loop at line 5" in f.message
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_gan_loop_names_the_optimizer_that_is_never_cleared(lint, fired):
     code = """
     import torch
@@ -80,6 +80,7 @@ def test_gan_loop_names_the_optimizer_that_is_never_cleared(lint, fired):
     assert "opt_g.zero_grad()" in f.message and f.location.line == 14
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_gan_loop_with_model_zero_grad_is_quiet(lint):
     code = """
     for real in dataloader:
@@ -95,6 +96,7 @@ def test_gan_loop_with_model_zero_grad_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_zero_grad_over_a_list_of_optimizers_is_quiet(lint):
     code = """
     optimizers = [opt_enc, opt_dec]
@@ -109,6 +111,7 @@ def test_zero_grad_over_a_list_of_optimizers_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_gradient_accumulation_with_zero_grad_every_k_steps_is_quiet(lint):
     code = """
     def train(model, loader, optimizer, accum_steps=4):
@@ -124,6 +127,7 @@ def test_gradient_accumulation_with_zero_grad_every_k_steps_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("missing-zero-grad")
 @pytest.mark.parametrize("clear", [
     "for p in model.parameters():\n                p.grad = None",
     "model.zero_grad(set_to_none=True)",
@@ -145,6 +149,7 @@ def test_other_ways_to_clear_gradients_are_quiet(lint, clear):
     assert lint(code) == []
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_dist_autograd_context_needs_no_zero_grad(lint):
     code = """
     import torch.distributed.autograd as dist_autograd
@@ -161,6 +166,7 @@ def test_dist_autograd_context_needs_no_zero_grad(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_lbfgs_closure_that_clears_is_quiet(lint):
     code = """
     optimizer = torch.optim.LBFGS(model.parameters())
@@ -175,6 +181,7 @@ def test_lbfgs_closure_that_clears_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_scheduler_step_is_not_an_optimizer_step(lint):
     code = """
     for epoch in range(10):
@@ -186,6 +193,7 @@ def test_scheduler_step_is_not_an_optimizer_step(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_amp_scaler_step_without_zero_grad_fires(lint, fired):
     code = """
     scaler = torch.amp.GradScaler("cuda")
@@ -217,6 +225,7 @@ class GAN(L.LightningModule):
 """
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_lightning_manual_optimization_without_zero_grad_fires(lint, fired):
     assert len(fired(lint(LIGHTNING_MANUAL), "missing-zero-grad")) == 1
     fixed = LIGHTNING_MANUAL.replace("        opt.step()\n", "        opt.step()\n        opt.zero_grad()\n")
@@ -225,17 +234,20 @@ def test_lightning_manual_optimization_without_zero_grad_fires(lint, fired):
 
 # graph-retention-leak
 
+@pytest.mark.rule("graph-retention-leak")
 def test_total_loss_plus_equals_loss_fires(lint, fired):
     code = CANONICAL.replace("running += loss.item()", "running += loss")
     [f] = fired(lint(code), "graph-retention-leak")
     assert f.code == "TD308" and f.location.line == 14 and "running += loss.item()" in f.fix.title
 
 
+@pytest.mark.rule("graph-retention-leak")
 def test_appending_the_loss_to_a_list_fires(lint, fired):
     code = CANONICAL.replace("running += loss.item()", "history.append(loss)")
     assert len(fired(lint(code), "graph-retention-leak")) == 1
 
 
+@pytest.mark.rule("graph-retention-leak")
 @pytest.mark.parametrize("line", [
     "running += loss.item()",
     "running += loss.detach()",
@@ -247,12 +259,14 @@ def test_detached_accumulation_is_quiet(lint, line):
     assert lint(CANONICAL.replace("running += loss.item()", line)) == []
 
 
+@pytest.mark.rule("graph-retention-leak")
 @pytest.mark.parametrize("rebind", ["loss = loss.item()", "loss = float(loss)", "loss = loss.detach().cpu()"])
 def test_loss_rebound_to_a_number_before_accumulating_is_quiet(lint, rebind):
     code = CANONICAL.replace("running += loss.item()", f"{rebind}\n        running += loss")
     assert rebind in code and lint(code) == []
 
 
+@pytest.mark.rule("graph-retention-leak")
 def test_loss_terms_summed_before_one_backward_are_quiet(lint):
     code = """
     def style_transfer_step(model, optimizer, style_targets, content):
@@ -269,6 +283,7 @@ def test_loss_terms_summed_before_one_backward_are_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("graph-retention-leak")
 def test_accumulated_loss_backpropagated_after_the_inner_loop_is_quiet(lint):
     code = """
     for epoch in range(epochs):
@@ -284,6 +299,7 @@ def test_accumulated_loss_backpropagated_after_the_inner_loop_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("graph-retention-leak")
 def test_accumulator_reset_every_window_is_quiet(lint):
     code = """
     for i, (x, y) in enumerate(loader):
@@ -299,6 +315,7 @@ def test_accumulator_reset_every_window_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("graph-retention-leak")
 def test_lightning_training_step_accumulating_the_returned_loss_fires(lint, fired):
     code = """
     import lightning as L
@@ -332,11 +349,13 @@ def main():
 """
 
 
+@pytest.mark.rule("eval-without-no-grad")
 def test_validation_function_without_no_grad_fires(lint, fired):
     [f] = fired(lint(EVALUATE), "eval-without-no-grad")
     assert f.code == "TD306" and f.location.line == 8 and "model.eval()" in f.message
 
 
+@pytest.mark.rule("eval-without-no-grad")
 @pytest.mark.parametrize("change", [
     ("def evaluate", "@torch.no_grad()\ndef evaluate"),
     ("def evaluate", "@torch.inference_mode()\ndef evaluate"),
@@ -350,11 +369,13 @@ def test_evaluation_with_autograd_off_is_quiet(lint, change):
     assert lint(code) == []
 
 
+@pytest.mark.rule("eval-without-no-grad")
 def test_function_used_by_another_linted_file_is_left_to_runtime(lint):
     code = EVALUATE.replace("def main():\n    acc = evaluate(model, val_loader)\n", "")
     assert lint(code) == []  # never called here: the caller may disable grad
 
 
+@pytest.mark.rule("eval-without-no-grad")
 def test_module_level_inference_script_fires(lint, fired):
     code = """
     import torch
@@ -366,6 +387,7 @@ def test_module_level_inference_script_fires(lint, fired):
     assert len(fired(lint(code), "eval-without-no-grad")) == 1
 
 
+@pytest.mark.rule("eval-without-no-grad")
 def test_frozen_teacher_in_distillation_is_quiet(lint):
     code = """
     def distill(student, teacher, loader, optimizer):
@@ -381,6 +403,7 @@ def test_frozen_teacher_in_distillation_is_quiet(lint):
     assert lint(code) == []
 
 
+@pytest.mark.rule("eval-without-no-grad")
 def test_set_grad_enabled_by_phase_is_quiet(lint):
     code = """
     def run(model, loaders):
@@ -397,6 +420,7 @@ def test_set_grad_enabled_by_phase_is_quiet(lint):
     assert names(lint(code)) == []
 
 
+@pytest.mark.rule("missing-zero-grad")
 def test_loops_inside_try_and_match_blocks_are_seen(lint, fired):
     code = """
     def run(mode, model, loader, optimizer):

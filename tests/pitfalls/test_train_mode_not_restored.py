@@ -113,8 +113,13 @@ def test_lint_fires_when_validation_in_a_helper_leaves_eval_on():
 
 
 def test_lint_fires_on_train_false():
-    [finding] = lint(EPOCH.format(body="    model.train(False)\n" + TRAIN))
+    [finding] = lint(EPOCH.format(body=TRAIN + "    model.train(False)\n"))
     assert finding.message.startswith("`model.train(False)` runs inside the training loop")
+
+
+def test_lint_quiet_when_eval_comes_before_the_training_of_every_iteration():
+    # every step, the first too, trains in eval mode: a deliberate choice (as watch judges it)
+    assert lint(EPOCH.format(body="    model.train(False)\n" + TRAIN)) == []
 
 
 def test_lint_quiet_when_the_loop_restores_train_mode():

@@ -35,14 +35,20 @@ class Linter:
             if compiled is not None:
                 self.excludes.append(compiled)
         self.cache = LintCache(cache_dir(), settings.root or os.getcwd(), self.checks) if use_cache else None
+        self.per_file_ignores = per_file_ignores(settings)
+        self.root = settings.root  # the folder of the pyproject.toml whose table was read
 
     def run(self, cached: bool = True, show_progress: bool = False) -> LintResult:
         """Lint every file (raises FileNotFoundError for a path that does not exist); `cached=False` checks
         every file afresh (cached results carry no rewrites, so --fix and --diff need that). With
-        `show_progress`, a long run draws a progress bar on stderr when that is a terminal."""
+        `show_progress`, a long run draws a progress bar on stderr when that is a terminal. Findings the
+        project's per-file-ignores name for their file are dropped."""
         with _ProgressBar(show_progress) as bar:
-            return lint_paths(self.paths, self.checks, self.excludes, cache=self.cache if cached else None,
-                              progress=bar.update)
+            result = lint_paths(self.paths, self.checks, self.excludes, cache=self.cache if cached else None,
+                                progress=bar.update)
+        if self.per_file_ignores:
+            result.findings = [f for f in result.findings if not _ignored_here(f, self.per_file_ignores)]
+        return result
 
     def report(self, result: LintResult, fixed: int = 0) -> Report:
         """The report of a run; `fixed` findings were rewritten before it."""
@@ -50,6 +56,42 @@ class Linter:
         if fixed:
             facts["fixed"] = fixed
         return Report(scope="source", findings=result.findings, facts=facts, subject=", ".join(self.paths))
+
+
+def per_file_ignores(settings: Settings) -> list[tuple[Pattern, frozenset[str]]]:
+    """The project's `per-file-ignores`, compiled (patterns relative to its pyproject.toml, as `exclude`'s) with
+    the names of the checks they silence; an unknown name, or source-unreadable, is a `SelectionError`."""
+    from torchdoctor import selection
+
+    out = []
+    for pattern, names, where in settings.per_file_ignores:
+        checks = {selection.find(name, selection.LINT, f" in {where}") for name in names}
+        required = sorted(c.name for c in checks if c.name in selection.LINT.required)
+        if required:
+            raise selection.SelectionError(f"{required[0]} cannot be ignored in {where}: "
+                                           f"{selection.LINT.why_required}")
+        compiled = compile_pattern(pattern, settings.root or os.getcwd())
+        if compiled is not None:
+            out.append((compiled, frozenset(c.name for c in checks)))
+    return out
+
+
+def _ignored_here(f: Finding, ignores: list[tuple[Pattern, frozenset[str]]]) -> bool:
+    """Whether a per-file-ignores pattern matching the finding's file (or a folder above it) names its check."""
+    if f.location is None or not f.location.file:
+        return False
+    path = os.path.abspath(f.location.file)
+    for pattern, names in ignores:
+        if f.name not in names:
+            continue
+        rel = os.path.relpath(path, pattern.base).replace(os.sep, "/")
+        if rel.startswith("../"):
+            continue
+        parts = rel.split("/")
+        matched = any(pattern.matches("/".join(parts[:i]), i < len(parts)) for i in range(1, len(parts) + 1))
+        if matched != pattern.negated:  # `!pattern`: every file but those
+            return True
+    return False
 
 
 PROGRESS_MIN_FILES = 300  # fewer files to check finish before a bar would help
@@ -116,6 +158,9 @@ def render_console(report: Report, fail_on: str) -> None:
         if is_fixable(f):
             console.print(Text("     [*] fixable with --fix", style="green"))
     console.print()
+    if not report.facts.get("files"):
+        console.print(Text(f"No Python files found under {report.subject}: nothing was checked.", style="yellow"))
+        return
     summary = summary_line(report, fail_on)
     fixable = sum(1 for f in report.findings if is_fixable(f))
     if fixable:
@@ -148,6 +193,29 @@ def apply_rewrites(changes: Rewrites) -> int:
         with open(path, "w", encoding=encoding, newline="") as fh:
             fh.write(after)
     return sum(count for path, (_, _, count) in changes.items())
+
+
+def add_noqa_comments(result: LintResult) -> tuple[int, int, list[str]]:
+    """`--add-noqa`: a `# noqa: CODE` comment on every line with a finding (merged into a `# noqa: ...` already
+    there), each file written back in its own encoding and line endings. Returns (comments added, files
+    changed, `path:line` of the findings no comment can silence)."""
+    from torchdoctor.lint.noqa import add_noqa, codes_by_line
+
+    added, files, refused = 0, 0, []
+    for path in sorted({f.location.file for f in result.findings if f.location is not None and f.location.file}):
+        encoding = _encoding(path)
+        codes = codes_by_line(result.findings, path)
+        if encoding is None or not codes:
+            continue
+        with open(path, encoding=encoding, newline="") as fh:
+            before = fh.read()
+        after, count, skipped = add_noqa(before, codes)
+        refused += [f"{path}:{line}" for line in skipped]
+        if after is not None and after != before:
+            with open(path, "w", encoding=encoding, newline="") as fh:
+                fh.write(after)
+            added, files = added + count, files + 1
+    return added, files, refused
 
 
 def facts_view(facts: dict[str, Any]) -> "Text":

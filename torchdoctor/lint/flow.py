@@ -33,6 +33,12 @@ _DETACHING_FUNCTIONS = frozenset({"float", "int", "bool", "len", "round", "str",
 _HISTORYLESS_ATTRS = frozenset({"data", "shape", "grad", "device", "dtype"})
 
 
+def clears_every_grad(target: Optional[str]) -> bool:
+    """`p.grad` (set to None, or `p.grad.zero_()`) of a plain name, as in `for p in model.parameters()`: the
+    clear of every parameter it is run for. `model.head.weight.grad` clears one parameter, not the model's."""
+    return target is not None and target.endswith(".grad") and "." not in target[:-5]
+
+
 def is_optimizer_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
     """`torch.optim.Adam(...)`, `optim.SGD(...)`, `self.optimizers()` (Lightning) and the like."""
     if type(value) is not ast.Call:

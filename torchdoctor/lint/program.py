@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from torchdoctor.lint.flow import BACKWARD_METHODS, is_optimizer_ctor
+from torchdoctor.lint.flow import BACKWARD_METHODS, clears_every_grad, is_optimizer_ctor
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, ref, resolve
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
@@ -150,7 +150,7 @@ class Summary:
             forwards: set[str] = set()
             steps: set[str] = set()
             backward = set_epoch = False
-            clears = any(b.target.endswith(".grad") for b in scope.bindings)
+            clears = any(clears_every_grad(b.target) for b in scope.bindings)
             for call in scope.calls:
                 attr = call.attr
                 if attr in BACKWARD_METHODS:
@@ -163,7 +163,7 @@ class Summary:
                         steps.add(stepped)
                 elif attr == "set_epoch":
                     set_epoch = True
-                elif attr == "zero_grad" or attr == "zero_":
+                elif attr == "zero_grad" or attr == "zero_" and clears_every_grad(call.receiver):
                     clears = True
                 if not (grad_off or call.grad_off):
                     if type(call.node.func) is ast.Name:
@@ -204,6 +204,8 @@ class Program:
         self._found: dict[tuple[str, str, int], Optional[str]] = {}
         self._callers: dict[tuple[str, str], dict[int, list[tuple[Module, FunctionScope, CallSite]]]] = {}
         self.touched: set[str] = set()  # modules consulted since the caller last cleared this
+        self._libraries: dict[str, Optional[str]] = {}  # dotted module -> its source in site-packages
+        self._library_paths: Optional[list[str]] = None
 
     # ---- files and modules -------------------------------------------------------------------------------
     def root_of(self, path: str) -> str:
@@ -211,7 +213,7 @@ class Program:
         folder = os.path.dirname(path)
         found = self._roots.get(folder)
         if found is None:
-            found = self._roots[folder] = find_root(folder)
+            found = self._roots[folder] = _searchable_root(find_root(folder), folder)
         return found
 
     def release(self, root: str) -> None:
@@ -262,6 +264,31 @@ class Program:
             self._found[key] = self._find_module(importer, dotted, level)
         return self._found[key]
 
+    def find_library(self, dotted: str) -> Optional[str]:
+        """The source file of module `dotted` of an installed library (found file by file in site-packages, as
+        the import system would, without importing anything); None when absent or compiled only. Its functions
+        are then summarised like the project's, so a call into `timm.utils` has a real answer."""
+        if not dotted:
+            return None
+        found = self._libraries.get(dotted)
+        if found is None and dotted not in self._libraries:
+            parts = dotted.split(".")
+            for base in self._library_folders():
+                target = os.path.join(base, *parts)
+                for candidate in (target + ".py", os.path.join(target, "__init__.py")):
+                    if os.path.isfile(candidate):
+                        found = candidate
+                        break
+                if found is not None:
+                    break
+            self._libraries[dotted] = found
+        return found
+
+    def _library_folders(self) -> list[str]:
+        if self._library_paths is None:
+            self._library_paths = _library_folders()
+        return self._library_paths
+
     def _find_module(self, importer: str, dotted: str, level: int) -> Optional[str]:
         parts = dotted.split(".") if dotted else []
         if level:
@@ -306,17 +333,93 @@ class Program:
                     return module, local
                 inner = module.parents.get(id(inner.node))
             instance = self._instance_call(module, scope, func.id) if module.callable_classes else None
-            return instance if instance is not None else self.lookup(module, func.id)
+            if instance is None:
+                instance = self.lookup(module, func.id)
+            return instance if instance is not None else self._imported_instance_call(module, scope, func.id)
         if type(func) is ast.Attribute and type(func.value) is ast.Name:
             if func.value.id in ("self", "cls") and scope.class_name is not None:
-                method = module.methods.get((scope.class_name, func.attr))
-                return (module, method) if method is not None else None
+                return self.method(module, scope.class_name, func.attr)
             target = module.imports(self).get(func.value.id)
             if target is not None and target[0] is not None and target[1] is None:  # a project module
                 self.touched.add(target[0])
                 other = self.module(target[0])
                 return self.lookup(other, func.attr) if other is not None else None
         return None
+
+    def method(self, module: Module, class_name: str, name: str, hops: int = 0) -> Optional[tuple[Module, FunctionScope]]:
+        """The method `name` of class `class_name` of `module` as Python finds it: the class's own, else its
+        bases' in order (project classes of this module or imported ones), else, for a method the class only
+        calls, the one subclass in this module that defines it (a base's `train()` calling `self.run_step()`)."""
+        own = module.methods.get((class_name, name))
+        if own is not None and not _abstract(own.node):
+            return module, own
+        if hops > 4:
+            return None
+        for base in module.index.classes.get(class_name, []):
+            found = self._base_method(module, base, name, hops)
+            if found is not None:
+                return found
+        if hops == 0:
+            subclasses = [c for c, bases in module.index.classes.items()
+                          if class_name in bases and (c, name) in module.methods]
+            if len(subclasses) == 1:
+                return module, module.methods[(subclasses[0], name)]
+        return (module, own) if own is not None else None
+
+    def instance_method(self, module: Module, scope: FunctionScope, receiver: str,
+                        name: str) -> Optional[tuple[Module, FunctionScope]]:
+        """The method `name` of the project class `receiver` is an instance of: `receiver` is bound (only) to
+        `Cls(...)` in this function or at module level, `Cls` a class of this module or one it imports."""
+        bound = [b.value for s in (scope, module.index.scopes[0]) for b in s.bindings_of(receiver)
+                 if b.value is not None]
+        if len(bound) != 1 or not isinstance(bound[0], ast.Call) or not isinstance(bound[0].func, ast.Name):
+            return None
+        cls = bound[0].func.id
+        if cls in module.index.classes:
+            return self.method(module, cls, name)
+        target = module.imports(self).get(cls)
+        if target is None or target[0] is None or target[1] is None:
+            return None
+        self.touched.add(target[0])
+        other, cls = self.module(target[0]), target[1]
+        if other is not None and cls not in other.index.classes:  # re-exported: `from .cuda import NativeScaler`
+            again = other.imports(self).get(cls)
+            other = self.module(again[0]) if again is not None and again[0] is not None and again[1] else None
+            cls = again[1] if again is not None and again[1] else cls
+        if other is None or cls not in other.index.classes:
+            return None
+        return self.method(other, cls, name)
+
+    def _base_method(self, module: Module, base: str, name: str, hops: int) -> Optional[tuple[Module, FunctionScope]]:
+        """The method `name` found in base class `base` (a dotted name as the module writes it) or its bases."""
+        if base in module.index.classes:
+            return self.method(module, base, name, hops + 1)
+        # the class names are stored with import aliases resolved: find the local name the import bound
+        local = next((k for k, v in module.index.aliases.items() if v == base), None)
+        if local is not None:
+            head, rest = local, ""
+        else:
+            head = next((k for k, v in module.index.aliases.items() if base.startswith(v + ".")), "")
+            rest = base[len(module.index.aliases[head]) + 1:] if head else ""
+        target = module.imports(self).get(head) if head else None
+        if target is None or target[0] is None:
+            return None
+        self.touched.add(target[0])
+        other = self.module(target[0])
+        if other is None:
+            return None
+        cls = rest if target[1] is None else target[1] if not rest else None
+        if cls is None or "." in cls:
+            return None
+        if cls not in other.index.classes:  # re-exported: `from .trainer import Trainer` in a package
+            again = other.imports(self).get(cls)
+            if again is None or again[0] is None or again[1] is None or hops > 3:
+                return None
+            other = self.module(again[0])
+            cls = again[1]
+            if other is None:
+                return None
+        return self.method(other, cls, name, hops + 1)
 
     def _instance_call(self, module: Module, scope: FunctionScope, name: str) -> Optional[tuple[Module, FunctionScope]]:
         """`name(...)` where `name` is bound here to an instance of a class of this module: its `__call__`."""
@@ -326,6 +429,15 @@ class Program:
                 if method is not None:
                     return module, method
         return None
+
+    def _imported_instance_call(self, module: Module, scope: FunctionScope,
+                                name: str) -> Optional[tuple[Module, FunctionScope]]:
+        """`name(...)` where `name` is bound to an instance of an imported class (project or library): its
+        `__call__` (`loss_scaler = NativeScaler()` ... `loss_scaler(loss, optimizer)`)."""
+        if not any(isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)
+                   and b.value.func.id in module.index.imported for b in scope.bindings_of(name)):
+            return None
+        return self.instance_method(module, scope, name, "__call__")
 
     # ---- summaries ----------------------------------------------------------------------------------------
     def summary(self, module: Module, scope: FunctionScope, depth: int = 0) -> Summary:
@@ -371,6 +483,24 @@ class Program:
                 return True
         return False
 
+    def unknown_decorators(self, module: Module, scope: FunctionScope) -> list[ast.expr]:
+        """Decorators of the function that the project does not define and that are not known to leave autograd
+        alone (`staticmethod`, `functools.wraps(...)`, `torch.jit.*`...): what they do is unknown."""
+        if isinstance(scope.node, ast.Module):
+            return []
+        out = []
+        parent = module.parents.get(id(scope.node)) or module.index.scopes[0]
+        for d in scope.node.decorator_list:
+            name = d.func if isinstance(d, ast.Call) else d
+            qual = resolve(name, module.index.aliases) if isinstance(name, (ast.Name, ast.Attribute)) else ""
+            if not qual or qual in _HARMLESS_DECORATORS or qual.startswith(_HARMLESS_DECORATOR_PREFIXES) \
+                    or last(qual) in _GRAD_OFF or last(qual) in ("setter", "getter", "deleter"):
+                continue
+            fake = CallSite(ast.Call(func=name, args=[], keywords=[]), "", last(qual), None, None, False, (0, 0))
+            if self.resolve_call(module, parent, fake) is None:
+                out.append(d)
+        return out
+
     def is_grad_off_wrapper(self, module: Module, scope: FunctionScope) -> bool:
         """The function (with its closures) names no_grad/inference_mode other than in a `with`, and returns
         something: it builds a decorator or wrapped callable that runs its target without grad."""
@@ -383,7 +513,7 @@ class Program:
                 elif isinstance(node, (ast.Attribute, ast.Name)) and _is_grad_off_name(node, module):
                     used += 1
             returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(scope.node))
-            self._wrappers[key] = used > withs and returns
+            self._wrappers[key] = returns and (used > withs or withs > 0 and _wraps_in_grad_off(scope.node, module))
         return self._wrappers[key]
 
     # ---- callers -------------------------------------------------------------------------------------------
@@ -448,6 +578,55 @@ class Program:
         return self._modules.get(path)
 
 
+# Decorators known to leave autograd as it is (anything else the project does not define is unknown).
+_HARMLESS_DECORATORS = frozenset({
+    "staticmethod", "classmethod", "property", "abstractmethod", "abc.abstractmethod", "override",
+    "typing.override", "typing_extensions.override", "overload", "typing.overload", "dataclass",
+    "dataclasses.dataclass", "contextmanager", "contextlib.contextmanager", "pytest.fixture", "torch.enable_grad",
+    "torch.compile", "unittest.skip", "unittest.skipIf",
+})
+_HARMLESS_DECORATOR_PREFIXES = ("functools.", "torch.jit.", "torch.compiler.", "torch._dynamo.", "pytest.mark.",
+                                "click.", "typing.", "lru_cache", "cache", "wraps", "torch.autocast",
+                                "torch.cuda.amp.", "torch.amp.")
+
+
+def _abstract(node: ast.AST) -> bool:
+    """A method whose body only raises NotImplementedError, passes or is `...` (a docstring aside)."""
+    body = [stmt for stmt in getattr(node, "body", []) if not (isinstance(stmt, ast.Expr)
+                                                               and isinstance(stmt.value, ast.Constant))]
+    return all(isinstance(stmt, ast.Pass) or isinstance(stmt, ast.Raise) and "NotImplementedError" in ast.dump(stmt)
+               for stmt in body)
+
+
+def _searchable_root(root: str, folder: str) -> str:
+    """The root whose files are searched for callers: `root`, unless `folder` lies in a dot-folder below it (a
+    project kept in `~/.jobs/proj` of a home-folder repository), which the search would skip: then that folder."""
+    rel = os.path.relpath(folder, root)
+    if rel == "." or rel.startswith(".."):
+        return root
+    parts = rel.split(os.sep)
+    hidden = [i for i, part in enumerate(parts) if part.startswith(".") and part not in _SKIP_DIRS]
+    return os.path.join(root, *parts[:hidden[-1] + 1]) if hidden else root
+
+
+def _wraps_in_grad_off(outer: ast.AST, module: Module) -> bool:
+    """A nested function (the wrapper a decorator returns) calls a parameter of an enclosing function (the
+    decorated target) inside `with torch.no_grad():` (`functools.wraps` decorators written by hand)."""
+    targets = {a.arg for n in ast.walk(outer) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+               for a in n.args.posonlyargs + n.args.args}
+    for inner in ast.walk(outer):
+        if inner is outer or not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        own = {a.arg for a in inner.args.posonlyargs + inner.args.args + inner.args.kwonlyargs}
+        for node in ast.walk(inner):
+            if isinstance(node, (ast.With, ast.AsyncWith)) \
+                    and any(_names_grad_off(item.context_expr, module) for item in node.items) \
+                    and any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in targets - own
+                            for stmt in node.body for c in ast.walk(stmt)):
+                return True
+    return False
+
+
 def _is_grad_off_name(node: ast.expr, module: Module) -> bool:
     return last(resolve(node, module.index.aliases)) in _GRAD_OFF
 
@@ -479,21 +658,34 @@ def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -
 def _import_table(module: Module, program: Program) -> dict[str, tuple[Optional[str], Optional[str]]]:
     table: dict[str, tuple[Optional[str], Optional[str]]] = {}
     path = module.path
+
+    def find(dotted: str, level: int) -> Optional[str]:
+        """A project module, else (absolute imports) an installed library's source file."""
+        return program.find_module(path, dotted, level) or (program.find_library(dotted) if not level else None)
+
     body = module.tree.body
     top = [stmt for stmt in body if type(stmt) is ast.Import or type(stmt) is ast.ImportFrom]
     for stmt in top if len(top) == module.index.imports else _statements(body):
         if isinstance(stmt, ast.Import):
             for a in stmt.names:
                 if (a.asname or "." not in a.name) and a.name.split(".")[0] not in _EXTERNAL:
-                    table.setdefault(a.asname or a.name, (program.find_module(path, a.name, 0), None))
+                    table.setdefault(a.asname or a.name, (find(a.name, 0), None))
         elif isinstance(stmt, ast.ImportFrom) and (stmt.level or (stmt.module or "").split(".")[0] not in _EXTERNAL):
-            source = program.find_module(path, stmt.module or "", stmt.level)
+            source = find(stmt.module or "", stmt.level)
             for a in stmt.names:
                 if a.name == "*":
                     continue
-                sub = program.find_module(path, f"{stmt.module}.{a.name}" if stmt.module else a.name, stmt.level)
+                sub = find(f"{stmt.module}.{a.name}" if stmt.module else a.name, stmt.level)
                 table.setdefault(a.asname or a.name, (sub, None) if sub else (source, a.name))
     return table
+
+
+def _library_folders() -> list[str]:
+    """The folders of installed distributions on this interpreter's path (site-packages / dist-packages): the
+    environment lint runs in. The working directory and the project's own folders are not among them."""
+    import sys
+
+    return [p for p in sys.path if p and os.path.basename(p.rstrip(os.sep)) in ("site-packages", "dist-packages")]
 
 
 def _statements(body: list[ast.stmt]) -> Iterator[ast.stmt]:

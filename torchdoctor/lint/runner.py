@@ -19,6 +19,8 @@ from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
 
 MAX_FILE_BYTES = 2_000_000  # a larger .py file is generated data, not a training script: skipped with a finding
 _IGNORE = re.compile(r"#\s*torchdoctor:\s*ignore(?:\[([^\]]*)\])?")
+# ruff's and flake8's: `# noqa` alone silences every finding of the line, `# noqa: TD301, E501` those codes.
+NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
 _ALL = "*"
 
 
@@ -90,8 +92,9 @@ def _decode(data: bytes) -> tuple[str, Optional[str], int]:
 
 
 def suppressed_lines(src: SourceFile) -> dict[int, set[str]]:
-    """line -> names/codes silenced there by `# torchdoctor: ignore[name, ...]` (`*` for a bare ignore)."""
-    if "torchdoctor:" not in src.text:
+    """line -> names/codes silenced there by `# torchdoctor: ignore[name, ...]` or `# noqa: CODE, ...` (`*` for a
+    bare ignore or a bare `# noqa`)."""
+    if "torchdoctor:" not in src.text and "noqa" not in src.text.lower():
         return {}
     out: dict[int, set[str]] = {}
     try:
@@ -104,6 +107,10 @@ def suppressed_lines(src: SourceFile) -> dict[int, set[str]]:
             if m:
                 names = {n.strip() for n in (m.group(1) or _ALL).split(",") if n.strip()}
                 out.setdefault(tok.start[0], set()).update(names or {_ALL})
+            noqa = NOQA.search(tok.string)
+            if noqa:
+                codes = noqa.group("codes")
+                out.setdefault(tok.start[0], set()).update(re.split(r"[,\s]+", codes.upper()) if codes else {_ALL})
     return out
 
 

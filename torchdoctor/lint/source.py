@@ -85,6 +85,16 @@ class ProjectView:
         """Whether the function runs with grad disabled by its decorators (torch's or a project wrapper)."""
         return self._ask(lambda p, m: p.summary(m, scope).grad_off, scope.grad_off)
 
+    def instance_method(self, scope: FunctionScope, receiver: str, name: str) -> Optional[FunctionScope]:
+        """The project method `receiver.name(...)` runs when `receiver` is bound to an instance of a project class
+        (`meter = AverageMeter()`; `meter.update(...)`); None when that is not known."""
+        found = self._ask(lambda p, m: p.instance_method(m, scope, receiver, name), None)
+        return found[1] if found is not None else None
+
+    def unknown_decorators(self, scope: FunctionScope) -> list[ast.expr]:
+        """Decorators of the function whose effect is unknown (not defined in the project, not known harmless)."""
+        return self._ask(lambda p, m: p.unknown_decorators(m, scope), [])
+
     def callers(self, scope: FunctionScope) -> list[tuple[FunctionScope, CallSite, bool]]:
         """Every call of this function in the project, with its scope and whether grad is off there (the call
         is under no_grad or its function is decorated so)."""
