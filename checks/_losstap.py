@@ -1,0 +1,91 @@
+"""Listening to loss calls (torch has no loss hooks), shared by the loss pitfalls.
+
+`tap_losses` patches the named functions of ``torch.nn.functional`` with `MethodPatch` (the loss modules,
+``nn.CrossEntropyLoss`` and friends, call those same functions), so a check hears every `every`-th call of
+each: the call's tensors are handed to the check's listener for the duration of the call only. A listener
+must keep nothing of them but numbers. Nothing runs while dynamo traces.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Optional
+
+from torchdoctor.sdk import Location
+from torchdoctor.sdk.runtime import MethodPatch, RuntimeCheck
+
+Listener = Callable[[str, Any, Any, dict], None]  # (function name, input, target, keyword arguments)
+
+# Shape-preserving steps that stand between a softmax/sigmoid and the loss (view, reshape, squeeze, ...).
+_PASS_THROUGH = ("View", "Reshape", "Squeeze", "Unsqueeze", "Permute", "Transpose", "Clone", "ToCopy", "Slice",
+                 "Select", "Index", "Expand", "TBackward", "AsStrided", "Flatten", "UnsafeView", "Alias")
+_NOT_USER_CODE = ("torch", "torchdoctor", "checks", "lightning", "pytorch_lightning", "transformers", "accelerate")
+
+
+def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) -> None:
+    """Call `listener` on every ``ctx.every``-th call of each ``torch.nn.functional.<name>`` (the first one
+    included) while the check's session runs; a listener that raises is reported once and goes quiet."""
+    import torch.nn.functional as F
+
+    is_compiling = _compiling_probe()
+    every = check.ctx.every
+    calls: dict[str, int] = {}
+    broken: list[bool] = []
+
+    def before(name: str, _obj: Any, args: tuple, kwargs: dict) -> None:
+        if broken or is_compiling():
+            return
+        count = calls.get(name, 0)
+        calls[name] = count + 1
+        if count % every:
+            return
+        try:
+            inp = args[0] if args else kwargs.get("input")
+            target = args[1] if len(args) > 1 else kwargs.get("target")
+            listener(name, inp, target, kwargs)
+        except Exception as exc:  # never break the user's loss
+            broken.append(True)
+            check.ctx.fault(check, exc)
+
+    for name in names:
+        if callable(getattr(F, name, None)):
+            check.ctx.hooks.add(MethodPatch(F, name, before=_bind(before, name)))
+
+
+def _bind(before: Callable[..., None], name: str) -> Callable[[Any, tuple, dict], None]:
+    def listener(obj: Any, args: tuple, kwargs: dict) -> None:
+        before(name, obj, args, kwargs)
+    return listener
+
+
+def _compiling_probe() -> Callable[[], bool]:
+    import torch
+
+    probe = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return probe if probe is not None else (lambda: False)
+
+
+def produced_by(tensor: Any, names: tuple[str, ...], hops: int = 6) -> Optional[str]:
+    """The autograd node among `names` (e.g. ``SoftmaxBackward0``) that made `tensor`, looking through
+    shape-preserving steps (view, reshape, ...); None when the history shows another op (or none)."""
+    fn = getattr(tensor, "grad_fn", None)
+    for _ in range(hops):
+        if fn is None:
+            return None
+        kind = type(fn).__name__
+        if kind in names:
+            return kind
+        if not kind.startswith(_PASS_THROUGH) or not fn.next_functions:
+            return None
+        fn = fn.next_functions[0][0]
+    return None
+
+
+def user_location() -> Location:
+    """The file and line of the user's code that called the loss (the innermost frame outside torch,
+    torchdoctor, the checks and the training frameworks)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
+        frame = frame.f_back
+    if frame is None:
+        return Location()
+    return Location(file=frame.f_code.co_filename, line=frame.f_lineno)
