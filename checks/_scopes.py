@@ -66,6 +66,7 @@ SCOPES: dict[str, tuple[str, ...]] = {
     "unsafe_pickle": ("checkpoint",),
     "unsafe_torch_load": ("source",),
     "unused_parameters": ("runtime",),
+    "update_underflow": ("runtime",),
     "wrapper_prefix": ("checkpoint",),
 }
 CODES: dict[str, str] = {
@@ -131,5 +132,6 @@ CODES: dict[str, str] = {
     "unsafe-pickle": "TD201",
     "unsafe-torch-load": "TD503",
     "unused-parameters": "TD305",
+    "update-underflow": "TD324",
     "wrapper-prefix": "TD204",
 }

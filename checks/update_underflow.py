@@ -1,0 +1,187 @@
+"""update-underflow: parameters that receive gradients but never change: bf16/fp16 weights whose updates
+round away (below half their precision), or a learning rate of 0."""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Iterator, Optional
+
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+
+_SETUP = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(torch.bfloat16)  # pure bf16 weights
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+x_all = torch.randn(512, 16)
+y_all = x_all @ torch.linspace(-1, 1, 16)
+loader = [(x_all[i:i + 64], y_all[i:i + 64]) for i in range(0, 512, 64)]
+"""
+
+_LOOP = """
+for epoch in range(4):
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(x.to(model[0].weight.dtype)).float().squeeze(-1), y)
+        loss.backward()
+        optimizer.step()
+"""
+
+UPDATE_UNDERFLOW = Pitfall(
+    code="TD324",
+    name="update-underflow",
+    severity="warning",
+    summary="Parameters receive gradients but the optimizer's steps leave them unchanged: bf16/fp16 weights whose "
+            "updates are below half their precision, or a learning rate of 0.",
+    why="""
+        A step adds `-lr * update` to each weight and rounds the result to the weight's dtype. bfloat16 keeps 8
+        significant bits: near a weight of 0.05 its numbers are 0.0002 apart, so any update smaller than 0.0001
+        rounds back to the same weight. Pure-bf16 (or fp16) training with a small learning rate therefore loses
+        most of its updates: the loss stalls while every step "succeeds". The general case is the same symptom
+        from another cause: a learning rate of 0 (a scheduler that reached 0, a group built with `lr=0`), or
+        fp32 weights so large against their updates that they round away too.
+    """,
+    fix="""
+        Keep fp32 master weights and compute in low precision: leave the model in fp32 and use
+        `torch.autocast(device_type, dtype=torch.bfloat16)` (mixed precision). If the weights must stay in bf16,
+        use an optimizer with stochastic rounding or Kahan summation, or a larger learning rate. For a learning
+        rate of 0, check the scheduler and the parameter groups.
+    """,
+    bad=Example(_LOOP, setup=_SETUP),
+    good=Example(
+        "model.float()  # fp32 master weights (compute in bf16 under torch.autocast for speed)" + _LOOP,
+        setup=_SETUP,
+    ),
+    details={
+        "runtime": """
+            Every `every` steps of each watched optimizer, just before its step, up to 32 evenly spaced elements
+            of every parameter it holds that has a gradient are copied, with where their gradient is non-zero;
+            right after the step they are compared (one host sync). A parameter at least half of whose sampled
+            elements with a non-zero gradient (at least 4) did not change is stuck for that check; a parameter stuck at 3
+            checks in a row spanning at least 20 steps is reported, with its dtype and learning rate: below half
+            the dtype's precision (bf16/fp16 storage), a learning rate of 0, or neither. Frozen parameters (no
+            gradient), parameters no watched optimizer holds, a learning-rate warm-up from 0 over a few steps,
+            and steps that GradScaler skips (the optimizer's step never runs) are quiet.
+        """,
+    },
+)
+
+_SAMPLES = 32
+_MIN_SAMPLED = 4
+_STUCK_SHARE = 0.5
+_CHECKS_IN_A_ROW = 3
+_MIN_SPAN = 20
+_LISTED = 6
+
+
+class _Pending:
+    """One optimizer's snapshot between its step's pre and post hooks: sampled values and non-zero-grad masks."""
+
+    def __init__(self) -> None:
+        self.params: list[tuple["weakref.ReferenceType[Any]", int, Any, Any, float]] = []
+
+
+def _sample(flat: Any, stride: int) -> Any:
+    return flat[::stride][:_SAMPLES]
+
+
+@UPDATE_UNDERFLOW.runtime
+class UpdateUnderflow(RuntimeCheck):
+    """Every `every` steps: sampled elements with a gradient that the step did not change."""
+
+    def on_start(self) -> None:
+        self.pending: dict[int, _Pending] = {}
+        self.stuck: dict[int, tuple[int, int]] = {}  # id(param) -> (checks in a row, step of the first)
+        self.reported: set[int] = set()  # ids of optimizers already reported (once each)
+
+    def on_periodic(self, event: StepEvent) -> None:
+        import torch
+
+        if id(event.optimizer) in self.reported:
+            return
+        pending = _Pending()
+        with torch.no_grad():
+            for group in event.optimizer.optimizer.param_groups:
+                lr = group.get("lr", 0.0)
+                lr = float(lr) if not isinstance(lr, torch.Tensor) else float(lr.item())
+                for p in group["params"]:
+                    grad = p.grad
+                    if not isinstance(p, torch.Tensor) or grad is None or grad.is_sparse \
+                            or not p.is_floating_point() or p.numel() == 0 or grad.shape != p.shape:
+                        continue
+                    stride = max(1, p.numel() // _SAMPLES)
+                    before = _sample(p.detach().reshape(-1), stride).clone()
+                    moved = _sample(grad.detach().reshape(-1), stride) != 0
+                    pending.params.append((weakref.ref(p), stride, before, moved, lr))
+        if pending.params:
+            self.pending[id(event.optimizer)] = pending
+
+    def on_step_post(self, event: StepEvent) -> Optional[Iterator[Finding]]:
+        pending = self.pending.pop(id(event.optimizer), None)
+        if pending is None:
+            return None
+        return self._judge(event, pending)
+
+    def _judge(self, event: StepEvent, pending: _Pending) -> Iterator[Finding]:
+        import torch
+
+        counts, kept = [], []
+        with torch.no_grad():
+            for ref, stride, before, moved, lr in pending.params:
+                p = ref()
+                if p is None:
+                    continue
+                after = _sample(p.detach().reshape(-1), stride)
+                if after.shape != before.shape:
+                    continue
+                counts.append(torch.stack([((after != before) & moved).sum(), moved.sum()]).cpu())
+                kept.append((p, lr))
+        if not counts:
+            return
+        step = event.step
+        stuck_now: list[tuple[Any, float]] = []
+        for (p, lr), (changed, sampled) in zip(kept, torch.stack(counts).tolist()):
+            if sampled < _MIN_SAMPLED or changed > (1 - _STUCK_SHARE) * sampled:
+                self.stuck.pop(id(p), None)
+                continue
+            row, first = self.stuck.get(id(p), (0, step))
+            self.stuck[id(p)] = (row + 1, first)
+            if row + 1 >= _CHECKS_IN_A_ROW and step - first >= _MIN_SPAN:
+                stuck_now.append((p, lr))
+        if stuck_now:
+            yield from self._report(event, stuck_now)
+
+    def _report(self, event: StepEvent, stuck: list[tuple[Any, float]]) -> Iterator[Finding]:
+        import torch
+
+        self.reported.add(id(event.optimizer))
+        names = [self.ctx.param_name(p) or f"{tuple(p.shape)}" for p, _ in stuck]
+        listed = ", ".join(f"`{n}`" for n in names[:_LISTED]) + (", ..." if len(names) > _LISTED else "")
+        p, lr = stuck[0]
+        since = self.stuck[id(p)][1]
+        low = [q for q, _ in stuck if q.dtype in (torch.bfloat16, torch.float16)]
+        label = event.optimizer.label
+        if all(r == 0 for _, r in stuck):
+            cause = f"the learning rate of {label} is 0"
+            fix = ("Check the scheduler and the parameter groups: the learning rate must be above 0 after warm-up:\n"
+                   "print([g['lr'] for g in optimizer.param_groups])")
+        elif low:
+            q = low[0]
+            with torch.no_grad():
+                scale = float(q.detach().abs().float().mean())
+            spacing = torch.finfo(q.dtype).eps * scale
+            cause = (f"they are stored in {str(q.dtype).replace('torch.', '')}, whose numbers near their size "
+                     f"(mean |w| {scale:.2g}) are {spacing:.2g} apart: updates from lr {lr:g} are below half of that "
+                     "and round away")
+            fix = ("Keep fp32 master weights and compute in bf16 with autocast:\n"
+                   "model.float()  # fp32 master weights (compute in bf16 under torch.autocast for speed)")
+        else:
+            cause = f"their updates (lr {lr:g}) are too small for their magnitude"
+            fix = "Check the learning rate and the scale of the weights and gradients:\n" \
+                  "print([g['lr'] for g in optimizer.param_groups])"
+        yield Finding(
+            f"{len(stuck)} parameter(s) held by {label} have received gradients since step {since}, but its "
+            f"steps leave them unchanged: {cause}. Stuck: {listed}.",
+            fix=fix, location=Location(key=label, step=event.step))
