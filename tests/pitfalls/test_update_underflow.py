@@ -25,7 +25,8 @@ def test_bad_example_learns_worse_and_is_flagged():
     start = _loss(namespace)
     bad_found, bad = train(UNDERFLOW, UNDERFLOW.bad, 8, _loss)
     good_found, good = train(UNDERFLOW, UNDERFLOW.good, 8, _loss)
-    assert bad > 0.99 * start and bad > 1.15 * good, (start, bad, good)  # bf16 weights stuck; fp32 ones learned
+    # the bf16 weights gained less than a third of what the same steps gave the fp32 ones
+    assert bad > 1.1 * good and start - bad < 0.3 * (start - good), (start, bad, good)
     [f] = bad_found
     assert f.code == "TD324" and "stored in bfloat16" in f.message and "lr 0.0001" in f.message
     assert f.fix.code.startswith("model.float()")
