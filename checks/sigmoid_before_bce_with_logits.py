@@ -1,11 +1,13 @@
 """sigmoid-before-bce-with-logits: a sigmoid's output fed to BCEWithLogitsLoss, which applies the sigmoid itself."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
+from ._activation_source import Activation, evidence, first_argument, fixed_line, loss_calls
 from ._losstap import produced_by, tap_losses, user_location
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
+from torchdoctor.sdk.source import SourceFile
 
 _SETUP = """
 import torch
@@ -65,6 +67,14 @@ SIGMOID_BEFORE_BCE_WITH_LOGITS = Pitfall(
             happen to lie in [0, 1]), so an input without autograd history is not judged. A sigmoid in front of
             `BCELoss` is correct and quiet (that loss is not looked at).
         """,
+        "source": """
+            A call of `F.binary_cross_entropy_with_logits`, of `nn.BCEWithLogitsLoss()`, or of a name every binding
+            of which builds one, is reported when the source shows its input to be a sigmoid's output: the
+            sigmoid call itself (`torch.sigmoid`, `F.sigmoid`, `x.sigmoid()`, `nn.Sigmoid()(x)`), a name last
+            bound to one in the same function, or the output of a model built in the file as
+            `nn.Sequential(..., nn.Sigmoid())` or from a project class whose `forward` returns a sigmoid on every
+            `return`. A sigmoid in front of `BCELoss` is correct and quiet.
+        """,
     },
 )
 
@@ -87,3 +97,27 @@ class SigmoidBeforeBceWithLogits(RuntimeCheck):
             "gradients shrink.",
             fix="Pass the logits; drop the sigmoid in front of the loss:\nloss = criterion(logits, target)",
             location=user_location()))
+
+
+_SIGMOID = Activation(frozenset({"sigmoid", "expit"}), "Sigmoid")
+
+
+@SIGMOID_BEFORE_BCE_WITH_LOGITS.source
+def sigmoid_before_bce_with_logits(src: SourceFile) -> Iterator[Finding]:
+    """A binary_cross_entropy_with_logits call whose input the source shows to be a sigmoid's output."""
+    if src.tree is None or ("sigmoid" not in src.text.lower() and "expit" not in src.text):
+        return
+    for scope, call, loss, inp in loss_calls(src, frozenset({"binary_cross_entropy_with_logits"}),
+                                             frozenset({"BCEWithLogitsLoss"})):
+        found = evidence(src, scope, call, inp, _SIGMOID)
+        if found is None:
+            continue
+        tensor = first_argument(src, found.node)
+        line = fixed_line(src, call, found, tensor) if tensor else None
+        fix = (f"Pass the logits: {loss} applies the sigmoid itself:\n{line}" if line else
+               "Pass the logits: return them from the model (apply sigmoid only for probabilities at inference):\n"
+               "return self.head(features)  # logits; no sigmoid before BCEWithLogitsLoss")
+        yield Finding(
+            f"`{src.snippet(call.node)}`: its input {found.how} a sigmoid, but {loss} applies the sigmoid itself: "
+            "sigmoid(sigmoid(z)) never drops below 0.5 and the gradients shrink.",
+            fix=fix, location=src.location(call.node))

@@ -2,11 +2,13 @@
 nll_loss (which expects log-probabilities): the loss is computed on the wrong quantity and learning stalls."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
+from ._activation_source import Activation, evidence, first_argument, fixed_line, loss_calls
 from ._losstap import produced_by, tap_losses, user_location
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
+from torchdoctor.sdk.source import SourceFile
 
 _SETUP = """
 import torch
@@ -69,6 +71,16 @@ SOFTMAX_BEFORE_CROSS_ENTROPY = Pitfall(
             A function imported before the session started (`from torch.nn.functional import cross_entropy`)
             is not seen.
         """,
+        "source": """
+            A call of `F.cross_entropy`/`F.nll_loss`, of `nn.CrossEntropyLoss()`/`nn.NLLLoss()`, or of a name
+            (`criterion`, `self.criterion`) every binding of which builds one, is reported when the source shows
+            its input to be a softmax's output: the softmax call itself (`torch.softmax`, `F.softmax`,
+            `x.softmax`, `nn.Softmax(dim)(x)`), a name last bound to one in the same function, or the output of a
+            model built in the file as `nn.Sequential(..., nn.Softmax(...))` or from a project class whose
+            `forward` (in this file or an imported project module) returns a softmax on every `return`. A
+            forward that returns the softmax only at inference (`if self.training: return logits`),
+            `log_softmax`, `torch.log(softmax(...))` and softmax *targets* are quiet.
+        """,
     },
 )
 
@@ -116,3 +128,37 @@ class SoftmaxBeforeCrossEntropy(RuntimeCheck):
             fix = ("Use log_softmax in front of nll_loss (or cross_entropy on the logits):\n"
                    "loss = F.nll_loss(F.log_softmax(logits, dim=1), target)")
         self.ctx.emit(self, Finding(message, fix=fix, location=user_location()))
+
+
+_SOFTMAX = Activation(frozenset({"softmax"}), "Softmax")
+
+
+@SOFTMAX_BEFORE_CROSS_ENTROPY.source
+def softmax_before_cross_entropy(src: SourceFile) -> Iterator[Finding]:
+    """A cross_entropy/nll_loss call whose input the source shows to be a softmax's output."""
+    if src.tree is None or "softmax" not in src.text.lower():
+        return
+    for scope, call, loss, inp in loss_calls(src, frozenset({"cross_entropy", "nll_loss"}),
+                                             frozenset({"CrossEntropyLoss", "NLLLoss"})):
+        found = evidence(src, scope, call, inp, _SOFTMAX)
+        if found is None:
+            continue
+        cross = loss in ("cross_entropy", "CrossEntropyLoss")
+        tensor = first_argument(src, found.node)
+        if cross:
+            line = fixed_line(src, call, found, tensor) if tensor else None
+            fix = (f"Pass the logits: {loss} applies log_softmax itself:\n{line}" if line else
+                   "Pass the logits: return them from the model (apply softmax only for probabilities at inference):\n"
+                   "return self.classifier(features)  # logits; no softmax before CrossEntropyLoss")
+        else:
+            line = fixed_line(src, call, found, src.segment(found.node).replace("softmax", "log_softmax")
+                              .replace("Softmax", "LogSoftmax")) if found.node is not None else None
+            fix = (f"Give {loss} log-probabilities:\n{line}" if line else
+                   f"Give {loss} log-probabilities: use log_softmax instead of softmax:\n"
+                   "return F.log_softmax(self.classifier(features), dim=1)")
+        expects = "applies log_softmax itself and expects logits" if cross else "expects log-probabilities"
+        yield Finding(
+            f"`{src.snippet(call.node)}`: its input {found.how} a softmax, but {loss} {expects}"
+            + (": the softmax is applied twice and the gradients shrink." if cross else
+               ": it minimises -p instead of -log p."),
+            fix=fix, location=src.location(call.node))
