@@ -107,7 +107,7 @@ def evidence(src: SourceFile, scope: FunctionScope, call: CallSite, inp: ast.exp
     if isinstance(inp, ast.Name):
         value = _last_binding(inp.id, scope, call.pos)
         if value is not None and activation_call(value, index, act):
-            return Evidence(value, f"`{inp.id}` is bound to", False)
+            return Evidence(value, f"is `{inp.id}`, bound to", False)
     if not isinstance(value, ast.Call) or value.args == [] and not value.keywords:
         return None
     model = ref(value.func)
@@ -121,10 +121,10 @@ def evidence(src: SourceFile, scope: FunctionScope, call: CallSite, inp: ast.exp
         return None
     layer = _sequential_last(ctor, index, act)
     if layer is not None:
-        return Evidence(layer, f"`{model}` ends with", False)
+        return Evidence(layer, f"comes from `{model}`, which ends with", False)
     where = _forward_returns(src, ctor, act)
     if where is not None:
-        return Evidence(None, f"`{model}`'s forward ({where}) returns", False)
+        return Evidence(None, f"comes from `{model}`, whose forward ({where}) returns", False)
     return None
 
 

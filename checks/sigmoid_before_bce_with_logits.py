@@ -105,7 +105,7 @@ _SIGMOID = Activation(frozenset({"sigmoid", "expit"}), "Sigmoid")
 @SIGMOID_BEFORE_BCE_WITH_LOGITS.source
 def sigmoid_before_bce_with_logits(src: SourceFile) -> Iterator[Finding]:
     """A binary_cross_entropy_with_logits call whose input the source shows to be a sigmoid's output."""
-    if src.tree is None or ("sigmoid" not in src.text.lower() and "expit" not in src.text):
+    if src.tree is None or ("with_logits" not in src.text and "BCEWithLogitsLoss" not in src.text):
         return
     for scope, call, loss, inp in loss_calls(src, frozenset({"binary_cross_entropy_with_logits"}),
                                              frozenset({"BCEWithLogitsLoss"})):

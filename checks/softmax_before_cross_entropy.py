@@ -136,7 +136,8 @@ _SOFTMAX = Activation(frozenset({"softmax"}), "Softmax")
 @SOFTMAX_BEFORE_CROSS_ENTROPY.source
 def softmax_before_cross_entropy(src: SourceFile) -> Iterator[Finding]:
     """A cross_entropy/nll_loss call whose input the source shows to be a softmax's output."""
-    if src.tree is None or "softmax" not in src.text.lower():
+    if src.tree is None or not any(name in src.text for name in ("cross_entropy", "CrossEntropyLoss", "nll_loss",
+                                                                 "NLLLoss")):
         return
     for scope, call, loss, inp in loss_calls(src, frozenset({"cross_entropy", "nll_loss"}),
                                              frozenset({"CrossEntropyLoss", "NLLLoss"})):
