@@ -2,6 +2,7 @@
 round away (below half their precision), or a learning rate of 0."""
 from __future__ import annotations
 
+import statistics
 import weakref
 from typing import Any, Iterator, Optional
 
@@ -58,12 +59,15 @@ UPDATE_UNDERFLOW = Pitfall(
         "runtime": """
             Every `every` steps of each watched optimizer, just before its step, up to 32 evenly spaced elements
             of every parameter it holds that has a gradient are copied, with where their gradient is non-zero;
-            right after the step they are compared (one host sync). A parameter at least half of whose sampled
-            elements with a non-zero gradient (at least 4) did not change is stuck for that check; a parameter stuck at 3
-            checks in a row spanning at least 20 steps is reported, with its dtype and learning rate: below half
-            the dtype's precision (bf16/fp16 storage), a learning rate of 0, or neither. Frozen parameters (no
-            gradient), parameters no watched optimizer holds, a learning-rate warm-up from 0 over a few steps,
-            and steps that GradScaler skips (the optimizer's step never runs) are quiet.
+            right after the step they are compared (one host sync per device). A parameter at least half of whose
+            sampled elements with a non-zero gradient (at least 4) did not change is stuck for that check; a
+            parameter stuck at 3 checks in a row spanning at least 20 steps is reported when it is stored in
+            bf16/fp16 (its updates fell below half its precision) or its learning rate is 0. Quiet: fp32 weights
+            whose updates round away (huge embeddings under a tiny learning rate; too often harmless to judge),
+            frozen parameters (no gradient), parameters whose sampled gradient is below 1e-4 of the median
+            parameter's (a bias in front of a BatchNorm gets only rounding noise), parameters no watched
+            optimizer holds, a learning-rate warm-up from 0 over a few steps, and steps that GradScaler skips
+            (the optimizer's step never runs).
         """,
     },
 )
@@ -74,13 +78,15 @@ _STUCK_SHARE = 0.5
 _CHECKS_IN_A_ROW = 3
 _MIN_SPAN = 20
 _LISTED = 6
+_LOW_PRECISION = ("torch.bfloat16", "torch.float16")
+_NOISE = 1e-4  # a parameter whose gradient is this small against the median parameter's has none to speak of
 
 
 class _Pending:
     """One optimizer's snapshot between its step's pre and post hooks: sampled values and non-zero-grad masks."""
 
     def __init__(self) -> None:
-        self.params: list[tuple["weakref.ReferenceType[Any]", int, Any, Any, float]] = []
+        self.params: list[tuple["weakref.ReferenceType[Any]", int, Any, Any, Any, float]] = []
 
 
 def _sample(flat: Any, stride: int) -> Any:
@@ -113,8 +119,8 @@ class UpdateUnderflow(RuntimeCheck):
                         continue
                     stride = max(1, p.numel() // _SAMPLES)
                     before = _sample(p.detach().reshape(-1), stride).clone()
-                    moved = _sample(grad.detach().reshape(-1), stride) != 0
-                    pending.params.append((weakref.ref(p), stride, before, moved, lr))
+                    grads = _sample(grad.detach().reshape(-1), stride)
+                    pending.params.append((weakref.ref(p), stride, before, grads != 0, grads.abs().float().mean(), lr))
         if pending.params:
             self.pending[id(event.optimizer)] = pending
 
@@ -127,23 +133,31 @@ class UpdateUnderflow(RuntimeCheck):
     def _judge(self, event: StepEvent, pending: _Pending) -> Iterator[Finding]:
         import torch
 
-        counts, kept = [], []
+        counts: dict[Any, list[Any]] = {}  # device -> [changed, sampled] per parameter: one host sync per device
+        kept: dict[Any, list[tuple[Any, float]]] = {}
         with torch.no_grad():
-            for ref, stride, before, moved, lr in pending.params:
+            for ref, stride, before, moved, scale, lr in pending.params:
                 p = ref()
                 if p is None:
                     continue
                 after = _sample(p.detach().reshape(-1), stride)
                 if after.shape != before.shape:
                     continue
-                counts.append(torch.stack([((after != before) & moved).sum(), moved.sum()]).cpu())
-                kept.append((p, lr))
-        if not counts:
+                counts.setdefault(p.device, []).append(torch.stack([((after != before) & moved).sum().float(), moved.sum().float(), scale]))
+                kept.setdefault(p.device, []).append((p, lr))
+        judged = [(param, numbers) for device, rows in counts.items()
+                  for param, numbers in zip(kept[device], torch.stack(rows).tolist())]
+        if not judged:
             return
+        typical = statistics.median(numbers[2] for _, numbers in judged)
         step = event.step
         stuck_now: list[tuple[Any, float]] = []
-        for (p, lr), (changed, sampled) in zip(kept, torch.stack(counts).tolist()):
-            if sampled < _MIN_SAMPLED or changed > (1 - _STUCK_SHARE) * sampled:
+        for (p, lr), (changed, sampled, scale) in judged:
+            if lr != 0 and str(p.dtype) not in _LOW_PRECISION:
+                continue  # fp32 steps that round away (huge weights, tiny updates) are not judged: too often harmless
+            if sampled < _MIN_SAMPLED or changed > (1 - _STUCK_SHARE) * sampled or scale < _NOISE * typical:
+                # too few elements to judge, moving, or a gradient that is numerically zero (a bias before a
+                # BatchNorm gets only rounding noise: its steps may leave it unchanged, harmlessly)
                 self.stuck.pop(id(p), None)
                 continue
             row, first = self.stuck.get(id(p), (0, step))
@@ -159,28 +173,23 @@ class UpdateUnderflow(RuntimeCheck):
         self.reported.add(id(event.optimizer))
         names = [self.ctx.param_name(p) or f"{tuple(p.shape)}" for p, _ in stuck]
         listed = ", ".join(f"`{n}`" for n in names[:_LISTED]) + (", ..." if len(names) > _LISTED else "")
-        p, lr = stuck[0]
-        since = self.stuck[id(p)][1]
-        low = [q for q, _ in stuck if q.dtype in (torch.bfloat16, torch.float16)]
+        since = self.stuck[id(stuck[0][0])][1]
+        low = [(q, r) for q, r in stuck if r != 0]  # the others have lr 0; these are bf16/fp16 (see _judge)
         label = event.optimizer.label
-        if all(r == 0 for _, r in stuck):
+        if not low:
             cause = f"the learning rate of {label} is 0"
             fix = ("Check the scheduler and the parameter groups: the learning rate must be above 0 after warm-up:\n"
                    "print([g['lr'] for g in optimizer.param_groups])")
-        elif low:
-            q = low[0]
+        else:
+            q, lr = low[0]
             with torch.no_grad():
                 scale = float(q.detach().abs().float().mean())
             spacing = torch.finfo(q.dtype).eps * scale
             cause = (f"they are stored in {str(q.dtype).replace('torch.', '')}, whose numbers near their size "
-                     f"(mean |w| {scale:.2g}) are {spacing:.2g} apart: updates from lr {lr:g} are below half of that "
-                     "and round away")
+                     f"(mean |w| {scale:.2g}) are {spacing:.2g} apart: the updates "
+                     f"(lr {lr:g}) fall below half of that and round away")
             fix = ("Keep fp32 master weights and compute in bf16 with autocast:\n"
                    "model.float()  # fp32 master weights (compute in bf16 under torch.autocast for speed)")
-        else:
-            cause = f"their updates (lr {lr:g}) are too small for their magnitude"
-            fix = "Check the learning rate and the scale of the weights and gradients:\n" \
-                  "print([g['lr'] for g in optimizer.param_groups])"
         yield Finding(
             f"{len(stuck)} parameter(s) held by {label} have received gradients since step {since}, but its "
             f"steps leave them unchanged: {cause}. Stuck: {listed}.",

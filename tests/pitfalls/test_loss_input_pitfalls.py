@@ -135,3 +135,22 @@ def test_broadcast_fires_on_mismatched_regression_shapes_and_quiet_otherwise():
     ]
     for body in quiet:
         assert _losses(BROADCAST, body) == []
+
+
+def test_the_loss_tap_holds_nothing_and_goes_away():
+    import gc
+    import weakref
+
+    original = F.cross_entropy
+    model = nn.Linear(6, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchdoctor.watch(model, opt, every=1, on_finding=lambda f: None, report=False):
+        assert F.cross_entropy is not original
+        probs = torch.softmax(model(X), dim=1)
+        ref = weakref.ref(probs)
+        F.cross_entropy(probs, Y).backward()
+        opt.step()
+        del probs
+        gc.collect()
+        assert ref() is None  # nothing of the call was kept
+    assert F.cross_entropy is original
