@@ -78,8 +78,11 @@ def _scopes_binding(target: str, scope: FunctionScope, index: ModuleIndex) -> li
     """Where `target` may be bound: `self.x` in any method of the class, else this function and the module body."""
     if target.startswith("self.") and scope.class_name is not None:
         return [s for s in index.scopes if s.class_name == scope.class_name]
+    chain = [scope]  # this function, the functions it is nested in (closures), the module body
+    while chain[-1].parent is not None and len(chain) < 6:
+        chain.append(chain[-1].parent)
     module_scope = index.scopes[0]
-    return [scope] if scope is module_scope else [scope, module_scope]
+    return chain if chain[-1] is module_scope else [*chain, module_scope]
 
 
 def activation_call(node: ast.expr, index: ModuleIndex, act: Activation) -> bool:
@@ -104,10 +107,17 @@ def evidence(src: SourceFile, scope: FunctionScope, call: CallSite, inp: ast.exp
     if activation_call(inp, index, act):
         return Evidence(inp, "is computed by", True)
     value: Optional[ast.expr] = inp
-    if isinstance(inp, ast.Name):
-        value = _last_binding(inp.id, scope, call.pos)
+    while isinstance(value, ast.Subscript):  # `probs[:n]`: rows of the same tensor
+        value = value.value
+    if isinstance(value, ast.Name):
+        name = value.id
+        value = _last_binding(name, scope, call.pos)
+        while isinstance(value, ast.Subscript):
+            value = value.value
+        if isinstance(value, ast.Name):  # `src_prob = prob[:n]`: one more step
+            value = _last_binding(value.id, scope, call.pos)
         if value is not None and activation_call(value, index, act):
-            return Evidence(value, f"is `{inp.id}`, bound to", False)
+            return Evidence(value, f"is `{name}`, bound to", False)
     if not isinstance(value, ast.Call) or value.args == [] and not value.keywords:
         return None
     model = ref(value.func)

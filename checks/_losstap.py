@@ -17,7 +17,7 @@ Listener = Callable[[str, Any, Any, dict], None]  # (function name, input, targe
 
 # Shape-preserving steps that stand between a softmax/sigmoid and the loss (view, reshape, squeeze, ...).
 _PASS_THROUGH = ("View", "Reshape", "Squeeze", "Unsqueeze", "Permute", "Transpose", "Clone", "ToCopy", "Slice",
-                 "Select", "Index", "Expand", "TBackward", "AsStrided", "Flatten", "UnsafeView", "Alias")
+                 "Select", "Index", "Expand", "TBackward", "AsStrided", "Flatten", "UnsafeView", "Alias", "Unbind")
 _NOT_USER_CODE = ("torch", "torchdoctor", "checks", "lightning", "pytorch_lightning", "transformers", "accelerate")
 
 

@@ -136,6 +136,21 @@ for x, y in loader:
     assert [f for f in found if f.name in (SOFTMAX, SIGMOID)] == []
 
 
+def test_closure_and_sliced_probabilities_fire(lint, fired):
+    code = HEAD + """
+def experiment(n):
+    criterion = nn.CrossEntropyLoss()
+
+    def f_train(x, y):
+        prob = F.softmax(net(x), dim=1)
+        src_prob = prob[:n]
+        return criterion(src_prob, y)
+    return f_train
+"""
+    [f] = fired(lint(code), SOFTMAX)
+    assert "`src_prob`" in f.message
+
+
 def test_criterion_rebound_to_another_loss_is_not_judged(lint, fired):
     code = HEAD + """
 model = nn.Linear(8, 4)
