@@ -65,9 +65,11 @@ LOSS_SHAPE_BROADCAST = Pitfall(
         "runtime": """
             Every `every`-th call of `torch.nn.functional.mse_loss`, `l1_loss`, `smooth_l1_loss` and `huber_loss`
             (the loss modules call them) compares the shapes of input and target (no host sync): reported when
-            they differ and broadcast to a tensor bigger than both. Equal shapes, a target that only expands
-            (a scalar, or `[C]` against `[N, C]`, which gives the same mean) and `reduction="none"` (the caller
-            handles the elementwise result) are quiet.
+            they differ and broadcast to a tensor bigger than both (`[N, 1]` against `[N]`), or when the input
+            (the prediction) is the one expanded (`[1, C]` against `[N, C]`). Equal shapes, a target that only
+            expands to the input's shape (a scalar, or `[C]` against `[N, C]`, which gives the same mean; also
+            `[N, 1, ...]` against `[N, K, ...]`, which multi-hypothesis losses do on purpose) and
+            `reduction="none"` (the caller handles the elementwise result) are quiet.
         """,
     },
 )
@@ -92,14 +94,18 @@ class LossShapeBroadcast(RuntimeCheck):
             shape = torch.broadcast_shapes(inp.shape, target.shape)
         except RuntimeError:
             return  # torch raises its own error
-        a, b = tuple(inp.shape), tuple(target.shape)
-        if math.prod(shape) <= max(math.prod(a), math.prod(b)) or (name, a, b) in self.reported:
-            return
+        a, b, full = tuple(inp.shape), tuple(target.shape), tuple(shape)
+        if full == a or (name, a, b) in self.reported:
+            return  # only the target expands (a scalar, `[C]` against `[N, C]`, ...): the same mean
         self.reported.add((name, a, b))
+        if math.prod(full) > max(math.prod(a), math.prod(b)):
+            what = (f"they broadcast to {list(full)}, so every prediction is compared with every target of the "
+                    "batch and the model learns the mean target.")
+        else:
+            what = (f"the input is broadcast to {list(full)}, so the same predictions are compared with the "
+                    "targets of other samples.")
         fix = (f"Give input and target the same shape, e.g.:\nloss = F.{name}(pred.squeeze(-1), target)"
                if a[-1:] == (1,) and len(a) == len(b) + 1 else
                f"Give input and target the same shape, e.g.:\nloss = F.{name}(pred, target.view_as(pred))")
-        self.ctx.emit(self, Finding(
-            f"{name} got input {list(a)} and target {list(b)}: they broadcast to {list(shape)}, so every "
-            "prediction is compared with every target of the batch and the model learns the mean target.",
-            fix=fix, location=user_location()))
+        self.ctx.emit(self, Finding(f"{name} got input {list(a)} and target {list(b)}: {what}",
+                                    fix=fix, location=user_location()))

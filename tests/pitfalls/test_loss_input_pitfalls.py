@@ -117,6 +117,25 @@ def test_sigmoid_fires_on_sigmoid_layers_and_quiet_on_bce_and_logits():
         assert _losses(SIGMOID, body) == []
 
 
+# (input, target, fires): shapes from torch's broadcast UserWarning as reported in public issue threads
+REAL_SHAPES = [
+    ((32,), (32, 1), True),                    # deepset-ai/FARM#229: a squeezed regression head
+    ((2, 1, 256, 256), (2, 256, 256), True),   # jiwei0921/CoNet#3: depth target without its channel axis
+    ((66, 3, 1), (66,), True),                 # jiaqingxie/DeepProtein#1
+    ((1, 18), (8, 18), True),                  # weka511/hpa-scc#38: one prediction row against a batch of 8
+    ((1, 128), (128,), False),                 # yandexdataschool/nlp_course#110: the same values, harmless
+    ((64, 80, 8, 3), (64, 1, 8, 3), False),    # hustvl/DiffusionDriveV2#29: 80 trajectory modes against one target
+]
+
+
+@pytest.mark.parametrize(("shape", "target", "fires"), REAL_SHAPES)
+def test_broadcast_on_shapes_reported_in_public_issues(shape, target, fires):
+    def body(m):
+        pred = m(X).sum() * 0 + torch.zeros(shape)
+        return F.mse_loss(pred, torch.zeros(target))
+    assert [f.code for f in _losses(BROADCAST, body)] == (["TD322"] if fires else [])
+
+
 def test_broadcast_fires_on_mismatched_regression_shapes_and_quiet_otherwise():
     y = torch.randn(8)
     fires = [
