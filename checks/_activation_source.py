@@ -31,7 +31,7 @@ class Activation:
 class Evidence:
     """Where the activation is: `node` in this file (the call, or the model's layer), or a forward elsewhere."""
 
-    node: Optional[ast.AST]  # the activation's call in this file (a direct or bound input)
+    node: Optional[ast.expr]  # the activation's call in this file (a direct or bound input)
     how: str  # a phrase for the message
     fixable: bool  # `node` is the activation's call written inside the loss call's input
 
@@ -203,14 +203,13 @@ def fixed_line(src: SourceFile, call: CallSite, found: Evidence, replacement: st
     return (line[:start] + replacement + line[end:]).strip()
 
 
-def first_argument(src: SourceFile, node: Optional[ast.AST]) -> Optional[str]:
+def first_argument(src: SourceFile, node: Optional[ast.expr]) -> Optional[str]:
     """The tensor an activation call is applied to: `model(x)` in `torch.softmax(model(x), dim=1)`, `out` in
     `out.softmax(1)`."""
     if not isinstance(node, ast.Call):
         return None
     func = node.func
-    method = isinstance(func, ast.Attribute) and not qualname(func, src.index).startswith("torch.") \
-        and not (ref(func.value) or "").startswith("self")
-    if method:
-        return src.segment(func.value)  # type: ignore[union-attr]
+    if isinstance(func, ast.Attribute) and not qualname(func, src.index).startswith("torch.") \
+            and not (ref(func.value) or "").startswith("self"):
+        return src.segment(func.value)  # a method: `out.softmax(1)`
     return src.segment(node.args[0]) if node.args else None

@@ -83,7 +83,8 @@ def _labels(dataset: Any, depth: int = 0) -> Optional[Any]:
         return None if parent is None else parent[torch.as_tensor(list(dataset.indices), dtype=torch.long)]
     if isinstance(dataset, ConcatDataset):
         parts = [_labels(d, depth + 1) for d in dataset.datasets]
-        return None if any(p is None for p in parts) else torch.cat(parts)
+        known = [p for p in parts if p is not None]
+        return torch.cat(known) if known and len(known) == len(parts) else None
     if isinstance(dataset, TensorDataset):
         labels = dataset.tensors[-1] if len(dataset.tensors) > 1 else None
     else:
@@ -154,9 +155,9 @@ class UnshuffledTrainingData(RuntimeCheck):
 
     def on_loader_iter(self, event: LoaderEvent) -> None:
         key = id(event.loader)
-        if key not in self.judged or (self.judged[key] is not None and self.judged[key].loader() is not event.loader):
-            self.judged[key] = self._judge(event.loader)
-        suspect = self.judged[key]
+        suspect = self.judged.get(key)
+        if key not in self.judged or (suspect is not None and suspect.loader() is not event.loader):
+            suspect = self.judged[key] = self._judge(event.loader)
         if suspect is not None and key not in self.reported:
             suspect.iterator = _weak(event.iterator)
             suspect.yielded, suspect.in_a_row = _yielded(event.iterator), 0
