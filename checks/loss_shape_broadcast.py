@@ -11,12 +11,12 @@ from torchdoctor.sdk.runtime import RuntimeCheck
 
 _SETUP = """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 1))
 optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-criterion = nn.MSELoss()
 x_all = torch.randn(256, 4)
 y_all = x_all @ torch.tensor([1.0, -2.0, 0.5, 3.0])          # shape [256]: one target per sample
 loader = [(x_all[i:i + 32], y_all[i:i + 32]) for i in range(0, 256, 32)]
@@ -43,9 +43,10 @@ LOSS_SHAPE_BROADCAST = Pitfall(
     """,
     bad=Example(
         """
-        for x, y in loader:
+        for x, target in loader:
             optimizer.zero_grad()
-            loss = criterion(model(x), y)
+            pred = model(x)
+            loss = F.mse_loss(pred, target)
             loss.backward()
             optimizer.step()
         """,
@@ -53,9 +54,10 @@ LOSS_SHAPE_BROADCAST = Pitfall(
     ),
     good=Example(
         """
-        for x, y in loader:
+        for x, target in loader:
             optimizer.zero_grad()
-            loss = criterion(model(x).squeeze(-1), y)
+            pred = model(x)
+            loss = F.mse_loss(pred.squeeze(-1), target)
             loss.backward()
             optimizer.step()
         """,

@@ -41,9 +41,10 @@ SIGMOID_BEFORE_BCE_WITH_LOGITS = Pitfall(
     """,
     bad=Example(
         """
-        for x, y in loader:
+        for x, target in loader:
             optimizer.zero_grad()
-            loss = criterion(torch.sigmoid(model(x)), y)
+            logits = model(x)
+            loss = criterion(torch.sigmoid(logits), target)
             loss.backward()
             optimizer.step()
         """,
@@ -51,9 +52,10 @@ SIGMOID_BEFORE_BCE_WITH_LOGITS = Pitfall(
     ),
     good=Example(
         """
-        for x, y in loader:
+        for x, target in loader:
             optimizer.zero_grad()
-            loss = criterion(model(x), y)
+            logits = model(x)
+            loss = criterion(logits, target)
             loss.backward()
             optimizer.step()
         """,

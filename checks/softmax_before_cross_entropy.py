@@ -43,9 +43,10 @@ SOFTMAX_BEFORE_CROSS_ENTROPY = Pitfall(
     """,
     bad=Example(
         """
-        for x, y in loader:
+        for x, target in loader:
             optimizer.zero_grad()
-            loss = criterion(torch.softmax(model(x), dim=1), y)
+            logits = model(x)
+            loss = criterion(torch.softmax(logits, dim=1), target)
             loss.backward()
             optimizer.step()
         """,
@@ -53,9 +54,10 @@ SOFTMAX_BEFORE_CROSS_ENTROPY = Pitfall(
     ),
     good=Example(
         """
-        for x, y in loader:
+        for x, target in loader:
             optimizer.zero_grad()
-            loss = criterion(model(x), y)
+            logits = model(x)
+            loss = criterion(logits, target)
             loss.backward()
             optimizer.step()
         """,

@@ -44,7 +44,7 @@ def test_bad_example_learns_worse_and_is_flagged(pitfall, score, factor):
         good_found, good = train(pitfall, pitfall.good, 10, score)
     assert bad > factor * good, (bad, good)  # the example's model really ends worse
     assert [f.code for f in bad_found] == [pitfall.code] and good_found == []
-    assert bad_found[0].location.file == "<example>" and bad_found[0].location.line == 3  # the loss line
+    assert bad_found[0].location.file == "<example>" and bad_found[0].location.line == 4  # the loss line
 
 
 def _losses(pitfall, body, model=None):
