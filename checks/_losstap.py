@@ -3,7 +3,7 @@
 `tap_losses` patches the named functions of ``torch.nn.functional`` with `MethodPatch` (the loss modules,
 ``nn.CrossEntropyLoss`` and friends, call those same functions), so a check hears every `every`-th call of
 each: the call's tensors are handed to the check's listener for the duration of the call only. A listener
-must keep nothing of them but numbers. Nothing runs while dynamo traces.
+must keep nothing of them but numbers. Nothing runs while dynamo traces or inside a torch.func transform.
 """
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
     included) while the check's session runs; a listener that raises is reported once and goes quiet."""
     import torch.nn.functional as F
 
-    is_compiling = _compiling_probe()
+    skip = _not_now_probe()
     every = check.ctx.every
     calls: dict[str, int] = {}
     broken: list[bool] = []
 
     def before(name: str, _obj: Any, args: tuple, kwargs: dict) -> None:
-        if broken or is_compiling():
+        if broken or skip():
             return
         count = calls.get(name, 0)
         calls[name] = count + 1
@@ -57,11 +57,15 @@ def _bind(before: Callable[..., None], name: str) -> Callable[[Any, tuple, dict]
     return listener
 
 
-def _compiling_probe() -> Callable[[], bool]:
+def _not_now_probe() -> Callable[[], bool]:
+    """True while dynamo traces or inside a torch.func transform (functorch wrappers: no storage, no history)."""
     import torch
 
-    probe = getattr(getattr(torch, "compiler", None), "is_compiling", None)
-    return probe if probe is not None else (lambda: False)
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    if stack is None:
+        return compiling
+    return lambda: compiling() or stack() is not None
 
 
 def produced_by(tensor: Any, names: tuple[str, ...], hops: int = 6) -> Optional[str]:

@@ -93,7 +93,7 @@ def _probabilities(inp: Any) -> bool:
     """Whether up to 64 rows of a classification input are non-negative and sum to 1 (one host sync)."""
     import torch
 
-    if not isinstance(inp, torch.Tensor) or not inp.is_floating_point() or inp.dim() == 0:
+    if not isinstance(inp, torch.Tensor) or not inp.is_floating_point() or inp.dim() == 0 or inp.is_meta:
         return False
     dim = 1 if inp.dim() >= 2 else 0
     classes = inp.shape[dim]

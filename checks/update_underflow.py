@@ -115,7 +115,7 @@ class UpdateUnderflow(RuntimeCheck):
                 for p in group["params"]:
                     grad = p.grad
                     if not isinstance(p, torch.Tensor) or grad is None or grad.is_sparse \
-                            or not p.is_floating_point() or p.numel() == 0 or grad.shape != p.shape:
+                            or not p.is_floating_point() or p.numel() == 0 or grad.shape != p.shape or p.is_meta:
                         continue
                     stride = max(1, p.numel() // _SAMPLES)
                     before = _sample(p.detach().reshape(-1), stride).clone()
