@@ -7,6 +7,8 @@ must keep nothing of them but numbers. Nothing runs while dynamo traces or insid
 """
 from __future__ import annotations
 
+import ast
+import linecache
 import sys
 from typing import Any, Callable, Optional
 
@@ -93,3 +95,51 @@ def user_location() -> Location:
     if frame is None:
         return Location()
     return Location(file=frame.f_code.co_filename, line=frame.f_lineno)
+
+
+def fixed_line(location: Location, edit: Callable[[ast.Call, str], Optional[str]]) -> Optional[str]:
+    """The user's loss line (read from its file), unindented, with the first call that `edit` rewrites
+    replaced by `edit`'s text; None when the line can't be read or parsed alone, or nothing matches."""
+    if not location.file or not location.line:
+        return None
+    text = linecache.getline(location.file, location.line).strip()
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.col_offset, -(n.end_col_offset or 0)))
+    for call in calls:
+        replacement = edit(call, text)
+        if replacement is not None:
+            raw = text.encode()  # ast offsets count UTF-8 bytes
+            return (raw[:call.col_offset] + replacement.encode() + raw[call.end_col_offset or 0:]).decode()
+    return None
+
+
+def segment(text: str, node: ast.AST) -> str:
+    return ast.get_source_segment(text, node) or ast.unparse(node)
+
+
+def activation_argument(call: ast.Call, text: str, names: tuple[str, ...], layer: str) -> Optional[str]:
+    """The tensor a softmax/sigmoid call on the line is applied to (`logits` in `torch.softmax(logits, 1)`,
+    `out` in `out.sigmoid()`, `x` in `nn.Softmax(1)(x)`); None for any other call."""
+    func = call.func
+    if isinstance(func, ast.Call):
+        inner = func.func
+        name = inner.attr if isinstance(inner, ast.Attribute) else inner.id if isinstance(inner, ast.Name) else ""
+        return segment(text, call.args[0]) if name == layer and call.args else None
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name not in names:
+        return None
+    if isinstance(func, ast.Attribute) and not _module_like(func.value):
+        return segment(text, func.value)  # a method: `logits.softmax(dim=1)`
+    return segment(text, call.args[0]) if call.args else None
+
+
+def _module_like(node: ast.expr) -> bool:
+    """`torch`, `F`, `nn.functional`, `torch.special`: where softmax/sigmoid are functions, not methods."""
+    while isinstance(node, ast.Attribute):
+        if node.attr in ("functional", "special", "nn"):
+            return True
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in ("torch", "F", "nn", "functional", "special", "self")

@@ -2,10 +2,11 @@
 tensor ([N, 1] against [N] gives N x N), so it averages every prediction against every target."""
 from __future__ import annotations
 
+import ast
 import math
-from typing import Any
+from typing import Any, Optional
 
-from ._losstap import tap_losses, user_location
+from ._losstap import fixed_line, segment, tap_losses, user_location
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 
@@ -106,8 +107,30 @@ class LossShapeBroadcast(RuntimeCheck):
         else:
             what = (f"the input is broadcast to {list(full)}, so the same predictions are compared with the "
                     "targets of other samples.")
-        fix = (f"Give input and target the same shape, e.g.:\nloss = F.{name}(pred.squeeze(-1), target)"
-               if a[-1:] == (1,) and len(a) == len(b) + 1 else
-               f"Give input and target the same shape, e.g.:\nloss = F.{name}(pred, target.view_as(pred))")
+        where = user_location()
+        squeeze = a[-1:] == (1,) and len(a) == len(b) + 1
+        if math.prod(a) != math.prod(b):
+            fix = ("Check that the prediction has one row per target (the model's batch and the target's):\n"
+                   f"assert pred.shape == target.shape, (pred.shape, target.shape)")
+        else:
+            line = fixed_line(where, lambda call, text: _same_shape(call, text, squeeze))
+            fix = "Give input and target the same shape:\n" + (line or (
+                f"loss = F.{name}(pred.squeeze(-1), target)" if squeeze else
+                f"loss = F.{name}(pred, target.view_as(pred))"))
         self.ctx.emit(self, Finding(f"{name} got input {list(a)} and target {list(b)}: {what}",
-                                    fix=fix, location=user_location()))
+                                    fix=fix, location=where))
+
+
+def _same_shape(call: ast.Call, text: str, squeeze: bool) -> Optional[str]:
+    """The loss call of the user's line with `pred.squeeze(-1)` (or `target.view_as(pred)`) in it."""
+    func = call.func
+    named = func.func if isinstance(func, ast.Call) else func  # `nn.MSELoss()(pred, target)`
+    name = named.attr if isinstance(named, ast.Attribute) else named.id if isinstance(named, ast.Name) else ""
+    if len(call.args) < 2 or not (name in _REGRESSION or "loss" in name.lower() or "crit" in name.lower()):
+        return None
+    pred, target = (segment(text, arg) for arg in call.args[:2])
+    if not isinstance(call.args[0], (ast.Name, ast.Attribute, ast.Call, ast.Subscript)):
+        pred = f"({pred})"
+    args = [f"{pred}.squeeze(-1)", target] if squeeze else [pred, f"{target}.view_as({pred})"]
+    rest = [segment(text, arg) for arg in call.args[2:]] + [segment(text, kw) for kw in call.keywords]
+    return f"{segment(text, func)}({', '.join(args + rest)})"

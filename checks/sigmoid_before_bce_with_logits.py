@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ._activation_source import Activation, evidence, first_argument, fixed_line, loss_calls
-from ._losstap import produced_by, tap_losses, user_location
+from ._losstap import activation_argument, fixed_line as fixed_user_line, produced_by, tap_losses, user_location
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 from torchdoctor.sdk.source import SourceFile
@@ -93,12 +93,14 @@ class SigmoidBeforeBceWithLogits(RuntimeCheck):
         if self.reported or produced_by(inp, ("SigmoidBackward0",)) is None:
             return
         self.reported = True
+        where = user_location()
+        line = fixed_user_line(where, lambda call, text: activation_argument(call, text, ("sigmoid", "expit"), "Sigmoid"))
         self.ctx.emit(self, Finding(
             "binary_cross_entropy_with_logits was given a sigmoid's output: it applies the sigmoid itself, so "
             "this is sigmoid(sigmoid(z)), which never drops below 0.5; the loss can't approach 0 and its "
             "gradients shrink.",
-            fix="Pass the logits; drop the sigmoid in front of the loss:\nloss = criterion(logits, target)",
-            location=user_location()))
+            fix="Pass the logits; drop the sigmoid in front of the loss:\n" + (line or "loss = criterion(logits, target)"),
+            location=where))
 
 
 _SIGMOID = Activation(frozenset({"sigmoid", "expit"}), "Sigmoid")

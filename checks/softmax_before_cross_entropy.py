@@ -2,10 +2,11 @@
 nll_loss (which expects log-probabilities): the loss is computed on the wrong quantity and learning stalls."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+import ast
+from typing import Any, Iterator, Optional
 
 from ._activation_source import Activation, evidence, first_argument, fixed_line, loss_calls
-from ._losstap import produced_by, tap_losses, user_location
+from ._losstap import activation_argument, fixed_line as fixed_user_line, produced_by, tap_losses, user_location
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 from torchdoctor.sdk.source import SourceFile
@@ -119,17 +120,29 @@ class SoftmaxBeforeCrossEntropy(RuntimeCheck):
         if made_by is None and not _probabilities(inp):
             return
         self.reported.add(name)
+        where = user_location()
         how = "a softmax's output" if made_by else "probabilities (rows non-negative, summing to 1)"
         if name == "cross_entropy":
             message = (f"cross_entropy was given {how}: it applies log_softmax itself and expects logits, so this "
                        "is a softmax of a softmax; the loss can't approach 0 and its gradients shrink.")
-            fix = "Pass the logits; drop the softmax in front of the loss:\nloss = criterion(logits, target)"
+            line = fixed_user_line(where, lambda call, text: activation_argument(call, text, ("softmax",), "Softmax"))
+            fix = "Pass the logits; drop the softmax in front of the loss:\n" + (line or "loss = criterion(logits, target)")
         else:
             message = (f"nll_loss was given {how}: it expects log-probabilities, so it minimises -p instead of "
                        "-log p and barely punishes confident mistakes.")
+            line = fixed_user_line(where, _log_softmax)
             fix = ("Use log_softmax in front of nll_loss (or cross_entropy on the logits):\n"
-                   "loss = F.nll_loss(F.log_softmax(logits, dim=1), target)")
-        self.ctx.emit(self, Finding(message, fix=fix, location=user_location()))
+                   + (line or "loss = F.nll_loss(F.log_softmax(logits, dim=1), target)"))
+        self.ctx.emit(self, Finding(message, fix=fix, location=where))
+
+
+def _log_softmax(call: ast.Call, text: str) -> Optional[str]:
+    """`F.softmax(x, dim=1)` -> `F.log_softmax(x, dim=1)` (and `nn.Softmax` -> `nn.LogSoftmax`)."""
+    if activation_argument(call, text, ("softmax",), "Softmax") is None:
+        return None
+    source = ast.get_source_segment(text, call) or ""
+    return source.replace("softmax(", "log_softmax(", 1) if "softmax(" in source else \
+        source.replace("Softmax(", "LogSoftmax(", 1)
 
 
 _SOFTMAX = Activation(frozenset({"softmax"}), "Softmax")

@@ -173,3 +173,45 @@ def test_the_loss_tap_holds_nothing_and_goes_away():
         gc.collect()
         assert ref() is None  # nothing of the call was kept
     assert F.cross_entropy is original
+
+
+SCRIPT = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.manual_seed(0)
+net, head = nn.Linear(6, 4), nn.Linear(6, 1)
+opt = torch.optim.SGD([*net.parameters(), *head.parameters()], lr=0.1)
+xb, yb, zb = torch.randn(8, 6), torch.randint(0, 4, (8,)), torch.randn(8)
+crit = nn.CrossEntropyLoss()
+for _ in range(2):
+    opt.zero_grad()
+    out = net(xb)
+    a = crit(out.softmax(dim=1), yb)  # café
+    b = F.nll_loss(torch.softmax(out, 1), yb)
+    c = F.binary_cross_entropy_with_logits(torch.sigmoid(head(xb)).squeeze(1), zb.sigmoid())
+    d = nn.MSELoss()(head(xb), zb)
+    (a + b + c + d).backward()
+    opt.step()
+'''
+
+
+def test_runtime_fixes_rewrite_the_users_own_line(tmp_path):
+    import runpy
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT, encoding="utf-8")
+    model = nn.Linear(1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torchdoctor.watch(model, every=1, on_finding=lambda f: None, report=False,
+                               checks=[SOFTMAX.name, SIGMOID.name, BROADCAST.name]) as s:
+            runpy.run_path(str(script))
+    fixes = {f.location.line: f.fix.code for f in s.findings}
+    assert fixes == {
+        14: "a = crit(out, yb)  # café",
+        15: "b = F.nll_loss(torch.log_softmax(out, 1), yb)",
+        16: "c = F.binary_cross_entropy_with_logits(head(xb).squeeze(1), zb.sigmoid())",
+        17: "d = nn.MSELoss()(head(xb).squeeze(-1), zb)",
+    }
