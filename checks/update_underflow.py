@@ -93,6 +93,12 @@ def _sample(flat: Any, stride: int) -> Any:
     return flat[::stride][:_SAMPLES]
 
 
+def _flat(tensor: Any) -> Any:
+    """The elements this process holds, flattened: a DTensor's (FSDP2) local shard, else the tensor itself."""
+    to_local = getattr(tensor, "to_local", None)
+    return (to_local() if callable(to_local) else tensor).detach().reshape(-1)
+
+
 @UPDATE_UNDERFLOW.runtime
 class UpdateUnderflow(RuntimeCheck):
     """Every `every` steps: sampled elements with a gradient that the step did not change."""
@@ -117,9 +123,12 @@ class UpdateUnderflow(RuntimeCheck):
                     if not isinstance(p, torch.Tensor) or grad is None or grad.is_sparse \
                             or not p.is_floating_point() or p.numel() == 0 or grad.shape != p.shape or p.is_meta:
                         continue
-                    stride = max(1, p.numel() // _SAMPLES)
-                    before = _sample(p.detach().reshape(-1), stride).clone()
-                    grads = _sample(grad.detach().reshape(-1), stride)
+                    values, grads = _flat(p), _flat(grad)
+                    if values.numel() == 0 or values.shape != grads.shape:
+                        continue
+                    stride = max(1, values.numel() // _SAMPLES)
+                    before = _sample(values, stride).clone()
+                    grads = _sample(grads, stride)
                     pending.params.append((weakref.ref(p), stride, before, grads != 0, grads.abs().float().mean(), lr))
         if pending.params:
             self.pending[id(event.optimizer)] = pending
@@ -140,7 +149,7 @@ class UpdateUnderflow(RuntimeCheck):
                 p = ref()
                 if p is None:
                     continue
-                after = _sample(p.detach().reshape(-1), stride)
+                after = _sample(_flat(p), stride)
                 if after.shape != before.shape:
                     continue
                 counts.setdefault(p.device, []).append(torch.stack([((after != before) & moved).sum().float(), moved.sum().float(), scale]))
