@@ -62,11 +62,24 @@ def _loss_name(call: CallSite, scope: FunctionScope, index: ModuleIndex, losses:
     target = ref(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
     if target is None:
         return None
-    values = [b.value for s in _scopes_binding(target, scope, index) for b in s.bindings_of(target)]
+    values = [_default_if_parameter(b.value, s) for s in _scopes_binding(target, scope, index)
+              for b in s.bindings_of(target)]
     if not values or len(values) > _MAX_BINDINGS:
         return None
     names = {_loss_class(v, index, classes) if isinstance(v, ast.Call) else None for v in values}
     return names.pop() if len(names) == 1 else None
+
+
+def _default_if_parameter(value: Optional[ast.expr], scope: FunctionScope) -> Optional[ast.expr]:
+    """`self.loss = loss` where `loss` is a parameter of that function: the parameter's default value."""
+    node = scope.node
+    if not isinstance(value, ast.Name) or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return value
+    args = node.args
+    positional = args.posonlyargs + args.args
+    defaults = dict(zip((a.arg for a in positional[len(positional) - len(args.defaults):]), args.defaults))
+    defaults.update((a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)
+    return defaults.get(value.id, value)
 
 
 def _loss_class(call: ast.Call, index: ModuleIndex, classes: frozenset[str]) -> Optional[str]:
@@ -97,8 +110,14 @@ def activation_call(node: ast.expr, index: ModuleIndex, act: Activation) -> bool
 
 
 def _last_binding(name: str, scope: FunctionScope, before: tuple[int, int]) -> Optional[ast.expr]:
+    """The value last bound to `name` before `before` in this function (for `for name in rows:`, `rows`)."""
     bound = [b for b in scope.bindings_of(name) if b.pos < before]
-    return bound[-1].value if bound and not bound[-1].augmented else None
+    if not bound or bound[-1].augmented:
+        return None
+    node = bound[-1].node
+    if isinstance(node, (ast.For, ast.AsyncFor)) and not isinstance(node.target, ast.Name):
+        return None  # `for out, label in pairs`: not the rows of one tensor
+    return bound[-1].value
 
 
 def evidence(src: SourceFile, scope: FunctionScope, call: CallSite, inp: ast.expr, act: Activation) -> Optional[Evidence]:

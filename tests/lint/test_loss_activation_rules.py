@@ -151,6 +151,29 @@ def experiment(n):
     assert "`src_prob`" in f.message
 
 
+def test_loss_given_as_a_default_argument_and_rows_iterated_fire(lint, fired):
+    # the shape of mlelarge/graph_neural_net's triplet_loss before its "remove the softmax" fix (PR #37)
+    code = HEAD + """
+class TripletLoss(nn.Module):
+    def __init__(self, loss=nn.CrossEntropyLoss(reduction='sum')):
+        super().__init__()
+        self.loss = loss
+
+    def forward(self, raw_scores, target):
+        total = 0
+        outputs = torch.softmax(raw_scores, -1)
+        for out in outputs:
+            total = total + self.loss(out, target)
+        for out, label in zip(outputs, target):
+            total = total + self.loss(out, label)
+        return total
+"""
+    [f] = fired(lint(code), SOFTMAX)  # the zip loop unpacks pairs: not judged
+    assert f.location.line == 15 and "`out`" in f.message
+    fixed = code.replace("outputs = torch.softmax(raw_scores, -1)", "outputs = raw_scores")
+    assert fired(lint(fixed), SOFTMAX) == []
+
+
 def test_criterion_rebound_to_another_loss_is_not_judged(lint, fired):
     code = HEAD + """
 model = nn.Linear(8, 4)
