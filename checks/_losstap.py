@@ -1,0 +1,145 @@
+"""Listening to loss calls (torch has no loss hooks), shared by the loss pitfalls.
+
+`tap_losses` patches the named functions of ``torch.nn.functional`` with `MethodPatch` (the loss modules,
+``nn.CrossEntropyLoss`` and friends, call those same functions), so a check hears every `every`-th call of
+each: the call's tensors are handed to the check's listener for the duration of the call only. A listener
+must keep nothing of them but numbers. Nothing runs while dynamo traces or inside a torch.func transform.
+"""
+from __future__ import annotations
+
+import ast
+import linecache
+import sys
+from typing import Any, Callable, Optional
+
+from torchdoctor.sdk import Location
+from torchdoctor.sdk.runtime import MethodPatch, RuntimeCheck
+
+Listener = Callable[[str, Any, Any, dict], None]  # (function name, input, target, keyword arguments)
+
+# Shape-preserving steps that stand between a softmax/sigmoid and the loss (view, reshape, squeeze, ...).
+_PASS_THROUGH = ("View", "Reshape", "Squeeze", "Unsqueeze", "Permute", "Transpose", "Clone", "ToCopy", "Slice",
+                 "Select", "Index", "Expand", "TBackward", "AsStrided", "Flatten", "UnsafeView", "Alias", "Unbind")
+_NOT_USER_CODE = ("torch", "torchdoctor", "checks", "lightning", "pytorch_lightning", "transformers", "accelerate")
+
+
+def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) -> None:
+    """Call `listener` on every ``ctx.every``-th call of each ``torch.nn.functional.<name>`` (the first one
+    included) while the check's session runs; a listener that raises is reported once and goes quiet."""
+    import torch.nn.functional as F
+
+    skip = _not_now_probe()
+    every = check.ctx.every
+    calls: dict[str, int] = {}
+    broken: list[bool] = []
+
+    def before(name: str, _obj: Any, args: tuple, kwargs: dict) -> None:
+        if broken or skip():
+            return
+        count = calls.get(name, 0)
+        calls[name] = count + 1
+        if count % every:
+            return
+        try:
+            inp = args[0] if args else kwargs.get("input")
+            target = args[1] if len(args) > 1 else kwargs.get("target")
+            listener(name, inp, target, kwargs)
+        except Exception as exc:  # never break the user's loss
+            broken.append(True)
+            check.ctx.fault(check, exc)
+
+    for name in names:
+        if callable(getattr(F, name, None)):
+            check.ctx.hooks.add(MethodPatch(F, name, before=_bind(before, name)))
+
+
+def _bind(before: Callable[..., None], name: str) -> Callable[[Any, tuple, dict], None]:
+    def listener(obj: Any, args: tuple, kwargs: dict) -> None:
+        before(name, obj, args, kwargs)
+    return listener
+
+
+def _not_now_probe() -> Callable[[], bool]:
+    """True while dynamo traces or inside a torch.func transform (functorch wrappers: no storage, no history)."""
+    import torch
+
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+    if stack is None:
+        return compiling
+    return lambda: compiling() or stack() is not None
+
+
+def produced_by(tensor: Any, names: tuple[str, ...], hops: int = 6) -> Optional[str]:
+    """The autograd node among `names` (e.g. ``SoftmaxBackward0``) that made `tensor`, looking through
+    shape-preserving steps (view, reshape, ...); None when the history shows another op (or none)."""
+    fn = getattr(tensor, "grad_fn", None)
+    for _ in range(hops):
+        if fn is None:
+            return None
+        kind = type(fn).__name__
+        if kind in names:
+            return kind
+        if not kind.startswith(_PASS_THROUGH) or not fn.next_functions:
+            return None
+        fn = fn.next_functions[0][0]
+    return None
+
+
+def user_location() -> Location:
+    """The file and line of the user's code that called the loss (the innermost frame outside torch,
+    torchdoctor, the checks and the training frameworks)."""
+    frame: Any = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
+        frame = frame.f_back
+    if frame is None:
+        return Location()
+    return Location(file=frame.f_code.co_filename, line=frame.f_lineno)
+
+
+def fixed_line(location: Location, edit: Callable[[ast.Call, str], Optional[str]]) -> Optional[str]:
+    """The user's loss line (read from its file), unindented, with the first call that `edit` rewrites
+    replaced by `edit`'s text; None when the line can't be read or parsed alone, or nothing matches."""
+    if not location.file or not location.line:
+        return None
+    text = linecache.getline(location.file, location.line).strip()
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.col_offset, -(n.end_col_offset or 0)))
+    for call in calls:
+        replacement = edit(call, text)
+        if replacement is not None:
+            raw = text.encode()  # ast offsets count UTF-8 bytes
+            return (raw[:call.col_offset] + replacement.encode() + raw[call.end_col_offset or 0:]).decode()
+    return None
+
+
+def segment(text: str, node: ast.AST) -> str:
+    return ast.get_source_segment(text, node) or ast.unparse(node)
+
+
+def activation_argument(call: ast.Call, text: str, names: tuple[str, ...], layer: str) -> Optional[str]:
+    """The tensor a softmax/sigmoid call on the line is applied to (`logits` in `torch.softmax(logits, 1)`,
+    `out` in `out.sigmoid()`, `x` in `nn.Softmax(1)(x)`); None for any other call."""
+    func = call.func
+    if isinstance(func, ast.Call):
+        inner = func.func
+        name = inner.attr if isinstance(inner, ast.Attribute) else inner.id if isinstance(inner, ast.Name) else ""
+        return segment(text, call.args[0]) if name == layer and call.args else None
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name not in names:
+        return None
+    if isinstance(func, ast.Attribute) and not _module_like(func.value):
+        return segment(text, func.value)  # a method: `logits.softmax(dim=1)`
+    return segment(text, call.args[0]) if call.args else None
+
+
+def _module_like(node: ast.expr) -> bool:
+    """`torch`, `F`, `nn.functional`, `torch.special`: where softmax/sigmoid are functions, not methods."""
+    while isinstance(node, ast.Attribute):
+        if node.attr in ("functional", "special", "nn"):
+            return True
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in ("torch", "F", "nn", "functional", "special", "self")
