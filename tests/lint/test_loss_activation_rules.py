@@ -5,6 +5,7 @@ activations."""
 import pytest
 
 SOFTMAX, SIGMOID = "softmax-before-cross-entropy", "sigmoid-before-bce-with-logits"
+pytestmark = pytest.mark.rule(SOFTMAX, SIGMOID)
 
 HEAD = """
 import torch
