@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from torchdoctor.ckpt.unpickler import Event
 
 
+UNREADABLE = "unreadable"  # the format of a file that could not be read as a checkpoint at all (see `problems`)
+
+
 def show_path(path: Path) -> str:
     """How a nesting path is printed: components joined by '/', the root as '(root)'."""
     return "/".join(path) if path else "(root)"
