@@ -1,7 +1,10 @@
 """--model comparisons and --fix copies, checked by loading the results with real torch."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -146,3 +149,23 @@ def test_module_spec_and_the_public_api(files):
     assert [f.name for f in report.findings] == ["wrapper-prefix"]
     assert report.structure["kind"] == "state_dict" and report.structure["model"]["keys"] == 9
     assert report.to_dict()["facts"]["checkpoints"][0]["path"] == files["dataparallel"]
+
+
+def test_module_spec_imports_from_the_working_directory_and_pythonpath(files, tmp_path):
+    """`--model mymodels:build_model` from the project folder, as `python -c "import mymodels"` would find it
+    (the command line's protection against shadowing modules there stays: a `typing.py` that raises is not
+    imported by torchdoctor itself)."""
+    project, lib = tmp_path / "project", tmp_path / "lib"
+    project.mkdir()
+    lib.mkdir()
+    (project / "mymodels.py").write_text("from helpers import build\n\ndef build_model():\n    return build()\n")
+    (project / "typing.py").write_text("raise ImportError('the user\\'s typing.py was imported')\n")
+    (lib / "helpers.py").write_text(MODEL_FILE + "\ndef build():\n    return Net()\n")
+    env = {**os.environ, "PYTHONPATH": str(lib), "NO_COLOR": "1"}
+    script = os.path.join(os.path.dirname(sys.executable), "torchdoctor")
+    proc = subprocess.run([script, "check-ckpt", "--format", "json", "--model", "mymodels:build_model",
+                           files["dataparallel"]], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["facts"]["checkpoints"][0]["model"] == {"spec": "mymodels:build_model", "keys": 9}
+    assert [f["name"] for f in doc["findings"]] == ["wrapper-prefix"]
