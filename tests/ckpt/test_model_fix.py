@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import torch
+from torch import nn
 
 import ckpt_builders as b
 from torchdoctor.ckpt.api import check_checkpoint
@@ -99,6 +100,8 @@ def fixed(path, out, model=None):
 def test_fix_writes_a_weights_only_strict_loading_state_dict(files, tmp_path, name, source):
     out = str(tmp_path / "fixed.pt")
     report, sd = fixed(files[name], out, model=b.net())
+    if name == "training":  # a training checkpoint keeps its other entries (test below)
+        sd = sd["model"]
     model = b.net(seed=1)
     model.load_state_dict(sd, strict=True)
     original = torch.load(files[name], weights_only=False)
@@ -110,6 +113,28 @@ def test_fix_writes_a_weights_only_strict_loading_state_dict(files, tmp_path, na
     for k, v in model.state_dict().items():
         assert torch.equal(v, expected[k]), k
     assert report.structure["fix"][-1] == f"wrote {out}"
+
+
+def test_fix_of_a_training_checkpoint_keeps_everything_but_the_prefix(files, tmp_path):
+    """The copy `--fix` writes for {epoch, model with module. keys, optimizer, ...} is that checkpoint with
+    the prefix removed, not its model tensors alone; what weights_only=True refuses is left out, and said."""
+    model = nn.DataParallel(b.net()).cpu()
+    saved = b.training_dict(model)  # also argparse.Namespace args and a numpy best_acc
+    path = b.save(saved, tmp_path / "train.pt")
+    out = str(tmp_path / "fixed.pt")
+    report, copy = fixed(path, out)
+    assert list(copy) == ["model", "optimizer", "epoch", "loss"]
+    assert copy["epoch"] == 7 and copy["loss"] == 0.25
+    assert list(copy["model"]) == [k.removeprefix("module.") for k in saved["model"]]
+    assert all(torch.equal(copy["model"][k.removeprefix("module.")], v) for k, v in saved["model"].items())
+    assert copy["model"]._metadata[""] == saved["model"]._metadata["module"]
+    assert copy["optimizer"]["param_groups"] == saved["optimizer"]["param_groups"]
+    for n, state in saved["optimizer"]["state"].items():
+        assert all(torch.equal(copy["optimizer"]["state"][n][k], v) for k, v in state.items())
+    b.net().load_state_dict(copy["model"])
+    said = "\n".join(report.structure["fix"])
+    assert "kept the training checkpoint" in said and "'module.conv.weight' -> 'conv.weight'" in said
+    assert "left out 2 objects" in said and "args (argparse.Namespace)" in said and "best_acc" in said
 
 
 def test_fix_moves_to_cpu_and_compacts_views(cuda_file, files, tmp_path):

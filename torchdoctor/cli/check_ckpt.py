@@ -15,7 +15,8 @@ from torchdoctor.cli.options import InputError, checks_for, emit, report_options
 @click.option("--model", "model_spec", metavar="SPEC", default=None,
               help="Compare with a model: path/to/file.py:factory or package.module:factory (imports torch).")
 @click.option("--fix", "fix_out", metavar="OUT", default=None,
-              help="Write a weights-only, CPU, prefix-free state_dict copy to OUT (imports torch; unsafe files refused).")
+              help="Write a weights-only, CPU, prefix-free copy to OUT: a training checkpoint keeps its other "
+                   "entries, otherwise the state dict is extracted (imports torch; unsafe files refused).")
 @click.option("--scan-values", is_flag=True, help="Stream the tensor bytes to look for NaN/Inf (bounded memory).")
 @click.option("-q", "--quiet", is_flag=True,
               help="Console report without the structure of each file: only the findings and the summary.")
