@@ -52,6 +52,7 @@ BACKWARD_MISSES_PARAMETERS = Pitfall(
             logged = loss.item()
         """,
         setup=_SETUP,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """

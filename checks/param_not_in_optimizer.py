@@ -47,6 +47,7 @@ PARAM_NOT_IN_OPTIMIZER = Pitfall(
     good=Example(
         'model.append(nn.Linear(8, 2))\noptimizer.add_param_group({"params": model[-1].parameters()})' + _LOOP,
         setup=_BODY,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """

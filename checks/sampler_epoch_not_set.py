@@ -57,6 +57,7 @@ SAMPLER_EPOCH_NOT_SET = Pitfall(
                 optimizer.step()
         """,
         setup=_TWO_RANKS,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "source": """

@@ -57,6 +57,7 @@ SCHEDULER_STEPPED_PER_BATCH = Pitfall(
             scheduler.step()
         """,
         setup=_SETUP,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """

@@ -64,6 +64,7 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
     good=Example(
         "model.fc.reset_parameters()  # a fresh head in place: the optimizer still holds its Parameters" + _LOOP,
         setup=_NET,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """

@@ -64,6 +64,7 @@ TRAIN_MODE_NOT_RESTORED = Pitfall(
                 val_loss = sum(criterion(model(x), y).item() for x, y in val_loader)
         """,
         setup=_SETUP,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """

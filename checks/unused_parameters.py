@@ -68,6 +68,7 @@ UNUSED_PARAMETERS = Pitfall(
             optimizer.step()
         """,
         setup=_TWO_HEADS,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
