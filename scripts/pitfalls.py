@@ -51,7 +51,7 @@ from torchdoctor.sdk import Example, Finding, Pitfall
     why="WHY IT MATTERS.",
     fix="HOW TO FIX IT.",
     bad=Example("BAD CODE"),
-    good=Example("GOOD CODE"),
+    good=Example("GOOD CODE = THE BAD CODE WITH THE FIX'S CODE PASTED IN"),
     since="{since}",
 )
 
