@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from torchdoctor.ckpt.dtypes import is_dtype_name
-from torchdoctor.ckpt.objects import GlobalRef, StorageRef, TensorMeta
+from torchdoctor.ckpt.objects import GlobalRef, Instance, StorageRef, TensorMeta
 
 
 Rebuilder = Callable[[tuple], Optional[TensorMeta]]
@@ -30,8 +30,39 @@ def _dtype(value: Any) -> Optional[str]:
     return None
 
 
+_BYTES_STORAGE = "torch.storage._load_from_bytes"
+_MAX_STORAGE_BLOB = 64 << 20  # a storage pickled by plain `pickle` carries its bytes in the pickle itself
+
+
+def _storage_from_bytes(storage: Any) -> Any:
+    """The storage a plain `pickle.dump(tensor)` writes, `_load_from_bytes(b"<a legacy torch.save of it>")`,
+    read from those bytes without running them (its data is in the pickle, so it has no place in the file)."""
+    if not (isinstance(storage, Instance) and storage.qualname == _BYTES_STORAGE and isinstance(storage.args, tuple)
+            and storage.args and isinstance(storage.args[0], (bytes, bytearray))
+            and len(storage.args[0]) <= _MAX_STORAGE_BLOB):
+        return storage
+    cached = getattr(storage, "_read_storage", None)
+    if cached is not None:  # tensors sharing the storage share the placeholder (the pickle's memo)
+        return cached
+    import io
+
+    from torchdoctor.ckpt.errors import CheckpointError
+    from torchdoctor.ckpt.reader import _read_stacked
+    from torchdoctor.ckpt.unpickler import Limits, PickleParseError
+
+    blob = bytes(storage.args[0])
+    try:
+        root = _read_stacked("<storage bytes>", io.BytesIO(blob), len(blob), Limits()).root
+    except (CheckpointError, PickleParseError, ValueError, EOFError):
+        root = None
+    found = root if isinstance(root, StorageRef) else storage
+    storage._read_storage = found  # type: ignore[attr-defined]
+    return found
+
+
 def _strided(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
              dtype: Optional[str] = None) -> Optional[TensorMeta]:
+    storage = _storage_from_bytes(storage)
     shape, strides = _ints(size), _ints(stride)
     if not isinstance(storage, StorageRef) or type(offset) is not int or shape is None or strides is None:
         return None
