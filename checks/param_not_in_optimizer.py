@@ -1,6 +1,7 @@
 """param-not-in-optimizer: a trainable parameter gets gradients but no optimizer holds it, so it never changes."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
@@ -55,7 +56,9 @@ PARAM_NOT_IN_OPTIMIZER = Pitfall(
             `requires_grad=True` and a `.grad`, but are in none of the optimizers given to `watch()`. Frozen
             parameters are quiet. A model none of whose parameters is in a watched optimizer is skipped (for example
             the discriminator of a GAN when only the generator's optimizer is passed), because its optimizer may
-            simply not have been given to `watch()`.
+            simply not have been given to `watch()`. A parameter that replaced one an optimizer still holds (a
+            layer re-bound after the optimizer was built: same shape, gone from the model) is left to
+            stale-optimizer-params, which reports that layer with its cause.
         """,
     },
 )
@@ -70,12 +73,23 @@ class ParamNotInOptimizer(RuntimeCheck):
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         held = self.ctx.optimizer_param_ids()
+        # a parameter with a same-shaped twin that an optimizer holds but the model lost was re-bound after the
+        # optimizer was built: stale-optimizer-params reports that layer, with the cause
+        in_models = self.ctx.model_param_ids()
+        replaced = Counter(tuple(p.shape) for wo in self.ctx.optimizers for group in wo.optimizer.param_groups
+                           for p in group["params"] if id(p) not in in_models)
         for wm in self.ctx.models:
             params = list(wm.named_parameters())
             if not any(id(p) in held for _, p in params):
                 continue  # no optimizer given to watch() trains this model
-            missing = [name for name, p in params
-                       if p.requires_grad and p.grad is not None and id(p) not in held and name not in self.reported]
+            missing = []
+            for name, p in params:
+                if not p.requires_grad or id(p) in held:
+                    continue
+                if replaced[tuple(p.shape)] > 0:  # each lost parameter explains one new one
+                    replaced[tuple(p.shape)] -= 1
+                elif p.grad is not None and name not in self.reported:
+                    missing.append(name)
             if not missing:
                 continue
             self.reported.update(missing)
