@@ -152,3 +152,27 @@ def test_zip_with_crc_damage_still_reads(files, tmp_path):
     from torchdoctor.ckpt import read_checkpoint
 
     assert len(read_checkpoint(str(damaged)).tensors) == 9
+
+
+def test_an_internal_error_is_exit_2_whatever_fail_on_says(capsys, monkeypatch, files):
+    """A check that crashed, or a file the reader crashed on, left something unchecked: never a result that
+    passes; the other files are still reported."""
+    import torchdoctor.ckpt as ckpt
+
+    real = ckpt.read_checkpoint
+
+    def crash_on_legacy(path, limits=None):
+        if path == files["legacy"]:
+            raise ZeroDivisionError("a reader bug")
+        return real(path, limits)
+
+    monkeypatch.setattr(ckpt, "read_checkpoint", crash_on_legacy)
+    code, out, _ = run(capsys, "--fail-on", "never", "--format", "json", files["legacy"], files["dataparallel"])
+    doc = json.loads(out)
+    assert code == 2 == doc["exit_code"]
+    assert [c["path"] for c in doc["facts"]["checkpoints"]] == [files["legacy"], files["dataparallel"]]
+    [failed] = [f for f in doc["findings"] if "failed internally" in f["message"]]
+    assert failed["location"]["file"] == files["legacy"] and "ZeroDivisionError: a reader bug" in failed["message"]
+    assert "wrapper-prefix" in {f["name"] for f in doc["findings"]}
+    code, out, _ = run(capsys, "--fail-on", "never", files["legacy"])
+    assert code == 2 and "Exit 2: a check failed internally" in out

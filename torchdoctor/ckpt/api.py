@@ -11,7 +11,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 from torchdoctor import registry, selection
 from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.info import UNREADABLE, CheckpointInfo, ModelKeys
-from torchdoctor.findings import Finding, fold
+from torchdoctor.findings import Finding, Location, fold
 from torchdoctor.report import Report
 from torchdoctor.settings import load_settings
 
@@ -83,7 +83,16 @@ def diagnose_checkpoints(
     findings: list[Finding] = []
     with _gc_paused():
         for path, problem in files:
-            info = _read(path, problem)
+            try:
+                info = _read(path, problem)
+            except Exception as exc:  # a torchdoctor bug on this file: said (exit 2), and the others still checked
+                if os.environ.get("TORCHDOCTOR_DEBUG"):
+                    raise
+                infos.append(_stand_in(path, f"torchdoctor failed to read it: {type(exc).__name__}: {exc}"))
+                failed = registry.internal_error(registry.get(UNREADABLE_CODE), exc)
+                failed.location = Location(file=path)
+                findings.append(failed)
+                continue
             if info.format == UNREADABLE:  # nothing else to look at: only checkpoint-unreadable says so
                 infos.append(info)
                 findings.extend(registry.run_fact_checks(
@@ -113,14 +122,20 @@ def diagnose_checkpoints(
 def _read(path: str, problem: Optional[str]) -> CheckpointInfo:
     """The file read without executing it, or a stand-in of format UNREADABLE that says why it can't be."""
     from torchdoctor.ckpt import read_checkpoint
-    from torchdoctor.ckpt.reader import Archive
-    from torchdoctor.ckpt.structure import analyze
 
     if problem is None:
         try:
             return read_checkpoint(path)
         except CheckpointError as exc:
             problem = str(exc).removeprefix(f"{path}: ")
+    return _stand_in(path, problem)
+
+
+def _stand_in(path: str, problem: str) -> CheckpointInfo:
+    """What is known of a file that could not be read: its path, size, and why."""
+    from torchdoctor.ckpt.reader import Archive
+    from torchdoctor.ckpt.structure import analyze
+
     try:
         size = os.path.getsize(path)
     except OSError:
