@@ -25,7 +25,7 @@ def checkpoint_files(paths: Sequence[Union[str, "os.PathLike[str]"]]) -> list[tu
     run that read nothing must not look like a clean one.
     """
     files: list[tuple[str, Optional[str]]] = []
-    for path in map(os.fspath, paths):
+    for path in (os.fspath(p) for p in paths):
         if os.path.isdir(path):
             found = _search(path)
             if not found:

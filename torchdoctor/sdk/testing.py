@@ -74,11 +74,12 @@ def _snippets(finding: Finding) -> list[str]:
         return []
     out = [fix.code] if fix.code else []
     quoted = re.search(r"`([^`]+)`", fix.title)
-    for text in ((quoted.group(1), quoted.group(1) + " pass") if quoted else ()):  # ` pass`: a block header
+    first = quoted.group(1) if quoted else ""
+    for text in ((first, first + " pass") if first else ()):  # ` pass`: a block header such as `with x:`
         if _parses(text):
             body = ast.parse(text).body
             if body and not isinstance(body[0], ast.Expr):  # a statement, not a name or an expression
-                out.append(quoted.group(1) if text.endswith(" pass") and text != quoted.group(1) else text)
+                out.append(first)
             break
     return out
 
