@@ -194,3 +194,17 @@ def test_module_spec_imports_from_the_working_directory_and_pythonpath(files, tm
     doc = json.loads(proc.stdout)
     assert doc["facts"]["checkpoints"][0]["model"] == {"spec": "mymodels:build_model", "keys": 9}
     assert [f["name"] for f in doc["findings"]] == ["wrapper-prefix"]
+
+
+def test_file_spec_imports_its_own_modules_from_pythonpath(tmp_path, monkeypatch):
+    """`--model path/to/models.py:build` finds what that file imports on PYTHONPATH, as `python` would."""
+    from torchdoctor.ckpt.model import load_model
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "td_helpers_for_spec.py").write_text(MODEL_FILE + "\ndef build():\n    return Net()\n")
+    (tmp_path / "models.py").write_text("from td_helpers_for_spec import build\n")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    model = load_model(f"{tmp_path / 'models.py'}:build")
+    assert type(model).__name__ == "Net" and str(lib) not in sys.path
+    sys.modules.pop("td_helpers_for_spec", None)

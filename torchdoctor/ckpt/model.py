@@ -77,12 +77,13 @@ def _import(spec: str, target: str) -> Any:
                 raise ModelSpecError(f"--model {spec!r}: cannot import {target}")
             module = importlib.util.module_from_spec(loader_spec)
             folder = os.path.dirname(os.path.abspath(target))
-            sys.path.insert(0, folder)
-            try:
-                sys.modules[name] = module
-                loader_spec.loader.exec_module(module)
-            finally:
-                sys.path.remove(folder)
+            with _user_search_path():  # the file's folder first, as for `python file.py`, then PYTHONPATH
+                sys.path.insert(0, folder)
+                try:
+                    sys.modules[name] = module
+                    loader_spec.loader.exec_module(module)
+                finally:
+                    sys.path.remove(folder)
             return module
         with _user_search_path():
             return importlib.import_module(target)

@@ -62,7 +62,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         sys.exit(0)
     except click.ClickException as exc:
         hint = ""
-        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+        if isinstance(exc, click.UsageError) and exc.ctx is not None and "(see `" not in exc.format_message():
             hint = f" (see `{exc.ctx.command_path} --help`)"
         click.echo(f"torchdoctor: error: {exc.format_message()}{hint}", err=True)
         sys.exit(USAGE_ERROR if isinstance(exc, click.UsageError) else exc.exit_code)
