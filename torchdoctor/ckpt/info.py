@@ -126,7 +126,7 @@ class CheckpointInfo:
 
     @property
     def kind(self) -> str:
-        """state_dict, training checkpoint, pickled module, torchscript module, tensor, or other."""
+        """state_dict, training checkpoint, optimizer state, pickled module, torchscript module, tensor, or other."""
         root = self.archive.root
         if self.format == "torchscript":
             return "torchscript module"
@@ -136,6 +136,8 @@ class CheckpointInfo:
             return "state_dict"
         if isinstance(root, TensorMeta):
             return "tensor"
+        if () in self.optimizer_states:  # optimizer.state_dict() on its own (accelerate's optimizer.bin)
+            return "optimizer state"
         if isinstance(root, dict) and len(self.table):
             return "training checkpoint"
         return "other"

@@ -31,6 +31,7 @@ def _dtype(value: Any) -> Optional[str]:
 
 
 _BYTES_STORAGE = "torch.storage._load_from_bytes"
+IN_PICKLE = "<inside the pickle>"  # the `record` of a storage whose bytes a plain pickle carries inline
 _MAX_STORAGE_BLOB = 64 << 20  # a storage pickled by plain `pickle` carries its bytes in the pickle itself
 
 
@@ -56,6 +57,8 @@ def _storage_from_bytes(storage: Any) -> Any:
     except (CheckpointError, PickleParseError, ValueError, EOFError):
         root = None
     found = root if isinstance(root, StorageRef) else storage
+    if isinstance(found, StorageRef):
+        found.record = IN_PICKLE
     storage._read_storage = found  # type: ignore[attr-defined]
     return found
 

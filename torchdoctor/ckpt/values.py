@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import IO, Any, Callable, Iterator, Optional
 
 from torchdoctor.ckpt.errors import CheckpointError
+from torchdoctor.ckpt.rebuild import IN_PICKLE
 from torchdoctor.ckpt.info import CheckpointInfo, NonFinite, ValueScan, show_path
 from torchdoctor.ckpt.objects import TensorMeta
 from torchdoctor.ckpt.reader import Locator, _Inflate, _Range
@@ -96,7 +97,9 @@ def scan_values(info: CheckpointInfo) -> ValueScan:
             try:
                 loc = info.archive.locator(t.storage.key)
                 if loc is None:
-                    result.skipped.append(f"{show_path(entry.path)}: storage bytes not in the file")
+                    inline = t.storage.record == IN_PICKLE
+                    result.skipped.append(f"{show_path(entry.path)}: " + ("its bytes are inside the pickle (a plain "
+                                          "pickle.dump of tensors), not read" if inline else "storage bytes not in the file"))
                     continue
                 found = _scan_tensor(np, f, loc, t, count, result, entry.path)
             except CheckpointError as exc:

@@ -61,8 +61,10 @@ def one_view(facts: dict[str, Any]) -> RenderableType:
                  + (": " + ", ".join(f"{g['name']} ({g['verdict']})" for g in unusual[:12]) if unusual else "")))
     if "values" in facts:
         v = facts["values"]
-        rows.append(("values", f"{v['tensors_scanned']} tensors scanned ({byte_size(v['bytes_scanned'])}), "
-                               f"{len(v['nonfinite'])} with NaN/Inf"))
+        scanned = v["tensors_scanned"]
+        rows.append(("values", f"{scanned} tensor{'' if scanned == 1 else 's'} scanned ({byte_size(v['bytes_scanned'])}), "
+                               f"{len(v['nonfinite'])} with NaN/Inf"
+                               + (f"; {len(v['skipped'])} not scanned (e.g. {v['skipped'][0]})" if v["skipped"] else "")))
     else:
         rows.append(("values", "not read (use --scan-values to look for NaN/Inf)"))
     parts: list[RenderableType] = [Text(""), _pairs("Checkpoint", rows)]
