@@ -105,6 +105,21 @@ def test_a_folder_is_searched_for_checkpoints(capsys, tmp_path, files):
     assert code == 1 and [f["location"]["file"] for f in doc["findings"] if f["code"] == "TD210"] == [read[1]]
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_or_a_broken_link_is_reported_not_read(capsys, tmp_path, files):
+    """Reading a named pipe would block for ever; a broken link has nothing to read: both are findings."""
+    import os
+
+    os.mkfifo(tmp_path / "pipe.pt")
+    os.symlink(tmp_path / "gone.pt", tmp_path / "link.pt")
+    code, out, _ = run(capsys, "--format", "json", str(tmp_path), files["plain"])
+    doc = json.loads(out)
+    problems = {f["location"]["file"]: f["message"] for f in doc["findings"] if f["code"] == "TD210"}
+    assert code == 1 and len(doc["facts"]["checkpoints"]) == 3
+    assert "not a regular file" in problems[str(tmp_path / "pipe.pt")]
+    assert "broken symbolic link" in problems[str(tmp_path / "link.pt")]
+
+
 def test_quiet_prints_findings_without_structure(capsys, files, tmp_path):
     data = open(files["plain"], "rb").read()
     (tmp_path / "cut.pt").write_bytes(data[:100])

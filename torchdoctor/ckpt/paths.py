@@ -33,7 +33,7 @@ def checkpoint_files(paths: Sequence[Union[str, "os.PathLike[str]"]]) -> list[tu
                                       f"(searched for {', '.join('*' + s for s in CHECKPOINT_SUFFIXES)})")
             files += found
         elif os.path.lexists(path):
-            files.append((path, None))
+            files.append((path, _not_regular(path)))
         else:
             raise CheckpointError(f"{path}: no such file or folder")
     return list(dict(files).items())  # a file named twice (or found in two named folders) is read once
@@ -47,5 +47,14 @@ def _search(folder: str) -> list[tuple[str, Optional[str]]]:
 
     for root, dirs, names in os.walk(folder, onerror=unlisted):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [(os.path.join(root, n), None) for n in names if is_checkpoint_name(n)]
+        found += [(path, _not_regular(path)) for path in (os.path.join(root, n) for n in names if is_checkpoint_name(n))]
     return sorted(found, key=lambda item: os.path.normcase(item[0]).split(os.sep))
+
+
+def _not_regular(path: str) -> Optional[str]:
+    """Why `path` is not read as a file (a FIFO would block the read forever), or None for a regular file."""
+    if os.path.isfile(path):
+        return None
+    if os.path.islink(path) and not os.path.exists(path):
+        return f"a broken symbolic link (to {os.readlink(path)})"
+    return "not a regular file (a named pipe, socket or device), not read"
