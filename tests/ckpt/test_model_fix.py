@@ -208,3 +208,11 @@ def test_file_spec_imports_its_own_modules_from_pythonpath(tmp_path, monkeypatch
     model = load_model(f"{tmp_path / 'models.py'}:build")
     assert type(model).__name__ == "Net" and str(lib) not in sys.path
     sys.modules.pop("td_helpers_for_spec", None)
+
+
+def test_fix_into_a_missing_folder_is_one_line(capsys, files, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["check-ckpt", "--fix", str(tmp_path / "nope" / "fixed.pt"), files["dataparallel"]])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("torchdoctor: error: cannot write") and err.count("\n") == 1
+    assert "internal error" not in err

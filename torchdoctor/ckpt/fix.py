@@ -206,7 +206,13 @@ def write_fixed(info: CheckpointInfo, out: str, model: Optional[Any] = None) -> 
                        f"(rebuilding them would run their code): {', '.join(copy.dropped[:6])}"
                        f"{', ...' if len(copy.dropped) > 6 else ''}")
     tmp = out + ".tmp"
-    torch.save(saved, tmp)
+    try:
+        torch.save(saved, tmp)
+    except (OSError, RuntimeError) as exc:  # a missing folder, no permission, a full disk
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        why = (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip("'\"")
+        raise FixError(f"cannot write {out}: {why}") from None
     try:
         loaded = torch.load(tmp, weights_only=True)
         if model is not None:
