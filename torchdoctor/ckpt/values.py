@@ -4,9 +4,8 @@ from __future__ import annotations
 from typing import IO, Any, Callable, Iterator, Optional
 
 from torchdoctor.ckpt.errors import CheckpointError
-from torchdoctor.ckpt.rebuild import IN_PICKLE
 from torchdoctor.ckpt.info import CheckpointInfo, NonFinite, ValueScan, show_path
-from torchdoctor.ckpt.objects import TensorMeta
+from torchdoctor.ckpt.objects import IN_PICKLE, TensorMeta
 from torchdoctor.ckpt.reader import Locator, _Inflate, _Range
 
 CHUNK = 4 << 20  # bytes per read; a multiple of every item size
