@@ -44,15 +44,15 @@ BACKWARD_MISSES_PARAMETERS = Pitfall(
     ),
     good=Example(
         """
+        criterion = nn.MSELoss()
         for x, y in loader:
             optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
+            loss = criterion(model(x), y)
             loss.backward()
             optimizer.step()
             logged = loss.item()
         """,
         setup=_SETUP,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """

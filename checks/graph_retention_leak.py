@@ -60,7 +60,6 @@ GRAPH_RETENTION_LEAK = Pitfall(
             total_loss += loss.item()
         """,
         setup=_TRAINING,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "source": """
@@ -191,8 +190,7 @@ class GraphRetentionLeak(RuntimeCheck):
             f"{len(old)} earlier steps (the oldest in step {old[0]}) are still alive ({memory}). Something keeps a "
             "tensor that is still attached to its graph, e.g. `losses.append(loss)` or `total_loss += loss`.",
             fix="Keep numbers, not graphs, across steps:\n"
-                "total_loss += loss.item()      # or loss.detach()\n"
-                "losses.append(loss.item())",
+                "total_loss += loss.item()  # or loss.detach(); in a list: losses.append(loss.item())",
             location=Location(module=label, step=now - 1))
 
     def _model(self, label: str) -> "WatchedModel":

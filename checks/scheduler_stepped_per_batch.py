@@ -49,7 +49,8 @@ SCHEDULER_STEPPED_PER_BATCH = Pitfall(
     ),
     good=Example(
         """
-        for epoch in range(2):
+        epochs = 2
+        for epoch in range(epochs):
             for x, y in loader:
                 optimizer.zero_grad()
                 nn.functional.mse_loss(model(x), y).backward()
@@ -57,7 +58,6 @@ SCHEDULER_STEPPED_PER_BATCH = Pitfall(
             scheduler.step()
         """,
         setup=_SETUP,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """

@@ -53,7 +53,8 @@ TRAIN_MODE_NOT_RESTORED = Pitfall(
     ),
     good=Example(
         """
-        for epoch in range(2):
+        epochs = 2
+        for epoch in range(epochs):
             model.train()
             for x, y in loader:
                 optimizer.zero_grad()
@@ -64,7 +65,6 @@ TRAIN_MODE_NOT_RESTORED = Pitfall(
                 val_loss = sum(criterion(model(x), y).item() for x, y in val_loader)
         """,
         setup=_SETUP,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -142,7 +142,7 @@ class TrainModeNotRestored(RuntimeCheck):
                     "        ...\n"
                     "    model.eval()\n"
                     "    with torch.no_grad():\n"
-                    "        validate(model)",
+                    "        val_loss = sum(criterion(model(x), y).item() for x, y in val_loader)",
                 location=Location(module=wm.label, step=event.step))
 
 
