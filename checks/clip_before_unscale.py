@@ -55,7 +55,6 @@ CLIP_BEFORE_UNSCALE = Pitfall(
             scaler.update()
         """,
         setup=_SETUP,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -76,12 +75,9 @@ CLIP_BEFORE_UNSCALE = Pitfall(
 )
 
 _CLIPS = ("clip_grad_norm_", "clip_grad_value_")
-_FIX = ("Unscale before clipping:\n"
-        "scaler.scale(loss).backward()\n"
-        "scaler.unscale_(optimizer)\n"
-        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
-        "scaler.step(optimizer)\n"
-        "scaler.update()")
+_FIX = ("Unscale before clipping: add this line after `scaler.scale(loss).backward()` and before the clip "
+        "(scaler.step then does not unscale again):\n"
+        "scaler.unscale_(optimizer)")
 
 
 @CLIP_BEFORE_UNSCALE.runtime
