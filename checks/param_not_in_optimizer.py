@@ -46,9 +46,8 @@ PARAM_NOT_IN_OPTIMIZER = Pitfall(
         setup=_BODY,
     ),
     good=Example(
-        'model.append(nn.Linear(8, 2))\noptimizer.add_param_group({"params": model[-1].parameters()})' + _LOOP,
+        'model.append(nn.Linear(8, 2))\noptimizer.add_param_group({"params": model[2].parameters()})' + _LOOP,
         setup=_BODY,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -62,6 +61,29 @@ PARAM_NOT_IN_OPTIMIZER = Pitfall(
         """,
     },
 )
+
+
+def _module_expr(path: str) -> str:
+    """`model` followed by the access to the submodule at `path` ("head" -> model.head, "2" -> model[2])."""
+    return "model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
+
+
+def _fix(missing: list[str], names: list[str]) -> str:
+    """Give the optimizer the modules that own the missing parameters (or freeze them); a module some of whose
+    parameters the optimizer already holds gets only the missing ones (a parameter in two groups is an error)."""
+    owners = list(dict.fromkeys(name.rpartition(".")[0] for name in missing))[:3]
+    lost = set(missing)
+
+    def params(owner: str) -> str:
+        inside = [n for n in names if n.startswith(owner + ".")] if owner else []
+        if inside and all(n in lost for n in inside):
+            return f"{_module_expr(owner)}.parameters()"
+        return "[" + ", ".join(_module_expr(n) for n in missing if n.rpartition(".")[0] == owner) + "]"
+
+    own = [params(o) for o in owners]
+    adds = "\n".join(f'optimizer.add_param_group({{"params": {params}}})' for params in own)
+    return ("Give them to the optimizer (or build the optimizer after adding the layers), or freeze them:\n"
+            f"{adds}\n# or: {_module_expr(owners[0] or missing[0])}.requires_grad_(False)")
 
 
 @PARAM_NOT_IN_OPTIMIZER.runtime
@@ -97,7 +119,5 @@ class ParamNotInOptimizer(RuntimeCheck):
             yield Finding(
                 f"{len(missing)} parameter(s) of {wm.label} receive gradients but no optimizer given to watch() "
                 f"holds them, so they never change: {names}.",
-                fix="Build the optimizer from all parameters (after adding layers), or freeze them:\n"
-                    "optimizer = torch.optim.AdamW(model.parameters())\n"
-                    "# or: model.head.requires_grad_(False)",
+                fix=_fix(missing, [name for name, _ in params]),
                 location=Location(module=wm.label, param=missing[0], step=event.step))

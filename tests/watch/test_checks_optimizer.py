@@ -84,6 +84,8 @@ def test_param_not_in_optimizer_for_a_head_added_later():
     [f] = [f for f in s.findings if f.name == "param-not-in-optimizer"]
     assert (f.code, str(f.severity)) == ("TD303", "warning")
     assert "`2.weight`, `2.bias`" in f.message
+    exec(f.fix.code, {"model": model, "optimizer": opt})  # the fix names the module, and pastes
+    assert {id(p) for p in model[2].parameters()} <= {id(p) for g in opt.param_groups for p in g["params"]}
 
 
 def test_optimizer_state_dtype_mismatch_after_casting_the_model():
