@@ -43,6 +43,11 @@ def test_stale_optimizer_params_after_rebinding_a_layer_names_the_new_one():
     assert len(stale) == 1 and stale[0].code == "TD302"
     assert "2 of its 4 parameters" in stale[0].message and "`2.weight`" in stale[0].message
     assert stale[0].location.param == "2.weight"
+    namespace = {"torch": torch, "model": model, "optimizer": opt}
+    exec(stale[0].fix.code, namespace)  # the fix pastes: the same optimizer, same settings, the model's parameters
+    rebuilt = namespace["optimizer"]
+    assert type(rebuilt) is type(opt) and rebuilt.defaults == opt.defaults
+    assert [id(p) for p in rebuilt.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
     assert [f for f in s.findings if f.name == "param-not-in-optimizer"] == []  # one replaced layer, one finding
 
 
