@@ -44,9 +44,10 @@ BACKWARD_MISSES_PARAMETERS = Pitfall(
     ),
     good=Example(
         """
+        criterion = nn.MSELoss()
         for x, y in loader:
             optimizer.zero_grad()
-            loss = nn.functional.mse_loss(model(x), y)
+            loss = criterion(model(x), y)
             loss.backward()
             optimizer.step()
             logged = loss.item()

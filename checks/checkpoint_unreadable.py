@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.checkpoint import CheckpointInfo
+from torchdoctor.sdk.checkpoint import UNREADABLE, CheckpointInfo
 
 from ._ckptutil import MODEL_SETUP
 
@@ -16,8 +16,9 @@ CHECKPOINT_UNREADABLE = Pitfall(
     why="""
         Part of the file could not be read: a pickle that ends early or breaks a limit (pickle bombs, absurd
         lengths, deep nesting), a storage record that is missing or shorter than its tensors declare, encrypted
-        zip records, or a TorchScript/legacy part torchdoctor cannot follow. Files that are not checkpoints at
-        all are an input error (exit 2) instead.
+        zip records, or a TorchScript/legacy part torchdoctor cannot follow — or the whole file: empty, cut
+        before its zip directory, or not in any format `torch.load` reads. Each such file is reported and the
+        other files of the run are still checked.
 
         A truncated download or an interrupted `torch.save` fails at load time with confusing errors
         ("PytorchStreamReader failed reading zip archive", "unexpected EOF"), sometimes only when a particular
@@ -50,8 +51,17 @@ CHECKPOINT_UNREADABLE = Pitfall(
 
 @CHECKPOINT_UNREADABLE.checkpoint
 def checkpoint_unreadable(info: CheckpointInfo) -> Iterator[Finding]:
-    """Each part of the file the reader could not read."""
+    """Each part of the file the reader could not read (or the whole file)."""
     problems = info.problems
+    if info.format == UNREADABLE:
+        yield Finding(
+            f"The file could not be read as a checkpoint: {problems[0]}. Nothing in it was checked, so "
+            "it is not a clean bill of health.",
+            fix="Re-download or re-save the file; if it comes from an untrusted source, do not load it.",
+            location=Location(file=info.path),
+            key=problems[0],
+        )
+        return
     for problem in problems[:10]:
         yield Finding(
             f"Part of the file could not be read: {problem}. The report covers only what was read, so it is not "

@@ -75,12 +75,9 @@ CLIP_BEFORE_UNSCALE = Pitfall(
 )
 
 _CLIPS = ("clip_grad_norm_", "clip_grad_value_")
-_FIX = ("Unscale before clipping:\n"
-        "scaler.scale(loss).backward()\n"
-        "scaler.unscale_(optimizer)\n"
-        "torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)\n"
-        "scaler.step(optimizer)\n"
-        "scaler.update()")
+_FIX = ("Unscale before clipping: add this line after `scaler.scale(loss).backward()` and before the clip "
+        "(scaler.step then does not unscale again):\n"
+        "scaler.unscale_(optimizer)")
 
 
 @CLIP_BEFORE_UNSCALE.runtime
@@ -135,7 +132,8 @@ def clip_before_unscale(src: SourceFile) -> Iterator[Finding]:
                   {c.receiver for c in scope.calls if c.attr == "step" and c.receiver and c.node.args}
         for scaler in sorted(s for s in scalers if s is not None):
             scaled = [c.pos for c in scope.calls if c.receiver == scaler and c.attr == "scale"]
-            steps = [c.pos for c in scope.calls if c.receiver == scaler and c.attr == "step"]
+            step_calls = [c for c in scope.calls if c.receiver == scaler and c.attr == "step"]
+            steps = [c.pos for c in step_calls]
             unscales = [c.pos for c in scope.calls if c.receiver == scaler and c.attr == "unscale_"]
             for clip in scope.calls:
                 if clip.attr not in _CLIPS or not (clip.receiver is None or "torch" in clip.qualname):
@@ -146,4 +144,12 @@ def clip_before_unscale(src: SourceFile) -> Iterator[Finding]:
                         f"`{src.snippet(clip.node)}` clips the gradients between `{scaler}.scale(...)` and "
                         f"`{scaler}.step(...)` with no `{scaler}.unscale_(...)` before it: it clips gradients "
                         "multiplied by the loss scale, so the updates become far smaller than intended.",
-                        fix=_FIX, location=src.location(clip.node))
+                        fix=_source_fix(src, scaler, clip, step_calls), location=src.location(clip.node))
+
+
+def _source_fix(src: SourceFile, scaler: str, clip: Any, steps: list[Any]) -> str:
+    """Unscale with the optimizer the scaler steps, on a line of its own just before the clip."""
+    after = [c for c in steps if c.pos > clip.pos]
+    optimizer = src.snippet(after[0].node.args[0]) if after and after[0].node.args else "optimizer"
+    return (f"Unscale first: insert this line just before line {clip.node.lineno}, at its indentation:\n"
+            f"{scaler}.unscale_({optimizer})")

@@ -73,7 +73,7 @@ def cuda_tensors(info: CheckpointInfo) -> Iterator[Finding]:
         message += " Tensors on cuda:1 or higher also fail on machines with fewer GPUs."
         remap = ", ".join(f"'{d}': 'cuda:0'" for d in sorted(others) if d.startswith("cuda:"))
         fix += f"  # or map_location={{{remap}}}"
-    fix += "\nor write a CPU copy: torchdoctor check-ckpt FILE --fix cpu.pt"
+    fix += f"\nor write a CPU copy: torchdoctor check-ckpt {info.path} --fix cpu.pt"
     device = sorted(devices)[0]
     yield Finding(message, fix=fix, location=Location(file=info.path, key=first[device], device=device),
                   severity=Severity.WARNING if others else Severity.INFO)

@@ -58,6 +58,7 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
         correct = evaluate(model, val_loader)
         """,
         setup=_VALIDATION,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "source": """
@@ -184,6 +185,15 @@ class EvalWithoutNoGrad(RuntimeCheck):
                     severity=Severity.INFO)
 
 
+def _source_fix(scope: Any) -> str:
+    """Decorate the function that evaluates; at module level, wrap the evaluation in a no_grad block."""
+    node = getattr(scope, "node", None)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return (f"Put `@torch.no_grad()` on the line above `def {node.name}` (line {node.lineno}), or run the "
+                "evaluation under `with torch.no_grad():` (or `torch.inference_mode()`).")
+    return "Run the evaluation under `with torch.no_grad():` (or `torch.inference_mode()`)."
+
+
 @EVAL_WITHOUT_NO_GRAD.source
 def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or ".eval()" not in src.text:
@@ -228,8 +238,7 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                     f"{mode[model][1].node.lineno}) with autograd still on, and nothing here is back-propagated: "
                     "eval() only switches Dropout/BatchNorm, so this forward records a graph and keeps its "
                     "activations for nothing." + reached + caveat,
-                    fix="Run evaluation under `with torch.no_grad():` (or `torch.inference_mode()`), or decorate the "
-                        "function with `@torch.no_grad()`.",
+                    fix=_source_fix(scope),
                     location=src.location(call.node),
                     severity=Severity.INFO if unknown else None,
                 )

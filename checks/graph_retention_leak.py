@@ -194,8 +194,7 @@ class GraphRetentionLeak(RuntimeCheck):
             f"{len(old)} earlier steps (the oldest in step {old[0]}) are still alive ({memory}). Something keeps a "
             "tensor that is still attached to its graph, e.g. `losses.append(loss)` or `total_loss += loss`.",
             fix="Keep numbers, not graphs, across steps:\n"
-                "total_loss += loss.item()      # or loss.detach()\n"
-                "losses.append(loss.item())",
+                "total_loss += loss.item()  # or loss.detach(); in a list: losses.append(loss.item())",
             location=Location(module=label, step=now - 1))
 
     def _model(self, label: str) -> "WatchedModel":
@@ -355,6 +354,23 @@ def _leak_finding(src: SourceFile, node: Spanned, target: str, leaked: str, trai
     return Finding(
         f"`{src.snippet(node)}` keeps `{leaked}`, which is back-propagated at line {backward.lineno}, with its "
         f"autograd history: `{target}` holds every iteration's graph alive, so memory grows step after step.",
-        fix=f"Keep a number, not the graph: `{target} += {leaked}.item()` (or `{leaked}.detach()`).",
+        fix=_source_fix(src, node, leaked),
         location=src.location(node),
     )
+
+
+def _source_fix(src: SourceFile, node: Spanned, leaked: str) -> str:
+    """The reported line with `leaked` detached: `.item()` in a running sum (a number), `.detach()` in what
+    is appended (it may be more than one number)."""
+    method = "detach" if isinstance(node, ast.Call) else "item"
+    text = src.segment(node)
+    uses = [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id == leaked and isinstance(n.ctx, ast.Load)]
+    parents = {id(child) for n in ast.walk(node) if isinstance(n, (ast.Attribute, ast.Subscript))
+               for child in [n.value]}
+    if node.lineno != node.end_lineno or not text.isascii() or not uses or any(id(n) in parents for n in uses):
+        return (f"Keep a number, not the graph: use `{leaked}.{method}()` instead of `{leaked}` on line "
+                f"{node.lineno}.")
+    for use in sorted(uses, key=lambda n: -n.col_offset):
+        at = use.col_offset - node.col_offset
+        text = text[:at] + f"{leaked}.{method}()" + text[at + len(leaked):]
+    return f"Keep a number, not the graph: write line {node.lineno} as\n{text}"

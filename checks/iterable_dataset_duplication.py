@@ -60,6 +60,7 @@ ITERABLE_DATASET_DUPLICATION = Pitfall(
             optimizer.step()
         """,
         setup=_CSV_FILE,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """

@@ -62,6 +62,21 @@ NEEDS_CODE_TO_LOAD = Pitfall(
 )
 
 
+# numpy.dtype(code) builds an instance of one of these classes, which weights_only=True must allow as well
+_NUMPY_DTYPE_CLASSES = {
+    "f2": "Float16DType", "f4": "Float32DType", "f8": "Float64DType", "f16": "LongDoubleDType",
+    "i1": "Int8DType", "i2": "Int16DType", "i4": "Int32DType", "i8": "Int64DType",
+    "u1": "UInt8DType", "u2": "UInt16DType", "u4": "UInt32DType", "u8": "UInt64DType",
+    "b1": "BoolDType", "c8": "Complex64DType", "c16": "Complex128DType",
+}
+
+
+def _numpy_dtype_classes(allowed: list) -> list[str]:
+    """The `numpy.dtypes.*DType` classes of the dtypes the file builds with `numpy.dtype(code)`."""
+    return sorted({f"numpy.dtypes.{_NUMPY_DTYPE_CLASSES[args[0]]}" for g in allowed if g.qualname == "numpy.dtype"
+                   for _, args in g.calls if isinstance(args, tuple) and args and args[0] in _NUMPY_DTYPE_CLASSES})
+
+
 @NEEDS_CODE_TO_LOAD.checkpoint
 def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
     """Globals or opcodes the weights_only unpickler refuses, and third-party code the pickle calls on load."""
@@ -101,11 +116,20 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
             fix = ("Do not allowlist anything from this file: it is unsafe (see unsafe-pickle). Ask for a safetensors "
                    "or plain state_dict copy.")
         elif safe:
-            modules = sorted({n.rpartition(".")[0] for n in safe[:12]})
+            allowed = [g for g in extra if g.qualname in safe[:12]]
+            dtype_classes = _numpy_dtype_classes(allowed)
+            scripts = [g for g in allowed if g.module.startswith("__")]  # saved from a script: `__main__.Net`
+            modules = sorted({g.module for g in allowed if g.module and g not in scripts}
+                             | ({"numpy.dtypes"} if dtype_classes else set()))
             fix = ("If you trust the file, allow exactly these globals:\n"
-                   + "".join(f"import {m}\n" for m in modules if m and not m.startswith("__"))
-                   + f"torch.serialization.add_safe_globals([{', '.join(safe[:12])}])\n"
-                   "ckpt = torch.load(path)\n"
+                   + "".join(f"import {m}\n" for m in modules)
+                   + "".join(f"# {g.name}: the class the file was saved with, defined or imported in this script "
+                             f"(it names it {g.qualname}: it was saved from a script)\n" for g in scripts)
+                   + "torch.serialization.add_safe_globals(["
+                   + ", ".join([*(f"({g.name}, {g.qualname!r})" if g in scripts else g.qualname for g in allowed),
+                                *dtype_classes])
+                   + "])\n"
+                   f"ckpt = torch.load({info.path!r})\n"
                    "Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
                    "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace).")
             if called:

@@ -54,6 +54,7 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
             optimizer.step()
         """,
         setup=_TRAINING,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "source": """

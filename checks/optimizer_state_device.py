@@ -62,6 +62,7 @@ OPTIMIZER_STATE_DEVICE = Pitfall(
         'optimizer.load_state_dict(torch.load("last.pt")["optimizer"])  # then load: the state follows it'
         + _LOOP,
         setup=_RESUME,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -165,8 +166,7 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
                     f"(line {move.pos[0]}): load_state_dict casts the state to the device and dtype the parameters "
                     "have at that moment, so it stays behind when the model is moved or cast, and `step()` fails "
                     "with 'Expected all tensors to be on the same device' (or mixes precisions).",
-                    fix=f"Move the model first, then build `{built.optimizer}` and load its state:\n"
-                        f"{built.model}.to(device)\n{built.optimizer} = ...({built.model}.parameters())\n"
-                        f"{built.optimizer}.load_state_dict(checkpoint['optimizer'])",
+                    fix=f"Move or cast the model first, then load the state: put line {move.pos[0]} before line "
+                        f"{load.pos[0]}:\n{src.segment(move.node)}\n{src.segment(load.node)}",
                     location=src.location(load.node),
                 )

@@ -1,6 +1,7 @@
 """param-not-in-optimizer: a trainable parameter gets gradients but no optimizer holds it, so it never changes."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
@@ -45,7 +46,7 @@ PARAM_NOT_IN_OPTIMIZER = Pitfall(
         setup=_BODY,
     ),
     good=Example(
-        'model.append(nn.Linear(8, 2))\noptimizer.add_param_group({"params": model[-1].parameters()})' + _LOOP,
+        'model.append(nn.Linear(8, 2))\noptimizer.add_param_group({"params": model[2].parameters()})' + _LOOP,
         setup=_BODY,
     ),
     details={
@@ -54,10 +55,35 @@ PARAM_NOT_IN_OPTIMIZER = Pitfall(
             `requires_grad=True` and a `.grad`, but are in none of the optimizers given to `watch()`. Frozen
             parameters are quiet. A model none of whose parameters is in a watched optimizer is skipped (for example
             the discriminator of a GAN when only the generator's optimizer is passed), because its optimizer may
-            simply not have been given to `watch()`.
+            simply not have been given to `watch()`. A parameter that replaced one an optimizer still holds (a
+            layer re-bound after the optimizer was built: same shape, gone from the model) is left to
+            stale-optimizer-params, which reports that layer with its cause.
         """,
     },
 )
+
+
+def _module_expr(path: str) -> str:
+    """`model` followed by the access to the submodule at `path` ("head" -> model.head, "2" -> model[2])."""
+    return "model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
+
+
+def _fix(missing: list[str], names: list[str]) -> str:
+    """Give the optimizer the modules that own the missing parameters (or freeze them); a module some of whose
+    parameters the optimizer already holds gets only the missing ones (a parameter in two groups is an error)."""
+    owners = list(dict.fromkeys(name.rpartition(".")[0] for name in missing))[:3]
+    lost = set(missing)
+
+    def params(owner: str) -> str:
+        inside = [n for n in names if n.startswith(owner + ".")] if owner else []
+        if inside and all(n in lost for n in inside):
+            return f"{_module_expr(owner)}.parameters()"
+        return "[" + ", ".join(_module_expr(n) for n in missing if n.rpartition(".")[0] == owner) + "]"
+
+    own = [params(o) for o in owners]
+    adds = "\n".join(f'optimizer.add_param_group({{"params": {params}}})' for params in own)
+    return ("Give them to the optimizer (or build the optimizer after adding the layers), or freeze them:\n"
+            f"{adds}\n# or: {_module_expr(owners[0] or missing[0])}.requires_grad_(False)")
 
 
 @PARAM_NOT_IN_OPTIMIZER.runtime
@@ -69,12 +95,23 @@ class ParamNotInOptimizer(RuntimeCheck):
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         held = self.ctx.optimizer_param_ids()
+        # a parameter with a same-shaped twin that an optimizer holds but the model lost was re-bound after the
+        # optimizer was built: stale-optimizer-params reports that layer, with the cause
+        in_models = self.ctx.model_param_ids()
+        replaced = Counter(tuple(p.shape) for wo in self.ctx.optimizers for group in wo.optimizer.param_groups
+                           for p in group["params"] if id(p) not in in_models)
         for wm in self.ctx.models:
             params = list(wm.named_parameters())
             if not any(id(p) in held for _, p in params):
                 continue  # no optimizer given to watch() trains this model
-            missing = [name for name, p in params
-                       if p.requires_grad and p.grad is not None and id(p) not in held and name not in self.reported]
+            missing = []
+            for name, p in params:
+                if not p.requires_grad or id(p) in held:
+                    continue
+                if replaced[tuple(p.shape)] > 0:  # each lost parameter explains one new one
+                    replaced[tuple(p.shape)] -= 1
+                elif p.grad is not None and name not in self.reported:
+                    missing.append(name)
             if not missing:
                 continue
             self.reported.update(missing)
@@ -82,7 +119,5 @@ class ParamNotInOptimizer(RuntimeCheck):
             yield Finding(
                 f"{len(missing)} parameter(s) of {wm.label} receive gradients but no optimizer given to watch() "
                 f"holds them, so they never change: {names}.",
-                fix="Build the optimizer from all parameters (after adding layers), or freeze them:\n"
-                    "optimizer = torch.optim.AdamW(model.parameters())\n"
-                    "# or: model.head.requires_grad_(False)",
+                fix=_fix(missing, [name for name, _ in params]),
                 location=Location(module=wm.label, param=missing[0], step=event.step))

@@ -66,8 +66,8 @@ def pickled_module(info: CheckpointInfo) -> Iterator[Finding]:
                        f"on <module '{cls.rpartition('.')[0]}'>\"), breaks when the code changes, and "
                        "torch.load's weights_only default refuses it.")
             fix = ("Save the weights instead: torch.save(model.state_dict(), 'weights.pt'), and rebuild with "
-                   "model = Net(); model.load_state_dict(torch.load('weights.pt')). "
-                   "`torchdoctor check-ckpt FILE --fix weights.pt` extracts them without running this pickle.")
+                   f"model = {short}(); model.load_state_dict(torch.load('weights.pt')). "
+                   f"`torchdoctor check-ckpt {info.path} --fix weights.pt` extracts them without running this pickle.")
         else:
             message = (f"{where} is a whole pickled `{cls}` optimizer object, not optimizer.state_dict(); it "
                        "carries references to parameters and needs code to load.")

@@ -126,13 +126,22 @@ def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
             continue  # guarded: only prefixed keys are cut
         for node in inside:
             if isinstance(node, ast.Subscript) and ref(node.value) == key and (prefix := _prefix(node, strings)):
+                edits = tuple(_prefix_edits(src, loop, key, state, node, prefix))
+                if edits:  # the rewrite `lint --fix` applies, to paste over those lines by hand
+                    lines = f"{edits[0].start[0]}" + (f"-{edits[0].end[0]}" if edits[0].end[0] > edits[0].start[0]
+                                                      else "")
+                    fix = (f"Strip the prefix only where it is present: replace line {lines} with\n"
+                           + "\n".join(line.strip() for line in edits[0].text.splitlines()))
+                else:
+                    fix = (f"Strip the prefix only where it is present, in place:\n"
+                           f'{_CONSUME}({src.snippet(state)}, "{prefix}")')
                 yield FixableFinding(
                     f"`{src.snippet(node)}` cuts {len(prefix)} characters off every key of `{src.snippet(state)}`, "
                     f"assuming each one starts with '{prefix}': a key without it loses real characters "
                     "('conv1.weight' -> 'weight') and load_state_dict then reports missing and unexpected keys.",
-                    fix=f'Strip the prefix only where it is present:\n{_CONSUME}(state_dict, "{prefix}")',
+                    fix=fix,
                     location=src.location(node),
-                    edits=tuple(_prefix_edits(src, loop, key, state, node, prefix)),
+                    edits=edits,
                 )
                 break
 

@@ -49,7 +49,8 @@ SAMPLER_EPOCH_NOT_SET = Pitfall(
         """
         sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
         loader = DataLoader(dataset, sampler=sampler, batch_size=8)
-        for epoch in range(2):
+        epochs = 2
+        for epoch in range(epochs):
             sampler.set_epoch(epoch)
             for x, y in loader:
                 optimizer.zero_grad()
@@ -163,7 +164,7 @@ class SamplerEpochNotSet(RuntimeCheck):
             fix="Advance the sampler's epoch before each pass:\n"
                 "for epoch in range(epochs):\n"
                 "    sampler.set_epoch(epoch)\n"
-                "    for batch in loader:\n"
+                "    for x, y in loader:\n"
                 "        ...",
             location=Location(key=type(sampler).__name__, step=self.ctx.step))
 

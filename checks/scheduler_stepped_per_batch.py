@@ -49,7 +49,8 @@ SCHEDULER_STEPPED_PER_BATCH = Pitfall(
     ),
     good=Example(
         """
-        for epoch in range(2):
+        epochs = 2
+        for epoch in range(epochs):
             for x, y in loader:
                 optimizer.zero_grad()
                 nn.functional.mse_loss(model(x), y).backward()

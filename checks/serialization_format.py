@@ -1,6 +1,7 @@
 """serialization-format: the file is not torch.save's default zip format."""
 from __future__ import annotations
 
+import os
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
@@ -48,12 +49,15 @@ def _describe(info: CheckpointInfo) -> tuple[str, str]:
     """The message and fix for a file of a format other than zip."""
     d = info.archive.details
     fmt = info.format
+    path = info.path
+    stem, ext = os.path.splitext(path)
     if fmt == "legacy":
         return (f"Pre-1.6 legacy format (stacked pickles, protocol {d.get('legacy_protocol', 1001)}), read pickle by "
                 "pickle with the raw storages after them. torch.load still reads it (weights_only works) but "
                 "mmap=True fails (\"mmap can only be used with files saved with ... "
                 "_use_new_zipfile_serialization=True\").",
-                "Re-save in the zip format: torch.save(torch.load(path, map_location='cpu'), 'new.pt')")
+                "Re-save a copy in the zip format (then weights_only and mmap both work):\n"
+                f"torch.save(torch.load({path!r}, map_location='cpu'), {stem + '_zip' + (ext or '.pt')!r})")
     if fmt == "legacy-tar":
         return ("Legacy tar format of torch <= 0.1.x; torch.load(weights_only=True) refuses it (\"Cannot use "
                 "weights_only=True with files saved in the legacy .tar format\"). Its pickles were scanned, "
@@ -63,8 +67,9 @@ def _describe(info: CheckpointInfo) -> tuple[str, str]:
         return (f"TorchScript archive (torch.jit.save): {len(info.table)} tensor(s) listed from data.pkl and "
                 f"constants.pkl; its {d.get('code_files', 0)} code file(s) were not inspected. torch.load refuses it "
                 "(\"Cannot use weights_only=True with TorchScript archives passed to torch.load\").",
-                "Load it with torch.jit.load(path, map_location='cpu'); to get weights: "
-                "torch.jit.load(path).state_dict()")
+                "Load it with torch.jit.load, and save its weights as a state dict if you need them elsewhere:\n"
+                f"scripted = torch.jit.load({path!r}, map_location='cpu')\n"
+                f"torch.save(scripted.state_dict(), {stem + '_weights.pt'!r})")
     if fmt == "zip-sequence":
         return (f"{d.get('zips', 0)} torch.save archives stored back to back, as torch.distributed.checkpoint writes "
                 "a .distcp shard (its loader reads each item by offset; torch.load reads none of them). Each archive "
@@ -79,11 +84,11 @@ def _describe(info: CheckpointInfo) -> tuple[str, str]:
         return ("torch.export archive (.pt2): the graph as JSON, raw weights described by JSON, and pickled "
                 "constants or sample inputs; torch.export.load unpickles those with weights_only=False. Its pickles "
                 "were scanned.",
-                "Load it with torch.export.load(path) only if its pickles are clean; the weights are listed above.")
+                f"Load it with torch.export.load({path!r}) only if its pickles are clean; the weights are listed above.")
     if fmt == "safetensors":
         return ("safetensors file: a JSON header plus raw tensor bytes, no pickle, nothing can execute; read from "
                 "the header only.",
-                "Load with safetensors.torch.load_file(path) (torch.load also dispatches .safetensors files).")
+                f"Load it with safetensors: `safetensors.torch.load_file({path!r})`.")
     return (f"Plain pickle file (protocol {d.get('protocol', '?')}), not torch.save's format: torch.load "
             "fails on it (\"Invalid magic number; corrupt file?\" or \"Weights only load failed\") and pickle.load "
             "runs whatever code it names.",

@@ -64,6 +64,7 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
     good=Example(
         "model.fc.reset_parameters()  # a fresh head in place: the optimizer still holds its Parameters" + _LOOP,
         setup=_NET,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -89,6 +90,16 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
         """,
     },
 )
+
+
+def _qualname(optimizer: object) -> str:
+    """How the optimizer's class is written in code: `torch.optim.SGD` for torch's own (re-exported there)."""
+    import torch
+
+    cls = type(optimizer)
+    if cls.__module__.startswith("torch.optim.") and getattr(torch.optim, cls.__name__, None) is cls:
+        return f"torch.optim.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 @STALE_OPTIMIZER_PARAMS.runtime
@@ -124,10 +135,9 @@ class StaleOptimizerParams(RuntimeCheck):
                 f"{wo.label} updates {len(foreign)} of its {len(wo.params())} parameters that are not in the model "
                 f"any more ({listed}{', ...' if len(foreign) > 4 else ''}): its steps change nothing the model uses."
                 + guess,
-                fix="Build the optimizer after the last change to the model (re-assigning a layer, "
-                    "replacing or re-wrapping the model):\n"
-                    "model.fc = nn.Linear(512, 10)\n"
-                    "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                fix="Build the optimizer after the last change to the model (re-assigning a layer, replacing or "
+                    "re-wrapping the model), with the same settings:\n"
+                    f"optimizer = {_qualname(wo.optimizer)}(model.parameters(), **optimizer.defaults)\n"
                     "or change weights in place: `with torch.no_grad(): model.fc.weight.copy_(w)`",
                 location=Location(param=twins[0] if twins else None, step=self.ctx.step), key=wo.label)
 

@@ -59,6 +59,18 @@ def _covered(spans: list[tuple[int, int]]) -> int:
     return total
 
 
+def _fix(info: CheckpointInfo, paths: list[tuple[str, ...]]) -> str:
+    """Clone the listed views in a copy of the file: load it, clone each, save it again (or --fix)."""
+    def access(path: tuple[str, ...]) -> str:
+        return "ckpt" + "".join(f"[{int(p)}]" if p.isdigit() else f"[{p!r}]" for p in path)
+
+    clones = "\n".join(f"{access(p)} = {access(p)}.clone()" for p in paths)
+    return ("Clone views before saving (`torch.save(view.clone(), ...)`) so each tensor owns a storage of its own "
+            "size; to shrink this file:\n"
+            f"ckpt = torch.load({info.path!r}, map_location='cpu')\n{clones}\ntorch.save(ckpt, {info.path!r})\n"
+            f"or write a compact copy: torchdoctor check-ckpt {info.path} --fix compact.pt")
+
+
 @STORAGE_BLOAT.checkpoint
 def storage_bloat(info: CheckpointInfo) -> Iterator[Finding]:
     """Storages much larger than the bytes their tensors use."""
@@ -84,8 +96,6 @@ def storage_bloat(info: CheckpointInfo) -> Iterator[Finding]:
         f"{len(bloated)} tensor(s) were saved as views of larger tensors, and torch.save writes the whole "
         f"underlying storage: {byte_size(total)} of the file's {byte_size(info.archive.file_size)} hold data no tensor "
         f"uses. {rows}.",
-        fix="Clone views before saving so each tensor owns a storage of its own size:\n"
-            "torch.save({k: v.clone() for k, v in state_dict.items()}, path)\n"
-            "or write a compact copy: torchdoctor check-ckpt FILE --fix compact.pt",
+        fix=_fix(info, [table.path(b[3]) for b in bloated[:MAX_LISTED]]),
         location=Location(file=info.path, key=show_path(table.path(bloated[0][3]))),
     )

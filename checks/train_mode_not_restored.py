@@ -53,7 +53,8 @@ TRAIN_MODE_NOT_RESTORED = Pitfall(
     ),
     good=Example(
         """
-        for epoch in range(2):
+        epochs = 2
+        for epoch in range(epochs):
             model.train()
             for x, y in loader:
                 optimizer.zero_grad()
@@ -145,7 +146,7 @@ class TrainModeNotRestored(RuntimeCheck):
                     "        ...\n"
                     "    model.eval()\n"
                     "    with torch.no_grad():\n"
-                    "        validate(model)",
+                    "        val_loss = sum(criterion(model(x), y).item() for x, y in val_loader)",
                 location=Location(module=wm.label, step=event.step))
 
 

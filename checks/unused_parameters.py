@@ -68,6 +68,7 @@ UNUSED_PARAMETERS = Pitfall(
             optimizer.step()
         """,
         setup=_TWO_HEADS,
+        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -79,6 +80,11 @@ UNUSED_PARAMETERS = Pitfall(
         """,
     },
 )
+
+
+def _owner_expr(path: str) -> str:
+    """`model` followed by the access to the module or parameter at `path` ("aux_head" -> model.aux_head)."""
+    return "model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
 
 
 @UNUSED_PARAMETERS.runtime
@@ -114,6 +120,7 @@ class UnusedParameters(RuntimeCheck):
             "loss leaves out what they compute"
             + (" (DDP needs find_unused_parameters=True for that)." if ddp else "."),
             fix="Put their output into the loss, remove them, or freeze them so that nobody expects them to learn:\n"
-                "model.unused_head.requires_grad_(False)",
+                + "\n".join(f"{_owner_expr(n)}.requires_grad_(False)" for n in dict.fromkeys(
+                    n.rpartition(".")[0] or n for n in unused[:6] if n != "?")),
             location=Location(param=unused[0], step=event.step),
             severity=Severity.WARNING if ddp else None)

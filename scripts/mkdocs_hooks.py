@@ -28,3 +28,24 @@ def on_pre_build(config: Any) -> None:
     if stale:
         log.warning("generated check pages out of date with the pitfall definitions (run "
                     "`python scripts/pitfalls.py docs`): %s", ", ".join(stale))
+
+
+def check_pages_nav(nav: list[Any]) -> list[Any]:
+    """The site navigation with every generated check page under "Checks" (after its index), so that each
+    pitfall, a new one included, is in the navigation without editing mkdocs.yml."""
+    from torchdoctor import registry
+
+    pages = [{f"{p.code} {p.name}": f"checks/{p.name}.md"} for p in registry.all_checks()
+             if p.origin == registry.BUILTIN_ORIGIN]
+    out: list[Any] = []
+    for item in nav:
+        if isinstance(item, dict) and item.get("Checks") == "checks/index.md":
+            item = {"Checks": ["checks/index.md", *pages]}
+        out.append(item)
+    return out
+
+
+def on_config(config: Any) -> Any:
+    if config["nav"]:
+        config["nav"] = check_pages_nav(config["nav"])
+    return config

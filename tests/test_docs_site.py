@@ -36,9 +36,22 @@ def test_the_site_builds_strictly_with_every_page(tmp_path: Path) -> None:
                  "writing-checks", "gpu", "torchrun"):
         assert (site / page / "index.html").is_file(), page
     assert "TD301" in (site / "checks" / "missing-zero-grad" / "index.html").read_text(encoding="utf-8")
+    home = (site / "index.html").read_text(encoding="utf-8")  # every check page is in the site's navigation
+    from torchdoctor import registry
+
+    for check in registry.all_checks():
+        assert f'href="checks/{check.name}/"' in home, check.name
     schema = (site / "schema" / "index.html").read_text(encoding="utf-8")
     assert "draft/2020-12/schema" in schema and "--8&lt;--" not in schema  # the file itself, included
     assert not (site / "__init__.py").exists()
+
+
+def test_the_install_step_says_where_torchdoctor_comes_from() -> None:
+    """`pip install .` only works in a copy of the source: the home page says how to get one first."""
+    for page in (ROOT / "docs" / "index.md", ROOT / "README.md"):
+        text = page.read_text(encoding="utf-8")
+        step = text[text.index("pip install torch==2.13.0 && pip install . ") - 600:]
+        assert "git clone" in step[:600] and "not published on PyPI" in step[:600], page.name
 
 
 def test_a_broken_link_and_a_stale_check_page_fail_the_build(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -44,6 +44,19 @@ def test_editable_install_finds_every_check():
     assert result["checks"] == declared_checks() and result["docs"]
 
 
+def test_a_source_checkout_run_from_its_folder_finds_its_own_checks(tmp_path):
+    """`python -m torchdoctor` inside a checkout imports the checkout's torchdoctor/ whatever is installed (a
+    wheel, another checkout): its checks/ and docs/, which pyproject.toml maps into the package, come along."""
+    import shutil
+
+    for name in ("torchdoctor", "checks", "docs"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    result = listing(cwd=tmp_path)
+    assert Path(result["file"]).resolve() == (tmp_path / "checks" / "__init__.py").resolve()
+    assert result["checks"] == declared_checks() and result["docs"]
+
+
 @pytest.mark.slow
 def test_wheel_install_finds_every_check(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",

@@ -122,11 +122,11 @@ def test_a_watch_report_is_the_same_envelope():
 
 def test_the_validator_rejects_what_breaks_the_schema(command_documents):
     doc, _ = command_documents["source"]
-    broken = {**doc, "exit_code": 2, "extra": 1, "counts": {"error": -1, "warning": 0}}
+    broken = {**doc, "exit_code": 3, "extra": 1, "counts": {"error": -1, "warning": 0}}
     del broken["subject"]
     broken["findings"] = [{**doc["findings"][0], "severity": "fatal", "count": True}]
     assert sorted(violations(broken, SCHEMA)) == sorted([
-        "$: missing 'subject'", "$: unexpected 'extra'", "$.exit_code: 2 is not one of [0, 1]",
+        "$: missing 'subject'", "$: unexpected 'extra'", "$.exit_code: 3 is not one of [0, 1, 2]",
         "$.counts: missing 'info'", "$.counts.error: -1 < 0",
         "$.findings[0].severity: 'fatal' is not one of ['error', 'warning', 'info']",
         "$.findings[0].count: True is not of type integer",

@@ -9,7 +9,7 @@ from torchdoctor import registry
 from torchdoctor.cli import cli
 from torchdoctor.docs import pages
 from torchdoctor.sdk import Scope
-from torchdoctor.sdk.testing import run_example
+from torchdoctor.sdk.testing import paste_problems, run_example
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 BUILTINS = [c for c in registry.all_checks() if c.origin == registry.BUILTIN_ORIGIN]
@@ -47,6 +47,14 @@ def test_bad_example_fires_and_good_example_is_quiet(pitfall, scope):
     if pitfall.good.runnable(scope):
         found = run_example(pitfall, pitfall.good, scope)
         assert found == [], f"{pitfall.name}: the Good example is flagged in {scope}: {found[0].message}"
+
+
+@pytest.mark.parametrize(("pitfall", "scope"), [(p, s) for p, s in RUNNABLE if p.bad.runnable(s)],
+                         ids=lambda v: v.name if hasattr(v, "name") else str(v))
+def test_the_fix_works_when_pasted_into_the_bad_example(pitfall, scope):
+    """Good example = Bad example with the fix's code pasted in (so the test above proves that the pasted fix
+    runs and silences the finding); a checkpoint fix runs when pasted after the Bad example."""
+    assert paste_problems(pitfall, scope) == []
 
 
 def test_some_example_runs_in_every_executable_door():

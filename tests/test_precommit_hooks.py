@@ -38,6 +38,7 @@ def test_hooks_block_an_unsafe_pickle_and_a_lint_error_and_pass_clean_files(tmp_
     torch.save({"w": torch.zeros(2)}, repo / "weights.pt")
     torch.save({"b": torch.ones(3)}, repo / "more.ckpt")
     (repo / "downloaded.pth").write_bytes(pickle.dumps(_RunsACommand()))
+    (repo / "cut.pt").write_bytes((repo / "weights.pt").read_bytes()[:200])  # a copy that ended early
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
 
@@ -46,8 +47,10 @@ def test_hooks_block_an_unsafe_pickle_and_a_lint_error_and_pass_clean_files(tmp_
     assert blocked.returncode == 1, out + blocked.stderr
     assert "torchdoctor lint" in out and "torchdoctor check-ckpt" in out and out.count("Failed") == 2
     assert "TD501 to-result-discarded" in out and "where: bad.py:3:1" in out and "good.py:" not in out
-    assert "3 checkpoints" in out  # every checkpoint in one call, the text file in none
-    assert "TD201 unsafe-pickle" in out and "where: downloaded.pth" in out and out.count("✗ TD") == 2
+    assert "4 checkpoints" in out  # every checkpoint in one call, the text file in none
+    assert "TD201 unsafe-pickle" in out and "where: downloaded.pth" in out  # each offending file is named
+    assert "TD210 checkpoint-unreadable" in out and "where: cut.pt" in out and out.count("✗ TD") == 3
+    assert "Largest tensors" not in out and "weights.pt" not in out  # clean files print no structure
 
     clean = _try_repo(repo, tmp_path, "--files", "good.py", "weights.pt", "more.ckpt", "notes.txt")
     assert clean.returncode == 0, clean.stdout + clean.stderr

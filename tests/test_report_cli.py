@@ -69,5 +69,24 @@ def test_checks_command_lists_every_check_with_its_origin():
     env_row = next(r for r in rows if r["name"] == "shm-too-small")
     assert env_row == {"code": "TD111", "name": "shm-too-small", "scopes": ["env"], "severity": "warning",
                        "origin": "built-in", "summary": registry.get("TD111").summary}
-    table = CliRunner().invoke(cli, ["checks", "--scope", "env"], env={"COLUMNS": "200"})
-    assert "TD111  shm-too-small" in table.output and "TD201" not in table.output
+    piped = CliRunner().invoke(cli, ["checks", "--scope", "env"], env={"COLUMNS": "40"})
+    lines = piped.output.splitlines()  # off a terminal: one tab-separated line each, never wrapped or padded
+    assert lines[0] == "code\tname\tscope\tseverity\torigin\tsummary" and "TD201" not in piped.output
+    assert f"TD111\tshm-too-small\tenv\twarning\tbuilt-in\t{registry.get('TD111').summary}" in lines
+    assert len(lines) == 1 + len(registry.all_checks("env")) and all(line.count("\t") == 5 for line in lines)
+
+
+def test_bare_torchdoctor_prints_the_help_and_a_missing_argument_points_to_it(capsys):
+    import pytest
+
+    from torchdoctor.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 0 and err == "" and out.startswith("Usage: torchdoctor") and "check-ckpt" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["explain"])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and out == ""
+    assert err == "torchdoctor: error: Missing argument 'CHECK'. (see `torchdoctor explain --help`)\n"

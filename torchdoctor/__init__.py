@@ -4,8 +4,12 @@ Importing this package does not import torch; the front doors that need it impor
 """
 from __future__ import annotations
 
-from torchdoctor.isolation import isolate_cli
+import os as _os
 
+from torchdoctor.isolation import checkout_root, isolate_cli
+
+if checkout_root(_os.path.dirname(__file__)):  # a source checkout: torchdoctor.checks is checks/ beside us
+    __path__.append(checkout_root(_os.path.dirname(__file__)))
 isolate_cli()  # the command line re-executes itself away from a `random.py` in the user's folders
 
 from typing import Any  # noqa: E402

@@ -71,6 +71,7 @@ class Location:
 
 
 _LEAD_IN_ENDS = (":", "e.g.")
+INTERNAL_ERROR = "internal-error"  # the `key` of the finding that stands for a check which crashed
 
 
 @dataclass(frozen=True)

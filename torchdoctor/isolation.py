@@ -26,6 +26,16 @@ BOOT = ("import sys; sys.path[:1] = [] if sys.path[:1] == [''] else sys.path[:1]
         "from torchdoctor.cli import main; main()")
 
 
+def checkout_root(package_dir: str) -> str:
+    """The source checkout `package_dir` sits in, when its `checks/` and `docs/` packages are beside it rather
+    than inside it (pyproject.toml maps them to `torchdoctor.checks`/`torchdoctor.docs` when it installs):
+    `python -m torchdoctor` run in a checkout imports this folder whatever is installed, and must find them."""
+    root = os.path.dirname(package_dir)
+    beside = all(os.path.isfile(os.path.join(root, name, "__init__.py")) for name in ("checks", "docs"))
+    inside = os.path.isdir(os.path.join(package_dir, "checks"))
+    return root if beside and not inside and os.path.isfile(os.path.join(root, "pyproject.toml")) else ""
+
+
 def is_cli_launch(argv: list[str], orig_argv: "list[str] | None", main_file: "str | None") -> bool:
     """True when this process is the torchdoctor command line: the console script, or `-m torchdoctor`
     (while `-m` locates the package, `sys.argv[0]` is "-m")."""

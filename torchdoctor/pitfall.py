@@ -78,12 +78,18 @@ class Example:
     ``model`` and may bind ``optimizer``/``loader``), then ``code`` inside ``torchdoctor.watch``;
     checkpoint examples run in an empty folder and every checkpoint they write is checked. `unseen`
     says, per scope, why that door's detector cannot see this example; the page prints it.
+
+    The fixes contract: the Good example is the Bad one with the code of each fix its findings propose
+    pasted in (a checkpoint fix's code must run when pasted after the Bad example). Where a door's fix is
+    a recipe in general names rather than the example's own lines (the runtime door sees no source),
+    the Good example says so per scope in `recipe`, and only the recipe's syntax is checked.
     """
 
     code: str
     setup: str = ""
     language: str = "python"
     unseen: Mapping[str, str] = field(default_factory=dict)
+    recipe: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "code", inspect.cleandoc(self.code))
@@ -123,7 +129,7 @@ class Pitfall:
         for text, what in ((self.summary, "summary"), (self.why, "why"), (self.fix, "fix")):
             if not text.strip():
                 raise PitfallError(f"pitfall {self.name}: {what} must not be empty")
-        for key in (*self.details, *self.bad.unseen, *self.good.unseen):
+        for key in (*self.details, *self.bad.unseen, *self.good.unseen, *self.bad.recipe, *self.good.recipe):
             _scope(key, self.name)
 
     def __repr__(self) -> str:

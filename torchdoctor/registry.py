@@ -14,7 +14,7 @@ import sys
 from types import ModuleType
 from typing import Any, Iterable, NamedTuple, Optional
 
-from torchdoctor.findings import Finding, Severity
+from torchdoctor.findings import INTERNAL_ERROR, Finding, Severity
 from torchdoctor.pitfall import Pitfall, Scope
 from torchdoctor.plugins import GROUP as ENTRY_POINT_GROUP
 
@@ -220,7 +220,8 @@ def run_fact_checks(checks: Iterable[Pitfall], scope: "Scope | str", facts: Any)
 
 
 def internal_error(info: Pitfall, exc: BaseException) -> Finding:
-    """The finding that stands for a check which crashed (the check is then skipped, never fatal)."""
+    """The finding that stands for a check which crashed (the check is then skipped, never fatal; the
+    command's exit code is then 2, whatever --fail-on says: something was left unchecked)."""
     where = ""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -228,6 +229,7 @@ def internal_error(info: Pitfall, exc: BaseException) -> Finding:
     if tb is not None:
         where = f" at {tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
     return Finding(
+        key=INTERNAL_ERROR,
         code=info.code,
         name=info.name,
         severity=Severity.INFO,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from torchdoctor import __version__
-from torchdoctor.findings import Finding, Severity
+from torchdoctor.findings import INTERNAL_ERROR, Finding, Severity
 from torchdoctor.settings import DEFAULT_FAIL_ON
 
 if TYPE_CHECKING:  # rich is imported when a console report is rendered, not on the way to the torch probe
@@ -89,7 +89,10 @@ def _facts_view(scope: str) -> Optional[Callable[[dict[str, Any]], "RenderableTy
 
 
 def exit_code(findings: list[Finding], fail_on: str = DEFAULT_FAIL_ON) -> int:
-    """0 when no finding is at or above `fail_on`, else 1 (2 is reserved for usage/input errors)."""
+    """0 when no finding is at or above `fail_on`, else 1; 2 when a check crashed, whatever `fail_on` says (it
+    left something unchecked: the run is no result), as for usage and input errors."""
+    if any(f.key == INTERNAL_ERROR for f in findings):
+        return 2
     if fail_on == "never":
         return 0
     threshold = Severity.parse(fail_on)
@@ -181,7 +184,10 @@ def summary_line(report: Report, fail_on: str) -> "Text":
             text.append(", ")
         text.append(label, style=style)
     text.append(".")
-    if exit_code(report.findings, fail_on):
+    code = exit_code(report.findings, fail_on)
+    if code == 2:
+        text.append(" Exit 2: a check failed internally, so this is not a complete result.", style="dim")
+    elif code:
         text.append(f" Exit 1: --fail-on {fail_on}.", style="dim")
     return text
 

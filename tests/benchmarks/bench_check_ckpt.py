@@ -78,8 +78,9 @@ def many_entries(rounds: int) -> None:
             size = build_file(path)
             ours = [op_time(OP_SCRIPTS["check-ckpt (in-process)"], path, env) for _ in range(rounds)]
             base = [op_time(base_script, path, env) for _ in range(rounds)]
-            cli = [measure([sys.executable, "-m", "torchdoctor", "check-ckpt", "--format", "json", path], env)[0]
-                   for _ in range(rounds)]
+            command = [sys.executable, "-m", "torchdoctor", "check-ckpt", "--format", "json", path]
+            verified(command, env, 300_000 if path.endswith(".safetensors") else 50_000)
+            cli = [measure(command, env)[0] for _ in range(rounds)]
             ours_med, base_med = statistics.median(ours), statistics.median(base)
             print(f"{title} ({size / 2**20:.1f} MiB), {rounds} rounds:")
             print(f"  check-ckpt (in-process) median {ours_med:.3f} s (min {min(ours):.3f})  target <= 1 s")
@@ -111,7 +112,9 @@ OP_SCRIPTS = {
         "from torchdoctor.ckpt.api import diagnose_checkpoints\n"
         "import torchdoctor.ckpt.reader, torchdoctor.ckpt.structure  # imports outside the timed part\n"
         "checks = registry.all_checks('checkpoint')\n"
-        "t = time.perf_counter(); diagnose_checkpoints([sys.argv[1]], checks); print(time.perf_counter() - t)\n"),
+        "t = time.perf_counter(); r = diagnose_checkpoints([sys.argv[1]], checks); print(time.perf_counter() - t)\n"
+        "facts = r.facts['checkpoints'][0]  # a failed read must never be timed as a result\n"
+        "assert r.exit_code() == 0 and facts['format'] != 'unreadable' and facts['tensors']['count'] > 0, r.findings\n"),
     "torch.load (in-process)": (
         "import sys, time, torch\n"
         "t = time.perf_counter(); torch.load(sys.argv[1], weights_only=True); print(time.perf_counter() - t)\n"),
@@ -120,6 +123,20 @@ OP_SCRIPTS = {
         "t = time.perf_counter(); torch.load(sys.argv[1], weights_only=True, mmap=True)\n"
         "print(time.perf_counter() - t)\n"),
 }
+
+
+def verified(cmd: list[str], env: dict[str, str], tensors: int) -> None:
+    """Run a `check-ckpt --format json` command once and check that it worked and read every tensor: the timed
+    runs discard the output, and a failed run must never be timed as a result."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    try:
+        doc = json.loads(proc.stdout)
+    except ValueError:
+        raise SystemExit(f"{' '.join(cmd[2:4])} failed (exit {proc.returncode}): {proc.stderr.strip()[:500]}") from None
+    [facts] = doc["facts"]["checkpoints"]
+    if proc.returncode != 0 or doc["findings"] or facts["tensors"]["count"] != tensors:
+        raise SystemExit(f"{' '.join(cmd[2:4])}: exit {proc.returncode}, {facts['tensors']['count']} of {tensors} "
+                         f"tensors read, findings {[f['message'][:200] for f in doc['findings']]}")
 
 
 def op_time(script: str, path: str, env: dict[str, str]) -> float:
@@ -152,15 +169,18 @@ def main() -> None:
         if args.scan_values:
             commands["check-ckpt --scan-values"] = [*commands["check-ckpt"], "--scan-values"]
         env = child_env(os.path.join(tmp, "pycache"))
-        for cmd in commands.values():  # warm the page cache and bytecode once
-            measure(cmd, env)
+        for name, cmd in commands.items():  # warm the page cache and bytecode once, and check what is timed
+            if name.startswith("check-ckpt"):
+                verified(cmd, env, args.mib // 4)
+            else:
+                measure(cmd, env)
         walls: dict[str, list[float]] = {k: [] for k in commands}
         rss: dict[str, list[float]] = {k: [] for k in commands}
         ops: dict[str, list[float]] = {k: [] for k in OP_SCRIPTS}
         for _ in range(args.rounds):
             for name, cmd in commands.items():
                 wall, peak, code = measure(cmd, env)
-                if code not in (0, 1):
+                if code != 0:
                     raise SystemExit(f"{name} failed with exit code {code}")
                 walls[name].append(wall)
                 rss[name].append(peak)

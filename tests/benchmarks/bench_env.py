@@ -8,6 +8,7 @@ medians and the ratios against both baselines are printed. Targets: env <= 0.8x 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -42,13 +43,28 @@ def timed(cmd: list[str], cwd: str) -> float:
     return wall
 
 
+def verified(name: str, cmd: list[str], cwd: str) -> None:
+    """Run `cmd` once, output kept, and check that it worked (the timed runs discard the output): the torch probe
+    imported torch, and no check failed internally. A failed run must never be timed as a result."""
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, env=ENV)
+    ok = proc.returncode == 0 or (name.startswith(("torchdoctor", "env")) and proc.returncode == 1)  # 1: findings
+    if name == "torchdoctor env" and ok:
+        doc = json.loads(proc.stdout)
+        ok = doc["facts"]["torch"]["ok"] is True and not any("failed internally" in f["message"] for f in doc["findings"])
+    elif name == "env markdown" and ok:
+        ok = "failed internally" not in proc.stdout and "torch" in proc.stdout
+    if not ok:
+        raise SystemExit(f"{name} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout).strip()[-500:]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     samples: dict[str, list[float]] = {name: [] for name in COMMANDS}
     with tempfile.TemporaryDirectory() as cwd:
-        for name, cmd in COMMANDS.items():  # warm the page cache once
+        for name, cmd in COMMANDS.items():  # warm the page cache once, checking that each command works
+            verified(name, cmd, cwd)
             timed(cmd, cwd)
         for _ in range(args.rounds):
             for name, cmd in COMMANDS.items():

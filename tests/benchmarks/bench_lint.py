@@ -20,6 +20,7 @@ import argparse
 import ast
 import os
 import random
+import re
 import resource
 import shutil
 import statistics
@@ -239,6 +240,33 @@ def best_cli(cmd: list[str], env: dict[str, str], rounds: int = 3, before=None) 
     return min(runs, key=lambda r: r[0])
 
 
+FINDING = re.compile(r"^(?P<file>\S[^:]*):\d+:\d+: (?P<code>TD\d+) (?P<name>[a-z0-9-]+) ")
+
+
+def findings_of(proc: subprocess.CompletedProcess, what: str) -> dict[str, set[str]]:
+    """File name -> names of the findings in `--format text` output, once the run is known to have worked (exit
+    0 under --fail-on never, nothing on stderr): a timed failure must never read as a result."""
+    if proc.returncode != 0 or proc.stderr.strip():
+        raise SystemExit(f"{what}: the command failed (exit {proc.returncode}): {proc.stderr.strip()[:500]}")
+    found: dict[str, set[str]] = {}
+    for line in proc.stdout.splitlines():
+        match = FINDING.match(line)
+        if match:
+            found.setdefault(os.path.basename(match["file"]), set()).add(match["name"])
+    return found
+
+
+def check_found(found: dict[str, set[str]], paths: list[Path], texts: list[str], what: str) -> int:
+    """The planted scripts (they take `--local_rank`) and only they have local-rank-argument; returns the
+    number of findings."""
+    planted = {p.name for p, t in zip(paths, texts) if '"--local_rank"' in t}
+    flagged = {name for name, names in found.items() if "local-rank-argument" in names}
+    if flagged != planted:
+        raise SystemExit(f"{what}: local-rank-argument on {len(flagged)} files, planted in {len(planted)} "
+                         f"(missed {sorted(planted - flagged)[:3]}, extra {sorted(flagged - planted)[:3]})")
+    return sum(len(names) for names in found.values())
+
+
 def measured(fn, runs: int = 3) -> tuple[float, float]:
     """Best wall and CPU seconds of `fn` over `runs` runs in this process."""
     times = []
@@ -274,11 +302,13 @@ def main() -> None:
 
         wall, cpu, proc = best_cli(lint_cmd + ["--no-cache"] + corpus, env)
         ours_cli = n / wall
+        found = check_found(findings_of(proc, "cold lint"), paths, texts, "cold lint")
         print(f"torchdoctor lint CLI, cold (--no-cache; start-up included): {wall:.2f} s wall = {ours_cli:.0f} files/s; "
-              f"{n / cpu:.0f} files per CPU-second; {len(proc.stdout.splitlines())} findings")
+              f"{n / cpu:.0f} files per CPU-second; {found} findings (the planted ones found)")
         cold_output = proc.stdout
         run_cli(lint_cmd + corpus, env)  # fills the cache
         wall, _, proc = best_cli(lint_cmd + corpus, env)
+        findings_of(proc, "warm lint")
         assert proc.stdout == cold_output, "cached results differ from a cold run"
         print(f"torchdoctor lint CLI, warm (re-run, nothing changed): {wall:.2f} s wall = {n / wall:.0f} files/s")
         edited, original = paths[len(paths) // 2], texts[len(paths) // 2]
@@ -286,8 +316,16 @@ def main() -> None:
         wall, _, proc = best_cli(lint_cmd + corpus, env,
                                  before=lambda: edited.write_text(original + f"# edit {next(edits)}\n", encoding="utf-8"))
         edited.write_text(original, encoding="utf-8")
+        check_found(findings_of(proc, "warm lint after an edit"), paths, texts, "warm lint after an edit")
         print(f"torchdoctor lint CLI, warm (re-run after editing one file): {wall:.2f} s wall = {n / wall:.0f} files/s")
 
+        result = lint_paths(corpus, checks, cache=None)
+        in_process = {}
+        for f in result.findings:
+            if "failed internally" in f.message:
+                raise SystemExit(f"in-process lint: {f.message}")
+            in_process.setdefault(os.path.basename(f.location.file), set()).add(f.name)
+        check_found(in_process, paths, texts, "in-process lint")
         wall, _ = measured(lambda: lint_paths(corpus, checks))
         print(f"torchdoctor lint in-process, no cache, {usable_cpus()} workers: {n / wall:.0f} files/s, "
               f"{lines / wall:.0f} lines/s")
@@ -319,7 +357,8 @@ def main() -> None:
         theirs, theirs_cpu = len(sample) / tf_wall, len(sample) / tf_cpu
         print(f"torchfix --select ALL CLI on a {len(sample)}-file sample: {tf_wall:.1f} s wall = {theirs:.2f} files/s; "
               f"{theirs_cpu:.2f} files per CPU-second; {tf_findings} findings")
-        wall, cpu, _ = run_cli(lint_cmd + ["--no-cache", str(sample_dir)], env)
+        wall, cpu, proc = run_cli(lint_cmd + ["--no-cache", str(sample_dir)], env)
+        findings_of(proc, "cold lint of the sample")
         print(f"torchdoctor lint CLI, cold, on the same sample: {wall:.2f} s wall, {cpu:.2f} CPU-s "
               f"({tf_wall / wall:.0f}x faster wall, {tf_cpu / cpu:.0f}x less CPU, start-up included)")
         print(f"throughput ratio, cold: {ours_cli / theirs:.0f}x TorchFix (files/s, CLI, wall); "

@@ -107,6 +107,8 @@ def watched(model: nn.Module, opt: torch.optim.Optimizer) -> Iterator[None]:
         yield
     if session.findings:
         raise SystemExit(f"the benchmark loop is not clean: {[f.name for f in session.findings]}")
+    if not session.facts["optimizers"] or session.facts["optimizers"][0]["steps"] == 0:
+        raise SystemExit("watch saw no optimizer step: it timed a loop it did not watch")
 
 
 @contextlib.contextmanager

@@ -104,7 +104,8 @@ def bench(name: str, rank: int, rounds: int, steps: int, every: int) -> dict[str
                 start = time.perf_counter()
                 session.stop()
                 edges[config] = entered + time.perf_counter() - start
-                if session.findings or session.facts["ranks"]["missing"]:
+                watched_steps = session.facts["optimizers"][0]["steps"]  # a loop it did not watch is no result
+                if session.findings or session.facts["ranks"]["missing"] or watched_steps != steps + 2:
                     raise SystemExit(f"rank {rank}: the benchmark loop is not clean: "
                                      f"{[f.message for f in session.findings]} {session.facts['ranks']}")
             walls[config] += wall

@@ -60,11 +60,73 @@ def _bad_inputs(tmp_path, files):
             "truncated zip": str(tmp_path / "truncated.pt")}
 
 
-def test_bad_input_is_exit_2_and_one_line(capsys, tmp_path, files):
-    for what, path in _bad_inputs(tmp_path, files).items():
-        code, out, err = run(capsys, path)
-        assert code == 2, what
-        assert out == "" and err.count("\n") == 1 and err.startswith("torchdoctor: error: "), (what, err)
+def test_a_missing_path_is_exit_2_and_one_line(capsys, tmp_path, files):
+    for path in (str(tmp_path / "nope.pt"), str(tmp_path / "empty-folder")):
+        (tmp_path / "empty-folder").mkdir(exist_ok=True)
+        code, out, err = run(capsys, files["plain"], path)
+        assert code == 2, path
+        assert out == "" and err.count("\n") == 1 and err.startswith("torchdoctor: error: "), (path, err)
+
+
+def test_every_unreadable_file_is_a_finding_and_hides_no_other(capsys, tmp_path, files, canary):
+    """Each file that is not a readable checkpoint is one TD210 error; the other files are all still reported."""
+    bad = _bad_inputs(tmp_path, files)
+    del bad["missing"], bad["directory"]
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(b.dumps(b.reduce_payloads(canary)["os.system"]))
+    paths = [*bad.values(), str(evil), files["dataparallel"]]
+    code, out, err = run(capsys, "--format", "json", *paths)
+    doc = json.loads(out)
+    assert code == 1 and err == ""
+    assert [c["path"] for c in doc["facts"]["checkpoints"]] == paths
+    unreadable = {f["location"]["file"]: f["message"] for f in doc["findings"] if f["code"] == "TD210"}
+    assert sorted(unreadable) == sorted(bad.values())
+    assert "truncated or corrupt zip archive" in unreadable[bad["truncated zip"]]
+    found = {(f["name"], f["location"]["file"]) for f in doc["findings"]}
+    assert {("unsafe-pickle", str(evil)), ("wrapper-prefix", files["dataparallel"])} <= found
+    code, out, _ = run(capsys, bad["truncated zip"])  # alone, too: a finding (exit 1), never a clean report
+    assert code == 1 and "TD210 checkpoint-unreadable" in out and "unreadable: truncated or corrupt zip" in out
+
+
+def test_a_folder_is_searched_for_checkpoints(capsys, tmp_path, files):
+    """check-ckpt DIR reads the checkpoint-named files under DIR (recursively, not hidden folders), sorted."""
+    data = open(files["plain"], "rb").read()
+    (tmp_path / "run" / "epoch1").mkdir(parents=True)
+    (tmp_path / "run" / ".git").mkdir()
+    (tmp_path / "run" / "epoch1" / "model.ckpt").write_bytes(data)
+    (tmp_path / "run" / "last.pth.tar").write_bytes(data[: len(data) // 2])
+    (tmp_path / "run" / "weights.safetensors").write_bytes(open(files["safetensors"], "rb").read())
+    (tmp_path / "run" / ".git" / "object.pt").write_bytes(b"not read")
+    (tmp_path / "run" / "notes.txt").write_text("not a checkpoint")
+    code, out, _ = run(capsys, "--format", "json", str(tmp_path / "run"))
+    doc = json.loads(out)
+    read = [c["path"] for c in doc["facts"]["checkpoints"]]
+    assert read == [str(tmp_path / "run" / p) for p in ("epoch1/model.ckpt", "last.pth.tar", "weights.safetensors")]
+    assert code == 1 and [f["location"]["file"] for f in doc["findings"] if f["code"] == "TD210"] == [read[1]]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_or_a_broken_link_is_reported_not_read(capsys, tmp_path, files):
+    """Reading a named pipe would block for ever; a broken link has nothing to read: both are findings."""
+    import os
+
+    os.mkfifo(tmp_path / "pipe.pt")
+    os.symlink(tmp_path / "gone.pt", tmp_path / "link.pt")
+    code, out, _ = run(capsys, "--format", "json", str(tmp_path), files["plain"])
+    doc = json.loads(out)
+    problems = {f["location"]["file"]: f["message"] for f in doc["findings"] if f["code"] == "TD210"}
+    assert code == 1 and len(doc["facts"]["checkpoints"]) == 3
+    assert "not a regular file" in problems[str(tmp_path / "pipe.pt")]
+    assert "broken symbolic link" in problems[str(tmp_path / "link.pt")]
+
+
+def test_quiet_prints_findings_without_structure(capsys, files, tmp_path):
+    data = open(files["plain"], "rb").read()
+    (tmp_path / "cut.pt").write_bytes(data[:100])
+    code, out, _ = run(capsys, "--quiet", files["plain"], files["dataparallel"], str(tmp_path / "cut.pt"))
+    assert code == 1 and "Checkpoint" not in out and "Largest tensors" not in out
+    assert f"where: {tmp_path / 'cut.pt'}" in out and f"where: {files['dataparallel']}" in out
+    assert "3 checkpoints" in out
 
 
 def test_usage_errors(capsys, files, tmp_path):
@@ -105,3 +167,27 @@ def test_zip_with_crc_damage_still_reads(files, tmp_path):
     from torchdoctor.ckpt import read_checkpoint
 
     assert len(read_checkpoint(str(damaged)).tensors) == 9
+
+
+def test_an_internal_error_is_exit_2_whatever_fail_on_says(capsys, monkeypatch, files):
+    """A check that crashed, or a file the reader crashed on, left something unchecked: never a result that
+    passes; the other files are still reported."""
+    import torchdoctor.ckpt as ckpt
+
+    real = ckpt.read_checkpoint
+
+    def crash_on_legacy(path, limits=None):
+        if path == files["legacy"]:
+            raise ZeroDivisionError("a reader bug")
+        return real(path, limits)
+
+    monkeypatch.setattr(ckpt, "read_checkpoint", crash_on_legacy)
+    code, out, _ = run(capsys, "--fail-on", "never", "--format", "json", files["legacy"], files["dataparallel"])
+    doc = json.loads(out)
+    assert code == 2 == doc["exit_code"]
+    assert [c["path"] for c in doc["facts"]["checkpoints"]] == [files["legacy"], files["dataparallel"]]
+    [failed] = [f for f in doc["findings"] if "failed internally" in f["message"]]
+    assert failed["location"]["file"] == files["legacy"] and "ZeroDivisionError: a reader bug" in failed["message"]
+    assert "wrapper-prefix" in {f["name"] for f in doc["findings"]}
+    code, out, _ = run(capsys, "--fail-on", "never", files["legacy"])
+    assert code == 2 and "Exit 2: a check failed internally" in out

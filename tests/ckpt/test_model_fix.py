@@ -1,11 +1,15 @@
 """--model comparisons and --fix copies, checked by loading the results with real torch."""
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
 import torch
+from torch import nn
 
 import ckpt_builders as b
 from torchdoctor.ckpt.api import check_checkpoint
@@ -96,6 +100,8 @@ def fixed(path, out, model=None):
 def test_fix_writes_a_weights_only_strict_loading_state_dict(files, tmp_path, name, source):
     out = str(tmp_path / "fixed.pt")
     report, sd = fixed(files[name], out, model=b.net())
+    if name == "training":  # a training checkpoint keeps its other entries (test below)
+        sd = sd["model"]
     model = b.net(seed=1)
     model.load_state_dict(sd, strict=True)
     original = torch.load(files[name], weights_only=False)
@@ -107,6 +113,28 @@ def test_fix_writes_a_weights_only_strict_loading_state_dict(files, tmp_path, na
     for k, v in model.state_dict().items():
         assert torch.equal(v, expected[k]), k
     assert report.structure["fix"][-1] == f"wrote {out}"
+
+
+def test_fix_of_a_training_checkpoint_keeps_everything_but_the_prefix(files, tmp_path):
+    """The copy `--fix` writes for {epoch, model with module. keys, optimizer, ...} is that checkpoint with
+    the prefix removed, not its model tensors alone; what weights_only=True refuses is left out, and said."""
+    model = nn.DataParallel(b.net()).cpu()
+    saved = b.training_dict(model)  # also argparse.Namespace args and a numpy best_acc
+    path = b.save(saved, tmp_path / "train.pt")
+    out = str(tmp_path / "fixed.pt")
+    report, copy = fixed(path, out)
+    assert list(copy) == ["model", "optimizer", "epoch", "loss"]
+    assert copy["epoch"] == 7 and copy["loss"] == 0.25
+    assert list(copy["model"]) == [k.removeprefix("module.") for k in saved["model"]]
+    assert all(torch.equal(copy["model"][k.removeprefix("module.")], v) for k, v in saved["model"].items())
+    assert copy["model"]._metadata[""] == saved["model"]._metadata["module"]
+    assert copy["optimizer"]["param_groups"] == saved["optimizer"]["param_groups"]
+    for n, state in saved["optimizer"]["state"].items():
+        assert all(torch.equal(copy["optimizer"]["state"][n][k], v) for k, v in state.items())
+    b.net().load_state_dict(copy["model"])
+    said = "\n".join(report.structure["fix"])
+    assert "kept the training checkpoint" in said and "'module.conv.weight' -> 'conv.weight'" in said
+    assert "left out 2 objects" in said and "args (argparse.Namespace)" in said and "best_acc" in said
 
 
 def test_fix_moves_to_cpu_and_compacts_views(cuda_file, files, tmp_path):
@@ -146,3 +174,45 @@ def test_module_spec_and_the_public_api(files):
     assert [f.name for f in report.findings] == ["wrapper-prefix"]
     assert report.structure["kind"] == "state_dict" and report.structure["model"]["keys"] == 9
     assert report.to_dict()["facts"]["checkpoints"][0]["path"] == files["dataparallel"]
+
+
+def test_module_spec_imports_from_the_working_directory_and_pythonpath(files, tmp_path):
+    """`--model mymodels:build_model` from the project folder, as `python -c "import mymodels"` would find it
+    (the command line's protection against shadowing modules there stays: a `typing.py` that raises is not
+    imported by torchdoctor itself)."""
+    project, lib = tmp_path / "project", tmp_path / "lib"
+    project.mkdir()
+    lib.mkdir()
+    (project / "mymodels.py").write_text("from helpers import build\n\ndef build_model():\n    return build()\n")
+    (project / "typing.py").write_text("raise ImportError('the user\\'s typing.py was imported')\n")
+    (lib / "helpers.py").write_text(MODEL_FILE + "\ndef build():\n    return Net()\n")
+    env = {**os.environ, "PYTHONPATH": str(lib), "NO_COLOR": "1"}
+    script = os.path.join(os.path.dirname(sys.executable), "torchdoctor")
+    proc = subprocess.run([script, "check-ckpt", "--format", "json", "--model", "mymodels:build_model",
+                           files["dataparallel"]], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["facts"]["checkpoints"][0]["model"] == {"spec": "mymodels:build_model", "keys": 9}
+    assert [f["name"] for f in doc["findings"]] == ["wrapper-prefix"]
+
+
+def test_file_spec_imports_its_own_modules_from_pythonpath(tmp_path, monkeypatch):
+    """`--model path/to/models.py:build` finds what that file imports on PYTHONPATH, as `python` would."""
+    from torchdoctor.ckpt.model import load_model
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "td_helpers_for_spec.py").write_text(MODEL_FILE + "\ndef build():\n    return Net()\n")
+    (tmp_path / "models.py").write_text("from td_helpers_for_spec import build\n")
+    monkeypatch.setenv("PYTHONPATH", str(lib))
+    model = load_model(f"{tmp_path / 'models.py'}:build")
+    assert type(model).__name__ == "Net" and str(lib) not in sys.path
+    sys.modules.pop("td_helpers_for_spec", None)
+
+
+def test_fix_into_a_missing_folder_is_one_line(capsys, files, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["check-ckpt", "--fix", str(tmp_path / "nope" / "fixed.pt"), files["dataparallel"]])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("torchdoctor: error: cannot write") and err.count("\n") == 1
+    assert "internal error" not in err

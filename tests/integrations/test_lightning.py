@@ -58,11 +58,25 @@ class ManualNoZeroGrad(Classifier):
         opt.step()
 
 
-def _fit(module, loader: DataLoader, epochs: int = 2, **watch_kwargs) -> TorchDoctorCallback:
+class RunningSum(Classifier):
+    """Keeps a running total of the loss tensor itself: every step's graph stays chained to it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running = 0.0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.head(self.encoder(x)), y)
+        self.running = self.running + loss  # planted
+        return loss
+
+
+def _fit(module, loader: DataLoader, epochs: int = 2, validate: bool = True, **watch_kwargs) -> TorchDoctorCallback:
     callback = TorchDoctorCallback(**quiet(**watch_kwargs))
     trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
-    trainer.fit(module, loader, _data(16))
+    trainer.fit(module, loader, _data(16) if validate else None)
     return callback
 
 
@@ -77,6 +91,15 @@ def test_a_correct_fit_is_quiet_and_sees_the_real_forwards():
 def test_losses_kept_in_training_step_are_a_graph_leak():
     s = _fit(Classifier(keep_losses=True), _data(), epochs=3).session
     assert "graph-retention-leak" in problems(s)
+
+
+def test_a_running_loss_total_is_found_without_a_validation_loop():
+    """No sanity-check validation runs the submodules before the first step: the forward of the first step
+    runs inside Lightning's closure, and the module is still seen through its head."""
+    s = _fit(RunningSum(), _data(), epochs=3, validate=False).session
+    assert s.facts["models"][0]["forward_seen_through"] == "Linear"
+    [leak] = [f for f in s.findings if f.name == "graph-retention-leak"]
+    assert leak.location.step <= 16
 
 
 def test_manual_optimization_without_zero_grad_is_found_at_step_1():

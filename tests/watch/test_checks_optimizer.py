@@ -42,8 +42,25 @@ def test_stale_optimizer_params_after_rebinding_a_layer_names_the_new_one():
     stale = [f for f in s.findings if f.name == "stale-optimizer-params"]
     assert len(stale) == 1 and stale[0].code == "TD302"
     assert "2 of its 4 parameters" in stale[0].message and "`2.weight`" in stale[0].message
-    missing = [f for f in s.findings if f.name == "param-not-in-optimizer"]
-    assert missing and missing[0].location.param == "2.weight"
+    assert stale[0].location.param == "2.weight"
+    namespace = {"torch": torch, "model": model, "optimizer": opt}
+    exec(stale[0].fix.code, namespace)  # the fix pastes: the same optimizer, same settings, the model's parameters
+    rebuilt = namespace["optimizer"]
+    assert type(rebuilt) is type(opt) and rebuilt.defaults == opt.defaults
+    assert [id(p) for p in rebuilt.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
+    assert [f for f in s.findings if f.name == "param-not-in-optimizer"] == []  # one replaced layer, one finding
+
+
+def test_a_replaced_layer_hides_no_other_parameter_missing_from_the_optimizer():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3), nn.Linear(3, 3))
+    opt = torch.optim.SGD(model[:3].parameters(), lr=0.1)  # the last layer forgotten
+    model[2] = nn.Linear(16, 3)  # and one re-bound
+    with session(model, opt, every=1) as s:
+        for x, y in batches(2):
+            train_step(model, opt, x, y)
+    assert sorted(names(s)) == ["param-not-in-optimizer", "stale-optimizer-params"]
+    [missing] = [f for f in s.findings if f.name == "param-not-in-optimizer"]
+    assert "`3.weight`, `3.bias`" in missing.message and "2.weight" not in missing.message
 
 
 def test_stale_optimizer_params_when_the_whole_model_was_rebuilt():
@@ -72,6 +89,8 @@ def test_param_not_in_optimizer_for_a_head_added_later():
     [f] = [f for f in s.findings if f.name == "param-not-in-optimizer"]
     assert (f.code, str(f.severity)) == ("TD303", "warning")
     assert "`2.weight`, `2.bias`" in f.message
+    exec(f.fix.code, {"model": model, "optimizer": opt})  # the fix names the module, and pastes
+    assert {id(p) for p in model[2].parameters()} <= {id(p) for g in opt.param_groups for p in g["params"]}
 
 
 def test_optimizer_state_dtype_mismatch_after_casting_the_model():

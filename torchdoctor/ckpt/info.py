@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from torchdoctor.ckpt.unpickler import Event
 
 
+UNREADABLE = "unreadable"  # the format of a file that could not be read as a checkpoint at all (see `problems`)
+
+
 def show_path(path: Path) -> str:
     """How a nesting path is printed: components joined by '/', the root as '(root)'."""
     return "/".join(path) if path else "(root)"
@@ -124,7 +127,7 @@ class CheckpointInfo:
 
     @property
     def kind(self) -> str:
-        """state_dict, training checkpoint, pickled module, torchscript module, tensor, or other."""
+        """state_dict, training checkpoint, optimizer state, pickled module, torchscript module, tensor, or other."""
         root = self.archive.root
         if self.format == "torchscript":
             return "torchscript module"
@@ -134,6 +137,8 @@ class CheckpointInfo:
             return "state_dict"
         if isinstance(root, TensorMeta):
             return "tensor"
+        if () in self.optimizer_states:  # optimizer.state_dict() on its own (accelerate's optimizer.bin)
+            return "optimizer state"
         if isinstance(root, dict) and len(self.table):
             return "training checkpoint"
         return "other"

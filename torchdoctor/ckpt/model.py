@@ -1,13 +1,15 @@
 """`--model SPEC`: import the user's model factory and record its state_dict keys, shapes and dtypes (imports torch)."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 from torchdoctor.ckpt.info import ModelKeys
+from torchdoctor.isolation import SAVED_PYTHONPATH
 
 
 class ModelSpecError(ValueError):
@@ -47,6 +49,23 @@ def load_model(spec: str) -> Any:
     return model
 
 
+@contextlib.contextmanager
+def _user_search_path() -> Iterator[None]:
+    """Search the working directory and PYTHONPATH first while the user's module is imported, as `python`
+    would for their own script: the command line took them off `sys.path` (`torchdoctor.isolation`) so that
+    a `random.py` there could not break torchdoctor, but a model spec names exactly such a module."""
+    pythonpath = os.environ.get("PYTHONPATH") or os.environ.get(SAVED_PYTHONPATH) or ""
+    folders = [os.getcwd(), *(os.path.abspath(p or os.curdir) for p in pythonpath.split(os.pathsep) if pythonpath)]
+    added = [f for f in dict.fromkeys(folders) if f not in sys.path and os.path.isdir(f)]
+    sys.path[:0] = added
+    try:
+        yield
+    finally:
+        for folder in added:
+            if folder in sys.path:
+                sys.path.remove(folder)
+
+
 def _import(spec: str, target: str) -> Any:
     try:
         if target.endswith(".py") or os.sep in target or "/" in target:
@@ -58,14 +77,16 @@ def _import(spec: str, target: str) -> Any:
                 raise ModelSpecError(f"--model {spec!r}: cannot import {target}")
             module = importlib.util.module_from_spec(loader_spec)
             folder = os.path.dirname(os.path.abspath(target))
-            sys.path.insert(0, folder)
-            try:
-                sys.modules[name] = module
-                loader_spec.loader.exec_module(module)
-            finally:
-                sys.path.remove(folder)
+            with _user_search_path():  # the file's folder first, as for `python file.py`, then PYTHONPATH
+                sys.path.insert(0, folder)
+                try:
+                    sys.modules[name] = module
+                    loader_spec.loader.exec_module(module)
+                finally:
+                    sys.path.remove(folder)
             return module
-        return importlib.import_module(target)
+        with _user_search_path():
+            return importlib.import_module(target)
     except ModelSpecError:
         raise
     except Exception as exc:

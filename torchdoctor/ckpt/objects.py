@@ -113,6 +113,9 @@ class Opaque(Inert):
         return f"<{self.what}>"
 
 
+IN_PICKLE = "<inside the pickle>"  # the `record` of a storage whose bytes a plain pickle carries inline
+
+
 class StorageRef(Inert):
     """A tensor storage named by a persistent id: where its bytes are and how many there are.
 

@@ -26,6 +26,7 @@ from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta, contiguous_strides
 from torchdoctor.ckpt.zipview import Views, torch_member, views, window
 from torchdoctor.ckpt.tables import HeaderTensors
+from torchdoctor.ckpt.rebuild import read_inline_storages_with
 from torchdoctor.ckpt.unpickler import Event, Limits, PickleParseError, PickleScan, Source, scan_pickle, short
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -985,3 +986,16 @@ def _safetensors_tensor(archive: Archive, name: str, spec: Any, base: int) -> Op
     storage = StorageRef(name, dtype, size, "cpu", (end - begin) // size)
     archive.locators[name] = Locator(base + begin, end - begin)
     return TensorMeta(dtype, shape, contiguous_strides(shape), storage)
+
+
+def _inline_storage(blob: bytes) -> Optional[StorageRef]:
+    """The storage in the bytes a plain pickle carries for it (`torch.storage._load_from_bytes`): a legacy
+    torch.save of the storage, read like a legacy file; None when it is not one."""
+    try:
+        root = _read_stacked("<storage bytes>", io.BytesIO(blob), len(blob), Limits()).root
+    except (CheckpointError, PickleParseError, ValueError, EOFError, struct.error):
+        return None
+    return root if isinstance(root, StorageRef) else None
+
+
+read_inline_storages_with(_inline_storage)

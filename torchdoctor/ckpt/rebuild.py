@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from torchdoctor.ckpt.dtypes import is_dtype_name
-from torchdoctor.ckpt.objects import GlobalRef, StorageRef, TensorMeta
+from torchdoctor.ckpt.objects import IN_PICKLE, GlobalRef, Instance, StorageRef, TensorMeta
 
 
 Rebuilder = Callable[[tuple], Optional[TensorMeta]]
@@ -30,8 +30,38 @@ def _dtype(value: Any) -> Optional[str]:
     return None
 
 
+_BYTES_STORAGE = "torch.storage._load_from_bytes"
+_MAX_STORAGE_BLOB = 64 << 20  # a storage pickled by plain `pickle` carries its bytes in the pickle itself
+InlineReader = Callable[[bytes], Optional[StorageRef]]
+_inline_reader: list[InlineReader] = []
+
+
+def read_inline_storages_with(reader: InlineReader) -> None:
+    """How the bytes of an inline storage (a legacy torch.save of it) become its `StorageRef`: given by the
+    reader, which this module cannot import (the reader drives the unpickler that calls the rebuilders)."""
+    _inline_reader[:] = [reader]
+
+
+def _storage_from_bytes(storage: Any) -> Any:
+    """The storage a plain `pickle.dump(tensor)` writes, `_load_from_bytes(b"<a legacy torch.save of it>")`,
+    read from those bytes without running them (its data is in the pickle, so it has no place in the file)."""
+    if not (isinstance(storage, Instance) and storage.qualname == _BYTES_STORAGE and isinstance(storage.args, tuple)
+            and storage.args and isinstance(storage.args[0], (bytes, bytearray))
+            and len(storage.args[0]) <= _MAX_STORAGE_BLOB and _inline_reader):
+        return storage
+    cached = getattr(storage, "_read_storage", None)
+    if cached is not None:  # tensors sharing the storage share the placeholder (the pickle's memo)
+        return cached
+    found = _inline_reader[0](bytes(storage.args[0])) or storage
+    if isinstance(found, StorageRef):
+        found.record = IN_PICKLE
+    storage._read_storage = found  # type: ignore[attr-defined]
+    return found
+
+
 def _strided(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
              dtype: Optional[str] = None) -> Optional[TensorMeta]:
+    storage = _storage_from_bytes(storage)
     shape, strides = _ints(size), _ints(stride)
     if not isinstance(storage, StorageRef) or type(offset) is not int or shape is None or strides is None:
         return None

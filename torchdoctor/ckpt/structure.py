@@ -120,10 +120,11 @@ def _top_level(root: Any) -> list[dict[str, Any]]:
         return [{"key": k, **_describe(v)} for k, v in zip(root.names, map(root.meta, range(min(60, len(root)))))]
     if not isinstance(root, dict):
         return [{"key": "(root)", **_describe(root)}]
-    return [{"key": _name(k), **_describe(v)} for k, v in islice(root.items(), 60)]
+    return [{"key": key_name(k), **_describe(v)} for k, v in islice(root.items(), 60)]
 
 
-def _name(key: Any) -> str:
+def key_name(key: Any) -> str:
+    """How a dict key is named in paths and reports (a container key by its value)."""
     if isinstance(key, Key):
         key = key.value
     return key if isinstance(key, str) else short(key)
@@ -178,13 +179,13 @@ class _Walker:
                     self.maybe_state_dict(obj, path, all_tensors)
                 if all_tensors:  # a state dict: its tensors are the next nodes visited, in order, so add them now
                     self.visits += len(obj)
-                    self.table.add([path + (k if type(k) is str else _name(k),) for k in obj], list(obj.values()),
+                    self.table.add([path + (k if type(k) is str else key_name(k),) for k in obj], list(obj.values()),
                                    in_opt, path)
                     continue
             elif isinstance(obj, Instance):
                 in_opt, in_module = self.note_object(obj, path, in_opt, in_module)
             if type(obj) is dict:  # the common case, without the generator
-                children = [(k if type(k) is str else _name(k), v) for k, v in obj.items()
+                children = [(k if type(k) is str else key_name(k), v) for k, v in obj.items()
                             if not isinstance(v, _LEAF_TYPES)]
             else:
                 children = [(k, v) for k, v in self.children(obj) if not isinstance(v, _LEAF_TYPES)]
@@ -194,7 +195,7 @@ class _Walker:
     def children(self, obj: Any) -> Iterator[tuple[str, Any]]:
         if isinstance(obj, dict):
             for k, v in obj.items():
-                yield _name(k), v
+                yield key_name(k), v
             if isinstance(obj, PickledDict) and obj.state is not None:
                 yield "__state__", obj.state
         elif isinstance(obj, (list, tuple)):
@@ -207,7 +208,7 @@ class _Walker:
             state = obj.state_dict_attr()
             if state:
                 for k, v in state.items():
-                    yield _name(k), v
+                    yield key_name(k), v
             elif obj.state is not None:
                 yield "__state__", obj.state
             if obj.args not in ((), None):
@@ -215,7 +216,7 @@ class _Walker:
             for i, v in enumerate(obj.items):
                 yield str(i), v
             for k, v in obj.setitems:
-                yield _name(k), v
+                yield key_name(k), v
         elif isinstance(obj, Key):
             yield "__key__", obj.value
 
@@ -250,18 +251,18 @@ def _module_state_dict(module: Instance) -> dict[str, TensorMeta]:
         seen += 1
         state = mod.state_dict_attr()
         skip = state.get("_non_persistent_buffers_set")
-        skip_names = {_name(x) for x in skip} if isinstance(skip, (set, frozenset)) else set()
+        skip_names = {key_name(x) for x in skip} if isinstance(skip, (set, frozenset)) else set()
         if isinstance(skip, Instance):
-            skip_names = {_name(x) for x in skip.args[0]} if skip.args and isinstance(skip.args[0], list) else set()
+            skip_names = {key_name(x) for x in skip.args[0]} if skip.args and isinstance(skip.args[0], list) else set()
         for attr in ("_parameters", "_buffers"):
             table = state.get(attr)
             if isinstance(table, dict):
                 for name, t in table.items():
-                    if isinstance(t, TensorMeta) and not (attr == "_buffers" and _name(name) in skip_names):
-                        out[prefix + _name(name)] = t
+                    if isinstance(t, TensorMeta) and not (attr == "_buffers" and key_name(name) in skip_names):
+                        out[prefix + key_name(name)] = t
         children = state.get("_modules")
         if isinstance(children, dict) and depth < MAX_DEPTH:
             for name, child in reversed(list(children.items())):
                 if isinstance(child, Instance):
-                    todo.append((f"{prefix}{_name(name)}.", child, depth + 1))
+                    todo.append((f"{prefix}{key_name(name)}.", child, depth + 1))
     return out

@@ -5,7 +5,7 @@ from typing import IO, Any, Callable, Iterator, Optional
 
 from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.info import CheckpointInfo, NonFinite, ValueScan, show_path
-from torchdoctor.ckpt.objects import TensorMeta
+from torchdoctor.ckpt.objects import IN_PICKLE, TensorMeta
 from torchdoctor.ckpt.reader import Locator, _Inflate, _Range
 
 CHUNK = 4 << 20  # bytes per read; a multiple of every item size
@@ -96,7 +96,9 @@ def scan_values(info: CheckpointInfo) -> ValueScan:
             try:
                 loc = info.archive.locator(t.storage.key)
                 if loc is None:
-                    result.skipped.append(f"{show_path(entry.path)}: storage bytes not in the file")
+                    inline = t.storage.record == IN_PICKLE
+                    result.skipped.append(f"{show_path(entry.path)}: " + ("its bytes are inside the pickle (a plain "
+                                          "pickle.dump of tensors), not read" if inline else "storage bytes not in the file"))
                     continue
                 found = _scan_tensor(np, f, loc, t, count, result, entry.path)
             except CheckpointError as exc:

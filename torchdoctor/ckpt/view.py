@@ -7,6 +7,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from torchdoctor.ckpt.info import UNREADABLE
 from torchdoctor.units import byte_size
 
 
@@ -36,6 +37,11 @@ def _top_level(items: list[dict[str, Any]]) -> str:
 
 
 def one_view(facts: dict[str, Any]) -> RenderableType:
+    """One checkpoint's structure tables (a file that could not be read: what it is and why)."""
+    if facts["format"] == UNREADABLE:
+        rows = [("file", f"{facts['path']} ({byte_size(facts['file_size'])})"),
+                ("format", f"unreadable: {facts['problems'][0]}")]
+        return Group(Text(""), _pairs("Checkpoint", rows))
     t = facts["tensors"]
     optimizer = t["optimizer_state_elements"]
     details = ", ".join(f"{k} {v}" for k, v in facts["details"].items() if not isinstance(v, (list, dict)))
@@ -55,8 +61,10 @@ def one_view(facts: dict[str, Any]) -> RenderableType:
                  + (": " + ", ".join(f"{g['name']} ({g['verdict']})" for g in unusual[:12]) if unusual else "")))
     if "values" in facts:
         v = facts["values"]
-        rows.append(("values", f"{v['tensors_scanned']} tensors scanned ({byte_size(v['bytes_scanned'])}), "
-                               f"{len(v['nonfinite'])} with NaN/Inf"))
+        scanned = v["tensors_scanned"]
+        rows.append(("values", f"{scanned} tensor{'' if scanned == 1 else 's'} scanned ({byte_size(v['bytes_scanned'])}), "
+                               f"{len(v['nonfinite'])} with NaN/Inf"
+                               + (f"; {len(v['skipped'])} not scanned (e.g. {v['skipped'][0]})" if v["skipped"] else "")))
     else:
         rows.append(("values", "not read (use --scan-values to look for NaN/Inf)"))
     parts: list[RenderableType] = [Text(""), _pairs("Checkpoint", rows)]

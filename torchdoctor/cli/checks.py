@@ -9,6 +9,9 @@ from torchdoctor import registry
 from torchdoctor.report import Report, make_console, to_json
 
 
+_COLUMNS = ["code", "name", "scope", "severity", "origin", "summary"]
+
+
 @click.command("checks")
 @click.option("--scope", type=click.Choice([s.value for s in registry.Scope]), default=None,
               help="Only list checks of this scope.")
@@ -22,17 +25,20 @@ def list_checks(scope: Optional[str], fmt: str) -> None:
         click.echo(to_json(Report(scope="checks", findings=[], facts={"checks": [_row(c) for c in checks]},
                                   subject=subject)))
         return
+    console = make_console()
+    if not console.is_terminal:  # piped: one tab-separated line per check, never wrapped or padded (grep, cut)
+        for row in [_COLUMNS, *([c.code, c.name, ",".join(str(s) for s in c.scopes), str(c.severity), c.origin,
+                                 " ".join(c.summary.split())] for c in checks)]:
+            click.echo("\t".join(row))
+        return
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for column in ("code", "name", "scope", "severity", "origin"):
+    for column in _COLUMNS[:-1]:
         table.add_column(column, no_wrap=True)
     table.add_column("summary", overflow="fold")
     for c in checks:
         table.add_row(c.code, c.name, ",".join(str(s) for s in c.scopes), str(c.severity), c.origin, c.summary)
-    console = make_console()
-    if not console.is_terminal:
-        console.width = 400  # piped: one line per check, for grep and scripts
     console.print(table)
 
 

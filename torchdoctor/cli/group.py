@@ -57,8 +57,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         cli.main(args=argv, prog_name="torchdoctor", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:  # bare `torchdoctor`: the help, as --help prints it
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
+        sys.exit(0)
     except click.ClickException as exc:
-        click.echo(f"torchdoctor: error: {exc.format_message()}", err=True)
+        hint = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None and "(see `" not in exc.format_message():
+            hint = f" (see `{exc.ctx.command_path} --help`)"
+        click.echo(f"torchdoctor: error: {exc.format_message()}{hint}", err=True)
         sys.exit(USAGE_ERROR if isinstance(exc, click.UsageError) else exc.exit_code)
     except click.Abort:
         click.echo("torchdoctor: aborted", err=True)

@@ -167,10 +167,10 @@ class EventHub:
         self._children = {}
 
     def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        if self._children:
-            self._adopt_children()
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
         if closure is None:
+            if self._children:
+                self._adopt_children()
             self._dispatch_step(wo)
             return None
         # LBFGS, Lightning's automatic optimization: forward and backward run inside step(), in the closure;
@@ -181,6 +181,8 @@ class EventHub:
             loss = closure()
             if pending:
                 pending.clear()
+                if self._children:  # the first step's forward ran in the closure, not before step()
+                    self._adopt_children()
                 self._dispatch_step(wo)
             return loss
 
