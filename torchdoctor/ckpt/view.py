@@ -36,6 +36,9 @@ def _top_level(items: list[dict[str, Any]]) -> str:
 
 
 def one_view(facts: dict[str, Any]) -> RenderableType:
+    """The terminal view of one checkpoint's facts (as `CheckpointInfo.facts` gives them): a summary,
+    tensors grouped by location, the largest tensors and any --fix lines.
+    """
     t = facts["tensors"]
     optimizer = t["optimizer_state_elements"]
     details = ", ".join(f"{k} {v}" for k, v in facts["details"].items() if not isinstance(v, (list, dict)))
