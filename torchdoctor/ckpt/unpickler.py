@@ -305,7 +305,7 @@ class _Machine:
         self.stack.append(value)
 
     def event(self, what: str, pos: int) -> None:
-        """Record that the opcode at byte `pos` would run code the file chose (at most 1000 kept per pickle)."""
+        """Record an `Event` at `pos`: code the loader would run, or a trick making loaders disagree (first 1000 kept)."""
         if len(self.scan.events) < 1000:
             self.scan.events.append(Event(what, pos))
 
@@ -326,7 +326,7 @@ class _Machine:
         """Read a `size`-byte str/bytes/bytearray argument (`kind`), bounded by the limits.
 
         Values over `max_inline_bytes` are skipped and become a `Blob`; the total kept is capped at
-        `max_total_inline`. bytes values that start like a zip or a whole pickle are kept in `nested` (up to 16) so
+        `max_total_inline`. bytes values that look like a zip or a whole pickle are kept in `nested` (up to 16) so
         the reader can scan what they would load too.
         """
         if size < 0:
@@ -694,7 +694,7 @@ class _Machine:
     def op_INT(self, pos: int) -> None:
         """INT: CPython's unpickler pushes int(line, 0) from a text line (00 and 01 are False and True).
 
-        This reader does the same through `parse_int`, which bounds the literal's length.
+        This reader parses it with `parse_int` (decimal or 0x hex), which bounds the literal's length.
         """
         line = self.src.readline(self.limits.max_line)
         if line == b"00":
@@ -707,7 +707,7 @@ class _Machine:
     def op_LONG(self, pos: int) -> None:
         """LONG: CPython's unpickler pushes a text-line integer with an optional trailing L (Python 2 long).
 
-        This reader does the same through `parse_int`.
+        This reader parses it with `parse_int` (decimal or 0x hex).
         """
         line = self.src.readline(self.limits.max_line)
         self.push(self.parse_int(line[:-1] if line.endswith(b"L") else line))
