@@ -305,7 +305,7 @@ class _Machine:
         self.stack.append(value)
 
     def event(self, what: str, pos: int) -> None:
-        """Record an `Event` at `pos`: code the loader would run, or a trick making loaders disagree (first 1000 kept)."""
+        """Record an `Event` at `pos`: code the loader would run, or a trick making loaders disagree (1000 kept)."""
         if len(self.scan.events) < 1000:
             self.scan.events.append(Event(what, pos))
 
