@@ -42,4 +42,7 @@ def itemsizes(dtypes: Iterable[str]) -> list[int]:
 
 
 def is_dtype_name(name: str) -> bool:
+    """True for a dtype name we know the item size of (torch spelling, e.g. `float32`; `rebuild` uses it
+    to tell a `torch.<dtype>` global from other torch names).
+    """
     return name in _SIZES

@@ -115,14 +115,17 @@ class CheckpointInfo:
 
     @property
     def path(self) -> str:
+        """The checkpoint's path as the user gave it (findings name it)."""
         return self.archive.path
 
     @property
     def format(self) -> str:
+        """The container the reader recognised: zip, torchscript, legacy, legacy-tar, pickle or safetensors."""
         return self.archive.format
 
     @property
     def problems(self) -> list[str]:
+        """Everything that could not be read: the reader's problems, then the structure walk's."""
         return self.archive.problems + self.walk_problems
 
     @property

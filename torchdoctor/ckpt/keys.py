@@ -80,10 +80,15 @@ class Match:
     dtype: list[tuple[str, str, str]] = field(default_factory=list)
 
     def remap(self, key: str) -> str:
+        """A checkpoint key as the model would name it: `strip` removed part by part, then `add` prepended."""
         return self.add + strip(key, self.strip)
 
     @property
     def clean(self) -> bool:
+        """True when every model key is found with the model's shape and no key is unexpected.
+
+        dtype differences do not count: `load_state_dict` casts them.
+        """
         return not (self.missing or self.unexpected or self.shape)
 
 

@@ -51,6 +51,9 @@ class Instance(Inert):
 
     @property
     def qualname(self) -> str:
+        """The dotted name of the global called or instantiated; "<dynamic>" when the pickle computed
+        the callable instead of naming it.
+        """
         return self.callable.qualname if isinstance(self.callable, GlobalRef) else "<dynamic>"
 
     def state_dict_attr(self) -> dict:
@@ -135,6 +138,7 @@ class StorageRef(Inert):
 
     @property
     def nbytes(self) -> int:
+        """Bytes the storage declares (`numel` x `itemsize`), whether or not the file holds them."""
         return self.numel * self.itemsize
 
     def __repr__(self) -> str:
@@ -167,6 +171,7 @@ class TensorMeta(Inert):
 
     @property
     def numel(self) -> int:
+        """Elements in the tensor: the product of its shape (1 for a 0-d tensor)."""
         n = 1
         for d in self.shape:
             n *= d
@@ -174,14 +179,19 @@ class TensorMeta(Inert):
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element of `dtype` (1 for a dtype name we do not know)."""
         return itemsize(self.dtype)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the tensor's own elements (not of the storage it views, which may be larger)."""
         return self.numel * self.itemsize
 
     @property
     def device(self) -> str:
+        """Where the tensor was saved: its storage's location; "meta" for meta tensors and "unknown"
+        for other tensors without a storage.
+        """
         if self.storage is None:
             return "meta" if self.kind == "meta" else "unknown"
         return self.storage.location

@@ -118,6 +118,9 @@ class Reach:
 
     @property
     def dangerous(self) -> bool:
+        """True when a sink was reached; a source that could not be inspected is not dangerous by
+        itself (callers weigh `inspected` separately).
+        """
         return bool(self.what)
 
     def reason(self) -> str:

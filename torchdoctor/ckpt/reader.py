@@ -81,9 +81,14 @@ class _Range(io.RawIOBase):
         self.f, self.pos, self.end = f, offset, offset + length
 
     def readable(self) -> bool:
+        """True, overriding `io.RawIOBase`'s False: `io` wrappers refuse a raw stream that is not readable."""
         return True
 
     def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes from the window (all that remain for n < 0); b"" at its end.
+
+        Seeks before every read, so several windows (and other readers) can share one file object.
+        """
         if n < 0 or self.pos + n > self.end:
             n = self.end - self.pos
         if n <= 0:
@@ -103,9 +108,15 @@ class _Inflate(io.RawIOBase):
         self.pending = b""
 
     def readable(self) -> bool:
+        """True, overriding `io.RawIOBase`'s False: `io` wrappers refuse a raw stream that is not readable."""
         return True
 
     def read(self, n: int = -1) -> bytes:
+        """Up to `n` decompressed bytes (at most 1 MiB when n < 0: a member is never inflated whole).
+
+        Each step inflates only what is still wanted (or 64 KiB), so a deflate bomb costs what is read;
+        corrupt data raises `CheckpointError`.
+        """
         n = 1 << 20 if n < 0 else n
         try:
             while len(self.pending) < n and not self.z.eof:
@@ -197,9 +208,13 @@ class _Decompress(io.RawIOBase):
         self.f, self.z, self.pending = f, zlib.decompressobj(), b""
 
     def readable(self) -> bool:
+        """True, overriding `io.RawIOBase`'s False: `io` wrappers refuse a raw stream that is not readable."""
         return True
 
     def read(self, n: int = -1) -> bytes:
+        """Up to `n` decompressed bytes (at most 1 MiB when n is None or < 0), inflating only what is
+        still wanted (or 64 KiB) per step so a compression bomb costs what is read.
+        """
         n = 1 << 20 if n is None or n < 0 else n
         while len(self.pending) < n and not self.z.eof:
             chunk = self.z.unconsumed_tail or self.f.read(1 << 16)
@@ -691,9 +706,17 @@ class _ZipStorages:
         self.archive, self.by_name, self.prefix = archive, by_name, prefix
 
     def load_for(self, folder: str) -> Any:
+        """The `persistent_load` for a pickle whose storages are records under `<prefix>/<folder>/`
+        (`data` for data.pkl, `constants` for a TorchScript archive's constants.pkl).
+        """
         return functools.partial(self.storage, folder=folder)
 
     def storage(self, pid: Any, folder: str) -> Any:
+        """Turn a storage persistent id into one shared `StorageRef` per record, never reading its bytes.
+
+        Notes the record for `Archive.locator`; a missing record or one shorter than the declared
+        size goes to `problems`; an id that is not a storage tuple becomes an `Opaque`.
+        """
         ref = _storage_from_pid(pid, 5)
         if ref is None:
             return Opaque(f"persistent id {short(pid)}")

@@ -193,6 +193,11 @@ class _Walker:
                 stack.append((child, path + (key,), in_opt, in_module))
 
     def children(self, obj: Any) -> Iterator[tuple[str, Any]]:
+        """(name, value) of each child the walk descends into, never calling anything of the file's.
+
+        Dict items (and a `PickledDict`'s BUILD state), list/tuple/set members by index, an `Instance`'s
+        state, constructor `__args__`, appended and set items, and the value a `Key` wraps.
+        """
         if isinstance(obj, dict):
             for k, v in obj.items():
                 yield key_name(k), v
@@ -221,6 +226,9 @@ class _Walker:
             yield "__key__", obj.value
 
     def maybe_state_dict(self, obj: dict, path: Path, all_tensors: bool) -> None:
+        """Record `obj` as a state dict when all its keys are str and at least half its values are
+        tensors (keeping only the tensor entries).
+        """
         if not obj or set(map(type, obj)) != {str}:
             return
         tensors = dict(obj) if all_tensors else {k: v for k, v in obj.items() if isinstance(v, TensorMeta)}
@@ -228,6 +236,10 @@ class _Walker:
             self.state_dicts.append(StateDict(path, tensors, "dict"))
 
     def note_object(self, obj: Instance, path: Path, in_opt: bool, in_module: bool) -> tuple[bool, bool]:
+        """Record a pickled `nn.Module` (its state dict rebuilt from `_parameters`/`_buffers`/`_modules`,
+        outermost module only) or a `torch.optim` optimizer, and return the (in optimizer, in module)
+        flags its children are walked with.
+        """
         state = obj.state_dict_attr()
         qualname = obj.qualname
         if _is_module_state(state):

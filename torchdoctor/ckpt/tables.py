@@ -45,9 +45,11 @@ class TensorTable:
         self.runs.append((start, len(self.metas), parent))
 
     def path(self, i: int) -> Path:
+        """The key path of reference `i` (from the root object)."""
         return self.paths[i]
 
     def meta(self, i: int) -> TensorMeta:
+        """The `TensorMeta` of reference `i`."""
         return self.metas[i]
 
     @cached_property
@@ -68,6 +70,7 @@ class TensorTable:
 
     @cached_property
     def storages(self) -> list[Optional[StorageRef]]:
+        """The storage of each reference (None for tensors without one, such as meta tensors)."""
         return list(map(attrgetter("storage"), self.metas))
 
     @cached_property
@@ -107,6 +110,7 @@ class TensorTable:
         return users
 
     def storage_nbytes(self, i: int) -> int:
+        """Bytes of the storage reference `i` views (0 when it has none)."""
         storage = self.storages[i]
         return storage.nbytes if storage is not None else 0
 
@@ -133,6 +137,7 @@ class HeaderTensors(Mapping[str, TensorMeta]):
 
     @cached_property
     def index(self) -> dict[str, int]:
+        """Position of each tensor name in the header's columns (built on the first lookup)."""
         return dict(zip(self.names, range(len(self.names))))
 
     def __len__(self) -> int:
@@ -145,6 +150,9 @@ class HeaderTensors(Mapping[str, TensorMeta]):
         return self.meta(self.index[name])
 
     def meta(self, i: int) -> TensorMeta:
+        """The `TensorMeta` of entry `i`: contiguous, viewing a CPU storage of its own byte span
+        (whole elements only).
+        """
         shape, size = tuple(self.shapes[i]), self.sizes[i]
         storage = StorageRef(self.names[i], self.dtypes[i], size, "cpu", (self.ends[i] - self.begins[i]) // size)
         return TensorMeta(self.dtypes[i], shape, contiguous_strides(shape), storage)
@@ -168,28 +176,35 @@ class HeaderTable(TensorTable):
         return len(self.header)
 
     def path(self, i: int) -> Path:
+        """The key path of entry `i`: its name alone (a safetensors header is flat)."""
         return (self.header.names[i],)
 
     def meta(self, i: int) -> TensorMeta:
+        """The `TensorMeta` of entry `i`, built on demand."""
         return self.header.meta(i)
 
     @cached_property
     def first(self) -> Sequence[int]:
+        """Every entry: each is a distinct tensor."""
         return range(len(self.header))
 
     @cached_property
     def numels(self) -> list[int]:
+        """Elements of each entry, from the header's shapes."""
         return list(map(math.prod, self.header.shapes))
 
     @cached_property
     def nbytes(self) -> list[int]:
+        """Bytes of each entry (elements times item size), from the header's columns."""
         return list(map(mul, self.numels, self.header.sizes))
 
     @cached_property
     def locations(self) -> list[str]:
+        """The device of every entry: "cpu" (safetensors stores none)."""
         return ["cpu"] * len(self.header)
 
     def device_counts(self) -> Counter[str]:
+        """All entries on the CPU (an empty count for an empty header)."""
         return Counter({"cpu": len(self.header)} if len(self.header) else {})
 
     @cached_property
@@ -202,22 +217,27 @@ class HeaderTable(TensorTable):
         return list(map(mul, map(floordiv, spans, h.sizes), h.sizes))
 
     def storage_totals(self) -> tuple[Counter[str], Counter[str]]:
+        """Bytes of the entries' storages by dtype and by device (all "cpu")."""
         sizes = self._storage_bytes
         return _sums(sizes, self.header.dtypes), _sums(sizes, ["cpu"] * len(sizes))
 
     def storage_users(self, min_bytes: int) -> dict[str, list[int]]:
+        """Each entry whose storage holds at least `min_bytes`, as its only user, by name."""
         big = compress(range(len(self.header)), map(min_bytes.__le__, self._storage_bytes))
         return {self.header.names[i]: [i] for i in big}
 
     def storage_nbytes(self, i: int) -> int:
+        """Bytes of entry `i`'s storage (whole elements of its dtype in its span)."""
         return self._storage_bytes[i]
 
     @cached_property
     def paths(self) -> list[Path]:  # type: ignore[override]
+        """The key path of every entry (built only when a caller needs the whole column)."""
         return [(name,) for name in self.header.names]
 
     @cached_property
     def metas(self) -> list[TensorMeta]:  # type: ignore[override]
+        """The `TensorMeta` of every entry (built only when a caller needs the whole column)."""
         return list(map(self.header.meta, range(len(self.header))))
 
 

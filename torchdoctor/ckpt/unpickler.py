@@ -111,7 +111,8 @@ class PickleScan:
 class ByteStream(Protocol):
     """What `Source` reads from: an open binary file, or a stream over one zip or tar member."""
 
-    def read(self, size: int = -1, /) -> bytes: ...
+    def read(self, size: int = -1, /) -> bytes:
+        """Up to `size` bytes (all that remain when -1); b"" once the stream is exhausted."""
 
 
 class Source:
@@ -146,6 +147,7 @@ class Source:
         self.pos = 0
 
     def read(self, n: int) -> bytes:
+        """Exactly `n` bytes, refilling the buffer from the stream; a short stream is a truncated pickle (error)."""
         if self.pos + n > len(self.buf):
             self._fill(n)
             if n > len(self.buf):
@@ -155,6 +157,7 @@ class Source:
         return data
 
     def byte(self) -> int:
+        """The next byte as an int; running out here means the pickle ended without a STOP opcode (error)."""
         if self.pos >= len(self.buf):
             self._fill(1)
             if not self.buf:
@@ -164,6 +167,10 @@ class Source:
         return b
 
     def skip(self, n: int) -> None:
+        """Pass over `n` bytes without keeping them (a payload too big to hold), reading at most 1 MiB at a time.
+
+        Fails when the stream ends first, so a forged length is reported as truncation, not silently accepted.
+        """
         avail = len(self.buf) - self.pos
         if n <= avail:
             self.pos += n
@@ -184,6 +191,11 @@ class Source:
             n -= len(chunk)
 
     def readline(self, max_line: int) -> bytes:
+        """The bytes up to the next newline (newline consumed, not returned), for protocol 0's text opcodes.
+
+        Fails on a line longer than `max_line` or a stream that ends inside it, so a missing newline cannot buffer a
+        whole file.
+        """
         while True:
             nl = self.buf.find(b"\n", self.pos)
             if nl >= 0:
@@ -198,14 +210,17 @@ class Source:
                 raise PickleParseError("pickle data was truncated inside a text opcode")
 
     def peek(self, n: int) -> bytes:
+        """Up to `n` upcoming bytes without consuming them (fewer at the end of the stream)."""
         if self.pos + n > len(self.buf):
             self._fill(n)
         return self.buf[self.pos:self.pos + n]
 
     def tell(self) -> int:
+        """Bytes consumed since this `Source` began reading: the position events and error messages report."""
         return self.consumed + self.pos
 
     def at_eof(self) -> bool:
+        """True when no byte is left to read (buffer and stream, or its allowed length, used up): no pickle follows."""
         if self.pos < len(self.buf):
             return False
         self._fill(1)
@@ -237,6 +252,13 @@ def _key(value: Any) -> Any:
 
 
 class _Machine:
+    """The unpickler's state (stack, marks, memo, frame) and one `op_<OPCODE>` handler per opcode.
+
+    Each handler does to the stack and memo what CPython's `pickle._Unpickler.load_*` does, except that imports,
+    calls and mutations of imported objects only leave placeholders, records in `scan` and events (`run` inlines
+    the commonest opcodes).
+    """
+
     def __init__(self, src: Source, persistent_load: Callable[[Any], Any], limits: Limits) -> None:
         self.src = src
         self.persistent_load = persistent_load
@@ -255,19 +277,23 @@ class _Machine:
 
     # -- helpers -------------------------------------------------------------------------------
     def fail(self, message: str) -> NoReturn:
+        """Stop interpreting with `message` (raised as `PickleParseError`; `scan_pickle` stores it in `error`)."""
         raise PickleParseError(message)
 
     def pop(self) -> Any:
+        """Pop the top of the stack; an empty stack means a malformed pickle (error, not IndexError)."""
         if not self.stack:
             self.fail("stack underflow (malformed pickle)")
         return self.stack.pop()
 
     def top(self) -> Any:
+        """The top of the stack, left in place (what PUT, APPEND, SETITEM and BUILD act on); error when empty."""
         if not self.stack:
             self.fail("stack underflow (malformed pickle)")
         return self.stack[-1]
 
     def pop_mark(self) -> list[Any]:
+        """The items pushed since the last MARK, restoring the stack below it (pickle's own `pop_mark`)."""
         if not self.marks:
             self.fail("mark stack underflow (malformed pickle)")
         items = self.stack
@@ -275,24 +301,34 @@ class _Machine:
         return items
 
     def push(self, value: Any) -> None:
+        """Push `value` on the stack."""
         self.stack.append(value)
 
     def event(self, what: str, pos: int) -> None:
+        """Record an `Event` at `pos`: code the loader would run, or a trick making loaders disagree (1000 kept)."""
         if len(self.scan.events) < 1000:
             self.scan.events.append(Event(what, pos))
 
     def memo_put(self, index: int, value: Any) -> None:
+        """Store `value` at memo `index`; a new index beyond `Limits.max_memo` entries stops the parse."""
         if index not in self.memo and len(self.memo) >= self.limits.max_memo:
             self.fail(f"more than {self.limits.max_memo:,} memo entries (a pickle bomb?)")
         self.memo[index] = value
 
     def memo_get(self, index: int) -> Any:
+        """The memo entry at `index`; reading one that was never stored is a malformed pickle (error)."""
         try:
             return self.memo[index]
         except KeyError:
             self.fail(f"memo entry {index} is read before it is written (malformed pickle)")
 
     def text(self, size: int, kind: str) -> Any:
+        """Read a `size`-byte str/bytes/bytearray argument (`kind`), bounded by the limits.
+
+        Values over `max_inline_bytes` are skipped and become a `Blob`; the total kept is capped at
+        `max_total_inline`. bytes values that look like a zip or a whole pickle are kept in `nested` (up to 16) so
+        the reader can scan what they would load too.
+        """
         if size < 0:
             self.fail("negative length")
         if size > self.limits.max_inline_bytes:
@@ -310,6 +346,11 @@ class _Machine:
         return data if kind == "bytes" else bytearray(data)
 
     def global_ref(self, module: Any, name: Any, opcode: str, pos: int) -> Any:
+        """The `GlobalRef` for `module.name`, counted in `scan.globals` and recorded as at least named.
+
+        Below protocol 3 the Python 2 names are mapped as pickle does (`_compat_pickle`); a module or name that is
+        not a str (computed by STACK_GLOBAL) cannot be known without running the pickle: an event and an `Opaque`.
+        """
         if not isinstance(module, str) or not isinstance(name, str):
             self.event(f"{opcode} with a computed module or name ({short(module)}, {short(name)}) that cannot "
                        "be resolved without running the pickle", pos)
@@ -392,6 +433,7 @@ class _Machine:
         return Instance(func, args, "REDUCE")
 
     def decode_line(self, line: bytes) -> str:
+        """A text opcode's line as UTF-8 (undecodable bytes replaced, a trailing carriage return dropped)."""
         return line.decode("utf-8", "replace").rstrip("\r")
 
     # -- main loop -----------------------------------------------------------------------------
@@ -582,6 +624,11 @@ class _Machine:
 
     # -- opcodes -------------------------------------------------------------------------------
     def op_PROTO(self, pos: int) -> None:
+        """PROTO: CPython's unpickler checks the protocol version the pickle declares, refusing one above 5.
+
+        This reader checks it the same way, keeps it for the Python 2 name mapping of GLOBAL and records the
+        highest seen.
+        """
         proto = self.src.byte()
         if proto > 5:
             self.fail(f"unsupported pickle protocol {proto}")
@@ -589,6 +636,11 @@ class _Machine:
         self.scan.protocol = max(self.scan.protocol, proto)
 
     def op_FRAME(self, pos: int) -> None:
+        """FRAME: CPython's unpickler loads the next frame (8-byte length) into memory and reads opcodes from it.
+
+        This reader only notes where the frame ends; a FRAME inside the previous frame is an event (readers
+        disagree).
+        """
         length = struct.unpack("<Q", self.src.read(8))[0]
         if self.frame_end is not None and pos < self.frame_end:
             self.event(f"a FRAME starts at byte {pos}, inside the previous frame (which ends at byte "
@@ -604,24 +656,35 @@ class _Machine:
         self.frame_end = None
 
     def op_MARK(self, pos: int) -> None:
+        """MARK: CPython's unpickler saves the stack on the mark stack and starts an empty one.
+
+        This reader does the same, stopping the parse beyond `Limits.max_marks` nested marks.
+        """
         self.marks.append(self.stack)
         self.stack = []
         if len(self.marks) > self.limits.max_marks:
             self.fail(f"more than {self.limits.max_marks:,} nested MARKs (a pickle bomb?)")
 
     def op_POP(self, pos: int) -> None:
+        """POP: CPython's unpickler discards the top item (on an empty stack: everything back to the last MARK).
+
+        This reader does the same.
+        """
         if self.stack:
             self.stack.pop()
         else:
             self.pop_mark()
 
     def op_POP_MARK(self, pos: int) -> None:
+        """POP_MARK: discards everything pushed since the last MARK, as CPython's unpickler does."""
         self.pop_mark()
 
     def op_DUP(self, pos: int) -> None:
+        """DUP: pushes the top of the stack again, as CPython's unpickler does (the same object, not a copy)."""
         self.push(self.top())
 
     def op_FLOAT(self, pos: int) -> None:
+        """FLOAT: pushes float(line) from a text line, as CPython's unpickler does; a bad literal is a parse error."""
         line = self.src.readline(self.limits.max_line)
         try:
             self.push(float(line))
@@ -629,6 +692,10 @@ class _Machine:
             self.fail("bad FLOAT literal")
 
     def op_INT(self, pos: int) -> None:
+        """INT: CPython's unpickler pushes int(line, 0) from a text line (00 and 01 are False and True).
+
+        This reader parses it with `parse_int` (decimal or 0x hex), which bounds the literal's length.
+        """
         line = self.src.readline(self.limits.max_line)
         if line == b"00":
             self.push(False)
@@ -638,10 +705,18 @@ class _Machine:
             self.push(self.parse_int(line))
 
     def op_LONG(self, pos: int) -> None:
+        """LONG: CPython's unpickler pushes a text-line integer with an optional trailing L (Python 2 long).
+
+        This reader parses it with `parse_int` (decimal or 0x hex).
+        """
         line = self.src.readline(self.limits.max_line)
         self.push(self.parse_int(line[:-1] if line.endswith(b"L") else line))
 
     def parse_int(self, line: bytes) -> int:
+        """A protocol 0 integer literal (decimal, or hex with 0x) as INT, LONG, GET and PUT write it.
+
+        Literals over 4000 characters are refused before `int()` sees them (its cost grows with the length).
+        """
         if len(line) > 4000:
             self.fail("an integer literal is implausibly long")
         try:
@@ -651,37 +726,55 @@ class _Machine:
             raise  # unreachable
 
     def op_BININT(self, pos: int) -> None:
+        """BININT: pushes a 4-byte signed little-endian int, as CPython's unpickler does."""
         self.push(struct.unpack("<i", self.src.read(4))[0])
 
     def op_BININT1(self, pos: int) -> None:
+        """BININT1: pushes a 1-byte unsigned int, as CPython's unpickler does."""
         self.push(self.src.byte())
 
     def op_BININT2(self, pos: int) -> None:
+        """BININT2: pushes a 2-byte unsigned little-endian int, as CPython's unpickler does."""
         self.push(struct.unpack("<H", self.src.read(2))[0])
 
     def op_LONG1(self, pos: int) -> None:
+        """LONG1: pushes a little-endian two's-complement int (1-byte length), as CPython's unpickler does."""
         n = self.src.byte()
         self.push(int.from_bytes(self.src.read(n), "little", signed=True))
 
     def op_LONG4(self, pos: int) -> None:
+        """LONG4: CPython's unpickler pushes a two's-complement little-endian int with a 4-byte length.
+
+        This reader does the same, refusing lengths over `Limits.max_long_bytes` (a huge int is a cheap bomb).
+        """
         n = struct.unpack("<i", self.src.read(4))[0]
         if n < 0 or n > self.limits.max_long_bytes:
             self.fail(f"LONG4 of {n} bytes is implausible")
         self.push(int.from_bytes(self.src.read(n), "little", signed=True))
 
     def op_NONE(self, pos: int) -> None:
+        """NONE: pushes None, as CPython's unpickler does."""
         self.push(None)
 
     def op_NEWTRUE(self, pos: int) -> None:
+        """NEWTRUE: pushes True, as CPython's unpickler does."""
         self.push(True)
 
     def op_NEWFALSE(self, pos: int) -> None:
+        """NEWFALSE: pushes False, as CPython's unpickler does."""
         self.push(False)
 
     def op_BINFLOAT(self, pos: int) -> None:
+        """BINFLOAT: pushes an 8-byte big-endian IEEE double, as CPython's unpickler does."""
         self.push(struct.unpack(">d", self.src.read(8))[0])
 
     def op_STRING(self, pos: int) -> None:
+        """STRING: CPython's unpickler pushes a quoted, escaped Python 2 str from a text line, decoded with the
+        loader's encoding.
+
+        This reader unescapes it the same way (an unquoted line is accepted as is) and decodes UTF-8 as torch
+        asks, keeping bytes that are not UTF-8.
+        """
         line = self.src.readline(self.limits.max_line)
         if len(line) >= 2 and line[0] == line[-1] and line[:1] in (b"'", b'"'):
             line = line[1:-1]
@@ -691,94 +784,177 @@ class _Machine:
             self.fail("bad STRING literal")
 
     def op_UNICODE(self, pos: int) -> None:
+        """UNICODE: CPython's unpickler pushes a str from a raw-unicode-escape text line.
+
+        This reader does the same, replacing undecodable escapes instead of failing.
+        """
         line = self.src.readline(self.limits.max_line)
         self.push(line.decode("raw-unicode-escape", "replace"))
 
     def op_BINSTRING(self, pos: int) -> None:
+        """BINSTRING: CPython's unpickler pushes a Python 2 str with a 4-byte signed length, decoded with the
+        loader's encoding.
+
+        This reader reads it through `text` (bounded, large ones become a `Blob`) and decodes UTF-8, else keeps
+        bytes.
+        """
         self.push(_py2_str(self.text(struct.unpack("<i", self.src.read(4))[0], "bytes")))
 
     def op_SHORT_BINSTRING(self, pos: int) -> None:
+        """SHORT_BINSTRING: CPython's unpickler pushes a Python 2 str of up to 255 bytes, decoded with the loader's
+        encoding.
+
+        This reader reads it through `text` and decodes UTF-8, else keeps bytes.
+        """
         self.push(_py2_str(self.text(self.src.byte(), "bytes")))
 
     def op_BINBYTES(self, pos: int) -> None:
+        """BINBYTES: CPython's unpickler pushes bytes with a 4-byte length.
+
+        This reader reads them through `text`: large values become a `Blob`, embedded pickles/zips are kept for a
+        scan.
+        """
         self.push(self.text(struct.unpack("<I", self.src.read(4))[0], "bytes"))
 
     def op_SHORT_BINBYTES(self, pos: int) -> None:
+        """SHORT_BINBYTES: CPython's unpickler pushes bytes of up to 255 bytes.
+
+        This reader reads them through `text`.
+        """
         self.push(self.text(self.src.byte(), "bytes"))
 
     def op_BINBYTES8(self, pos: int) -> None:
+        """BINBYTES8: CPython's unpickler pushes bytes with an 8-byte length.
+
+        This reader reads them through `text`: a large value is skipped on the stream and becomes a `Blob`.
+        """
         self.push(self.text(struct.unpack("<Q", self.src.read(8))[0], "bytes"))
 
     def op_BYTEARRAY8(self, pos: int) -> None:
+        """BYTEARRAY8: CPython's unpickler pushes a bytearray with an 8-byte length.
+
+        This reader reads it through `text` (a bytearray, or a `Blob` when large).
+        """
         self.push(self.text(struct.unpack("<Q", self.src.read(8))[0], "bytearray"))
 
     def op_BINUNICODE(self, pos: int) -> None:
+        """BINUNICODE: CPython's unpickler pushes a UTF-8 str with a 4-byte length.
+
+        This reader reads it through `text` (surrogates pass, as pickle does; a large one becomes a `Blob`).
+        """
         self.push(self.text(struct.unpack("<I", self.src.read(4))[0], "str"))
 
     def op_SHORT_BINUNICODE(self, pos: int) -> None:
+        """SHORT_BINUNICODE: CPython's unpickler pushes a UTF-8 str of up to 255 bytes.
+
+        This reader reads it through `text`.
+        """
         self.push(self.text(self.src.byte(), "str"))
 
     def op_BINUNICODE8(self, pos: int) -> None:
+        """BINUNICODE8: CPython's unpickler pushes a UTF-8 str with an 8-byte length.
+
+        This reader reads it through `text` (large ones become a `Blob`).
+        """
         self.push(self.text(struct.unpack("<Q", self.src.read(8))[0], "str"))
 
     def op_NEXT_BUFFER(self, pos: int) -> None:
+        """NEXT_BUFFER: CPython's unpickler pushes the next out-of-band buffer passed to `pickle.loads(buffers=...)`.
+
+        This reader pushes an `Opaque` placeholder: the buffer's bytes are not in the file.
+        """
         self.push(Opaque("out-of-band buffer"))
 
     def op_READONLY_BUFFER(self, pos: int) -> None:
+        """READONLY_BUFFER: CPython's unpickler makes the buffer on top of the stack a read-only memoryview.
+
+        This reader leaves it as it is (read-only-ness changes nothing we report), only checking the stack.
+        """
         self.top()
 
     def op_EMPTY_TUPLE(self, pos: int) -> None:
+        """EMPTY_TUPLE: pushes (), as CPython's unpickler does."""
         self.push(())
 
     def op_TUPLE(self, pos: int) -> None:
+        """TUPLE: replaces the items since the last MARK by a tuple of them, as CPython's unpickler does."""
         self.push(tuple(self.pop_mark()))
 
     def op_TUPLE1(self, pos: int) -> None:
+        """TUPLE1: replaces the top item by a 1-tuple of it, as CPython's unpickler does."""
         self.push((self.pop(),))
 
     def op_TUPLE2(self, pos: int) -> None:
+        """TUPLE2: replaces the top two items by a 2-tuple, as CPython's unpickler does."""
         b = self.pop()
         a = self.pop()
         self.push((a, b))
 
     def op_TUPLE3(self, pos: int) -> None:
+        """TUPLE3: replaces the top three items by a 3-tuple, as CPython's unpickler does."""
         c = self.pop()
         b = self.pop()
         a = self.pop()
         self.push((a, b, c))
 
     def op_EMPTY_LIST(self, pos: int) -> None:
+        """EMPTY_LIST: pushes [], as CPython's unpickler does."""
         self.push([])
 
     def op_LIST(self, pos: int) -> None:
+        """LIST: replaces the items since the last MARK by a list of them, as CPython's unpickler does."""
         items = self.pop_mark()
         self.push(items)
 
     def op_EMPTY_DICT(self, pos: int) -> None:
+        """EMPTY_DICT: pushes {}, as CPython's unpickler does."""
         self.push({})
 
     def op_DICT(self, pos: int) -> None:
+        """DICT: CPython's unpickler builds a dict from the key/value items since the last MARK (hashing each key).
+
+        This reader does the same with container keys wrapped by `_key`, so no hostile key is hashed; odd counts
+        fail.
+        """
         items = self.pop_mark()
         if len(items) % 2:
             self.fail("DICT with an odd number of items")
         self.push({_key(items[i]): items[i + 1] for i in range(0, len(items), 2)})
 
     def op_EMPTY_SET(self, pos: int) -> None:
+        """EMPTY_SET: pushes set(), as CPython's unpickler does."""
         self.push(set())
 
     def op_FROZENSET(self, pos: int) -> None:
+        """FROZENSET: CPython's unpickler replaces the items since the last MARK by a frozenset (hashing each).
+
+        This reader does the same with container members wrapped by `_key`.
+        """
         items = self.pop_mark()
         self.push(frozenset(_key(x) for x in items))
 
     def op_APPEND(self, pos: int) -> None:
+        """APPEND: CPython's unpickler pops a value and calls `append` on the object below it.
+
+        This reader extends only lists and `Instance` placeholders (see `extend`); anything else is an event.
+        """
         value = self.pop()
         self.extend(self.top(), [value], "APPEND", pos)
 
     def op_APPENDS(self, pos: int) -> None:
+        """APPENDS: CPython's unpickler passes the items since the last MARK to the `extend` (or `append`) of the
+        object below.
+
+        This reader hands them to `extend`: lists and placeholders take them, anything else is an event.
+        """
         items = self.pop_mark()
         self.extend(self.top(), items, "APPENDS", pos)
 
     def extend(self, target: Any, items: list[Any], how: str, pos: int) -> None:
+        """APPEND(S) onto `target` without calling anything: a list is extended, an `Instance` records the items.
+
+        On an imported global or any other value the real loader would call its append/extend: an event instead.
+        """
         if isinstance(target, list):
             target.extend(items)
         elif isinstance(target, Instance):
@@ -789,17 +965,30 @@ class _Machine:
             self.event(f"{how} on a {type(target).__name__} calls its append/extend", pos)
 
     def op_SETITEM(self, pos: int) -> None:
+        """SETITEM: CPython's unpickler pops a value and a key and calls `obj[key] = value` on the object below them.
+
+        This reader hands them to `setitems`: dicts and placeholders take them, anything else is an event.
+        """
         value = self.pop()
         key = self.pop()
         self.setitems(self.top(), [key, value], "SETITEM", pos)
 
     def op_SETITEMS(self, pos: int) -> None:
+        """SETITEMS: CPython's unpickler calls `obj[key] = value` for each key/value pair since the last MARK.
+
+        This reader hands them to `setitems`; an odd number of items fails.
+        """
         items = self.pop_mark()
         if len(items) % 2:
             self.fail("SETITEMS with an odd number of items")
         self.setitems(self.top(), items, "SETITEMS", pos)
 
     def setitems(self, target: Any, items: list[Any], how: str, pos: int) -> None:
+        """SETITEM(S) of key/value `items` onto `target` without calling anything.
+
+        A dict gets them (non-str keys wrapped by `_key`, never hashed), an `Instance` records them; on an imported
+        global or any other value the real loader would call `__setitem__`: an event instead.
+        """
         if isinstance(target, dict):
             pairs = iter(items)
             for key, value in zip(pairs, pairs):
@@ -812,6 +1001,12 @@ class _Machine:
             self.event(f"{how} on a {type(target).__name__} calls its __setitem__", pos)
 
     def op_ADDITEMS(self, pos: int) -> None:
+        """ADDITEMS: CPython's unpickler adds the items since the last MARK to the set below (calling `add` on a non-
+        set).
+
+        This reader updates sets (members wrapped by `_key`) and records them on placeholders; anything else is an
+        event.
+        """
         items = self.pop_mark()
         target = self.top()
         if isinstance(target, set):
@@ -822,73 +1017,143 @@ class _Machine:
             self.event(f"ADDITEMS on a {type(target).__name__} calls its add()", pos)
 
     def op_GET(self, pos: int) -> None:
+        """GET: pushes the memo entry whose index is a decimal text line, as CPython's unpickler does (`memo_get`)."""
         self.push(self.memo_get(self.parse_int(self.src.readline(self.limits.max_line))))
 
     def op_BINGET(self, pos: int) -> None:
+        """BINGET: pushes the memo entry at a 1-byte index, as CPython's unpickler does (`memo_get`)."""
         self.push(self.memo_get(self.src.byte()))
 
     def op_LONG_BINGET(self, pos: int) -> None:
+        """LONG_BINGET: pushes the memo entry at a 4-byte index, as CPython's unpickler does (`memo_get`)."""
         self.push(self.memo_get(struct.unpack("<I", self.src.read(4))[0]))
 
     def op_PUT(self, pos: int) -> None:
+        """PUT: CPython's unpickler stores the top of the stack in the memo at a decimal text-line index.
+
+        This reader does the same (`memo_put`).
+        """
         self.memo_put(self.parse_int(self.src.readline(self.limits.max_line)), self.top())
 
     def op_BINPUT(self, pos: int) -> None:
+        """BINPUT: CPython's unpickler stores the top of the stack in the memo at a 1-byte index.
+
+        This reader does the same (`memo_put`).
+        """
         self.memo_put(self.src.byte(), self.top())
 
     def op_LONG_BINPUT(self, pos: int) -> None:
+        """LONG_BINPUT: CPython's unpickler stores the top of the stack in the memo at a 4-byte index.
+
+        This reader does the same (`memo_put`).
+        """
         self.memo_put(struct.unpack("<I", self.src.read(4))[0], self.top())
 
     def op_MEMOIZE(self, pos: int) -> None:
+        """MEMOIZE: CPython's unpickler stores the top of the stack at the next memo index (the memo's size).
+
+        This reader does the same (`memo_put`).
+        """
         self.memo_put(len(self.memo), self.top())
 
     def op_GLOBAL(self, pos: int) -> None:
+        """GLOBAL: CPython's unpickler imports the module on one text line and pushes its attribute named on the
+        next.
+
+        This reader imports nothing: it pushes a `GlobalRef` recorded in `scan.globals` (see `global_ref`).
+        """
         module = self.decode_line(self.src.readline(self.limits.max_line))
         name = self.decode_line(self.src.readline(self.limits.max_line))
         self.push(self.global_ref(module, name, "GLOBAL", pos))
 
     def op_STACK_GLOBAL(self, pos: int) -> None:
+        """STACK_GLOBAL: CPython's unpickler pops a name and a module (both must be str) and imports them like
+        GLOBAL.
+
+        This reader pushes a `GlobalRef`, or an event and an `Opaque` when either was computed (see `global_ref`).
+        """
         name = self.pop()
         module = self.pop()
         self.push(self.global_ref(module, name, "STACK_GLOBAL", pos))
 
     def op_EXT1(self, pos: int) -> None:
+        """EXT1: CPython's unpickler imports the global the copyreg extension registry maps a 1-byte code to.
+
+        This reader records an event (`ext`).
+        """
         self.ext(self.src.byte(), pos)
 
     def op_EXT2(self, pos: int) -> None:
+        """EXT2: CPython's unpickler imports the global the copyreg extension registry maps a 2-byte code to.
+
+        This reader records an event (`ext`).
+        """
         self.ext(struct.unpack("<H", self.src.read(2))[0], pos)
 
     def op_EXT4(self, pos: int) -> None:
+        """EXT4: CPython's unpickler imports the global the copyreg extension registry maps a 4-byte code to.
+
+        This reader records an event (`ext`).
+        """
         self.ext(struct.unpack("<i", self.src.read(4))[0], pos)
 
     def ext(self, code: int, pos: int) -> None:
+        """EXT1/2/4: the loader looks `code` up in its process's copyreg extension registry and imports that global.
+
+        What it names depends on the loading process, not the file: an event and an `Opaque` placeholder.
+        """
         self.event(f"extension code {code} names a global through the loader's copyreg registry, "
                    "which cannot be known from the file", pos)
         self.push(Opaque(f"extension {code}"))
 
     def op_REDUCE(self, pos: int) -> None:
+        """REDUCE: CPython's unpickler pops args and calls the callable below them, `func(*args)`: the opcode that
+        runs code.
+
+        This reader calls nothing: `reduce` records the call and pushes a `TensorMeta`, `PickledDict` or
+        `Instance`.
+        """
         args = self.pop()
         func = self.pop()
         self.push(self.call(func, args, "REDUCE", pos))
 
     def op_NEWOBJ(self, pos: int) -> None:
+        """NEWOBJ: CPython's unpickler pops args and a class and creates `cls.__new__(cls, *args)`.
+
+        This reader records the class as instantiated and pushes an `Instance` placeholder (`call`).
+        """
         args = self.pop()
         cls = self.pop()
         self.push(self.call(cls, args, "NEWOBJ", pos))
 
     def op_NEWOBJ_EX(self, pos: int) -> None:
+        """NEWOBJ_EX: CPython's unpickler pops kwargs, args and a class and creates `cls.__new__(cls, *args,
+        **kwargs)`.
+
+        This reader records the class as instantiated and pushes an `Instance` whose args are (args, kwargs).
+        """
         kwargs = self.pop()
         args = self.pop()
         cls = self.pop()
         self.push(self.call(cls, (args, kwargs), "NEWOBJ_EX", pos))
 
     def op_OBJ(self, pos: int) -> None:
+        """OBJ: CPython's unpickler takes a class and its arguments from the items since the last MARK and calls
+        `cls(*args)` (`cls.__new__(cls)` without args).
+
+        This reader records the class as called and pushes an `Instance`; an OBJ without a class fails.
+        """
         items = self.pop_mark()
         if not items:
             self.fail("OBJ without a class")
         self.push(self.call(items[0], tuple(items[1:]), "OBJ", pos))
 
     def op_INST(self, pos: int) -> None:
+        """INST: CPython's unpickler imports a class named on two text lines and calls it with the items since the
+        last MARK (as OBJ).
+
+        This reader records the global (`global_ref`) and the call, and pushes an `Instance`.
+        """
         module = self.decode_line(self.src.readline(self.limits.max_line))
         name = self.decode_line(self.src.readline(self.limits.max_line))
         items = self.pop_mark()
@@ -896,6 +1161,12 @@ class _Machine:
         self.push(self.call(cls, tuple(items), "INST", pos))
 
     def op_BUILD(self, pos: int) -> None:
+        """BUILD: CPython's unpickler pops a state and calls the object's `__setstate__(state)`, or sets its
+        `__dict__`/slots from it.
+
+        This reader stores the state on an `Instance`/`PickledDict`; events when the state sets a Python dunder or
+        the object is an imported global; a joblib array header also passes over the array data written after it.
+        """
         state = self.pop()
         target = self.top()
         parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
@@ -953,9 +1224,21 @@ class _Machine:
         self.scan.opcodes |= other.opcodes
 
     def op_PERSID(self, pos: int) -> None:
+        """PERSID: CPython's unpickler pushes `persistent_load(id)` for an id on a text line (torch's hook for
+        storages).
+
+        This reader passes the id to the `persistent_load` it was given, which returns a placeholder (a
+        `StorageRef` for a storage).
+        """
         self.push(self.persistent_load(self.decode_line(self.src.readline(self.limits.max_line))))
 
     def op_BINPERSID(self, pos: int) -> None:
+        """BINPERSID: CPython's unpickler pops an id object and pushes `persistent_load(id)` (how torch.save names
+        storages).
+
+        This reader passes the id to the `persistent_load` it was given, which turns storage ids into
+        `StorageRef`s.
+        """
         self.push(self.persistent_load(self.pop()))
 
 

@@ -34,6 +34,9 @@ class Views:
 
     @property
     def agree(self) -> bool:
+        """True when both readers find the same directory and zipfile sees no prepended bytes: the file
+        holds one archive, read alike by the scanner and by `torch.load`.
+        """
         return (self.zipfile_start, self.zipfile_size, self.concat) == (self.torch_start, self.torch_size, 0)
 
 
@@ -44,13 +47,16 @@ class _Window:
         self.f, self.start, self.length, self.pos = f, start, length, 0
 
     def seek(self, offset: int, whence: int = 0) -> int:
+        """Move to `offset` from the window's start, current position or end (`whence` 0, 1, 2), as zipfile asks."""
         self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.length + offset
         return self.pos
 
     def tell(self) -> int:
+        """The position within the window."""
         return self.pos
 
     def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes from the position (all that remain for n None or < 0), never past the window's end."""
         n = self.length - self.pos if n is None or n < 0 else min(n, self.length - self.pos)
         if n <= 0:
             return b""
@@ -60,9 +66,11 @@ class _Window:
         return data
 
     def seekable(self) -> bool:
+        """Always True: zipfile seeks to find the central directory and each member."""
         return True
 
     def readable(self) -> bool:
+        """Always True: the window is a readable file for zipfile."""
         return True
 
 
