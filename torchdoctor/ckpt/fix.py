@@ -64,6 +64,8 @@ class _Rebuilder:
         self.moved = self.cloned = 0
 
     def tensor(self, key: str, t: TensorMeta) -> Any:
+        """The tensor `t` (saved under `key`) as a view of its storage's bytes read from the file, cloned when it
+        covers only part of that storage (so the copy carries no bloat); refuses what it cannot rebuild exactly."""
         import torch
 
         path = self.info.path
@@ -106,6 +108,8 @@ class _Copy:
         self.memo: dict[int, Any] = {}
 
     def build(self, obj: Any, path: Path) -> Any:
+        """The loadable copy of `obj` found at `path` in the inert tree (shared objects built once), or `_DROP`
+        for an object that only its own code could rebuild."""
         if isinstance(obj, (bool, int, float, str, bytes, type(None))):
             return obj
         done = self.memo.get(id(obj))
@@ -145,6 +149,7 @@ class _Copy:
         return new[:-2] if new.endswith(".x") else ""
 
     def key(self, key: Any) -> Any:
+        """A dict key outside the renamed state dict as plain data (a pickled list key becomes a tuple)."""
         value = key.value if isinstance(key, Key) else key
         return tuple(value) if isinstance(value, list) else value
 
