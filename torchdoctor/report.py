@@ -75,7 +75,8 @@ _NOTEBOOK_WIDTH = 115  # rich's width in a notebook
 # the <pre> rich wraps its notebook output in (rich.jupyter), so a report looks as rich's own cell output does
 _NOTEBOOK_PRE = ('<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
                  'font-family:Menlo,\'DejaVu Sans Mono\',consolas,\'Courier New\',monospace">{code}</pre>')
-_FACTS_VIEWS = {"env": "torchdoctor.env.view", "checkpoint": "torchdoctor.ckpt.view", "runtime": "torchdoctor.watch.view"}
+_FACTS_VIEWS = {"env": "torchdoctor.env.view", "checkpoint": "torchdoctor.ckpt.view", "runtime": "torchdoctor.watch.view",
+                "run": "torchdoctor.run.view"}
 
 
 def _facts_view(scope: str) -> Optional[Callable[[dict[str, Any]], "RenderableType"]]:

@@ -22,6 +22,7 @@ from torchdoctor.wrappers import unwrap, unwrap_optimizer
 from torchdoctor.watch.contract import Event, RuntimeCheck
 from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
+from torchdoctor.watch.follow import Follower
 from torchdoctor.watch.graphs import GraphTracker
 from torchdoctor.watch.observers import session_started
 
@@ -107,6 +108,8 @@ class WatchSession:
         self._enabled: list[str] = []
         self.hook_errors: list[str] = []  # the hooks that could not be installed, and the checks that are off
         self.rank_findings: Optional[list[Finding]] = None  # under torch.distributed, on rank 0: every rank's
+        self.discover_models = False  # `torchdoctor run`: adopt every optimizer, and find its models
+        self._follower: Optional[Follower] = None
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -161,6 +164,10 @@ class WatchSession:
             self.hook_errors.append(f"could not watch {what} ({type(error).__name__}: {error}); "
                                     f"checks that go without it: {', '.join(names) or 'none'}")
             _warn_at_user_line(TorchDoctorWarning(f"torchdoctor.watch {self.hook_errors[-1]}"))
+        try:  # optimizers built (or rebuilt) later are adopted as they step: torchdoctor.watch.follow
+            self._follower = ctx.hooks.add(Follower(self, discover=self.discover_models).install())
+        except Exception as exc:
+            self.hook_errors.append(f"could not follow new optimizers ({type(exc).__name__}: {exc})")
         self._hub.dispatch(Event.START)
         session_started(self)  # e.g. the pytest plugin, which follows a test's sessions
         return self
@@ -279,6 +286,8 @@ class WatchSession:
                            for wo in ctx.optimizers],
             "checks": self._enabled,
         }
+        if self._follower is not None:
+            facts.update(self._follower.facts())
         if self.hook_errors:
             facts["hooks_failed"] = list(self.hook_errors)
         if self.diagnosis is not None:
