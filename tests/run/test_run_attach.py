@@ -147,3 +147,25 @@ def test_a_model_called_only_after_the_first_step_is_found_later(run_program):
             opt.zero_grad(); model(torch.randn(2, 4)).sum().backward(); opt.step()
     """)
     assert [m["label"] for m in result.report.facts["models"]] == ["Linear"]
+
+
+def test_parts_called_one_by_one_are_watched_as_the_model_that_holds_them(run_program):
+    # Lightning's shape: training_step calls self.encoder and self.head, never the module itself
+    result = run_program("""
+        import torch
+        from torch import nn
+        class Task(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+                self.head = nn.Linear(16, 3)
+            def training_step(self, x, y):
+                return nn.functional.cross_entropy(self.head(self.encoder(x)), y)
+        task = Task()
+        opt = torch.optim.Adam(task.parameters(), lr=1e-3)
+        for _ in range(3):
+            opt.zero_grad()
+            task.training_step(torch.randn(4, 8), torch.randint(0, 3, (4,))).backward()
+            opt.step()
+    """)
+    assert [m["label"] for m in result.report.facts["models"]] == ["Task"] and problems(result) == []

@@ -91,7 +91,43 @@ def models_of(params: list[torch.Tensor], roots: list[nn.Module], known: set[int
     ids = {id(p) for p in params}
     candidates = [m for m in roots if id(unwrap(m)[0]) not in known and any(id(p) in ids for p in m.parameters())]
     inside = {id(sub) for m in candidates for sub in m.modules() if sub is not m}
-    return [m for m in candidates if id(m) not in inside]
+    outermost = [m for m in candidates if id(m) not in inside]
+    if len(outermost) > 1:  # parts of one model called one by one (Lightning's training_step): the model
+        owner = common_owner(outermost)
+        if owner is not None and id(unwrap(owner)[0]) not in known:
+            return [owner]
+    return outermost
+
+
+def _parent(module: nn.Module) -> Optional[nn.Module]:
+    """The module that holds `module` as a child, found through the garbage collector's referrers (asked
+    only when an optimizer's parameters lie in several separately called modules, once per optimizer)."""
+    import gc
+
+    for holder in gc.get_referrers(module):
+        if not isinstance(holder, dict) or not any(v is module for v in holder.values()):
+            continue
+        for owner in gc.get_referrers(holder):
+            if isinstance(owner, nn.Module) and owner.__dict__.get("_modules") is holder:
+                return owner
+            if isinstance(owner, dict) and owner.get("_modules") is holder:  # the module's __dict__
+                for module_of in gc.get_referrers(owner):
+                    if isinstance(module_of, nn.Module) and module_of.__dict__ is owner:
+                        return module_of
+    return None
+
+
+def common_owner(parts: list[nn.Module], depth: int = 6) -> Optional[nn.Module]:
+    """The nearest module that contains every one of `parts` (None when there is none within `depth` levels)."""
+    ids = {id(p) for p in parts}
+    owner: Optional[nn.Module] = parts[0]
+    for _ in range(depth):
+        owner = _parent(owner) if owner is not None else None
+        if owner is None:
+            return None
+        if ids <= {id(m) for m in owner.modules()}:
+            return owner
+    return None
 
 
 class Follower:
