@@ -85,7 +85,7 @@ def test_backward_of_a_loss_computed_under_no_grad():
     assert "Sequential has 4 parameter tensor(s) with requires_grad=True" in s.diagnosis["seen"]
 
 
-def test_load_state_dict_with_a_wrapper_prefix():
+def test_load_state_dict_with_a_wrapper_prefix_is_explained_by_the_pitfall():
     model = mlp()
     wrapped = {f"module.{k}": v for k, v in model.state_dict().items()}
 
@@ -93,9 +93,9 @@ def test_load_state_dict_with_a_wrapper_prefix():
         model.load_state_dict(wrapped)
 
     s, _ = _raises_through(model, None, body)
-    assert s.diagnosis["kind"] == "state-dict-keys"
-    assert "4 missing key(s), 4 unexpected key(s)" in s.diagnosis["seen"]
-    assert "the checkpoint's keys carry the prefix 'module.' that the other side lacks" in s.diagnosis["seen"]
+    (finding,) = s.findings
+    assert finding.name == "state-dict-mismatch" and "prefix 'module.'" in finding.message
+    assert s.diagnosis is None and s.facts["crash_explained_by"] == ["state-dict-mismatch"]
 
 
 def test_findings_before_the_error_are_part_of_the_diagnosis_and_the_report(capsys):
@@ -136,16 +136,19 @@ def test_unknown_errors_get_no_diagnosis():
     assert s.diagnosis is None and "exception" not in s.facts
 
 
-def test_device_mismatch_lists_where_parameters_live():
+def test_device_mismatch_is_explained_by_the_pitfall():
     model = mlp()
     s, exc = _raises_through(model, None, lambda: model(torch.randn(2, 8, device="meta")))
     assert "expected device" in str(exc)
-    assert s.diagnosis["kind"] == "device-mismatch"
-    assert "Sequential parameters: 4 on cpu/torch.float32" in s.diagnosis["seen"]
-    assert "x = x.to(device)" in s.diagnosis["advice"]
+    (finding,) = s.findings
+    assert finding.name == "device-mismatch" and "`input` on meta" in finding.message
+    assert finding.location.module == "0" and s.diagnosis is None
 
 
-def test_out_of_memory_reports_the_live_graphs():
+def test_out_of_memory_is_explained_with_the_live_graphs(monkeypatch):
+    from torchdoctor.watch import evidence
+
+    monkeypatch.setattr(evidence, "oom_device", lambda exc: torch.device("cpu") if "CUDA" in str(exc) else None)
     model = mlp()
     kept = []
 
@@ -156,8 +159,8 @@ def test_out_of_memory_reports_the_live_graphs():
 
     s, exc = _raises_through(model, None, body)
     assert isinstance(exc, torch.cuda.OutOfMemoryError)
-    assert s.diagnosis["kind"] == "out-of-memory"
-    assert "autograd graphs of watched forwards still alive: 3" in s.diagnosis["seen"]
+    (finding,) = s.findings
+    assert finding.name == "out-of-memory" and "3 autograd graphs of watched forwards were still alive" in finding.message
 
 
 def test_a_nan_that_makes_the_loss_raise_is_diagnosed_with_the_state_of_the_weights():

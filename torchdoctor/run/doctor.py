@@ -63,4 +63,5 @@ def run_script(target: Target, *, select: Sequence[str] = (), ignore: Sequence[s
 
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    line = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return line if len(line) <= 160 else line[:157] + "..."

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Optional
 
-_OUR_FILES = (os.path.dirname(runpy.__file__) + os.sep + "runpy.py",
+_OUR_FILES = ("<frozen runpy>", os.path.dirname(runpy.__file__) + os.sep + "runpy.py",
               os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 
 

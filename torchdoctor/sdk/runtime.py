@@ -9,7 +9,7 @@ at load time without importing torch.
 from typing import Any
 
 from torchdoctor.watch.contract import (
-    Event, ForwardEvent, Findings, LoaderEvent, RuntimeCheck, StepEvent, ZeroGradEvent,
+    CrashEvent, Event, ForwardEvent, Findings, LoaderEvent, RuntimeCheck, StepEvent, ZeroGradEvent,
 )
 from torchdoctor.watch.handles import Restore
 from torchdoctor.watch.patches import MethodPatch
@@ -28,9 +28,10 @@ _LAZY = {
     "exchange_for": "torchdoctor.watch.distributed",
     "ddp_over_world": "torchdoctor.watch.distributed",
     "stats_differ": "torchdoctor.watch.distributed",
+    "evidence": "torchdoctor.watch.evidence",  # the module: crash evidence (failing frames, placement, memory)
 }
 
-__all__ = ["Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
+__all__ = ["CrashEvent", "Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
            "ZeroGradEvent", "unwrap", "unwrap_optimizer", "wrapper_chain", *_LAZY]
 
 
@@ -39,5 +40,6 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        return module if module.__name__.rpartition(".")[2] == name else getattr(module, name)
     raise AttributeError(f"module 'torchdoctor.sdk.runtime' has no attribute {name!r}")

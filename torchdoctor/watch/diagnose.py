@@ -1,6 +1,8 @@
 """Exception diagnosis: when the watched body raises a known PyTorch error, say what the session saw.
 
-The exception itself is never touched; the diagnosis goes into the report (facts["exception"]).
+The exception itself is never touched; the diagnosis goes into the report (facts["exception"]). Crashes
+that a pitfall explains (out-of-memory, device-mismatch, state-dict-mismatch, ...: the ``CRASH`` event,
+`torchdoctor.watch.crash`) are left to it; what remains here are the errors no pitfall covers yet.
 """
 from __future__ import annotations
 
@@ -14,22 +16,16 @@ from torchdoctor.findings import Finding, Severity
 from torchdoctor.watch.context import WatchContext
 
 _KINDS = [
-    ("device-mismatch", re.compile(r"same device|found at least two devices|must have its parameters and buffers on device"
-                                   r"|is not on the expected device|Input type \(.*\) and weight type", re.I)),
     ("dtype-mismatch", re.compile(r"expected scalar type|same dtype|dtype mismatch|expected .* dtype|Found dtype", re.I)),
     ("backward-twice", re.compile(r"backward through the graph a second time")),
     ("inplace-modified", re.compile(r"modified by an inplace operation")),
     ("no-grad", re.compile(r"does not require grad and does not have a grad_fn")),
-    ("out-of-memory", re.compile(r"out of memory", re.I)),
-    ("state-dict-keys", re.compile(r"Error\(s\) in loading state_dict")),
     # binary_cross_entropy (CPU message, CUDA device assertion) and multinomial/bernoulli fed NaN probabilities
     ("nan-in-loss-input", re.compile(r"elements of input should be between 0 and 1|input_val >= zero && input_val <= one"
                                      r"|probability tensor contains either `inf`, `nan`|p_in >= 0 && p_in <= 1")),
 ]
 
 _ADVICE = {
-    "device-mismatch": "Move the model before building the optimizer or loading its state, and move every batch "
-                       "with the result assigned: `x = x.to(device)` (tensors are not moved in place).",
     "dtype-mismatch": "Cast inputs to the parameters' dtype (`x = x.to(next(model.parameters()).dtype)`), or run the "
                       "mixed-precision part under `torch.autocast`.",
     "backward-twice": "A tensor from an earlier step (an RNN hidden state, a running loss) is still attached to its "
@@ -40,13 +36,9 @@ _ADVICE = {
                         "`torch.autograd.set_detect_anomaly(True)` to get the forward line that saved it.",
     "no-grad": "The loss has no graph: the forward ran under torch.no_grad()/inference_mode, the parameters are "
                "frozen, or the loss was rebuilt from `.item()`/`.detach()` values.",
-    "out-of-memory": "Lower the batch size, free tensors kept across steps (`.item()` for logged losses), validate "
-                     "under torch.no_grad(), or use autocast / gradient checkpointing.",
     "nan-in-loss-input": "The loss (or sampling) received NaN or values outside [0, 1]: usually NaN from the forward, "
                          "which in turn comes from NaN weights or inputs. Use BCEWithLogitsLoss on raw logits "
                          "(numerically safe), and run `torchdoctor.watch` (nonfinite-values) to find where NaN began.",
-    "state-dict-keys": "Strip or add the wrapper prefix so that the keys match: "
-                       "`torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')`.",
 }
 
 
@@ -59,7 +51,7 @@ def diagnose_exception(exc: BaseException, ctx: WatchContext, findings: list[Fin
     seen: list[str] = [f"the error came at step {ctx.step}"
                        + (f" (completed steps: {', '.join(f'{wo.label} {wo.steps}' for wo in ctx.optimizers)})"
                           if ctx.optimizers else "")]
-    if kind in ("device-mismatch", "dtype-mismatch"):
+    if kind == "dtype-mismatch":
         seen += _placement(ctx)
     elif kind == "no-grad" and ctx.last_forward is not None:
         lf = ctx.last_forward
@@ -68,13 +60,8 @@ def diagnose_exception(exc: BaseException, ctx: WatchContext, findings: list[Fin
         for wm in ctx.models:
             trainable = sum(p.requires_grad for p in wm.inner.parameters())
             seen.append(f"{wm.label} has {trainable} parameter tensor(s) with requires_grad=True")
-    elif kind in ("backward-twice", "out-of-memory"):
+    elif kind == "backward-twice":
         seen.append(f"autograd graphs of watched forwards still alive: {ctx.graphs.sentinels}")
-        if kind == "out-of-memory" and torch.cuda.is_available() and torch.cuda.is_initialized():
-            seen.append(f"CUDA memory allocated {torch.cuda.memory_allocated()} bytes, "
-                        f"reserved {torch.cuda.memory_reserved()} bytes")
-    elif kind == "state-dict-keys":
-        seen += _key_prefixes(text)
     elif kind == "nan-in-loss-input":
         seen += _nonfinite_parameters(ctx)
     recent = [f for f in findings if (f.severity or Severity.INFO) >= Severity.WARNING][-3:]
@@ -111,24 +98,3 @@ def _nonfinite_parameters(ctx: WatchContext) -> list[str]:
                      + (f" (first `{bad[0]}`): the weights were already broken" if bad else
                         ": the weights are finite, so the NaN came from this batch or the forward"))
     return lines
-
-
-def _key_prefixes(text: str) -> list[str]:
-    """Missing/unexpected keys from a load_state_dict error, and the prefix that explains them."""
-    def keys(label: str) -> list[str]:
-        m = re.search(label + r" key\(s\) in state_dict: (.*?)(?:\.\s*$|\.\s*\n)", text, re.S | re.M)
-        return re.findall(r'"([^"]+)"', m.group(1)) if m else []
-
-    missing, unexpected = keys("Missing"), keys("Unexpected")
-    lines = [f"{len(missing)} missing key(s), {len(unexpected)} unexpected key(s)"]
-    for have, want, where in ((unexpected, missing, "the checkpoint's keys"), (missing, unexpected, "the model's keys")):
-        if have and want:
-            prefix = _common_prefix(have)
-            if prefix and {k[len(prefix):] for k in have} & set(want):
-                lines.append(f"{where} carry the prefix {prefix!r} that the other side lacks")
-    return lines
-
-
-def _common_prefix(keys: list[str]) -> str:
-    first = keys[0].split(".")[0] + "."
-    return first if all(k.startswith(first) for k in keys) else ""

@@ -228,6 +228,17 @@ class Follower:
             self.tracker.remove()
             self.tracker.roots.clear()
 
+    def adopt_called_models(self) -> None:
+        """Before a crash is explained: with no model found yet (the program died before its first step),
+        watch the outermost modules with parameters that it called, so that the explanation can name them."""
+        ctx = self.session._ctx
+        if not self.discover or ctx is None or ctx.models:
+            return
+        roots = [m for m in self.tracker.alive() if next(m.parameters(), None) is not None]
+        params = [p for m in roots for p in m.parameters()]
+        for model in models_of(params, roots, set()):
+            adopt_model(self.session, model)
+
     def _retire_superseded(self, params: list[torch.Tensor]) -> None:
         """Drop the adopted optimizers whose parameters the new one steps (a new fine-tuning stage)."""
         ctx = self.session._ctx

@@ -20,6 +20,7 @@ from torchdoctor.settings import load_settings
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
 from torchdoctor.wrappers import unwrap, unwrap_optimizer
 from torchdoctor.watch.contract import Event, RuntimeCheck
+from torchdoctor.watch.crash import explain_crash
 from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
 from torchdoctor.watch.follow import Follower
@@ -110,6 +111,7 @@ class WatchSession:
         self.rank_findings: Optional[list[Finding]] = None  # under torch.distributed, on rank 0: every rank's
         self.discover_models = False  # `torchdoctor run`: adopt every optimizer, and find its models
         self._follower: Optional[Follower] = None
+        self.crash_explained_by: list[str] = []  # the pitfalls whose findings explain the exception that ended it
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -179,10 +181,12 @@ class WatchSession:
             return
         self._quiet_raise = exc is not None  # the user's exception must propagate unchanged
         try:
+            if exc is not None and not isinstance(exc, TorchDoctorError):
+                self.crash_explained_by = explain_crash(self, hub, exc)
             hub.dispatch(Event.STOP)
         finally:
             self._hub = None
-            if exc is not None and not isinstance(exc, TorchDoctorError):
+            if exc is not None and not isinstance(exc, TorchDoctorError) and not self.crash_explained_by:
                 try:
                     self.diagnosis = diagnose_exception(exc, ctx, self.findings)
                 except Exception:  # diagnosing must never replace the user's error
@@ -288,6 +292,8 @@ class WatchSession:
         }
         if self._follower is not None:
             facts.update(self._follower.facts())
+        if self.crash_explained_by:
+            facts["crash_explained_by"] = list(self.crash_explained_by)
         if self.hook_errors:
             facts["hooks_failed"] = list(self.hook_errors)
         if self.diagnosis is not None:
