@@ -112,7 +112,9 @@ class OutOfMemory(RuntimeCheck):
         optimizers = "/".join(dict.fromkeys(held.optimizer_kinds)) or "none watched"
         parts = [f"parameters {byte_size(held.params)}", f"gradients {byte_size(held.grads)}",
                  f"optimizer state ({optimizers}) {byte_size(held.optimizer_state)}"]
-        if device.type == "cpu":
+        import torch
+
+        if not isinstance(exc, torch.OutOfMemoryError):  # the CPU allocator's error
             return self._cpu(device, requested, parts, biggest, largest)
         mem = evidence.cuda_memory(device)
         others = evidence.other_gpu_processes(device)

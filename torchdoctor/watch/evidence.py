@@ -222,9 +222,9 @@ def other_gpu_processes(device: torch.device) -> list[tuple[int, Optional[int]]]
             pass
 
 
-def largest_tensors(device: torch.device, n: int = 3) -> list[tuple[tuple[int, ...], str, int]]:
-    """(shape, dtype, bytes) of the `n` largest tensors alive on `device` (a pass over the collector's
-    objects: only after a crash)."""
+def largest_tensors(device: torch.device, n: int = 3, at_least: int = 1 << 20) -> list[tuple[tuple[int, ...], str, int]]:
+    """(shape, dtype, bytes) of the `n` largest tensors of `at_least` bytes alive on `device` (a pass over the
+    collector's objects: only after a crash)."""
     sizes: dict[tuple[Any, ...], tuple[tuple[int, ...], str, int]] = {}
     tensors = [obj for obj in gc.get_objects() if issubclass(type(obj), torch.Tensor)]  # no __class__ lookups
     for obj in tensors:
@@ -232,7 +232,7 @@ def largest_tensors(device: torch.device, n: int = 3) -> list[tuple[tuple[int, .
             if obj.device == device and not obj.is_meta:
                 nbytes = obj.untyped_storage().nbytes()
                 key = _storage_key(obj)
-                if nbytes and (key not in sizes or sizes[key][2] < nbytes):
+                if nbytes >= at_least and (key not in sizes or sizes[key][2] < nbytes):
                     sizes[key] = (tuple(obj.shape), str(obj.dtype).replace("torch.", ""), nbytes)
         except Exception:
             continue

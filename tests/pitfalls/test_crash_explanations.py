@@ -1,0 +1,238 @@
+"""Crash explanations (the CRASH event): each fires on a real tiny program that raises its error, or on a
+stand-in for CUDA's allocator and NVML, and stays out of the way of unrelated exceptions."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torchdoctor
+from torchdoctor.watch import evidence
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def crash(model, optimizer, body, **kwargs):
+    """Run `body` in a watch session; the session and the exception that ended it."""
+    s = torchdoctor.watch(model, optimizer, on_finding=lambda f: None, report=False, **kwargs)
+    with pytest.raises(BaseException) as info:
+        with s:
+            body()
+    return s, info.value
+
+
+def names(s) -> list[str]:
+    return [f.name for f in s.findings]
+
+
+def _steps(model, optimizer, n=2, zero=True):
+    for _ in range(n):
+        if zero:
+            optimizer.zero_grad()
+        nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).backward()
+        optimizer.step()
+
+
+# -- out-of-memory -------------------------------------------------------------------------------------
+
+def test_a_broadcast_that_cannot_fit_is_explained_as_a_shape_mistake():
+    model = nn.Linear(8, 1)
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(2**21, 8), torch.randn(2**21)
+
+    def body():
+        _steps_regression(model, opt, torch.randn(4, 8), torch.randn(4))
+        ((model(x) - y) ** 2).mean()
+
+    s, exc = crash(model, opt, body)
+    assert "can't allocate memory" in str(exc)
+    (finding,) = s.findings
+    assert finding.name == "out-of-memory" and "shape mistake" in finding.message
+    assert "optimizer state (Adam) 72 bytes" in finding.message  # exp_avg and exp_avg_sq of 9 floats
+    assert finding.location.step == 1 and "squeeze(1)" in finding.fix.code
+    assert s.facts["crash_explained_by"] == ["out-of-memory"]
+
+
+def _steps_regression(model, opt, x, y):
+    opt.zero_grad()
+    ((model(x).squeeze(1) - y) ** 2).mean().backward()
+    opt.step()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """CUDA's allocator and NVML stood in for: the 'GPU' is the CPU, where the session's tensors live."""
+    stats = {"memory": evidence.DeviceMemory(allocated=6 << 30, reserved=9 << 30, total=16 << 30, free=1 << 30),
+             "others": [(4242, 5 << 30)]}
+    monkeypatch.setattr(evidence, "oom_device", lambda exc: torch.device("cpu")
+                        if isinstance(exc, torch.OutOfMemoryError) else None)
+    monkeypatch.setattr(evidence, "cuda_memory", lambda device: stats["memory"])
+    monkeypatch.setattr(evidence, "other_gpu_processes", lambda device: stats["others"])
+    return stats
+
+
+def _cuda_oom():
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+                                 "16.00 GiB of which 1.00 GiB is free.")
+
+
+def test_a_cuda_oom_breaks_memory_down_and_ranks_the_fixes(fake_gpu):
+    model = _mlp()
+    opt = torch.optim.Adam(model.parameters())
+
+    def body():
+        _steps(model, opt)  # gradients stay allocated after the last step: zero_grad comes before the next one
+        _cuda_oom()
+
+    s, _ = crash(model, opt, body)
+    (finding,) = s.findings
+    text, fix = finding.message, finding.fix
+    assert "at step 2 allocating 2 GiB" in text and "parameters 780 bytes" in text and "gradients 780 bytes" in text
+    assert "optimizer state (Adam) 1.5 KiB, the rest (activations and temporaries) 6 GiB" in text
+    assert "Reserved by PyTorch but unused by tensors: 3 GiB — more than the failed allocation" in text
+    assert "pid 4242 (5 GiB)" in text
+    # ranked by bytes saved: the other process (5 GiB), activation checkpointing (~4 GiB), fragmentation (3 GiB)
+    assert fix.title.startswith("Ranked by what they would save: 1) ending the other processes on this GPU (~5 GiB); "
+                                "2) activation checkpointing")
+    assert "expandable_segments" in fix.title and fix.code.startswith("nvidia-smi")
+    assert "empty_cache" not in fix.title + fix.code
+
+
+def test_without_other_processes_or_slack_the_activations_lead(fake_gpu):
+    fake_gpu["memory"] = evidence.DeviceMemory(allocated=15 << 30, reserved=15 << 30, total=16 << 30, free=0)
+    fake_gpu["others"] = []
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s, _ = crash(model, opt, lambda: (_steps(model, opt), _cuda_oom()))
+    fix = s.findings[0].fix
+    assert fix.title.startswith("Ranked by what they would save: 1) activation checkpointing")
+    assert "expandable_segments" not in fix.title and "other processes" not in fix.title
+
+
+def test_an_oom_the_program_caught_and_unrelated_errors_are_not_explained(fake_gpu):
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def caught_then_other():
+        try:
+            _cuda_oom()
+        except torch.OutOfMemoryError:
+            pass  # e.g. retry with a smaller batch
+        _steps(model, opt)
+        raise KeyError("missing config key")
+
+    s, exc = crash(model, opt, caught_then_other)
+    assert isinstance(exc, KeyError) and names(s) == [] and "crash_explained_by" not in s.facts
+
+
+# -- device-mismatch -----------------------------------------------------------------------------------
+
+def test_a_batch_left_on_another_device_is_named_with_the_layer():
+    model = _mlp().to("meta")  # meta stands in for cuda: a second device all the same
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body():
+        x = torch.randn(4, 8)
+        x.to("meta")  # the result is dropped
+        model(x)
+
+    s, exc = crash(model, opt, body)
+    (finding,) = s.findings
+    assert finding.name == "device-mismatch"
+    assert "Linear `0` holds its parameters on meta (weight, bias); it was handed `input` on cpu" in finding.message
+    assert finding.location.module == "0" and "x = x.to('meta')" in finding.fix.code
+
+
+def test_a_layer_added_after_the_model_was_moved_is_named():
+    model = _mlp().to("meta")
+    model[2] = nn.Linear(16, 3)  # a new head, created on the CPU after model.to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s, _ = crash(model, opt, lambda: model(torch.randn(4, 8, device="meta")))
+    (finding,) = s.findings
+    assert "Linear `2` holds its parameters on cpu" in finding.message and "`input` on meta" in finding.message
+    assert "Sequential: 2 parameter tensors on meta, 2 parameter tensors on cpu" in finding.message
+
+
+def test_an_error_that_mentions_a_device_without_two_devices_is_left_alone():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body():
+        _steps(model, opt)
+        raise RuntimeError("no CUDA device is available for the benchmark")
+
+    s, _ = crash(model, opt, body)
+    assert names(s) == []
+
+
+# -- state-dict-mismatch (at run time) ------------------------------------------------------------------
+
+def test_a_new_head_of_another_size_is_named_with_the_keys_to_drop():
+    model = _mlp()
+    saved = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 10)).state_dict()
+    s, exc = crash(model, None, lambda: model.load_state_dict(saved))
+    (finding,) = s.findings
+    assert finding.name == "state-dict-mismatch" and "2.weight: dict [10, 16] vs model [3, 16]" in finding.message
+    assert "sd.pop(k)" in finding.fix.code and finding.location.key == "2.weight"
+
+
+def test_a_load_that_succeeds_or_an_unrelated_error_is_quiet():
+    model = _mlp()
+
+    def body():
+        model.load_state_dict(_mlp().state_dict())
+        raise ValueError("bad learning rate")
+
+    s, _ = crash(model, None, body)
+    assert names(s) == []
+
+
+# -- dataloader-worker-died ------------------------------------------------------------------------------
+
+def _worker_died(signal_name: str):
+    """The chain torch raises when a worker dies: the signal handler's error, then the loader's."""
+    try:
+        raise RuntimeError(f"DataLoader worker (pid 1438) is killed by signal: {signal_name}. ")
+    except RuntimeError as inner:
+        raise RuntimeError("DataLoader worker (pid(s) 1438) exited unexpectedly") from inner
+
+
+def test_a_worker_killed_by_a_bus_error_points_at_a_small_dev_shm(monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(64 << 20, 60 << 20, 4 << 20))
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    s, _ = crash(model, opt, lambda: _worker_died("Bus error"))
+    (finding,) = s.findings
+    assert "killed by signal Bus error" in finding.message
+    assert "/dev/shm, through which workers hand over batches, is 64 MiB (4 MiB free now) — Docker's default" \
+        in finding.message and "--shm-size" in finding.fix.code
+
+
+def test_a_worker_killed_by_the_kernel_points_at_ram_and_names_the_loader():
+    from torch.utils.data import DataLoader
+
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(list(range(8)), batch_size=4, num_workers=1)
+
+    def body():
+        iter(loader)  # a pass starts (no batch is needed for the check to know the loader)
+        _worker_died("Killed")
+
+    s, _ = crash(model, opt, body)
+    (finding,) = s.findings
+    assert "(the DataLoader had num_workers=1, batch_size=4): the kernel ended it" in finding.message
+    assert "available now" in finding.message and "num_workers=2" in finding.fix.code
+
+
+def test_a_runtime_error_that_is_not_a_dead_worker_is_left_alone():
+    model = _mlp()
+    s, _ = crash(model, None, lambda: (_ for _ in ()).throw(RuntimeError("worker pool exited")))
+    assert names(s) == []
