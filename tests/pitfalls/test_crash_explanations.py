@@ -236,3 +236,87 @@ def test_a_runtime_error_that_is_not_a_dead_worker_is_left_alone():
     model = _mlp()
     s, _ = crash(model, None, lambda: (_ for _ in ()).throw(RuntimeError("worker pool exited")))
     assert names(s) == []
+
+
+# -- cuda-device-assert ----------------------------------------------------------------------------------
+
+def test_labels_numbered_from_one_are_found_in_the_failing_loss():
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    y = torch.tensor([1, 10, 3, 10])
+    s, exc = crash(model, opt, lambda: nn.functional.cross_entropy(model(torch.randn(4, 8)), y))
+    assert "out of bounds" in str(exc)
+    (finding,) = s.findings
+    assert finding.name == "cuda-device-assert"
+    assert "range from 1 to 10, but the output has 10 classes (valid labels 0..9)" in finding.message
+    assert "numbered from 1" in finding.message and finding.fix.code == "y = y - 1"
+
+
+def test_token_ids_past_the_vocabulary_are_found_in_the_failing_embedding():
+    model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(32, 3))
+    s, _ = crash(model, None, lambda: model(torch.tensor([[1, 2, 3, 57]])))
+    (finding,) = s.findings
+    assert "range from 1 to 57, but it has 50 rows (valid ids 0..49)" in finding.message
+
+
+def test_after_a_cuda_assert_the_batches_seen_explain_it(monkeypatch):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from torchdoctor.checks.cuda_device_assert import CudaDeviceAssert
+
+    monkeypatch.setattr(CudaDeviceAssert, "record_batches", True)  # as on a machine with CUDA
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = TensorDataset(torch.randn(16, 8), torch.arange(16) % 11)  # labels 0..10 for 10 classes
+    loader = DataLoader(data, batch_size=8)
+
+    def body():
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y.clamp(max=9)).backward()  # stands in for the CUDA kernel
+            opt.step()
+        raise RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+                           "reported at some other API call")
+
+    s, _ = crash(model, opt, body)
+    (finding,) = s.findings
+    assert "batch[1] held values up to 10 but Sequential outputs 10 classes (valid labels 0..9)" in finding.message
+    assert "CUDA_LAUNCH_BLOCKING=1" in finding.fix.code
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+    assert _BaseDataLoaderIter.__next__.__name__ == "__next__"  # the recorder is gone with the session
+
+
+def test_an_index_error_of_the_programs_own_is_left_alone():
+    model = _mlp()
+    s, _ = crash(model, None, lambda: [][3])
+    assert names(s) == []
+
+
+# -- collective-timeout ----------------------------------------------------------------------------------
+
+def test_a_timed_out_collective_says_where_this_rank_was(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body():
+        _steps(model, opt, n=3)
+        raise dist.DistBackendError("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, "
+                                    "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
+                                    "milliseconds before timing out.")
+
+    s, _ = crash(model, opt, body)
+    (finding,) = s.findings
+    assert finding.name == "collective-timeout" and finding.location.rank == 1
+    assert finding.message.startswith("Allreduce #42 timed out after 600 s on rank 1 of 2, which had done SGD 3 steps")
+
+
+def test_a_distributed_error_that_is_not_a_timeout_is_left_alone():
+    import torch.distributed as dist
+
+    s, _ = crash(_mlp(), None, lambda: (_ for _ in ()).throw(dist.DistBackendError("NCCL error: unhandled "
+                                                                                    "system error")))
+    assert names(s) == []

@@ -28,18 +28,20 @@ _LAZY = {
     "exchange_for": "torchdoctor.watch.distributed",
     "ddp_over_world": "torchdoctor.watch.distributed",
     "stats_differ": "torchdoctor.watch.distributed",
-    "evidence": "torchdoctor.watch.evidence",  # the module: crash evidence (failing frames, placement, memory)
 }
+# Modules offered whole: `evidence` for crash checks (failing frames, placement, memory held)
+_MODULES = {"evidence": "torchdoctor.watch.evidence"}
 
 __all__ = ["CrashEvent", "Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
-           "ZeroGradEvent", "unwrap", "unwrap_optimizer", "wrapper_chain", *_LAZY]
+           "ZeroGradEvent", "unwrap", "unwrap_optimizer", "wrapper_chain", *_LAZY, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
     """Load the torch-backed services on first use."""
-    if name in _LAZY:
-        import importlib
+    import importlib
 
-        module = importlib.import_module(_LAZY[name])
-        return module if module.__name__.rpartition(".")[2] == name else getattr(module, name)
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'torchdoctor.sdk.runtime' has no attribute {name!r}")
