@@ -169,3 +169,30 @@ def test_parts_called_one_by_one_are_watched_as_the_model_that_holds_them(run_pr
             opt.step()
     """)
     assert [m["label"] for m in result.report.facts["models"]] == ["Task"] and problems(result) == []
+
+
+def test_a_crash_is_explained_first_and_the_exit_status_is_the_programs(run_program):
+    step = GOOD_STEP.replace("    optimizer.zero_grad()\n", "")  # TD301, an error sorted before TD330
+    result = run_program(LOOP.format(step=step) + """
+pred = nn.Linear(8, 1)(torch.randn(2**21, 8))
+((pred - torch.randn(2**21)) ** 2).mean()  # (N, 1) - (N,): terabytes
+""")
+    findings = result.report.sorted_findings()
+    assert [f.name for f in findings] == ["out-of-memory", "missing-zero-grad"]
+    assert result.report.facts["crash_explained_by"] == ["out-of-memory"]
+    assert result.exit_status == 1 and "can't allocate memory" in str(result.outcome.exception)
+    assert result.report.to_dict()["findings"][0]["name"] == "out-of-memory"
+
+
+def test_a_crash_before_the_first_step_names_the_layer_of_the_called_model(run_program):
+    result = run_program("""
+        import torch
+        from torch import nn
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)).to("meta")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(4, 8)
+        x.to("meta")  # dropped
+        model(x)
+    """)
+    (finding,) = result.report.findings
+    assert finding.name == "device-mismatch" and finding.location.module == "0"
