@@ -196,3 +196,24 @@ def test_a_crash_before_the_first_step_names_the_layer_of_the_called_model(run_p
     """)
     (finding,) = result.report.findings
     assert finding.name == "device-mismatch" and finding.location.module == "0"
+
+
+def test_a_part_the_optimizer_leaves_out_is_watched_with_its_model(run_program):
+    # Lightning's shape with configure_optimizers over the head only: the encoder gets gradients, never steps
+    result = run_program("""
+        import torch
+        from torch import nn
+        class Task(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = nn.Sequential(nn.Linear(8, 16), nn.ReLU())
+                self.head = nn.Linear(16, 3)
+        task = Task()
+        opt = torch.optim.Adam(task.head.parameters(), lr=1e-3)
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.cross_entropy(task.head(task.encoder(torch.randn(4, 8))), torch.randint(0, 3, (4,))).backward()
+            opt.step()
+    """)
+    assert [m["label"] for m in result.report.facts["models"]] == ["Task"]
+    assert problems(result) == ["param-not-in-optimizer"]

@@ -87,9 +87,14 @@ def _forget(roots: dict[int, Any], key: int, ref: Any) -> None:
 
 def models_of(params: list[torch.Tensor], roots: list[nn.Module], known: set[int]) -> list[nn.Module]:
     """The outermost of `roots` that hold any of `params` (a module inside another candidate is dropped),
-    leaving out those whose unwrapped model is in `known` (ids)."""
+    with the roots whose parameters hold gradients (the same backward reached them; an optimizer that
+    leaves them out is a finding), leaving out those whose unwrapped model is in `known` (ids). Parts of one
+    model called one by one are replaced by the model that holds them all."""
     ids = {id(p) for p in params}
     candidates = [m for m in roots if id(unwrap(m)[0]) not in known and any(id(p) in ids for p in m.parameters())]
+    if candidates:  # modules called alongside that got gradients too (trained by this backward, stepped or not)
+        candidates += [m for m in roots if m not in candidates and id(unwrap(m)[0]) not in known
+                       and any(p.grad is not None and p.requires_grad for p in m.parameters())]
     inside = {id(sub) for m in candidates for sub in m.modules() if sub is not m}
     outermost = [m for m in candidates if id(m) not in inside]
     if len(outermost) > 1:  # parts of one model called one by one (Lightning's training_step): the model
