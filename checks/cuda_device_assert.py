@@ -117,7 +117,7 @@ class CudaDeviceAssert(RuntimeCheck):
                 pass  # evidence only: never in the way of the batch
             return batch
 
-        _BaseDataLoaderIter.__next__ = recording_next  # type: ignore[method-assign]
+        _BaseDataLoaderIter.__next__ = recording_next  # type: ignore[method-assign,assignment]
         self.ctx.hooks.add(Restore(_BaseDataLoaderIter, "__next__", recording_next, original))
 
     def on_forward(self, event: ForwardEvent) -> None:

@@ -184,7 +184,7 @@ class StateDictMismatchAtLoad(RuntimeCheck):
             names = ", ".join(repr(k) for k, _, _ in m.shape[:8])
             fix = f"{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n" \
                   "model.load_state_dict(sd, strict=False)"
-        first = (m.missing or m.unexpected or [k for k, _, _ in m.shape] or m.matched or [None])[0]
+        first = next(iter(m.missing or m.unexpected or [k for k, _, _ in m.shape] or m.matched), None)
         yield Finding(f"load_state_dict into {type(model).__name__} failed{mapped}: " + "; ".join(parts) + ".",
                       fix=fix, location=Location(module=name, key=first))
 

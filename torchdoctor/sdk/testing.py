@@ -67,10 +67,10 @@ def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
 
 def _explains_crashes(pitfall: Pitfall) -> bool:
     """Whether the pitfall's runtime detector handles the CRASH event (its Bad example raises)."""
-    from torchdoctor.watch.contract import Event
+    from torchdoctor.watch.contract import Event, RuntimeCheck
 
     check = pitfall.detectors.get(Scope.RUNTIME)
-    return isinstance(check, type) and Event.CRASH in check.subscribed_events()
+    return isinstance(check, type) and issubclass(check, RuntimeCheck) and Event.CRASH in check.subscribed_events()
 
 
 def _check_files(pitfall: Pitfall, example: Example) -> list[Finding]:

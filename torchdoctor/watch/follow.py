@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -85,7 +85,7 @@ def _forget(roots: dict[int, Any], key: int, ref: Any) -> None:
         del roots[key]
 
 
-def models_of(params: list[torch.Tensor], roots: list[nn.Module], known: set[int]) -> list[nn.Module]:
+def models_of(params: Sequence[torch.Tensor], roots: list[nn.Module], known: set[int]) -> list[nn.Module]:
     """The outermost of `roots` that hold any of `params` (a module inside another candidate is dropped),
     with the roots whose parameters hold gradients (the same backward reached them; an optimizer that
     leaves them out is a finding), leaving out those whose unwrapped model is in `known` (ids). Parts of one
