@@ -67,7 +67,7 @@ def _run(program: "Target", select: tuple[str, ...], ignore: tuple[str, ...], fa
                 out.write(to_json(report) + "\n")
         except OSError as exc:
             click.echo(f"torchdoctor: warning: could not write the report to {report_file}: {exc}", err=True)
-    if _reports_here():
+    if result.print_here:  # under torchrun, rank 0 prints every rank's findings
         render_console(report, make_console(stderr=True), fail_on=report.fail_on, facts_view=facts_view)
     if outcome.exit_message is not None:
         click.echo(outcome.exit_message, err=True)
@@ -79,9 +79,3 @@ def _run(program: "Target", select: tuple[str, ...], ignore: tuple[str, ...], fa
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(result.exit_status)
 
-
-def _reports_here() -> bool:
-    """Every rank prints its own report (each names its rank); TORCHDOCTOR_RUN_RANKS=0 keeps rank 0's only."""
-    rank = os.environ.get("RANK")
-    only = os.environ.get("TORCHDOCTOR_RUN_RANKS")
-    return rank is None or only is None or rank in only.split(",")

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 
 from torchdoctor.findings import Finding
 from torchdoctor.report import Report
+from torchdoctor.run.ranks import exchange
 from torchdoctor.run.script import Outcome, Target, run_target
 
 
@@ -25,6 +26,7 @@ class RunResult:
 
     outcome: Outcome
     report: RunReport
+    print_here: bool = True  # False on a rank whose findings went to rank 0's report
 
     @property
     def exit_status(self) -> int:
@@ -57,6 +59,17 @@ def run_script(target: Target, *, select: Sequence[str] = (), ignore: Sequence[s
         facts["program"]["rank"] = int(rank) if rank.isdigit() else rank
     findings = session.findings if session.rank_findings is None else session.rank_findings
     subject = target.label + (f" (rank {rank})" if "rank" in facts["program"] else "")
+    answer = exchange(findings, outcome.status) if "rank" in facts["program"] else None
+    if answer is not None and answer.get("sent"):
+        report = RunReport(scope="run", findings=findings, facts=facts, subject=subject, fail_on=settings.fail_on)
+        return RunResult(outcome, report, print_here=False)
+    if answer is not None:  # rank 0 of several: every rank's findings, folded
+        from torchdoctor.watch.distributed import merge_ranks
+
+        findings = merge_ranks(answer["received"])
+        facts["ranks"] = {"reported": sorted(answer["received"]), "missing": answer["missing"],
+                          "exit_status": answer["status"]}
+        subject = f"{target.label} ({len(answer['received'])} of {len(answer['received']) + len(answer['missing'])} ranks)"
     report = RunReport(scope="run", findings=findings, facts=facts, subject=subject, fail_on=settings.fail_on)
     return RunResult(outcome, report)
 

@@ -19,6 +19,11 @@ def facts_view(facts: dict[str, Any]) -> RenderableType:
                                                  (f"  {ended}", "dim"))]
     if not facts.get("optimizers") and not facts.get("retired_optimizers"):
         lines.append(Text("  no optimizer stepped: the training checks had nothing to watch", style="yellow"))
+    ranks = facts.get("ranks")
+    if ranks:
+        lines.append(Text.assemble(("  ranks ", "dim"), f"{len(ranks['reported'])} reported",
+                                   (f", missing {', '.join(map(str, ranks['missing']))} (died or unreachable)"
+                                    if ranks["missing"] else "", "yellow")))
     lines.append(watch_view(facts))
     for o in facts.get("retired_optimizers", []):
         lines.append(Text.assemble(("  optimizer ", "dim"), o["label"], (f"  {o['steps']} steps, then replaced",
