@@ -62,6 +62,7 @@ def test_a_planted_missing_zero_grad_is_caught_at_the_step_watch_catches_it(run_
     assert finding.location.step == 1  # watch(model, optimizer) reports it at step 1 too
     assert result.exit_status == 1  # the program succeeded; an error finding under fail-on=error
     assert run_program(LOOP.format(step=step), fail_on="never").exit_status == 0
+    assert run_program(LOOP.format(step=step) + "raise SystemExit(7)\n").exit_status == 7  # the program's own wins
     assert problems(run_program(LOOP.format(step=step), ignore=["missing-zero-grad"])) == []
 
 
