@@ -320,3 +320,27 @@ def test_a_distributed_error_that_is_not_a_timeout_is_left_alone():
     s, _ = crash(_mlp(), None, lambda: (_ for _ in ()).throw(dist.DistBackendError("NCCL error: unhandled "
                                                                                     "system error")))
     assert names(s) == []
+
+
+# -- dtype-mismatch --------------------------------------------------------------------------------------
+
+def test_numpy_float64_data_into_a_float32_model_is_named():
+    import numpy as np
+
+    model = _mlp()
+    s, exc = crash(model, None, lambda: model(torch.from_numpy(np.random.rand(4, 8))))
+    (finding,) = s.findings
+    assert finding.name == "dtype-mismatch" and "`input` as float64" in finding.message
+    assert "torch.from_numpy(array).to(torch.float32)" in finding.fix.code
+
+
+def test_an_error_about_dtypes_with_one_dtype_in_sight_is_left_alone():
+    model = _mlp()
+
+    def body():
+        x = torch.randn(4, 8)
+        model(x)
+        raise TypeError("expected dtype float32 for the config value")
+
+    s, _ = crash(model, None, body)
+    assert names(s) == []

@@ -7,7 +7,6 @@ that a pitfall explains (out-of-memory, device-mismatch, state-dict-mismatch, ..
 from __future__ import annotations
 
 import re
-from collections import Counter
 from typing import Any, Optional
 
 import torch
@@ -16,7 +15,6 @@ from torchdoctor.findings import Finding, Severity
 from torchdoctor.watch.context import WatchContext
 
 _KINDS = [
-    ("dtype-mismatch", re.compile(r"expected scalar type|same dtype|dtype mismatch|expected .* dtype|Found dtype", re.I)),
     ("backward-twice", re.compile(r"backward through the graph a second time")),
     ("inplace-modified", re.compile(r"modified by an inplace operation")),
     ("no-grad", re.compile(r"does not require grad and does not have a grad_fn")),
@@ -26,8 +24,6 @@ _KINDS = [
 ]
 
 _ADVICE = {
-    "dtype-mismatch": "Cast inputs to the parameters' dtype (`x = x.to(next(model.parameters()).dtype)`), or run the "
-                      "mixed-precision part under `torch.autocast`.",
     "backward-twice": "A tensor from an earlier step (an RNN hidden state, a running loss) is still attached to its "
                       "graph: detach it each step (`h = h.detach()`, `total += loss.item()`). Use retain_graph=True "
                       "only when you really back-propagate the same graph twice.",
@@ -51,9 +47,7 @@ def diagnose_exception(exc: BaseException, ctx: WatchContext, findings: list[Fin
     seen: list[str] = [f"the error came at step {ctx.step}"
                        + (f" (completed steps: {', '.join(f'{wo.label} {wo.steps}' for wo in ctx.optimizers)})"
                           if ctx.optimizers else "")]
-    if kind == "dtype-mismatch":
-        seen += _placement(ctx)
-    elif kind == "no-grad" and ctx.last_forward is not None:
+    if kind == "no-grad" and ctx.last_forward is not None:
         lf = ctx.last_forward
         mode = "inference_mode" if lf.inference_mode else ("grad enabled" if lf.grad_enabled else "torch.no_grad()")
         seen.append(f"the last forward of {lf.label} ran in {'train' if lf.training else 'eval'}() mode under {mode}")
@@ -69,23 +63,6 @@ def diagnose_exception(exc: BaseException, ctx: WatchContext, findings: list[Fin
         seen.append("findings before the error: " + "; ".join(f"{f.code} {f.name}" for f in recent))
     return {"error": f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}", "kind": kind,
             "seen": seen, "advice": _ADVICE[kind]}
-
-
-def _placement(ctx: WatchContext) -> list[str]:
-    """Where parameters and optimizer state live, e.g. 'Net parameters: 4 on cpu/torch.float32'."""
-    lines = []
-    for wm in ctx.models:
-        where = Counter(f"{p.device}/{p.dtype}" for p in wm.inner.parameters())
-        lines.append(f"{wm.label} parameters: " + ", ".join(f"{n} on {k}" for k, n in where.items()))
-        buffers = Counter(f"{b.device}/{b.dtype}" for b in wm.inner.buffers())
-        if buffers:
-            lines.append(f"{wm.label} buffers: " + ", ".join(f"{n} on {k}" for k, n in buffers.items()))
-    for wo in ctx.optimizers:
-        state = Counter(f"{v.device}/{v.dtype}" for s in wo.optimizer.state.values() for v in s.values()
-                        if isinstance(v, torch.Tensor) and v.dim() > 0)
-        if state:
-            lines.append(f"{wo.label} state: " + ", ".join(f"{n} on {k}" for k, n in state.items()))
-    return lines
 
 
 def _nonfinite_parameters(ctx: WatchContext) -> list[str]:
