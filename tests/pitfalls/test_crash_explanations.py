@@ -344,3 +344,28 @@ def test_an_error_about_dtypes_with_one_dtype_in_sight_is_left_alone():
 
     s, _ = crash(model, None, body)
     assert names(s) == []
+
+
+# -- backward-without-graph ------------------------------------------------------------------------------
+
+def test_a_frozen_model_and_a_rebuilt_loss_are_told_apart():
+    model = _mlp().requires_grad_(False)
+    s, _ = crash(model, None, lambda: nn.functional.cross_entropy(model(torch.randn(4, 8)),
+                                                                  torch.randint(0, 3, (4,))).backward())
+    assert "the model is frozen" in s.findings[0].message and "requires_grad_(True)" in s.findings[0].fix.code
+    model = _mlp()
+    s, _ = crash(model, None, lambda: torch.tensor(nn.functional.cross_entropy(
+        model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).item()).backward())
+    assert "rebuilt from values without a graph" in s.findings[0].message
+
+
+def test_other_autograd_errors_are_not_this_pitfalls():
+    model = _mlp()
+
+    def body():
+        loss = nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,)))
+        loss.backward()
+        loss.backward()  # backward through the graph a second time
+
+    s, _ = crash(model, None, body)
+    assert "backward-without-graph" not in names(s)

@@ -78,9 +78,10 @@ def test_backward_of_a_loss_computed_under_no_grad():
         loss.backward()
 
     s, _ = _raises_through(model, opt, body)
-    assert s.diagnosis["kind"] == "no-grad"
-    assert "the last forward of Sequential ran in train() mode under torch.no_grad()" in s.diagnosis["seen"]
-    assert "Sequential has 4 parameter tensor(s) with requires_grad=True" in s.diagnosis["seen"]
+    (finding,) = s.findings
+    assert finding.name == "backward-without-graph" and "the forward ran without gradients" in finding.message
+    assert "the last forward of Sequential ran with torch.no_grad()" in finding.message
+    assert "Sequential has 4 of 4 parameter tensors with requires_grad=True" in finding.message
 
 
 def test_load_state_dict_with_a_wrapper_prefix_is_explained_by_the_pitfall():

@@ -17,7 +17,6 @@ from torchdoctor.watch.context import WatchContext
 _KINDS = [
     ("backward-twice", re.compile(r"backward through the graph a second time")),
     ("inplace-modified", re.compile(r"modified by an inplace operation")),
-    ("no-grad", re.compile(r"does not require grad and does not have a grad_fn")),
     # binary_cross_entropy (CPU message, CUDA device assertion) and multinomial/bernoulli fed NaN probabilities
     ("nan-in-loss-input", re.compile(r"elements of input should be between 0 and 1|input_val >= zero && input_val <= one"
                                      r"|probability tensor contains either `inf`, `nan`|p_in >= 0 && p_in <= 1")),
@@ -30,8 +29,6 @@ _ADVICE = {
     "inplace-modified": "A tensor saved for backward was changed in place (`x += ...`, `relu(inplace=True)`, or "
                         "optimizer.step() between a forward and its backward, as in GANs). Run once under "
                         "`torch.autograd.set_detect_anomaly(True)` to get the forward line that saved it.",
-    "no-grad": "The loss has no graph: the forward ran under torch.no_grad()/inference_mode, the parameters are "
-               "frozen, or the loss was rebuilt from `.item()`/`.detach()` values.",
     "nan-in-loss-input": "The loss (or sampling) received NaN or values outside [0, 1]: usually NaN from the forward, "
                          "which in turn comes from NaN weights or inputs. Use BCEWithLogitsLoss on raw logits "
                          "(numerically safe), and run `torchdoctor.watch` (nonfinite-values) to find where NaN began.",
@@ -47,14 +44,7 @@ def diagnose_exception(exc: BaseException, ctx: WatchContext, findings: list[Fin
     seen: list[str] = [f"the error came at step {ctx.step}"
                        + (f" (completed steps: {', '.join(f'{wo.label} {wo.steps}' for wo in ctx.optimizers)})"
                           if ctx.optimizers else "")]
-    if kind == "no-grad" and ctx.last_forward is not None:
-        lf = ctx.last_forward
-        mode = "inference_mode" if lf.inference_mode else ("grad enabled" if lf.grad_enabled else "torch.no_grad()")
-        seen.append(f"the last forward of {lf.label} ran in {'train' if lf.training else 'eval'}() mode under {mode}")
-        for wm in ctx.models:
-            trainable = sum(p.requires_grad for p in wm.inner.parameters())
-            seen.append(f"{wm.label} has {trainable} parameter tensor(s) with requires_grad=True")
-    elif kind == "backward-twice":
+    if kind == "backward-twice":
         seen.append(f"autograd graphs of watched forwards still alive: {ctx.graphs.sentinels}")
     elif kind == "nan-in-loss-input":
         seen += _nonfinite_parameters(ctx)
