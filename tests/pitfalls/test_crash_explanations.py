@@ -369,3 +369,22 @@ def test_other_autograd_errors_are_not_this_pitfalls():
 
     s, _ = crash(model, None, body)
     assert "backward-without-graph" not in names(s)
+
+
+# -- nan-in-loss-input -----------------------------------------------------------------------------------
+
+def test_raw_scores_into_bce_and_broken_weights_are_told_apart():
+    model = nn.Sequential(nn.Linear(8, 1))
+    x, y = torch.randn(16, 8) * 10, torch.rand(16, 1).round()
+    s, _ = crash(model, None, lambda: nn.functional.binary_cross_entropy(model(x), y))
+    assert "raw scores, not probabilities" in s.findings[0].message
+    assert "binary_cross_entropy_with_logits" in s.findings[0].fix.code
+    with torch.no_grad():
+        model[0].weight[0, 0] = float("nan")
+    s, _ = crash(model, None, lambda: nn.functional.binary_cross_entropy(torch.sigmoid(model(x)), y))
+    assert "the weights already hold NaN/Inf (Sequential `0.weight`)" in s.findings[0].message
+
+
+def test_a_sampling_call_with_valid_probabilities_that_fails_otherwise_is_left_alone():
+    s, _ = crash(_mlp(), None, lambda: torch.multinomial(torch.tensor([0.5, 0.5]), 3))  # too many samples
+    assert names(s) == []
