@@ -388,3 +388,39 @@ def test_raw_scores_into_bce_and_broken_weights_are_told_apart():
 def test_a_sampling_call_with_valid_probabilities_that_fails_otherwise_is_left_alone():
     s, _ = crash(_mlp(), None, lambda: torch.multinomial(torch.tensor([0.5, 0.5]), 3))  # too many samples
     assert names(s) == []
+
+
+# -- backward-through-freed-graph, inplace-modified-for-backward ----------------------------------------
+
+def test_a_running_loss_kept_with_its_graph_is_named():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body():
+        total = 0
+        for _ in range(2):
+            opt.zero_grad()
+            total = total + nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,)))
+            total.backward()  # back-propagates the first step's graph again
+            opt.step()
+
+    s, _ = crash(model, opt, body)
+    (finding,) = s.findings
+    assert "`total`" in finding.message and finding.fix.code.startswith("total = total.detach()")
+
+
+def test_a_step_between_a_forward_and_its_backward_names_the_weight():
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def body():
+        out = model(torch.randn(4, 8))
+        first = out.sum()
+        first.backward(retain_graph=True)
+        opt.step()  # changes the weights the second loss goes through
+        (out ** 2).sum().backward()
+
+    s, _ = crash(model, opt, body)
+    (finding,) = s.findings
+    assert finding.name == "inplace-modified-for-backward"
+    assert "it has the shape of Sequential `2.weight`" in finding.message and finding.location.param == "2.weight"

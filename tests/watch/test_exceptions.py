@@ -1,4 +1,5 @@
-"""Exception diagnosis: known PyTorch errors propagate unchanged and the report says what the session saw."""
+"""Crash explanations inside watch: known PyTorch errors propagate unchanged and the report's findings explain
+them from what the session saw (the CRASH event; tests/pitfalls/test_crash_explanations.py has each pitfall)."""
 from __future__ import annotations
 
 import pytest
@@ -35,7 +36,6 @@ def test_dtype_mismatch_is_explained_by_the_pitfall_and_the_exception_is_the_sam
     (finding,) = s.findings
     assert finding.name == "dtype-mismatch" and finding.location.step == 1 and finding.location.module == "0"
     assert "Linear `0` holds float32 parameters (weight, bias); it was handed `input` as float64" in finding.message
-    assert s.diagnosis is None
 
 
 def test_backward_twice_and_the_live_graph_count():
@@ -50,8 +50,8 @@ def test_backward_twice_and_the_live_graph_count():
 
     s, exc = _raises_through(model, opt, body)
     assert "a second time" in str(exc)
-    assert s.diagnosis["kind"] == "backward-twice" and "detach" in s.diagnosis["advice"]
-    assert "autograd graphs of watched forwards still alive: 1" in s.diagnosis["seen"]
+    (finding,) = s.findings
+    assert finding.name == "backward-through-freed-graph" and ".detach()" in finding.fix.code
 
 
 def test_inplace_modification_advises_anomaly_mode():
@@ -64,7 +64,9 @@ def test_inplace_modification_advises_anomaly_mode():
         out.sum().backward()
 
     s, _ = _raises_through(model, opt, body)
-    assert s.diagnosis["kind"] == "inplace-modified" and "set_detect_anomaly" in s.diagnosis["advice"]
+    (finding,) = s.findings
+    assert finding.name == "inplace-modified-for-backward" and "an activation was modified" in finding.message
+    assert "set_detect_anomaly" in finding.fix.code
 
 
 def test_backward_of_a_loss_computed_under_no_grad():
@@ -94,10 +96,10 @@ def test_load_state_dict_with_a_wrapper_prefix_is_explained_by_the_pitfall():
     s, _ = _raises_through(model, None, body)
     (finding,) = s.findings
     assert finding.name == "state-dict-mismatch" and "prefix 'module.'" in finding.message
-    assert s.diagnosis is None and s.facts["crash_explained_by"] == ["state-dict-mismatch"]
+    assert s.facts["crash_explained_by"] == ["state-dict-mismatch"]
 
 
-def test_findings_before_the_error_are_part_of_the_diagnosis_and_the_report(capsys):
+def test_the_printed_report_leads_with_the_explanation_and_keeps_earlier_findings(capsys):
     import torchdoctor
 
     model = mlp()
@@ -109,10 +111,11 @@ def test_findings_before_the_error_are_part_of_the_diagnosis_and_the_report(caps
                 train_step(model, opt, x, y, zero=False)
             loss = nn.functional.cross_entropy(model(x), y)
             loss.backward()
-            loss.backward()  # a second time: no pitfall explains it yet, the diagnosis does
-    assert "findings before the error: TD301 missing-zero-grad" in s.diagnosis["seen"]
+            loss.backward()
+    assert sorted(f.name for f in s.findings) == ["backward-through-freed-graph", "missing-zero-grad"]
+    assert s.facts["crash_explained_by"] == ["backward-through-freed-graph"]
     err = capsys.readouterr().err
-    assert "The watched code raised RuntimeError" in err and "fix:" in err
+    assert "TD338 backward-through-freed-graph" in err and "TD301 missing-zero-grad" in err
 
 
 def test_raise_mode_never_replaces_the_users_exception(monkeypatch):
@@ -132,9 +135,9 @@ def test_raise_mode_never_replaces_the_users_exception(monkeypatch):
             pass  # without a user exception, "raise" applies at exit too
 
 
-def test_unknown_errors_get_no_diagnosis():
+def test_unknown_errors_are_not_explained():
     s, _ = _raises_through(mlp(), None, lambda: (_ for _ in ()).throw(KeyError("x")))
-    assert s.diagnosis is None and "exception" not in s.facts
+    assert s.findings == [] and "crash_explained_by" not in s.facts
 
 
 def test_device_mismatch_is_explained_by_the_pitfall():
@@ -143,7 +146,7 @@ def test_device_mismatch_is_explained_by_the_pitfall():
     assert "expected device" in str(exc)
     (finding,) = s.findings
     assert finding.name == "device-mismatch" and "`input` on meta" in finding.message
-    assert finding.location.module == "0" and s.diagnosis is None
+    assert finding.location.module == "0"
 
 
 def test_out_of_memory_is_explained_with_the_live_graphs(monkeypatch):

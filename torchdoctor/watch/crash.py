@@ -16,7 +16,10 @@ def explain_crash(session: "WatchSession", hub: "EventHub", exc: BaseException) 
     not warned about (the report that follows leads with them); a callable `on_finding` still gets them."""
     before = set(session._found)
     if session._follower is not None:
-        session._follower.adopt_called_models()
+        try:
+            session._follower.adopt_called_models()
+        except Exception:  # evidence only: never in the way of the user's exception
+            pass
     mode = session.on_finding
     if not callable(mode):
         session.on_finding = _quiet

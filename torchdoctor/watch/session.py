@@ -21,7 +21,6 @@ from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimiz
 from torchdoctor.wrappers import unwrap, unwrap_optimizer
 from torchdoctor.watch.contract import Event, RuntimeCheck
 from torchdoctor.watch.crash import explain_crash
-from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
 from torchdoctor.watch.follow import Follower
 from torchdoctor.watch.graphs import GraphTracker
@@ -104,7 +103,6 @@ class WatchSession:
         self._ctx: Optional[WatchContext] = None
         self._hub: Optional[EventHub] = None
         self._quiet_raise = False
-        self.diagnosis: Optional[dict[str, Any]] = None
         self.facts: dict[str, Any] = {}
         self._enabled: list[str] = []
         self.hook_errors: list[str] = []  # the hooks that could not be installed, and the checks that are off
@@ -186,11 +184,6 @@ class WatchSession:
             hub.dispatch(Event.STOP)
         finally:
             self._hub = None
-            if exc is not None and not isinstance(exc, TorchDoctorError) and not self.crash_explained_by:
-                try:
-                    self.diagnosis = diagnose_exception(exc, ctx, self.findings)
-                except Exception:  # diagnosing must never replace the user's error
-                    self.diagnosis = None
             ctx.hooks.remove_all()
             ctx.graphs.stop()
             self.facts = self._facts(ctx)
@@ -296,8 +289,6 @@ class WatchSession:
             facts["crash_explained_by"] = list(self.crash_explained_by)
         if self.hook_errors:
             facts["hooks_failed"] = list(self.hook_errors)
-        if self.diagnosis is not None:
-            facts["exception"] = self.diagnosis
         return facts
 
     def _print_report(self) -> None:
