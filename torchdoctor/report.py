@@ -34,7 +34,9 @@ class Report:
     fail_on: str = DEFAULT_FAIL_ON  # the threshold of `exit_code()` (one of settings.FAIL_ON)
 
     def sorted_findings(self) -> list[Finding]:
-        return sorted(self.findings, key=lambda f: (-int(f.severity or 0), f.code))
+        """Errors first, then warnings, then notes; the findings that explain a crash lead (runtime reports)."""
+        crash = set(self.facts.get("crash_explained_by", ()))
+        return sorted(self.findings, key=lambda f: (f.name not in crash, -int(f.severity or 0), f.code))
 
     def counts(self) -> dict[Severity, int]:
         out = {s: 0 for s in Severity}

@@ -186,3 +186,17 @@ def test_a_nan_that_makes_the_loss_raise_is_diagnosed_with_the_state_of_the_weig
     assert finding.name == "nan-in-loss-input" and finding.location.step == 2
     assert "the input holds 16 NaN value(s) while the weights are finite: the NaN came from this batch" \
         in finding.message
+
+
+def test_the_explanation_is_the_reports_first_finding():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batches(1)[0]
+
+    def body():
+        for _ in range(2):
+            train_step(model, opt, x, y, zero=False)  # TD301, an error with a lower code than the crash's
+        model(x.double())
+
+    s, _ = _raises_through(model, opt, body)
+    assert [f.name for f in s.report().sorted_findings()] == ["dtype-mismatch", "missing-zero-grad"]

@@ -6,18 +6,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from torchdoctor.findings import Finding
 from torchdoctor.report import Report
 from torchdoctor.run.ranks import exchange
 from torchdoctor.run.script import Outcome, Target, run_target
 
 
 class RunReport(Report):
-    """A run's report: the findings that explain how the program crashed come first."""
-
-    def sorted_findings(self) -> list[Finding]:
-        crash = set(self.facts.get("crash_explained_by", []))
-        return sorted(super().sorted_findings(), key=lambda f: f.name not in crash)
+    """A run's report (scope ``run``); as every runtime report, the findings that explain a crash come first."""
 
 
 @dataclass
