@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Location, Pitfall, Severity
 from torchdoctor.sdk.checkpoint import CheckpointInfo, Match, best_match, show_path, wrapper_prefix
+from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
 from ._ckptutil import MODEL_SETUP, load_line
 
@@ -37,6 +38,8 @@ STATE_DICT_MISMATCH = Pitfall(
             model.load_state_dict(torch.load("ckpt.pt"), strict=False)  # loads layer 0; the head silently stays random
         """,
         setup="import torch\nfrom torch import nn\n",
+        unseen={"runtime": "strict=False loads without an error; at run time the check explains a "
+                           "`load_state_dict` that raises"},
     ),
     good=Example(
         """
@@ -45,7 +48,17 @@ STATE_DICT_MISMATCH = Pitfall(
             model.load_state_dict(torch.load("ckpt.pt"))  # strict: a missing or unexpected key raises
         """,
         setup=MODEL_SETUP,
+        unseen={"runtime": "nothing raises"},
     ),
+    details={
+        "runtime": """
+            When the watched code (or the program, under `torchdoctor run`) dies in `load_state_dict`, the
+            check takes the model and the state dict from the failing call's frame and compares their keys,
+            shapes and dtypes as `check-ckpt --model` does, after the same remaps (wrapper prefixes such as
+            `module.` and `_orig_mod.`, the model's own prefix), so the fix is the exact remap. Quiet for any
+            other error.
+        """,
+    },
 )
 
 
@@ -124,3 +137,59 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
             location=Location(file=info.path, key=m.matched[0] if m.matched else None),
             severity=Severity.WARNING,
         )
+
+
+@STATE_DICT_MISMATCH.runtime
+class StateDictMismatchAtLoad(RuntimeCheck):
+    """At a crash in ``load_state_dict``: the model and the dict from the failing frame, compared key by key."""
+
+    def on_crash(self, event: CrashEvent) -> Iterator[Finding]:
+        from torchdoctor.sdk.checkpoint import ModelKeys, StateDict, TensorMeta
+        from torchdoctor.sdk.runtime import evidence
+
+        load = next((f for f in reversed(evidence.frames(event.exception))
+                     if f.f_code.co_name == "load_state_dict" and isinstance(f.f_locals.get("state_dict"), dict)
+                     and hasattr(f.f_locals.get("self"), "state_dict")), None)
+        if load is None:
+            return
+        model, given = load.f_locals["self"], load.f_locals["state_dict"]
+        model_entries = {k: _meta(v) for k, v in model.state_dict().items()}
+        tensors = {k: TensorMeta(dtype, shape, (), None) for k, (shape, dtype) in
+                   ((k, _meta(v)) for k, v in given.items() if hasattr(v, "shape"))}
+        m = best_match([StateDict((), tensors)], ModelKeys(type(model).__name__, model_entries))
+        remap = _remap_snippet(m) if m is not None else ""
+        if m is None or (m.clean and not remap):
+            return
+        parts = []
+        if m.strip and not m.add:
+            who = WRAPPER_PREFIXES.get(m.strip)
+            parts.append(f"every key of the dict carries the prefix '{m.strip}'"
+                         + (f" (added by {who})" if who else "") + " that the model's keys lack")
+        elif m.add and not m.strip:
+            parts.append(f"the model's keys carry the prefix '{m.add}' that the dict's keys lack")
+        if m.missing:
+            parts.append(f"{len(m.missing)} model key(s) missing from the dict: {_few(m.missing)}")
+        if m.unexpected:
+            parts.append(f"{len(m.unexpected)} key(s) of the dict not in the model: {_few(m.unexpected)}")
+        if m.shape:
+            parts.append(f"{len(m.shape)} shape mismatch(es): " + "; ".join(
+                f"{k}: dict {list(a)} vs model {list(b)}" for k, a, b in m.shape[:4]))
+        mapped = f" after mapping keys (strip '{m.strip}'" + (f", add '{m.add}'" if m.add else "") + ")" if remap else ""
+        name = evidence.module_path(self.ctx, model) if self.ctx.models else None
+        fix = (f"Rename the keys as shown, then load:\n{remap}model.load_state_dict(sd)" if remap and not m.missing
+               and not m.unexpected and not m.shape else
+               f"{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
+               "# check that only the layers you meant to re-initialise (e.g. a new head) are listed")
+        if m.shape:
+            names = ", ".join(repr(k) for k, _, _ in m.shape[:8])
+            fix = f"{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n" \
+                  "model.load_state_dict(sd, strict=False)"
+        first = next(iter(m.missing or m.unexpected or [k for k, _, _ in m.shape] or m.matched), None)
+        yield Finding(f"load_state_dict into {type(model).__name__} failed{mapped}: " + "; ".join(parts) + ".",
+                      fix=fix, location=Location(module=name, key=first))
+
+
+def _meta(value: object) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype name) of a state-dict value, as check-ckpt records them."""
+    shape = tuple(getattr(value, "shape", ()))
+    return shape, str(getattr(value, "dtype", "")).replace("torch.", "")

@@ -34,7 +34,9 @@ class Report:
     fail_on: str = DEFAULT_FAIL_ON  # the threshold of `exit_code()` (one of settings.FAIL_ON)
 
     def sorted_findings(self) -> list[Finding]:
-        return sorted(self.findings, key=lambda f: (-int(f.severity or 0), f.code))
+        """Errors first, then warnings, then notes; the findings that explain a crash lead (runtime reports)."""
+        crash = set(self.facts.get("crash_explained_by", ()))
+        return sorted(self.findings, key=lambda f: (f.name not in crash, -int(f.severity or 0), f.code))
 
     def counts(self) -> dict[Severity, int]:
         out = {s: 0 for s in Severity}
@@ -75,7 +77,8 @@ _NOTEBOOK_WIDTH = 115  # rich's width in a notebook
 # the <pre> rich wraps its notebook output in (rich.jupyter), so a report looks as rich's own cell output does
 _NOTEBOOK_PRE = ('<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
                  'font-family:Menlo,\'DejaVu Sans Mono\',consolas,\'Courier New\',monospace">{code}</pre>')
-_FACTS_VIEWS = {"env": "torchdoctor.env.view", "checkpoint": "torchdoctor.ckpt.view", "runtime": "torchdoctor.watch.view"}
+_FACTS_VIEWS = {"env": "torchdoctor.env.view", "checkpoint": "torchdoctor.ckpt.view", "runtime": "torchdoctor.watch.view",
+                "run": "torchdoctor.run.view"}
 
 
 def _facts_view(scope: str) -> Optional[Callable[[dict[str, Any]], "RenderableType"]]:

@@ -1,4 +1,5 @@
-"""Exception diagnosis: known PyTorch errors propagate unchanged and the report says what the session saw."""
+"""Crash explanations inside watch: known PyTorch errors propagate unchanged and the report's findings explain
+them from what the session saw (the CRASH event; tests/pitfalls/test_crash_explanations.py has each pitfall)."""
 from __future__ import annotations
 
 import pytest
@@ -16,7 +17,7 @@ def _raises_through(model, opt, body):
     return s, info.value
 
 
-def test_dtype_mismatch_lists_where_parameters_and_state_live():
+def test_dtype_mismatch_is_explained_by_the_pitfall_and_the_exception_is_the_same_object():
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x, y = batches(1)[0]
@@ -32,12 +33,9 @@ def test_dtype_mismatch_lists_where_parameters_and_state_live():
 
     s, exc = _raises_through(model, opt, body)
     assert exc is raised[0]  # the very same exception object
-    d = s.diagnosis
-    assert d["kind"] == "dtype-mismatch" and d["error"].startswith("RuntimeError: ")
-    assert "the error came at step 1 (completed steps: SGD 1)" in d["seen"]
-    assert "Sequential parameters: 4 on cpu/torch.float32" in d["seen"]
-    assert "SGD state: 4 on cpu/torch.float32" in d["seen"]
-    assert s.facts["exception"] == d
+    (finding,) = s.findings
+    assert finding.name == "dtype-mismatch" and finding.location.step == 1 and finding.location.module == "0"
+    assert "Linear `0` holds float32 parameters (weight, bias); it was handed `input` as float64" in finding.message
 
 
 def test_backward_twice_and_the_live_graph_count():
@@ -52,8 +50,8 @@ def test_backward_twice_and_the_live_graph_count():
 
     s, exc = _raises_through(model, opt, body)
     assert "a second time" in str(exc)
-    assert s.diagnosis["kind"] == "backward-twice" and "detach" in s.diagnosis["advice"]
-    assert "autograd graphs of watched forwards still alive: 1" in s.diagnosis["seen"]
+    (finding,) = s.findings
+    assert finding.name == "backward-through-freed-graph" and ".detach()" in finding.fix.code
 
 
 def test_inplace_modification_advises_anomaly_mode():
@@ -66,7 +64,9 @@ def test_inplace_modification_advises_anomaly_mode():
         out.sum().backward()
 
     s, _ = _raises_through(model, opt, body)
-    assert s.diagnosis["kind"] == "inplace-modified" and "set_detect_anomaly" in s.diagnosis["advice"]
+    (finding,) = s.findings
+    assert finding.name == "inplace-modified-for-backward" and "an activation was modified" in finding.message
+    assert "set_detect_anomaly" in finding.fix.code
 
 
 def test_backward_of_a_loss_computed_under_no_grad():
@@ -80,12 +80,13 @@ def test_backward_of_a_loss_computed_under_no_grad():
         loss.backward()
 
     s, _ = _raises_through(model, opt, body)
-    assert s.diagnosis["kind"] == "no-grad"
-    assert "the last forward of Sequential ran in train() mode under torch.no_grad()" in s.diagnosis["seen"]
-    assert "Sequential has 4 parameter tensor(s) with requires_grad=True" in s.diagnosis["seen"]
+    (finding,) = s.findings
+    assert finding.name == "backward-without-graph" and "the forward ran without gradients" in finding.message
+    assert "the last forward of Sequential ran with torch.no_grad()" in finding.message
+    assert "Sequential has 4 of 4 parameter tensors with requires_grad=True" in finding.message
 
 
-def test_load_state_dict_with_a_wrapper_prefix():
+def test_load_state_dict_with_a_wrapper_prefix_is_explained_by_the_pitfall():
     model = mlp()
     wrapped = {f"module.{k}": v for k, v in model.state_dict().items()}
 
@@ -93,12 +94,12 @@ def test_load_state_dict_with_a_wrapper_prefix():
         model.load_state_dict(wrapped)
 
     s, _ = _raises_through(model, None, body)
-    assert s.diagnosis["kind"] == "state-dict-keys"
-    assert "4 missing key(s), 4 unexpected key(s)" in s.diagnosis["seen"]
-    assert "the checkpoint's keys carry the prefix 'module.' that the other side lacks" in s.diagnosis["seen"]
+    (finding,) = s.findings
+    assert finding.name == "state-dict-mismatch" and "prefix 'module.'" in finding.message
+    assert s.facts["crash_explained_by"] == ["state-dict-mismatch"]
 
 
-def test_findings_before_the_error_are_part_of_the_diagnosis_and_the_report(capsys):
+def test_the_printed_report_leads_with_the_explanation_and_keeps_earlier_findings(capsys):
     import torchdoctor
 
     model = mlp()
@@ -108,10 +109,13 @@ def test_findings_before_the_error_are_part_of_the_diagnosis_and_the_report(caps
         with torchdoctor.watch(model, opt, on_finding=lambda f: None) as s:
             for _ in range(2):
                 train_step(model, opt, x, y, zero=False)
-            model(x.double())
-    assert "findings before the error: TD301 missing-zero-grad" in s.diagnosis["seen"]
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            loss.backward()
+    assert sorted(f.name for f in s.findings) == ["backward-through-freed-graph", "missing-zero-grad"]
+    assert s.facts["crash_explained_by"] == ["backward-through-freed-graph"]
     err = capsys.readouterr().err
-    assert "The watched code raised RuntimeError" in err and "fix:" in err
+    assert "TD338 backward-through-freed-graph" in err and "TD301 missing-zero-grad" in err
 
 
 def test_raise_mode_never_replaces_the_users_exception(monkeypatch):
@@ -125,27 +129,30 @@ def test_raise_mode_never_replaces_the_users_exception(monkeypatch):
         with torchdoctor.watch(model, on_finding="raise", report=False) as s:  # the finding is warned instead
             model(torch.zeros(2, 8, dtype=torch.float64))
     assert type(info.value) is RuntimeError and "dtype" in str(info.value)
-    assert [f.name for f in s.findings] == ["graph-retention-leak"]
+    assert [f.name for f in s.findings] == ["dtype-mismatch", "graph-retention-leak"]  # the crash explained, quietly
     with pytest.raises(torchdoctor.TorchDoctorError, match="an error found at exit"):
         with torchdoctor.watch(model, on_finding="raise", report=False):
             pass  # without a user exception, "raise" applies at exit too
 
 
-def test_unknown_errors_get_no_diagnosis():
+def test_unknown_errors_are_not_explained():
     s, _ = _raises_through(mlp(), None, lambda: (_ for _ in ()).throw(KeyError("x")))
-    assert s.diagnosis is None and "exception" not in s.facts
+    assert s.findings == [] and "crash_explained_by" not in s.facts
 
 
-def test_device_mismatch_lists_where_parameters_live():
+def test_device_mismatch_is_explained_by_the_pitfall():
     model = mlp()
     s, exc = _raises_through(model, None, lambda: model(torch.randn(2, 8, device="meta")))
     assert "expected device" in str(exc)
-    assert s.diagnosis["kind"] == "device-mismatch"
-    assert "Sequential parameters: 4 on cpu/torch.float32" in s.diagnosis["seen"]
-    assert "x = x.to(device)" in s.diagnosis["advice"]
+    (finding,) = s.findings
+    assert finding.name == "device-mismatch" and "`input` on meta" in finding.message
+    assert finding.location.module == "0"
 
 
-def test_out_of_memory_reports_the_live_graphs():
+def test_out_of_memory_is_explained_with_the_live_graphs(monkeypatch):
+    from torchdoctor.watch import evidence
+
+    monkeypatch.setattr(evidence, "oom_device", lambda exc: torch.device("cpu") if "CUDA" in str(exc) else None)
     model = mlp()
     kept = []
 
@@ -156,8 +163,8 @@ def test_out_of_memory_reports_the_live_graphs():
 
     s, exc = _raises_through(model, None, body)
     assert isinstance(exc, torch.cuda.OutOfMemoryError)
-    assert s.diagnosis["kind"] == "out-of-memory"
-    assert "autograd graphs of watched forwards still alive: 3" in s.diagnosis["seen"]
+    (finding,) = s.findings
+    assert finding.name == "out-of-memory" and "3 autograd graphs of watched forwards were still alive" in finding.message
 
 
 def test_a_nan_that_makes_the_loss_raise_is_diagnosed_with_the_state_of_the_weights():
@@ -175,7 +182,21 @@ def test_a_nan_that_makes_the_loss_raise_is_diagnosed_with_the_state_of_the_weig
 
     s, exc = _raises_through(model, opt, body)
     assert "between 0 and 1" in str(exc)
-    d = s.diagnosis
-    assert d["kind"] == "nan-in-loss-input" and "BCEWithLogitsLoss" in d["advice"]
-    assert "Sequential: 0 of 4 parameter tensors hold NaN/Inf: the weights are finite, so the NaN came from this " \
-           "batch or the forward" in d["seen"]
+    (finding,) = s.findings
+    assert finding.name == "nan-in-loss-input" and finding.location.step == 2
+    assert "the input holds 16 NaN value(s) while the weights are finite: the NaN came from this batch" \
+        in finding.message
+
+
+def test_the_explanation_is_the_reports_first_finding():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batches(1)[0]
+
+    def body():
+        for _ in range(2):
+            train_step(model, opt, x, y, zero=False)  # TD301, an error with a lower code than the crash's
+        model(x.double())
+
+    s, _ = _raises_through(model, opt, body)
+    assert [f.name for f in s.report().sorted_findings()] == ["dtype-mismatch", "missing-zero-grad"]

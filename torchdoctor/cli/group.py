@@ -20,6 +20,7 @@ COMMANDS = {
     "check-ckpt": "torchdoctor.cli.check_ckpt:check_ckpt",
     "checks": "torchdoctor.cli.checks:list_checks",
     "explain": "torchdoctor.cli.explain:explain",
+    "run": "torchdoctor.cli.run:run",
 }
 
 

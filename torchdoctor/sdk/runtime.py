@@ -9,7 +9,7 @@ at load time without importing torch.
 from typing import Any
 
 from torchdoctor.watch.contract import (
-    Event, ForwardEvent, Findings, LoaderEvent, RuntimeCheck, StepEvent, ZeroGradEvent,
+    CrashEvent, Event, ForwardEvent, Findings, LoaderEvent, RuntimeCheck, StepEvent, ZeroGradEvent,
 )
 from torchdoctor.watch.handles import Restore
 from torchdoctor.watch.patches import MethodPatch
@@ -29,15 +29,19 @@ _LAZY = {
     "ddp_over_world": "torchdoctor.watch.distributed",
     "stats_differ": "torchdoctor.watch.distributed",
 }
+# Modules offered whole: `evidence` for crash checks (failing frames, placement, memory held)
+_MODULES = {"evidence": "torchdoctor.watch.evidence"}
 
-__all__ = ["Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
-           "ZeroGradEvent", "unwrap", "unwrap_optimizer", "wrapper_chain", *_LAZY]
+__all__ = ["CrashEvent", "Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
+           "ZeroGradEvent", "unwrap", "unwrap_optimizer", "wrapper_chain", *_LAZY, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
     """Load the torch-backed services on first use."""
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name in _MODULES:
+        return importlib.import_module(_MODULES[name])
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'torchdoctor.sdk.runtime' has no attribute {name!r}")

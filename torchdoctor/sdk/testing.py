@@ -119,9 +119,21 @@ def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
             raise PitfallError(f"pitfall {pitfall.name}: a runtime example's setup must bind `model`")
         session = watch(namespace["model"], namespace.get("optimizer"), checks=[pitfall.name],
                         on_finding=lambda finding: None, report=False)
-        with session:
-            exec(compile(code, "<example>", "exec"), namespace)
+        try:
+            with session:
+                exec(compile(code, "<example>", "exec"), namespace)
+        except Exception:
+            if example is not pitfall.bad or not _explains_crashes(pitfall):
+                raise  # only a crash pitfall's Bad example may end with the error it explains
     return session.findings
+
+
+def _explains_crashes(pitfall: Pitfall) -> bool:
+    """Whether the pitfall's runtime detector handles the CRASH event (its Bad example raises)."""
+    from torchdoctor.watch.contract import Event, RuntimeCheck
+
+    check = pitfall.detectors.get(Scope.RUNTIME)
+    return isinstance(check, type) and issubclass(check, RuntimeCheck) and Event.CRASH in check.subscribed_events()
 
 
 def _check_files(pitfall: Pitfall, example: Example, paste: bool = False) -> tuple[list[Finding], list[str]]:

@@ -28,6 +28,8 @@ Events, in the order of a training step (payload types below):
                  so it is the same on every rank: a cross-rank check may call collectives here. `StepEvent`
 ``STEP_POST``    a watched optimizer's ``step()`` returned. `StepEvent`
 ``LOADER_ITER``  any ``DataLoader`` started a pass (``iter(loader)``, i.e. usually a new epoch). `LoaderEvent`
+``CRASH``        the watched code (the program, under ``torchdoctor run``) ended with this exception, just
+                 before ``STOP``; models and optimizers are still there to look at. `CrashEvent`
 ``STOP``         the session is ending, also when the body raised. ``on_stop()``
 ===============  ====================================================================================
 
@@ -78,6 +80,7 @@ class Event(str, enum.Enum):
     PERIODIC = "periodic"
     STEP_POST = "step_post"
     LOADER_ITER = "loader_iter"
+    CRASH = "crash"
     STOP = "stop"
 
 
@@ -118,6 +121,14 @@ class LoaderEvent:
     iterator: Any
 
 
+@dataclass
+class CrashEvent:
+    """The watched code raised `exception` (its traceback's frames hold the tensors of the failing line).
+    Only valid during the handler: keep nothing of it."""
+
+    exception: BaseException
+
+
 Findings = Optional[Iterable[Finding]]
 
 
@@ -156,6 +167,9 @@ class RuntimeCheck:
         return None
 
     def on_loader_iter(self, event: LoaderEvent) -> Findings:
+        return None
+
+    def on_crash(self, event: CrashEvent) -> Findings:
         return None
 
     def on_stop(self) -> Findings:

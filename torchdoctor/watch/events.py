@@ -60,6 +60,7 @@ class EventHub:
         self.subs: dict[Event, list[tuple[RuntimeCheck, Callable[..., Any]]]] = {e: [] for e in Event}
         self._watched: dict[int, WatchedModel] = {}
         self._children: dict[int, WatchedModel] = {}  # direct children of the models, until the first step
+        self.wanted: set[Event] = set()
         for chk in checks:
             for event in type(chk).subscribed_events():
                 self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
@@ -85,6 +86,7 @@ class EventHub:
         """Install the hooks behind every event that has at least one subscriber. A hook that fails only
         unsubscribes the handlers of its events; returns (what, error, the checks that lose them) for each."""
         wanted = {e for e, subs in self.subs.items() if subs}
+        self.wanted = wanted  # for the optimizers and models adopted later (`add_optimizer`, `add_model`)
         hooks = self.ctx.hooks
         failed: list[tuple[str, BaseException, list[RuntimeCheck]]] = []
 
@@ -114,6 +116,18 @@ class EventHub:
         if Event.LOADER_ITER in wanted:
             attempt("DataLoader.__iter__", {Event.LOADER_ITER}, lambda: hooks.add(LoaderPatch(self._loader_iter)))
         return failed
+
+    def add_optimizer(self, wo: WatchedOptimizer) -> list[Any]:
+        """Hook an optimizer adopted while the session runs (`torchdoctor.watch.follow`); returns its handles."""
+        before = len(self.ctx.hooks)
+        if Event.ZERO_GRAD in self.wanted:
+            self._hook_zero_grad(wo)
+        self._hook_step(wo, self.wanted & {Event.STEP_PRE, Event.PERIODIC})
+        return self.ctx.hooks.added_since(before)
+
+    def add_model(self, wm: WatchedModel) -> None:
+        """Watch the forwards of a model adopted while the session runs."""
+        self._watched[id(wm.module)] = wm
 
     def _hook_zero_grad(self, wo: WatchedOptimizer) -> None:
         def after(*_: Any) -> None:

@@ -33,6 +33,10 @@ class HookSet:
                 errors.append(exc)
         return errors
 
+    def added_since(self, count: int) -> list[Any]:
+        """The handles added after the set held `count` of them."""
+        return self._handles[count:]
+
     def __len__(self) -> int:
         return len(self._handles)
 

@@ -20,8 +20,9 @@ from torchdoctor.settings import load_settings
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
 from torchdoctor.wrappers import unwrap, unwrap_optimizer
 from torchdoctor.watch.contract import Event, RuntimeCheck
-from torchdoctor.watch.diagnose import diagnose_exception
+from torchdoctor.watch.crash import explain_crash
 from torchdoctor.watch.events import EventHub
+from torchdoctor.watch.follow import Follower
 from torchdoctor.watch.graphs import GraphTracker
 from torchdoctor.watch.observers import session_started
 
@@ -102,11 +103,13 @@ class WatchSession:
         self._ctx: Optional[WatchContext] = None
         self._hub: Optional[EventHub] = None
         self._quiet_raise = False
-        self.diagnosis: Optional[dict[str, Any]] = None
         self.facts: dict[str, Any] = {}
         self._enabled: list[str] = []
         self.hook_errors: list[str] = []  # the hooks that could not be installed, and the checks that are off
         self.rank_findings: Optional[list[Finding]] = None  # under torch.distributed, on rank 0: every rank's
+        self.discover_models = False  # `torchdoctor run`: adopt every optimizer, and find its models
+        self._follower: Optional[Follower] = None
+        self.crash_explained_by: list[str] = []  # the pitfalls whose findings explain the exception that ended it
 
     # -- public API --------------------------------------------------------------------------------
 
@@ -161,6 +164,10 @@ class WatchSession:
             self.hook_errors.append(f"could not watch {what} ({type(error).__name__}: {error}); "
                                     f"checks that go without it: {', '.join(names) or 'none'}")
             _warn_at_user_line(TorchDoctorWarning(f"torchdoctor.watch {self.hook_errors[-1]}"))
+        try:  # optimizers built (or rebuilt) later are adopted as they step: torchdoctor.watch.follow
+            self._follower = ctx.hooks.add(Follower(self, discover=self.discover_models).install())
+        except Exception as exc:
+            self.hook_errors.append(f"could not follow new optimizers ({type(exc).__name__}: {exc})")
         self._hub.dispatch(Event.START)
         session_started(self)  # e.g. the pytest plugin, which follows a test's sessions
         return self
@@ -172,14 +179,11 @@ class WatchSession:
             return
         self._quiet_raise = exc is not None  # the user's exception must propagate unchanged
         try:
+            if exc is not None and not isinstance(exc, TorchDoctorError):
+                self.crash_explained_by = explain_crash(self, hub, exc)
             hub.dispatch(Event.STOP)
         finally:
             self._hub = None
-            if exc is not None and not isinstance(exc, TorchDoctorError):
-                try:
-                    self.diagnosis = diagnose_exception(exc, ctx, self.findings)
-                except Exception:  # diagnosing must never replace the user's error
-                    self.diagnosis = None
             ctx.hooks.remove_all()
             ctx.graphs.stop()
             self.facts = self._facts(ctx)
@@ -279,10 +283,12 @@ class WatchSession:
                            for wo in ctx.optimizers],
             "checks": self._enabled,
         }
+        if self._follower is not None:
+            facts.update(self._follower.facts())
+        if self.crash_explained_by:
+            facts["crash_explained_by"] = list(self.crash_explained_by)
         if self.hook_errors:
             facts["hooks_failed"] = list(self.hook_errors)
-        if self.diagnosis is not None:
-            facts["exception"] = self.diagnosis
         return facts
 
     def _print_report(self) -> None:

@@ -1,4 +1,4 @@
-"""The facts part of the watch report: what was watched, and the diagnosis of an exception."""
+"""The facts part of the watch report: what was watched."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,18 +8,11 @@ from rich.text import Text
 
 
 def facts_view(facts: dict[str, Any]) -> RenderableType:
-    """Models, optimizers with their step counts, and (if the body raised) the diagnosis."""
+    """Models and optimizers with their step counts (a crash is explained by the findings that follow)."""
     lines: list[RenderableType] = []
     for m in facts.get("models", []):
         wrapped = f" (inside {', '.join(m['wrappers'])})" if m.get("wrappers") else ""
         lines.append(Text.assemble(("  model ", "dim"), m["label"], wrapped, (f"  {m['parameters']:,} parameters", "dim")))
     for o in facts.get("optimizers", []):
         lines.append(Text.assemble(("  optimizer ", "dim"), o["label"], (f"  {o['steps']} steps", "dim")))
-    exc = facts.get("exception")
-    if exc:
-        lines.append(Text())
-        lines.append(Text.assemble(("The watched code raised ", "bold red"), exc["error"]))
-        for line in exc["seen"]:
-            lines.append(Text(f"   · {line}"))
-        lines.append(Text.assemble(("   fix: ", "green"), exc["advice"]))
     return Group(*lines)
