@@ -30,6 +30,7 @@ def _paste(code: str, finding) -> str:
     return "\n".join(lines) + "\n"
 
 
+@pytest.mark.rule("graph-retention-leak")
 @pytest.mark.parametrize("init, keep, pasted", [
     ("history = []", "history.append(loss)", "history.append(loss.detach())"),
     ("total = 0.0", "total += loss", "total += loss.item()"),
@@ -44,6 +45,7 @@ def test_graph_retention_leak_fix_is_the_reported_line_detached(lint, fired, ini
     exec(compile(fixed, "train.py", "exec"), {})  # and it runs: no TypeError from `list += float`
 
 
+@pytest.mark.rule("clip-before-unscale")
 def test_clip_before_unscale_fix_names_the_scaler_and_optimizer(lint, fired):
     code = textwrap.dedent("""
         import torch
