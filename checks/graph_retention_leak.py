@@ -74,7 +74,9 @@ GRAPH_RETENTION_LEAK = Pitfall(
         "runtime": """
             `watch` puts a sentinel hook on the `grad_fn` of each forward output built with gradients; the graph
             owns the sentinel, so it knows which graphs are alive and in which step each was built, and whether
-            backward went through it. A normal loop frees a step's graph by the next step (the next forward
+            backward went through it; from step 16 on it does so for the forwards of every 4th step only (a
+            leak keeps them all, and the per-step cost stays small). A normal loop frees a step's graph by the
+            next step (the next forward
             rebinds `loss`). After each step of the first optimizer it looks at the graphs built before the
             previous step that are still alive: when they come from at least half of 16 or more consecutive
             steps, something keeps them (`total_loss += loss`, also when reset every epoch), and it reports an
@@ -121,21 +123,33 @@ class GraphRetentionLeak(RuntimeCheck):
     A bounded cache (the last 10 losses) and per-episode lists freed at each step (REINFORCE) are quiet."""
 
     span = 16  # a graph chain this many steps long, at least half of them alive, is a leak, not a cache
+    sample = 4  # from step `span` on, the forwards of every `sample`-th step are tracked (a leak keeps them all)
 
     def on_start(self) -> None:
+        from torchdoctor.sdk.runtime import first_graph_tensor
+
+        self.first_graph_tensor = first_graph_tensor  # looked up once: on_forward runs at every step
         self.live: dict[str, _Live] = {}
         self.reported = False
 
-    def on_forward(self, event: ForwardEvent) -> None:
-        if not event.grad_enabled or self.reported:
-            return
-        from torchdoctor.sdk.runtime import first_graph_tensor
+    def tracked(self, step: int) -> bool:
+        """Whether the forwards of `step` get a sentinel: every step's at first, then every `sample`-th."""
+        return step < self.span or step % self.sample == 0
 
-        out = first_graph_tensor(event.output)
+    def tracked_between(self, first: int, last: int) -> int:
+        """How many steps from `first` to `last` (both included) are tracked."""
+        return sum(1 for t in range(first, last + 1) if self.tracked(t))
+
+    def on_forward(self, event: ForwardEvent) -> None:
+        step = self.ctx.step
+        if not event.grad_enabled or self.reported or not self.tracked(step):
+            return
+        out = self.first_graph_tensor(event.output)
         if out is None:
             return
-        live = self.live.setdefault(event.model.label, _Live())
-        step = self.ctx.step
+        live = self.live.get(event.model.label)
+        if live is None:
+            live = self.live[event.model.label] = _Live()
 
         def backward() -> None:
             live.unreached -= 1
@@ -153,15 +167,15 @@ class GraphRetentionLeak(RuntimeCheck):
             live.unreached += 1
             event.model.graph_footprint(out)
 
-    def on_step_post(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_post(self, event: StepEvent) -> Optional[list[Finding]]:
         if self.reported or event.optimizer is not self.ctx.optimizers[0]:
-            return
+            return None
         now = event.step + 1  # the steps completed once this one is
         for label, live in self.live.items():
             old = live.old_steps(now)
-            if old and now - old[0] >= self.span and 2 * len(old) >= now - 1 - old[0]:
-                yield self._finding(label, live, old, now, at_exit=False)
-                return
+            if old and now - old[0] >= self.span and 2 * len(old) >= self.tracked_between(old[0], now - 2):
+                return [self._finding(label, live, old, now, at_exit=False)]
+        return None
 
     def on_stop(self) -> Iterator[Finding]:
         if self.reported or not self.ctx.optimizers:
@@ -169,7 +183,7 @@ class GraphRetentionLeak(RuntimeCheck):
         now = self.ctx.step
         for label, live in self.live.items():
             old = live.old_steps(now)
-            if old and old[0] <= 1 and len(old) >= 2 and 2 * len(old) >= now - 1 - old[0]:
+            if old and old[0] <= 1 and len(old) >= 2 and 2 * len(old) >= self.tracked_between(old[0], now - 2):
                 yield self._finding(label, live, old, now, at_exit=True)
                 return
 
@@ -185,9 +199,11 @@ class GraphRetentionLeak(RuntimeCheck):
         if cuda is not None:
             memory += f"; CUDA allocated memory is {byte_size(cuda)}"
         when = "when the session ended" if at_exit else f"after step {now - 1}"
+        steps = f"{len(old)} earlier steps" if self.tracked_between(old[0], now - 2) == now - 1 - old[0] else \
+            f"{len(old)} of the earlier steps it samples (every {self.sample}th from step {self.span} on)"
         return Finding(
             f"Autograd graphs of {label}'s forward outputs stay alive across steps: {when}, {graphs} graphs built in "
-            f"{len(old)} earlier steps (the oldest in step {old[0]}) are still alive ({memory}). Something keeps a "
+            f"{steps} (the oldest in step {old[0]}) are still alive ({memory}). Something keeps a "
             "tensor that is still attached to its graph, e.g. `losses.append(loss)` or `total_loss += loss`.",
             fix="Keep numbers, not graphs, across steps:\n"
                 "total_loss += loss.item()      # or loss.detach()\n"

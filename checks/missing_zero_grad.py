@@ -112,16 +112,19 @@ class MissingZeroGrad(RuntimeCheck):
     def on_start(self) -> None:
         self.sentinels: dict[int, _Sentinel] = {}
 
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
         s = self.sentinels.get(id(event.optimizer))
         param = s.param() if s is not None else None
         if s is None or param is None:
             self._choose(event)
-            return
+            return None
         if not s.stepped or s.backwards == 0 or s.cleared:
-            return
+            return None
         if any(bool(flag) for flag in s.zero_flags):  # a host sync only on this rare path
-            return
+            return None
+        return self._finding(event, param)
+
+    def _finding(self, event: StepEvent, param: Any) -> Iterator[Finding]:
         name = self.ctx.param_name(param) or "a parameter"
         yield Finding(
             f"{event.optimizer.label}.step() applied gradients that still contained those of the previous step: "

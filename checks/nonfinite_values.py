@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import functools
+import math
+import weakref
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
@@ -56,19 +58,18 @@ NONFINITE_VALUES = Pitfall(
     ),
     details={
         "runtime": """
-            Before each optimizer step `watch` computes one fused norm (`torch._foreach_norm`) over the gradients
-            of the small parameters (each at most 1% of the optimizer's elements: biases, normalisation weights)
-            and synchronises once; every `every` steps it does the same over all gradients and all parameters. A
-            NaN from the loss or the forward reaches every gradient, and one born in backward reaches every
-            parameter upstream of it, so the small ones show it at its step; one that only touches large
-            gradients is found at the next full check, and the message says it may have begun up to `every - 1`
-            steps earlier (reading every gradient at every step would cost about 5% of a small MLP's step on a
-            CPU). A non-finite norm is confirmed tensor by tensor, so a norm that merely overflows is not
-            reported. On the first hit it reports the step and the parameters with non-finite gradients (all of
-            them: the loss or the forward was already NaN), then hooks every submodule for the next forward only
+            Before each optimizer step `watch` sums the gradient of the optimizer's smallest parameter (a bias
+            or normalisation weight) and synchronises once; every `every` steps it checks all gradients and
+            all parameters (one fused `torch._foreach_norm` per device and dtype). A NaN from the loss or the
+            forward reaches every gradient, so the one that every step reads shows it at its step; one born
+            in backward that misses it is found at the next full check, and the message says it may have
+            begun up to `every - 1` steps earlier (reading every gradient at every step would cost about 5%
+            of a small MLP's step on a CPU). A non-finite norm is confirmed tensor by tensor, so a norm that
+            merely overflows is not reported. On the first hit it reports the step and the parameters with
+            non-finite gradients (all of them: the loss or the forward was already NaN), then hooks every submodule for the next forward only
             and reports the first module whose output is non-finite, that the input batch already holds NaN/Inf,
             that the step already wrote NaN/Inf into the weights, or that the next forward is clean (the batch or
-            the loss was the source). On a GPU the per-step flag of the small gradients stays on the device (no
+            the loss was the source). On a GPU the per-step flag of that gradient stays on the device (no
             host synchronisation, so the step never waits for the GPU); the flags of the steps in between are
             read together at the next full check, every `every` steps, and the finding names the step where
             NaN/Inf first appeared, which `step()` has by then written into the weights. Steps that `GradScaler`
@@ -150,10 +151,11 @@ def _is_float(value: Any) -> bool:
 
 @NONFINITE_VALUES.runtime
 class NonfiniteValues(RuntimeCheck):
-    """Before each step, one fused norm over the small parameters' gradients; over all gradients and all
-    parameters every `every` steps: reading every gradient each step would cost ~5% of an MLP step. On the
-    CPU the small norm is read at once; on a GPU its flag stays on the device and the flags of the steps in
-    between are read together at the next full check, so a step without one never waits for the GPU.
+    """Before each step, one sum over the smallest gradient (a NaN/Inf loss or forward reaches every
+    gradient); over all gradients and all parameters every `every` steps: reading every gradient each step
+    would cost ~5% of a small MLP's step. On the CPU the sum is read at once; on a GPU its flag stays on the
+    device and the flags of the steps in between are read together at the next full check, so a step
+    without one never waits for the GPU.
     After a hit, hooks on every submodule find the first module with a non-finite output on the next forward.
     `GradScaler` skips a step whose gradients hold NaN/Inf, so a loss that stays NaN shows up only as
     `zero_grad()` calls with no step between them: `SKIPPED_STEPS` in a row are reported."""
@@ -168,6 +170,7 @@ class NonfiniteValues(RuntimeCheck):
         self.pending: list[tuple[str, int, list[tuple[list[str], Any]]]] = []  # (optimizer, step, finite_flags)
         self.zero_grads: dict[int, int] = {}  # per optimizer: zero_grad() calls since its last step
         self.scaled: dict[int, _ScalerSteps] = {}  # per watched optimizer (by id of the torch optimizer)
+        self.probes: dict[int, weakref.ref] = {}  # per optimizer: the parameter whose gradient every step reads
         self._watch_grad_scaler()
 
     def _watch_grad_scaler(self) -> None:
@@ -225,46 +228,63 @@ class NonfiniteValues(RuntimeCheck):
             f"GradScaler skipped {st.skipped} of {st.total} {wo.label}.step() calls (the first at step "
             f"{st.first_skip}): {cause}; the model is barely training.", name, step)
 
-    def on_zero_grad(self, event: ZeroGradEvent) -> Iterator[Finding]:
+    def on_zero_grad(self, event: ZeroGradEvent) -> Optional[Iterator[Finding]]:
         key = id(event.optimizer)
         self.zero_grads[key] = calls = self.zero_grads.get(key, 0) + 1
-        if calls - 1 == SKIPPED_STEPS and not self.found:
-            self.step = event.optimizer.steps
-            yield from self._hit(
-                f"{event.optimizer.label}.step() was skipped {SKIPPED_STEPS} times in a row (zero_grad() ran, "
-                "step() did not): GradScaler skips every step whose gradients hold NaN/Inf, and after this many "
-                f"halvings its scale has shrunk by 2**{SKIPPED_STEPS}, below 1, so this is a NaN/Inf loss or "
-                "forward, not an fp16 overflow; training has stalled.", None, event.optimizer.steps)
+        if calls - 1 != SKIPPED_STEPS or self.found:
+            return None
+        self.step = event.optimizer.steps
+        return self._hit(
+            f"{event.optimizer.label}.step() was skipped {SKIPPED_STEPS} times in a row (zero_grad() ran, "
+            "step() did not): GradScaler skips every step whose gradients hold NaN/Inf, and after this many "
+            f"halvings its scale has shrunk by 2**{SKIPPED_STEPS}, below 1, so this is a NaN/Inf loss or "
+            "forward, not an fp16 overflow; training has stalled.", None, event.optimizer.steps)
 
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
         self.zero_grads[id(event.optimizer)] = 0
         if self.found:
-            return
+            return None
+        probe = self.probes.get(id(event.optimizer))
+        param = probe() if probe is not None else None
+        if event.step % self.ctx.every == 0 or param is None:
+            return self._check_step(event, full=True)
+        grad = param.grad  # the every-step path: one sum over the smallest gradient (a NaN loss reaches it)
+        if grad is None or grad.is_sparse or grad.device.type == "meta":
+            return None
+        if grad.device.type != "cpu":  # left on the device: read at the next full check, never waited for
+            name = self.ctx.param_name(param) or f"{event.optimizer.label} parameter"
+            self.pending.append((event.optimizer.label, event.step, _finite_flags([(name, grad)])))
+            return None
+        if math.isfinite(grad.sum().item()):
+            return None
+        return self._check_step(event, full=False)
+
+    def _check_step(self, event: StepEvent, full: bool) -> Iterator[Finding]:
+        """Every gradient (and, at a full check, the pending device flags first), naming those that are
+        not finite; at a full check it also picks the gradient that the steps in between read."""
+        if full:
+            yield from self._read_pending()
+            if self.found:
+                return
         params = event.optimizer.params()
-        full = event.step % self.ctx.every == 0
-        small = self._small(params)
-        if not full and any(p.device.type != "cpu" for p in small):
-            small_grads = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad)
-                           for i, p in enumerate(small) if p.grad is not None and not p.grad.is_sparse]
-            self.pending.append((event.optimizer.label, event.step, _finite_flags(small_grads)))
-            return
-        yield from self._read_pending()
-        if self.found:
-            return
-        grads = [p.grad for p in (params if full else small) if p.grad is not None]
+        grads = [p.grad for p in params if p.grad is not None]
+        floating = [p for p in params if p.grad is not None and not p.grad.is_sparse and p.grad.is_floating_point()]
+        if floating:
+            self.probes[id(event.optimizer)] = weakref.ref(min(floating, key=lambda p: p.numel()))
         if not grads or _all_finite(grads):
             return
-        named = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad, id(p) in small_ids)
-                 for small_ids in [{id(p) for p in small}]
+        probe = self.probes.get(id(event.optimizer))
+        probe_id = id(probe()) if probe is not None else None
+        named = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad, id(p) == probe_id)
                  for i, p in enumerate(params) if p.grad is not None and not p.grad.is_sparse]
-        bad = [(n, is_small) for n, g, is_small in named if not bool(g.isfinite().all())]
+        bad = [(n, is_probe) for n, g, is_probe in named if not bool(g.isfinite().all())]
         scope = (f"all {len(named)} parameters have non-finite gradients, so the loss or the forward was already "
                  "NaN/Inf" if len(bad) == len(named) else
                  f"{len(bad)} of {len(named)} parameters have non-finite gradients "
                  f"(first `{bad[0][0]}`, last `{bad[-1][0]}`)")
         when = f"at step {event.step}"
-        if not any(is_small for _, is_small in bad) and self.ctx.every > 1:
-            when += f" (large gradients are checked every {self.ctx.every} steps: it may have begun up to " \
+        if not any(is_probe for _, is_probe in bad) and self.ctx.every > 1:
+            when += f" (most gradients are checked every {self.ctx.every} steps: it may have begun up to " \
                     f"{self.ctx.every - 1} steps earlier)"
         self.step = event.step
         yield from self._hit(f"NaN/Inf first appeared in the gradients {when}: {scope}; "
@@ -294,14 +314,6 @@ class NonfiniteValues(RuntimeCheck):
                     f"{label}.step() has already written them into the weights.", bad[0], step)
                 return
 
-    @staticmethod
-    def _small(params: list[Any]) -> list[Any]:
-        """Parameters with at most 1/100 of the elements (biases, norm weights): checked every step. A NaN
-        from the loss or the forward reaches all of them, one from backward reaches those upstream."""
-        total = sum(p.numel() for p in params)
-        small = [p for p in params if p.numel() * 100 <= total]
-        return small or params
-
     def on_stop(self) -> Iterator[Finding]:
         if not self.found:
             yield from self._read_pending()
@@ -320,9 +332,10 @@ class NonfiniteValues(RuntimeCheck):
         self._arm_probe()
         yield Finding(message, fix=_FIX, location=Location(param=name, step=step))
 
-    def on_forward(self, event: ForwardEvent) -> Iterator[Finding]:
-        if self.probe is None:
-            return
+    def on_forward(self, event: ForwardEvent) -> Optional[Iterator[Finding]]:
+        return None if self.probe is None else self._localise(event)
+
+    def _localise(self, event: ForwardEvent) -> Iterator[Finding]:
         for handle in self.probe:
             self.ctx.hooks.remove(handle)
         self.probe = None

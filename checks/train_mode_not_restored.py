@@ -117,11 +117,14 @@ class TrainModeNotRestored(RuntimeCheck):
         for mode in self.modes.values():
             mode.trained = mode.trained or not mode.last_eval
 
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
         suspects = [wm for wm in self.ctx.models
                     if (mode := self.modes.get(wm.label)) is not None and mode.last_eval and mode.trained]
         if not suspects:
-            return  # the every-step path: no parameter is looked at
+            return None  # the every-step path: no parameter is looked at
+        return self._eval_steps(event, suspects)
+
+    def _eval_steps(self, event: StepEvent, suspects: list[Any]) -> Iterator[Finding]:
         stepped = {id(p) for p in event.optimizer.params()}
         for wm in suspects:
             if not any(id(p) in stepped for _, p in wm.named_parameters()):
