@@ -89,8 +89,12 @@ class BackwardMissesParameters(RuntimeCheck):
     def on_step_pre(self, event: StepEvent) -> Iterator[Finding] | None:
         if self.reported or not self.built:
             return None
+        for group in event.optimizer.optimizer.param_groups:  # the usual step: stops at the first gradient
+            for p in group["params"]:
+                if p.grad is not None:
+                    return None
         params = [p for p in event.optimizer.params() if p.requires_grad]
-        if not params or any(p.grad is not None for p in params):  # the usual step: stops at the first gradient
+        if not params:
             return None
         held = {id(p) for p in params}
         missed = [wm.label for wm in self.ctx.models

@@ -150,9 +150,11 @@ class EventHub:
         wm = self._members.get(id(module))
         if wm is None or _is_compiling():
             return
-        self._depth = depth = max(self._depth - 1, 0)
+        self._depth = depth = self._depth - 1 if self._depth > 0 else 0
         root = self._watched.get(id(module)) is wm
-        if (depth and not root) or output is None or _in_functorch():  # nested, raised, or under torch.func
+        if depth and not root:  # the usual call: a submodule inside the model's forward
+            return
+        if output is None or _in_functorch():  # the forward raised, or runs under a torch.func transform
             return
         if root:
             wm.called = True
