@@ -54,3 +54,44 @@ def test_functional_call_with_a_copy_of_the_parameters_is_not_stale_but_a_replac
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
     assert "stale-optimizer-params" in names(s)
+
+
+def _hf_style(per_step_schedule: bool, epochs: int):
+    """An HF `no_trainer`-style script: a per-step schedule over the whole run, an eval loader every 15 steps."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    train = DataLoader(TensorDataset(torch.randn(240, 8), torch.randint(0, 3, (240,))), batch_size=8)  # 30 batches
+    evaluation = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 3, (32,))), batch_size=8)
+    model = mlp()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    total = epochs * len(train)
+    scheduler = (torch.optim.lr_scheduler.LambdaLR(opt, lambda i: max(0.0, 1 - i / total)) if per_step_schedule
+                 else torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1))  # a per-epoch schedule
+    with session(model, opt) as s:
+        step = 0
+        for _ in range(epochs):
+            for x, y in train:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+                scheduler.step()  # the line the finding names
+                step += 1
+                if step % 15 == 0:
+                    model.eval()
+                    with torch.no_grad():
+                        for ex, ey in evaluation:
+                            nn.functional.cross_entropy(model(ex), ey)
+                    model.train()
+    return s
+
+
+def test_an_eval_loader_mid_epoch_never_ends_the_first_epoch():
+    assert problems(_hf_style(per_step_schedule=True, epochs=1)) == []  # the eval loader's second pass: LR 0
+
+
+def test_a_per_epoch_schedule_stepped_per_batch_is_still_found_at_the_scheduler_step_line():
+    [f] = [f for f in _hf_style(per_step_schedule=False, epochs=2).findings if f.name == "scheduler-stepped-per-batch"]
+    assert "stepped 30 times during the first epoch (30 optimizer steps)" in f.message
+    assert f.location.file == __file__
+    import linecache
+    assert linecache.getline(__file__, f.location.line).strip() == "scheduler.step()  # the line the finding names"

@@ -13,6 +13,7 @@ from torchdoctor.watch.contract import (
 )
 from torchdoctor.watch.handles import Restore
 from torchdoctor.watch.patches import MethodPatch
+from torchdoctor.watch.userframe import user_frame, user_line
 from torchdoctor.wrappers import unwrap, unwrap_optimizer, wrapper_chain
 
 _LAZY = {
@@ -31,7 +32,7 @@ _LAZY = {
 }
 
 __all__ = ["Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
-           "ZeroGradEvent", "unwrap", "unwrap_optimizer", "wrapper_chain", *_LAZY]
+           "ZeroGradEvent", "unwrap", "unwrap_optimizer", "user_frame", "user_line", "wrapper_chain", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

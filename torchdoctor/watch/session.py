@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import warnings
 import weakref
 from dataclasses import replace
@@ -24,6 +23,7 @@ from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
 from torchdoctor.watch.graphs import GraphTracker
 from torchdoctor.watch.observers import session_started
+from torchdoctor.watch.userframe import user_frame
 
 if TYPE_CHECKING:
     from torchdoctor.report import Report
@@ -33,9 +33,6 @@ logger = logging.getLogger("torchdoctor")
 OnFinding = Union[str, Callable[[Finding], Any]]
 F = TypeVar("F", bound=Callable[..., Any])
 _MODES = ("warn", "raise", "log")
-# Top-level packages whose frames stand between the user's line and a hook: a warning skips them.
-_NOT_USER_CODE = frozenset({"torchdoctor", "torch", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",
-                            "transformers", "deepspeed", "ignite"})
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.ERROR: logging.ERROR}
 
 
@@ -268,7 +265,9 @@ class WatchSession:
         elif mode == "raise" and severity >= Severity.ERROR and not self._quiet_raise:
             raise TorchDoctorError(_describe(finding), finding)
         elif severity >= Severity.WARNING:
-            _warn_at_user_line(TorchDoctorWarning(_describe(finding)))
+            loc = finding.location
+            at = (loc.file, loc.line) if loc is not None and loc.file and loc.line else None
+            _warn_at_user_line(TorchDoctorWarning(_describe(finding)), at)
 
     def _facts(self, ctx: WatchContext) -> dict[str, Any]:
         facts: dict[str, Any] = {
@@ -311,18 +310,18 @@ def _describe(finding: Finding) -> str:
     return "\n".join(lines)
 
 
-def _warn_at_user_line(warning: TorchDoctorWarning) -> None:
+def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]] = None) -> None:
     """Warn as if from the user's line that led here (the call of step(), of the model, of zero_grad(), the
-    loop over the loader): the innermost frame outside torchdoctor, torch and the training frameworks (else the
-    outermost one).
-    Warning filters and the once-per-line registry apply to that line, as for `warnings.warn`."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
-        frame = frame.f_back
+    loop over the loader): the innermost frame outside torchdoctor, torch, the training frameworks and the
+    installed libraries (else the outermost one), or the line `at` that the finding names (the call of
+    ``scheduler.step()``). Warning filters and the once-per-line registry apply to that line, as for
+    `warnings.warn`."""
+    frame = user_frame(1)
     module_globals = frame.f_globals
+    file, line = at or (frame.f_code.co_filename, frame.f_lineno)
     # a notebook's cells share one module: its once-per-line registry would hide a later cell's warning
     registry = module_globals.setdefault("__warningregistry__", {}) if cell_run() is None else {}
-    warnings.warn_explicit(warning, TorchDoctorWarning, frame.f_code.co_filename, frame.f_lineno,
+    warnings.warn_explicit(warning, TorchDoctorWarning, file, line,
                            module=module_globals.get("__name__", "<string>"), registry=registry,
                            module_globals=module_globals)
 
