@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import weakref
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.runtime import ForwardEvent, MethodPatch, RuntimeCheck, StepEvent, ZeroGradEvent, unwrap_optimizer
+from torchdoctor.sdk.runtime import (
+    ForwardEvent, MethodPatch, RuntimeCheck, StepEvent, ZeroGradEvent, is_library, unwrap_optimizer, user_frame,
+)
 
 _UNNORMALISED_PIXELS = """
 import torch
@@ -143,6 +146,66 @@ def _first_nonfinite(named: list[tuple[str, Any]]) -> Optional[str]:
     return next((name for name, t in named if not bool(torch.isfinite(t).all())), None)
 
 
+def torch_isnan(t: Any) -> Any:
+    import torch
+
+    return torch.isnan(t)
+
+
+def _first_tensor(output: Any, depth: int = 0) -> Any:
+    """The first floating tensor in a forward's output (tensor, tuple/list, dict, ModelOutput), else None."""
+    if _is_float(output):
+        return output
+    if depth > 1 or not isinstance(output, (tuple, list, dict)):
+        return None
+    for item in (output.values() if isinstance(output, dict) else output):
+        found = _first_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _traceback_frames(exc: BaseException) -> list[Any]:
+    """The user's frames of an exception's traceback, innermost first (library frames left out)."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        if not is_library(tb.tb_frame):
+            frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames[::-1] or [user_frame(0)]
+
+
+def _nonfinite_locals(frame: Any) -> tuple[list[str], list[str]]:
+    """Names of a frame's variables that hold NaN/Inf: (computed with autograd: a one-element tensor, the
+    loss, with NaN or Inf, a larger one with NaN, since attention scores are masked with -inf on purpose;
+    data without a graph that holds NaN). Tensors of more than 2**26 elements are not read."""
+    import torch
+
+    graph, data = [], []
+    names = frame.f_locals
+    variables = list(names.items())[:200]
+    if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        # a function's f_locals is a snapshot cached on its frame (Python < 3.13): left filled, it would keep
+        # the user's tensors and models alive after they `del` them, for as long as the function runs; the
+        # next read of f_locals or locals() rebuilds it
+        names.clear()
+    for name, value in variables:
+        if not _is_float(value) or value.is_sparse or value.numel() > 2 ** 26:
+            continue
+        try:
+            if value.grad_fn is not None and value.numel() == 1:
+                if not bool(torch.isfinite(value).all()):
+                    graph.append(name)
+            elif bool(torch.isnan(value).any()):
+                (graph if value.grad_fn is not None else data).append(name)
+        except (RuntimeError, TypeError):  # a tensor subclass or a device tensor that cannot be read: skip
+            continue
+    sizes = dict((name, value.numel()) for name, value in variables if name in graph)
+    del variables
+    return sorted(graph, key=lambda n: (sizes[n] != 1, n)), data
+
+
 def _is_float(value: Any) -> bool:
     import torch
 
@@ -171,6 +234,11 @@ class NonfiniteValues(RuntimeCheck):
         self.zero_grads: dict[int, int] = {}  # per optimizer: zero_grad() calls since its last step
         self.scaled: dict[int, _ScalerSteps] = {}  # per watched optimizer (by id of the torch optimizer)
         self.probes: dict[int, weakref.ref] = {}  # per optimizer: the parameter whose gradient every step reads
+        self.last_output: Optional[weakref.ref] = None  # the last watched forward's first tensor, weakly
+        import torch
+
+        self.tensor_type = torch.Tensor
+        self.first_tensor = _first_tensor
         self._watch_grad_scaler()
 
     def _watch_grad_scaler(self) -> None:
@@ -317,6 +385,39 @@ class NonfiniteValues(RuntimeCheck):
     def on_stop(self) -> Iterator[Finding]:
         if not self.found:
             yield from self._read_pending()
+        if not self.found:
+            yield from self._stopped_on_nonfinite()
+
+    def _stopped_on_nonfinite(self) -> Iterator[Finding]:
+        """The step never came: the watched code raised (or called sys.exit) with a NaN/Inf loss or output in
+        its variables, or left the loop on one. The user's frames are read once, at the end of the session."""
+        exc = self.ctx.exception
+        frames = _traceback_frames(exc) if exc is not None else [user_frame(0)]
+        output = self.last_output() if self.last_output is not None else None
+        out_bad = _is_float(output) and bool(torch_isnan(output).any())
+        for frame in frames:
+            bad, data = _nonfinite_locals(frame)
+            if not bad and not (out_bad and frame is frames[-1]):
+                continue
+            self.found = True
+            label = self.ctx.last_forward.label if self.ctx.last_forward is not None else None
+            stopped = (f"the run stopped ({type(exc).__name__}) before any optimizer step could see it"
+                       if exc is not None else "the loop ended before an optimizer step saw it")
+            names = ", ".join(f"`{n}`" for n in bad[:4]) if bad else "the model's output"
+            if data:
+                origin = f"the batch already holds NaN ({', '.join(f'`{n}`' for n in data[:3])}): the data is the source"
+            elif out_bad and label:
+                origin = f"{label}'s last output already held NaN, so the forward or its input is the source"
+            elif label and output is not None:
+                origin = f"{label}'s last output was finite, so the loss computation made it"
+            else:
+                origin = ""
+            yield Finding(
+                f"NaN/Inf reached {names} in `{frame.f_code.co_name}` and {stopped}"
+                + (f"; {origin}" if origin else "") + ".",
+                fix=_FIX, location=Location(file=frame.f_code.co_filename, line=frame.f_lineno, module=label,
+                                            step=self.ctx.step))
+            return
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         params = [p for p in event.optimizer.params() if p.is_floating_point()]
@@ -333,6 +434,13 @@ class NonfiniteValues(RuntimeCheck):
         yield Finding(message, fix=_FIX, location=Location(param=name, step=step))
 
     def on_forward(self, event: ForwardEvent) -> Optional[Iterator[Finding]]:
+        out = event.output
+        if type(out) is not self.tensor_type:  # a tuple, a dict, a ModelOutput: its first tensor
+            out = self.first_tensor(out)
+        try:
+            self.last_output = weakref.ref(out) if out is not None else None  # read only if the run stops on NaN
+        except TypeError:
+            self.last_output = None
         return None if self.probe is None else self._localise(event)
 
     def _localise(self, event: ForwardEvent) -> Iterator[Finding]:

@@ -95,3 +95,57 @@ def test_a_per_epoch_schedule_stepped_per_batch_is_still_found_at_the_scheduler_
     assert f.location.file == __file__
     import linecache
     assert linecache.getline(__file__, f.location.line).strip() == "scheduler.step()  # the line the finding names"
+
+
+def _nan_batch_run(stop: str):
+    """A NaN batch at step 2; the loop stops before any optimizer step sees it: the loss raises, the script
+    exits on a non-finite `loss.item()` (MAE's and DETR's engines), or it breaks out of the loop."""
+    import math
+    import sys
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = [(x, (y % 2).float()) for x, y in batches(4)]
+    data[2][0][0, 0] = float("nan")
+    s = session(model, opt)
+    try:
+        with s:
+            for x, y in data:
+                opt.zero_grad()
+                out = torch.sigmoid(model(x)).squeeze(1)
+                if stop == "raise":
+                    loss = nn.functional.binary_cross_entropy(out, y)  # RuntimeError on NaN input
+                else:
+                    loss = nn.functional.mse_loss(out, y)
+                    if not math.isfinite(loss.item()):
+                        if stop == "exit":
+                            sys.exit(1)
+                        break
+                loss.backward()
+                opt.step()
+    except (RuntimeError, SystemExit):
+        pass
+    return s
+
+
+def test_a_nan_that_stops_the_run_before_any_step_is_found():
+    for stop, what in (("raise", "RuntimeError"), ("exit", "SystemExit"), ("break", "the loop ended")):
+        s = _nan_batch_run(stop)
+        [f] = [f for f in s.findings if f.name == "nonfinite-values"]
+        assert what in f.message and "the batch already holds NaN (`x`" in f.message, (stop, f.message)
+        assert f.location.file == __file__ and f.location.step == 2
+    assert "`loss`" in _nan_batch_run("exit").findings[0].message
+
+
+def test_an_unrelated_error_or_masked_attention_scores_are_not_nonfinite():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batches(1)[0]
+    try:
+        with session(model, opt) as s:
+            scores = model(x).masked_fill(torch.ones(16, 3).tril().bool(), float("-inf"))  # -inf on purpose
+            loss = nn.functional.cross_entropy(model(x), y)
+            raise KeyError("a bug of its own")
+    except KeyError:
+        pass
+    assert problems(s) == [] and scores.isinf().any() and loss.isfinite()

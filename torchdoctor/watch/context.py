@@ -89,6 +89,7 @@ class WatchContext:
     fault: Callable[["RuntimeCheck", BaseException], None]
     hooks: HookSet = field(default_factory=HookSet)
     last_event: Any = None  # the most recent watched forward's `ForwardEvent`, its output and input dropped
+    exception: Optional[BaseException] = None  # what the watched code raised (SystemExit too), once it stops
     rank: int = 0
     world_size: int = 1
     _names: Optional[dict[int, str]] = None
@@ -128,7 +129,7 @@ class WatchContext:
         """Forget models, optimizers and loaders so that a finished session keeps nothing alive."""
         self.models, self.optimizers, self.loaders = [], [], []
         self._names = None
-        self.last_event = None
+        self.last_event = self.exception = None
 
 
 def first_graph_tensor(output: Any, depth: int = 0) -> Optional[torch.Tensor]:

@@ -168,6 +168,7 @@ class WatchSession:
         if hub is None or ctx is None:
             return
         self._quiet_raise = exc is not None  # the user's exception must propagate unchanged
+        ctx.exception = exc
         try:
             hub.dispatch(Event.STOP)
         finally:
