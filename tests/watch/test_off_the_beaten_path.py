@@ -149,3 +149,68 @@ def test_an_unrelated_error_or_masked_attention_scores_are_not_nonfinite():
     except KeyError:
         pass
     assert problems(s) == [] and scores.isinf().any() and loss.isfinite()
+
+
+def _manual_sgd(clear: str, steps: int = 4, accumulate: int = 1):
+    """An optimizer-free loop (Karpathy's micrograd style): `p.data.add_(-lr * p.grad)`."""
+    model = mlp()
+    with session(model) as s:
+        for i, (x, y) in enumerate(batches(steps * accumulate)):
+            nn.functional.cross_entropy(model(x), y).backward()
+            if (i + 1) % accumulate:
+                continue
+            for p in model.parameters():
+                p.data.add_(-0.1 * p.grad)
+                if clear == "none":
+                    p.grad = None
+                elif clear == "zero":
+                    p.grad.zero_()
+            if clear == "model":
+                model.zero_grad()
+    return s
+
+
+def test_a_manual_sgd_loop_that_never_clears_gradients_is_missing_zero_grad():
+    [f] = [f for f in _manual_sgd("never").findings if f.name == "missing-zero-grad"]
+    assert "updated by hand" in f.message and f.location.param == "2.bias"
+
+
+def test_manual_updates_that_clear_or_accumulate_are_quiet():
+    for clear in ("none", "zero", "model"):
+        assert problems(_manual_sgd(clear)) == [], clear
+    assert problems(_manual_sgd("model", accumulate=3)) == []
+
+
+class TwoEncoders(nn.Module):
+    """MoCo-shaped: a query encoder trained through forward(), and a monitor that calls it directly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder_q = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.1))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder_q(x))
+
+
+def _monitored(eval_mode: bool):
+    model = TwoEncoders()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session(model, opt) as s:
+        for x, y in batches(4):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        if eval_mode:
+            model.eval()
+        with torch.no_grad():  # a kNN monitor on the features
+            for x, _ in batches(3):
+                model.encoder_q(x)
+        model.train()
+    return s
+
+
+def test_a_submodule_called_directly_gives_forward_events():
+    [f] = [f for f in _monitored(eval_mode=False).findings if f.name == "train-mode-in-eval"]
+    assert "TwoEncoders ran 2 forwards under torch.no_grad()" in f.message
+    assert problems(_monitored(eval_mode=True)) == []
