@@ -87,6 +87,8 @@ _FIX = ("Unscale before clipping:\n"
 class ClipBeforeUnscale(RuntimeCheck):
     """A torch clip since the last scaler step, and a GradScaler.step(optimizer) whose gradients are still scaled."""
 
+    needs_optimizer = True
+
     def on_start(self) -> None:
         import torch
 

@@ -123,6 +123,8 @@ class MissingZeroGrad(RuntimeCheck):
     """Before each backward into a sentinel parameter, note whether its .grad was cleared since the last
     step; at the next step, flag when it never was. Accumulation (several backwards, one step) is fine."""
 
+    needs_forward = False  # its forward handler only says what a backward hook found
+
     def on_start(self) -> None:
         self.sentinels: dict[int, _Sentinel] = {}
         self.manual: list[Finding] = []  # found inside backward (optimizer-free loops), said at the next event

@@ -223,6 +223,9 @@ class NonfiniteValues(RuntimeCheck):
     `GradScaler` skips a step whose gradients hold NaN/Inf, so a loss that stays NaN shows up only as
     `zero_grad()` calls with no step between them: `SKIPPED_STEPS` in a row are reported."""
 
+    needs_optimizer = True
+    needs_forward = False  # it judges gradients; forwards only help to locate
+
     def on_start(self) -> None:
         self.found = False
         self.step = 0

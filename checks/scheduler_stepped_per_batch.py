@@ -89,6 +89,8 @@ class SchedulerSteppedPerBatch(RuntimeCheck):
     far the LR fell in it. A loader drives training when scheduler steps happen while one of its passes is
     under way (its iterator alive and not exhausted): an eval loader run mid-epoch never ends an epoch."""
 
+    needs_optimizer = True
+
     def on_start(self) -> None:
         import torch
 

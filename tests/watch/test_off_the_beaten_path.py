@@ -214,3 +214,57 @@ def test_a_submodule_called_directly_gives_forward_events():
     [f] = [f for f in _monitored(eval_mode=False).findings if f.name == "train-mode-in-eval"]
     assert "TwoEncoders ran 2 forwards under torch.no_grad()" in f.message
     assert problems(_monitored(eval_mode=True)) == []
+
+
+def _trainer_that_builds_its_own_optimizer(model: nn.Module, steps: int = 3) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # built where watch() never saw it
+    for x, y in batches(steps):
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()  # and never cleared: a real bug the optimizer checks would see
+
+
+def _not_run(s) -> dict[str, str]:
+    return {name: group["why"] for group in s.facts.get("not_run", []) for name in group["checks"]}
+
+
+def test_a_session_whose_optimizer_checks_saw_nothing_says_so_and_why():
+    model = mlp()
+    with session(model) as s:
+        _trainer_that_builds_its_own_optimizer(model)
+    unseen = _not_run(s)
+    if not s.facts["optimizers"]:  # the optimizer stayed out of the session's sight
+        assert unseen["stale-optimizer-params"] == "no optimizer was given to watch() or seen in the session"
+        assert {"nonfinite-values", "param-not-in-optimizer", "unused-parameters"} <= set(unseen)
+    else:  # a session that adopts optimizers built after it started ran them
+        assert not {"stale-optimizer-params", "nonfinite-values"} & set(unseen)
+    assert "train-mode-in-eval" not in unseen  # the forwards were seen
+
+
+def test_the_report_lists_checks_that_could_not_run_instead_of_no_problems_found(capsys):
+    from torch.func import functional_call, vmap
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    params = dict(model.named_parameters())
+    with session(model, opt, report=True) as s:  # forwards only under vmap, and no step
+        vmap(lambda x: functional_call(model, params, (x,)))(torch.randn(4, 2, 8))
+    unseen = _not_run(s)
+    assert "inside torch.func transforms" in unseen["train-mode-in-eval"]
+    assert unseen["missing-zero-grad"] == "no optimizer step ran in the session"
+    printed = capsys.readouterr().err
+    assert "No problems found." not in printed and "could not run" in printed
+    assert "not run" in printed and "train-mode-in-eval" in printed
+
+
+def test_a_plain_correct_loop_has_every_check_run():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(32, 8), torch.randint(0, 3, (32,))), batch_size=8)
+    with session(model, opt) as s:
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert s.findings == [] and "not_run" not in s.facts

@@ -147,6 +147,13 @@ def handler_names() -> set[str]:
 class RuntimeCheck:
     """Base class of runtime checks: override the ``on_<event>`` handlers the check needs."""
 
+    #: Whether the check judges optimizer steps, so that a session without one reports it as not run
+    #: (None: it does when it listens to step events only).
+    needs_optimizer: Optional[bool] = None
+    #: Whether it judges forwards, so that a session that saw none reports it as not run (None: it does when
+    #: it listens to forwards).
+    needs_forward: Optional[bool] = None
+
     def __init__(self, ctx: "WatchContext") -> None:
         self.ctx = ctx
 

@@ -62,12 +62,15 @@ class EventHub:
         self._members: dict[int, WatchedModel] = {}  # those and every submodule: a call of one outside the others is seen
         self._depth = 0  # calls of members running now: a member called at depth 0 is the outermost
         self._stepped = False
+        self.seen: dict[Event, int] = {}  # events dispatched (START/STOP aside), for the checks that could not run
+        self.under_functorch = 0  # forwards of watched models skipped inside torch.func transforms
         for chk in checks:
             for event in type(chk).subscribed_events():
                 self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
 
     def dispatch(self, event: Event, *payload: Any) -> None:
         """Call every subscriber; pass its findings to the sink; contain its faults."""
+        self.seen[event] = self.seen.get(event, 0) + 1
         for chk, handler in self.subs[event]:  # `disable` rebinds the lists: no copy per event
             try:
                 found = handler(*payload)
@@ -154,7 +157,10 @@ class EventHub:
         root = self._watched.get(id(module)) is wm
         if depth and not root:  # the usual call: a submodule inside the model's forward
             return
-        if output is None or _in_functorch():  # the forward raised, or runs under a torch.func transform
+        if output is None:  # the forward raised
+            return
+        if _in_functorch():  # the output is a functorch wrapper, without storage or autograd graph
+            self.under_functorch += 1
             return
         if root:
             wm.called = True

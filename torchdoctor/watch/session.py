@@ -19,6 +19,7 @@ from torchdoctor.settings import load_settings
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
 from torchdoctor.wrappers import unwrap, unwrap_optimizer
 from torchdoctor.watch.contract import Event, RuntimeCheck
+from torchdoctor.watch.coverage import not_run
 from torchdoctor.watch.diagnose import diagnose_exception
 from torchdoctor.watch.events import EventHub
 from torchdoctor.watch.graphs import GraphTracker
@@ -102,6 +103,7 @@ class WatchSession:
         self.diagnosis: Optional[dict[str, Any]] = None
         self.facts: dict[str, Any] = {}
         self._enabled: list[str] = []
+        self._checks: dict[str, RuntimeCheck] = {}
         self.hook_errors: list[str] = []  # the hooks that could not be installed, and the checks that are off
         self.rank_findings: Optional[list[Finding]] = None  # under torch.distributed, on rank 0: every rank's
 
@@ -151,6 +153,7 @@ class WatchSession:
             self._info_of[id(chk)] = info
             checks.append(chk)
         self._enabled = sorted(self._info_of[id(c)].name for c in checks)
+        self._checks = {self._info_of[id(c)].name: c for c in checks}
         self._hub = EventHub(ctx, checks, self._sink, self._fault)
         self.hook_errors = []
         for what, error, off in self._hub.install():  # never break training: watch the rest and say what is off
@@ -181,6 +184,14 @@ class WatchSession:
             ctx.hooks.remove_all()
             ctx.graphs.stop()
             self.facts = self._facts(ctx)
+            try:
+                unseen = not_run(ctx, self._checks, hub.seen, hub.under_functorch, {f.name for f in self.findings})
+            except Exception as error:  # the report goes on without it
+                logger.warning("torchdoctor: could not tell which checks ran: %s: %s", type(error).__name__, error)
+                unseen = []
+            if unseen:
+                self.facts["not_run"] = unseen
+            self._checks = {}
             if ctx.world_size > 1:  # every rank's findings go to rank 0's report (torchdoctor.watch.distributed)
                 from torchdoctor.watch.distributed import gather_report
 

@@ -15,6 +15,9 @@ def facts_view(facts: dict[str, Any]) -> RenderableType:
         lines.append(Text.assemble(("  model ", "dim"), m["label"], wrapped, (f"  {m['parameters']:,} parameters", "dim")))
     for o in facts.get("optimizers", []):
         lines.append(Text.assemble(("  optimizer ", "dim"), o["label"], (f"  {o['steps']} steps", "dim")))
+    for group in facts.get("not_run", []):
+        lines.append(Text.assemble(("  not run ", "yellow"), ", ".join(group["checks"]), (f": {group['why']}", "dim")))
+        lines.append(Text.assemble(("           how: ", "dim"), group["how"]))
     exc = facts.get("exception")
     if exc:
         lines.append(Text())
