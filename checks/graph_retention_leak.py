@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import ast
+import linecache
+import re
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
-from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, frame_variables, user_frames
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS, Binding, FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets, graph_refs,
     is_backward, ref,
@@ -91,6 +93,75 @@ GRAPH_RETENTION_LEAK = Pitfall(
         """,
     },
 )
+
+
+def _find_keeper() -> Optional[tuple[str, str, str, int]]:
+    """The user's variable that keeps graphs across steps, looked for in the user's frames on the stack and in
+    the attributes of their `self`: a container of several tensors attached to graphs (`losses`), or a running
+    total whose graph chains additions (`total_loss`). Returns (name, what it is, file, line of the statement
+    that adds to it, else of the frame)."""
+    for frame in user_frames():
+        for name, value in frame_variables(frame):
+            found = _keeps_graphs(value)
+            if found is None and name == "self":
+                for attr, item in list(getattr(value, "__dict__", {}).items())[:200]:
+                    found = _keeps_graphs(item)
+                    if found is not None:
+                        name = f"self.{attr}"
+                        break
+            if found is not None:
+                return name, found, frame.f_code.co_filename, _adding_line(frame, name)
+    return None
+
+
+def _keeps_graphs(value: object) -> Optional[str]:
+    """What `value` is when it keeps graphs: a list/tuple/deque/dict of two or more tensors with a grad_fn,
+    or a tensor whose graph is a chain of three or more additions (a running total)."""
+    import collections
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        fn, adds = value.grad_fn, 0
+        while fn is not None and type(fn).__name__ in ("AddBackward0", "AddBackward1") and adds < 3:
+            adds += 1
+            fn = fn.next_functions[0][0] if fn.next_functions else None
+        return "a running total of tensors attached to their graphs" if adds >= 3 else None
+    if isinstance(value, dict):
+        items: list[object] = list(value.values())[:1000]
+    elif isinstance(value, (list, tuple, collections.deque)):
+        items = list(value)[:1000]
+    else:
+        return None
+    attached = sum(1 for item in items if isinstance(item, torch.Tensor) and item.grad_fn is not None)
+    return f"a {type(value).__name__} of {attached} tensors attached to their graphs" if attached >= 2 else None
+
+
+def _detached(source: str, name: str, total: bool) -> str:
+    """The statement that adds to `name`, rewritten to add a number (`.item()`, for a running total) or a
+    tensor without graph (`.detach()`, for a container); a generic line when it is not one of those forms."""
+    suffix = ".item()" if total else ".detach()"
+    for pattern in (rf"^({re.escape(name)}\.(?:append|insert)\((?:.*,\s*)?)(.+)(\))$",
+                    rf"^({re.escape(name)}\s*\+=\s*)(.+)()$",
+                    rf"^({re.escape(name)}\s*=\s*{re.escape(name)}\s*\+\s*)(.+)()$"):
+        match = re.match(pattern, source.split("  #")[0].strip())
+        if match:
+            value = match.group(2).strip()
+            value = value if re.fullmatch(r"[\w.]+", value) else f"({value})"
+            return f"{match.group(1)}{value}{suffix}{match.group(3)}"
+    return f"{name}.append(loss{suffix})" if not total else f"{name} += loss{suffix}"
+
+
+def _adding_line(frame: object, name: str) -> int:
+    """The line of the frame's function that adds to `name` (`name.append(`, `name +=`, `name = name + ...`),
+    else the frame's current line."""
+    code = frame.f_code  # type: ignore[attr-defined]
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\s*(\.(append|extend|insert)\(|\+=|=\s*{re.escape(name)}\s*\+)")
+    lines = [line for _, _, line in code.co_lines() if line is not None]
+    for number in sorted(set(lines)):
+        if pattern.search(linecache.getline(code.co_filename, number)):
+            return number
+    return frame.f_lineno  # type: ignore[attr-defined]
 
 
 def _cuda_allocated() -> Optional[int]:
@@ -201,14 +272,22 @@ class GraphRetentionLeak(RuntimeCheck):
         when = "when the session ended" if at_exit else f"after step {now - 1}"
         steps = f"{len(old)} earlier steps" if self.tracked_between(old[0], now - 2) == now - 1 - old[0] else \
             f"{len(old)} of the earlier steps it samples (every {self.sample}th from step {self.span} on)"
+        keeper = _find_keeper()
+        if keeper is not None:
+            name, what, file, line = keeper
+            culprit = f"`{name}` ({what}) keeps them"
+            fix = (f"Keep numbers, not graphs, in `{name}`:\n"
+                   + _detached(linecache.getline(file, line).strip(), name, "running" in what))
+        else:
+            culprit = ("Something keeps a tensor that is still attached to its graph, e.g. `losses.append(loss)` or "
+                       "`total_loss += loss`")
+            fix = "Keep numbers, not graphs, across steps:\ntotal_loss += loss.item()      # or loss.detach()\n" \
+                  "losses.append(loss.item())"
+            file = line = None
         return Finding(
             f"Autograd graphs of {label}'s forward outputs stay alive across steps: {when}, {graphs} graphs built in "
-            f"{steps} (the oldest in step {old[0]}) are still alive ({memory}). Something keeps a "
-            "tensor that is still attached to its graph, e.g. `losses.append(loss)` or `total_loss += loss`.",
-            fix="Keep numbers, not graphs, across steps:\n"
-                "total_loss += loss.item()      # or loss.detach()\n"
-                "losses.append(loss.item())",
-            location=Location(module=label, step=now - 1))
+            f"{steps} (the oldest in step {old[0]}) are still alive ({memory}). {culprit}.",
+            fix=fix, location=Location(file=file, line=line, module=label, step=now - 1))
 
     def _model(self, label: str) -> "WatchedModel":
         return next(wm for wm in self.ctx.models if wm.label == label)

@@ -192,10 +192,11 @@ class MissingZeroGrad(RuntimeCheck):
         return self._finding(event, param)
 
     def _finding(self, event: StepEvent, param: Any) -> Iterator[Finding]:
-        name = self.ctx.param_name(param) or "a parameter"
+        name = self.ctx.param_name(param)
+        shown = f"`{name}`" if name else "a parameter"
         yield Finding(
             f"{event.optimizer.label}.step() applied gradients that still contained those of the previous step: "
-            f"the gradient of `{name}` was not cleared after the last step() (no zero_grad() was seen), "
+            f"the gradient of {shown} was not cleared after the last step() (no zero_grad() was seen), "
             "so gradients add up across steps and the updates grow.",
             fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
             location=Location(param=name, step=event.step))

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import weakref
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import (
-    ForwardEvent, MethodPatch, RuntimeCheck, StepEvent, ZeroGradEvent, is_library, unwrap_optimizer, user_frame,
+    ForwardEvent, MethodPatch, RuntimeCheck, StepEvent, ZeroGradEvent, frame_variables, is_library, unwrap_optimizer,
+    user_frame,
 )
 
 _UNNORMALISED_PIXELS = """
@@ -183,13 +183,7 @@ def _nonfinite_locals(frame: Any) -> tuple[list[str], list[str]]:
     import torch
 
     graph, data = [], []
-    names = frame.f_locals
-    variables = list(names.items())[:200]
-    if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
-        # a function's f_locals is a snapshot cached on its frame (Python < 3.13): left filled, it would keep
-        # the user's tensors and models alive after they `del` them, for as long as the function runs; the
-        # next read of f_locals or locals() rebuilds it
-        names.clear()
+    variables = frame_variables(frame)
     for name, value in variables:
         if not _is_float(value) or value.is_sparse or value.numel() > 2 ** 26:
             continue

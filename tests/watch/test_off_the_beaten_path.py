@@ -268,3 +268,46 @@ def test_a_plain_correct_loop_has_every_check_run():
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
     assert s.findings == [] and "not_run" not in s.facts
+
+
+def test_a_graph_leak_is_located_at_the_line_that_keeps_the_loss():
+    import linecache
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = batches(1)[0]
+    history = []
+    with session(model, opt) as s:
+        for _ in range(20):
+            opt.zero_grad()
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            history.append(loss)  # the leak
+    [f] = s.findings
+    assert "`history` (a list of " in f.message and f.location.file == __file__
+    assert linecache.getline(__file__, f.location.line).strip() == "history.append(loss)  # the leak"
+    assert f.fix.code == "history.append(loss.detach())"
+
+
+def test_a_running_total_kept_on_self_is_named():
+    class Loop:
+        def __init__(self) -> None:
+            self.model = mlp()
+            self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
+            self.running = torch.zeros(())
+
+        def fit(self) -> None:
+            for x, y in batches(20):
+                self.opt.zero_grad()
+                loss = nn.functional.cross_entropy(self.model(x), y)
+                loss.backward()
+                self.opt.step()
+                self.running = self.running + loss
+
+    loop = Loop()
+    with session(loop.model, loop.opt) as s:
+        loop.fit()
+    [f] = s.findings
+    assert "`self.running` (a running total" in f.message and f.location.line is not None
+    assert f.fix.code == "self.running = self.running + loss.item()"

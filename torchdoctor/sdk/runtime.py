@@ -13,7 +13,7 @@ from torchdoctor.watch.contract import (
 )
 from torchdoctor.watch.handles import Restore
 from torchdoctor.watch.patches import MethodPatch
-from torchdoctor.watch.userframe import is_library, user_frame, user_line
+from torchdoctor.watch.userframe import frame_variables, is_library, user_frame, user_frames, user_line
 from torchdoctor.wrappers import unwrap, unwrap_optimizer, wrapper_chain
 
 _LAZY = {
@@ -32,7 +32,7 @@ _LAZY = {
 }
 
 __all__ = ["Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
-           "ZeroGradEvent", "is_library", "unwrap", "unwrap_optimizer", "user_frame", "user_line", "wrapper_chain", *_LAZY]
+           "ZeroGradEvent", "frame_variables", "is_library", "unwrap", "unwrap_optimizer", "user_frame", "user_frames", "user_line", "wrapper_chain", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -44,7 +44,7 @@ _ADVICE = {
                      "under torch.no_grad(), or use autocast / gradient checkpointing.",
     "nan-in-loss-input": "The loss (or sampling) received NaN or values outside [0, 1]: usually NaN from the forward, "
                          "which in turn comes from NaN weights or inputs. Use BCEWithLogitsLoss on raw logits "
-                         "(numerically safe), and run `torchdoctor.watch` (nonfinite-values) to find where NaN began.",
+                         "(numerically safe); this session's nonfinite-values finding names the variables that held NaN.",
     "state-dict-keys": "Strip or add the wrapper prefix so that the keys match: "
                        "`torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, 'module.')`.",
 }

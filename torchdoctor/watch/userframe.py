@@ -2,11 +2,12 @@
 frameworks and any installed library or the standard library. Torch-free (checks import it at load)."""
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import sysconfig
 from types import FrameType
-from typing import Optional
+from typing import Any, Optional
 
 # Top-level packages whose frames stand between the user's line and a hook, wherever they are installed.
 NOT_USER_CODE = frozenset({"torchdoctor", "torch", "lightning", "pytorch_lightning", "lightning_fabric",
@@ -41,3 +42,26 @@ def user_line(depth: int = 1) -> tuple[str, int]:
     """(file, line) of `user_frame`."""
     frame = user_frame(depth + 1)
     return frame.f_code.co_filename, frame.f_lineno
+
+
+def frame_variables(frame: FrameType, limit: int = 200) -> list[tuple[str, Any]]:
+    """A frame's variables (at most `limit`), read once. A function's ``f_locals`` is a snapshot cached on
+    its frame (Python < 3.13): left filled, it would keep the user's tensors alive after they ``del`` them,
+    for as long as the function runs, so it is emptied again (the next read of f_locals or locals()
+    rebuilds it); a module's or a class body's namespace is the real one and is left alone."""
+    names = frame.f_locals
+    variables = list(names.items())[:limit]
+    if frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        names.clear()
+    return variables
+
+
+def user_frames(start: Optional[FrameType] = None, limit: int = 8) -> list[FrameType]:
+    """The user's frames from `start` (default: the innermost user frame of the caller) outwards."""
+    frame: Optional[FrameType] = start or user_frame(1)
+    found = []
+    while frame is not None and len(found) < limit:
+        if not is_library(frame):
+            found.append(frame)
+        frame = frame.f_back
+    return found
