@@ -73,16 +73,20 @@ class BackwardMissesParameters(RuntimeCheck):
     only (no sentinel on the graph): a backward that reaches a trainable parameter leaves it a gradient."""
 
     def on_start(self) -> None:
+        import torch
+
         from torchdoctor.sdk.runtime import first_graph_tensor
 
         self.first_graph_tensor = first_graph_tensor  # looked up once: on_forward runs at every step
+        self.tensor_type = torch.Tensor
         self.built: dict[str, int] = {}  # per model: forwards with a graph since the last step
         self.reported = False
 
     def on_forward(self, event: ForwardEvent) -> None:
         if not event.grad_enabled or self.reported:
             return
-        if self.first_graph_tensor(event.output) is not None:
+        out = event.output
+        if out.requires_grad if type(out) is self.tensor_type else self.first_graph_tensor(out) is not None:
             label = event.model.label
             self.built[label] = self.built.get(label, 0) + 1
 
