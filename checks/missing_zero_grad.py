@@ -156,7 +156,8 @@ class MissingZeroGrad(RuntimeCheck):
                 self.manual_done = True
                 name = self.ctx.param_name(param)
                 self.manual.append(Finding(
-                    f"{m.label}'s parameters are updated by hand (no optimizer given to watch()), and the gradient "
+                    f"{m.label}'s parameters are updated without an optimizer that watch() saw (by hand, or by one "
+                    "built out of its sight), and the gradient "
                     f"of {f'`{name}`' if name else 'its smallest parameter'} still held the previous iteration's "
                     "when the next backward added to it: gradients add up across updates, so each update "
                     "applies their running sum.",

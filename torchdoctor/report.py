@@ -168,7 +168,7 @@ def summary_line(report: Report, fail_on: str) -> "Text":
 
     counts = report.counts()
     if not report.findings:
-        unseen = sum(len(g.get("checks", [])) for g in report.facts.get("not_run", []))
+        unseen = sum(len(g.get("checks", [])) for g in report.facts.get("not_run", []) if g.get("applies", True))
         if unseen:  # a watch session whose checks saw nothing to judge: not a clean bill of health
             return Text(f"No problems found by the checks that ran; {unseen} could not run (see above).",
                         style="bold yellow")

@@ -172,7 +172,7 @@ def _manual_sgd(clear: str, steps: int = 4, accumulate: int = 1):
 
 def test_a_manual_sgd_loop_that_never_clears_gradients_is_missing_zero_grad():
     [f] = [f for f in _manual_sgd("never").findings if f.name == "missing-zero-grad"]
-    assert "updated by hand" in f.message and f.location.param == "2.bias"
+    assert "without an optimizer that watch() saw" in f.message and f.location.param == "2.bias"
 
 
 def test_manual_updates_that_clear_or_accumulate_are_quiet():
@@ -311,3 +311,26 @@ def test_a_running_total_kept_on_self_is_named():
     [f] = s.findings
     assert "`self.running` (a running total" in f.message and f.location.line is not None
     assert f.fix.code == "self.running = self.running + loss.item()"
+
+
+def test_validation_before_the_first_step_that_never_restores_train_mode():
+    """nanoGPT's loop evaluates at iteration 0; without model.train() after it, every step trains in eval()."""
+    def run(restore: bool):
+        model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1), nn.ReLU(), nn.Linear(16, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with session(model, opt) as s:
+            for i, (x, y) in enumerate(batches(4)):
+                if i == 0:
+                    model.eval()
+                    with torch.no_grad():
+                        model(x)
+                    if restore:
+                        model.train()
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+        return s
+
+    [f] = [f for f in run(restore=False).findings if f.name == "train-mode-not-restored"]
+    assert "was validated in eval() mode since" in f.message and f.location.step == 0
+    assert problems(run(restore=True)) == []

@@ -30,16 +30,16 @@ def needs_forward(check: RuntimeCheck) -> bool:
 
 def not_run(ctx: "WatchContext", checks: dict[str, RuntimeCheck], seen: dict[Event, int],
             under_functorch: int, found: set[str]) -> list[dict[str, Any]]:
-    """Groups of checks that could not run: {"checks": names, "why": ..., "how": ...}; a check that found
-    something did run."""
+    """Groups of checks that could not run: {"checks": names, "why": ..., "how": ...}, with "applies": False
+    for those that have nothing to judge in such a loop (no DataLoader); a check that found something ran."""
     groups: list[dict[str, Any]] = []
     taken: set[str] = set(found)
 
-    def group(names: list[str], why: str, how: str) -> None:
+    def group(names: list[str], why: str, how: str, applies: bool = True) -> None:
         names = sorted(n for n in names if n not in taken)
         if names:
             taken.update(names)
-            groups.append({"checks": names, "why": why, "how": how})
+            groups.append({"checks": names, "why": why, "how": how, **({} if applies else {"applies": False})})
 
     if not ctx.optimizers:
         group([n for n, c in checks.items() if needs_optimizer(c)],
@@ -59,6 +59,6 @@ def not_run(ctx: "WatchContext", checks: dict[str, RuntimeCheck], seen: dict[Eve
         group(listening, why, how)
     loaders = [n for n, c in checks.items() if set(type(c).subscribed_events()) & _LOOP_EVENTS == {Event.LOADER_ITER}]
     if not seen.get(Event.LOADER_ITER):
-        group(loaders, "no DataLoader pass started in the session",
-              "nothing to do if the loop reads no DataLoader; otherwise iterate it inside the session")
+        group(loaders, "no DataLoader pass started in the session",  # nothing to judge in a loop without one
+              "nothing to do if the loop reads no DataLoader; otherwise iterate it inside the session", applies=False)
     return groups
