@@ -99,8 +99,9 @@ def _find_keeper() -> Optional[tuple[str, str, str, int]]:
     """The user's variable that keeps graphs across steps, looked for in the user's frames on the stack and in
     the attributes of their `self`: a container of several tensors attached to graphs (`losses`), or a running
     total whose graph chains additions (`total_loss`). Returns (name, what it is, file, line of the statement
-    that adds to it, else of the frame)."""
-    for frame in user_frames():
+    that adds to it in one of those frames, else the line its frame is at)."""
+    frames = user_frames()
+    for frame in frames:
         for name, value in frame_variables(frame):
             found = _keeps_graphs(value)
             if found is None and name == "self":
@@ -109,8 +110,12 @@ def _find_keeper() -> Optional[tuple[str, str, str, int]]:
                     if found is not None:
                         name = f"self.{attr}"
                         break
-            if found is not None:
-                return name, found, frame.f_code.co_filename, _adding_line(frame, name)
+            if found is not None:  # the statement that adds to it may sit in a function it runs (a global list)
+                for where in [f for f in frames if f is not frame] + [frame]:
+                    line = _adding_line(where, name)
+                    if line is not None:
+                        return name, found, where.f_code.co_filename, line
+                return name, found, frame.f_code.co_filename, frame.f_lineno
     return None
 
 
@@ -152,16 +157,15 @@ def _detached(source: str, name: str, total: bool) -> str:
     return f"{name}.append(loss{suffix})" if not total else f"{name} += loss{suffix}"
 
 
-def _adding_line(frame: object, name: str) -> int:
-    """The line of the frame's function that adds to `name` (`name.append(`, `name +=`, `name = name + ...`),
-    else the frame's current line."""
+def _adding_line(frame: object, name: str) -> Optional[int]:
+    """The line of the frame's code that adds to `name` (`name.append(`, `name +=`, `name = name + ...`)."""
     code = frame.f_code  # type: ignore[attr-defined]
     pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\s*(\.(append|extend|insert)\(|\+=|=\s*{re.escape(name)}\s*\+)")
     lines = [line for _, _, line in code.co_lines() if line is not None]
     for number in sorted(set(lines)):
         if pattern.search(linecache.getline(code.co_filename, number)):
             return number
-    return frame.f_lineno  # type: ignore[attr-defined]
+    return None
 
 
 def _cuda_allocated() -> Optional[int]:

@@ -334,3 +334,16 @@ def test_validation_before_the_first_step_that_never_restores_train_mode():
     [f] = [f for f in run(restore=False).findings if f.name == "train-mode-not-restored"]
     assert "was validated in eval() mode since" in f.message and f.location.step == 0
     assert problems(run(restore=True)) == []
+
+
+def test_a_loop_without_a_dataloader_is_still_a_clean_bill_of_health(capsys):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session(model, opt, report=True) as s:  # nanoGPT-style: batches sliced from tensors, no DataLoader
+        for x, y in batches(3):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    [group] = s.facts["not_run"]
+    assert group["applies"] is False and "sampler-epoch-not-set" in group["checks"]
+    assert "✓ No problems found." in capsys.readouterr().err
