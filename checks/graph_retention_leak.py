@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import linecache
 import re
 from typing import TYPE_CHECKING, Iterator, Optional
@@ -110,8 +111,9 @@ def _find_keeper() -> Optional[tuple[str, str, str, int]]:
                     if found is not None:
                         name = f"self.{attr}"
                         break
-            if found is not None:  # the statement that adds to it may sit in a function it runs (a global list)
-                for where in [f for f in frames if f is not frame] + [frame]:
+            if found is not None:  # a module's variable (a global list) is added to in the functions it runs
+                others = [f for f in frames if f is not frame]
+                for where in ([frame] + others if frame.f_code.co_flags & inspect.CO_OPTIMIZED else others + [frame]):
                     line = _adding_line(where, name)
                     if line is not None:
                         return name, found, where.f_code.co_filename, line
