@@ -279,17 +279,18 @@ class GraphRetentionLeak(RuntimeCheck):
         steps = f"{len(old)} earlier steps" if self.tracked_between(old[0], now - 2) == now - 1 - old[0] else \
             f"{len(old)} of the earlier steps it samples (every {self.sample}th from step {self.span} on)"
         keeper = _find_keeper()
+        file: Optional[str] = None
+        line: Optional[int] = None
         if keeper is not None:
             name, what, file, line = keeper
             culprit = f"`{name}` ({what}) keeps them"
             fix = (f"Keep numbers, not graphs, in `{name}`:\n"
-                   + _detached(linecache.getline(file, line).strip(), name, "running" in what))
+                   + _detached(linecache.getline(keeper[2], keeper[3]).strip(), name, "running" in what))
         else:
             culprit = ("Something keeps a tensor that is still attached to its graph, e.g. `losses.append(loss)` or "
                        "`total_loss += loss`")
             fix = "Keep numbers, not graphs, across steps:\ntotal_loss += loss.item()      # or loss.detach()\n" \
                   "losses.append(loss.item())"
-            file = line = None
         return Finding(
             f"Autograd graphs of {label}'s forward outputs stay alive across steps: {when}, {graphs} graphs built in "
             f"{steps} (the oldest in step {old[0]}) are still alive ({memory}). {culprit}.",

@@ -182,7 +182,8 @@ def _nonfinite_locals(frame: Any) -> tuple[list[str], list[str]]:
     data without a graph that holds NaN). Tensors of more than 2**26 elements are not read."""
     import torch
 
-    graph, data = [], []
+    graph: list[str] = []
+    data: list[str] = []
     variables = frame_variables(frame)
     for name, value in variables:
         if not _is_float(value) or value.is_sparse or value.numel() > 2 ** 26:

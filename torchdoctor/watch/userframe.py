@@ -59,7 +59,7 @@ def frame_variables(frame: FrameType, limit: int = 200) -> list[tuple[str, Any]]
 def user_frames(start: Optional[FrameType] = None, limit: int = 8) -> list[FrameType]:
     """The user's frames from `start` (default: the innermost user frame of the caller) outwards."""
     frame: Optional[FrameType] = start or user_frame(1)
-    found = []
+    found: list[FrameType] = []
     while frame is not None and len(found) < limit:
         if not is_library(frame):
             found.append(frame)
