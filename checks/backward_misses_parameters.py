@@ -56,10 +56,10 @@ BACKWARD_MISSES_PARAMETERS = Pitfall(
     ),
     details={
         "runtime": """
-            `watch` puts a sentinel on the graph of each forward output built with gradients (see
-            graph-retention-leak). At `optimizer.step()` it reports an error when, since the previous step, a
-            watched model ran such a forward, backward reached none of those graphs, and none of the
-            optimizer's trainable parameters has a gradient. Quiet: steps whose gradients exist (any
+            `watch` counts the forwards of each watched model that built a graph. At `optimizer.step()` it
+            reports an error when, since the previous step, a watched model holding some of the optimizer's
+            parameters ran such a forward and none of the optimizer's trainable parameters has a gradient
+            (a backward that reached any of them would have left one). Quiet: steps whose gradients exist (any
             backward that reached a parameter, gradient accumulation, closures), models whose parameters this
             optimizer does not hold (a frozen teacher), and steps with no forward since the last one.
         """,
@@ -68,61 +68,57 @@ BACKWARD_MISSES_PARAMETERS = Pitfall(
 )
 
 
-class _Since:
-    """Per model: forward graphs built since the last step, and whether backward reached any of them."""
-
-    def __init__(self) -> None:
-        self.built = 0
-        self.reached = False
-
-
 @BACKWARD_MISSES_PARAMETERS.runtime
 class BackwardMissesParameters(RuntimeCheck):
-    """Forward graphs that backward never reaches, and a step with no gradient at all: nothing trains."""
+    """Forward graphs built since the last step, and a step with no gradient at all: nothing trains. Counts
+    only (no sentinel on the graph): a backward that reaches a trainable parameter leaves it a gradient."""
 
     def on_start(self) -> None:
-        self.since: dict[str, _Since] = {}
+        import torch
+
+        from torchdoctor.sdk.runtime import first_graph_tensor
+
+        self.first_graph_tensor = first_graph_tensor  # looked up once: on_forward runs at every step
+        self.tensor_type = torch.Tensor
+        self.built: dict[str, int] = {}  # per model: forwards with a graph since the last step
         self.reported = False
 
     def on_forward(self, event: ForwardEvent) -> None:
         if not event.grad_enabled or self.reported:
             return
-        from torchdoctor.sdk.runtime import first_graph_tensor
+        out = event.output
+        if out.requires_grad if type(out) is self.tensor_type else self.first_graph_tensor(out) is not None:
+            label = event.model.label
+            self.built[label] = self.built.get(label, 0) + 1
 
-        out = first_graph_tensor(event.output)
-        if out is None:
-            return
-        since = self.since.setdefault(event.model.label, _Since())
-
-        def backward() -> None:
-            since.reached = True
-
-        if self.ctx.graphs.track(out, on_backward=backward):
-            since.built += 1
-
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
-        if self.reported:
-            return
-        unreached = [wm for wm in self.ctx.models
-                     if wm.label in self.since and self.since[wm.label].built and not self.since[wm.label].reached]
-        if not unreached:  # the usual step: backward went through this step's forwards
-            return
+    def on_step_pre(self, event: StepEvent) -> Iterator[Finding] | None:
+        if self.reported or not self.built:
+            return None
+        for group in event.optimizer.optimizer.param_groups:  # the usual step: stops at the first gradient
+            for p in group["params"]:
+                if p.grad is not None:
+                    return None
         params = [p for p in event.optimizer.params() if p.requires_grad]
+        if not params:
+            return None
         held = {id(p) for p in params}
-        missed = [wm.label for wm in unreached if any(id(p) in held for p in wm.inner.parameters())]
-        if missed and params and all(p.grad is None for p in params):
-            self.reported = True
-            yield Finding(
-                f"{event.optimizer.label}.step() ran with no gradient on any of its {len(params)} parameter tensors, "
-                f"and backward() never reached the graph of {missed[0]}'s forward since the last step: the loss "
-                "that was back-propagated has no path to the parameters (rebuilt from .item(), .detach(), .data, "
-                "torch.tensor(...) or numpy), so this step changes nothing.",
-                fix="Back-propagate the loss built from the model's output; log numbers separately:\n"
-                    "loss = criterion(model(x), y)\n"
-                    "loss.backward()\n"
-                    "logged = loss.item()",
-                location=Location(module=missed[0], step=event.step))
+        missed = [wm.label for wm in self.ctx.models
+                  if self.built.get(wm.label) and any(id(p) in held for p in wm.inner.parameters())]
+        return self._finding(event, len(params), missed[0]) if missed else None
+
+    def _finding(self, event: StepEvent, count: int, model: str) -> Iterator[Finding]:
+        self.reported = True
+        yield Finding(
+            f"{event.optimizer.label}.step() ran with no gradient on any of its {count} parameter tensors, "
+            f"although {model} ran a forward with gradients since the last step: the loss that was "
+            "back-propagated has no path to the parameters (rebuilt from .item(), .detach(), .data, "
+            "torch.tensor(...) or numpy), so this step changes nothing.",
+            fix="Back-propagate the loss built from the model's output; log numbers separately:\n"
+                "loss = criterion(model(x), y)\n"
+                "loss.backward()\n"
+                "logged = loss.item()",
+            location=Location(module=model, step=event.step))
 
     def on_step_post(self, event: StepEvent) -> None:
-        for since in self.since.values():
-            since.built, since.reached = 0, False
+        if self.built:
+            self.built = {}

@@ -84,6 +84,8 @@ _FIX = ("Unscale before clipping: add this line after `scaler.scale(loss).backwa
 class ClipBeforeUnscale(RuntimeCheck):
     """A torch clip since the last scaler step, and a GradScaler.step(optimizer) whose gradients are still scaled."""
 
+    needs_optimizer = True
+
     def on_start(self) -> None:
         import torch
 

@@ -113,9 +113,12 @@ class EvalWithoutNoGrad(RuntimeCheck):
         self.reported: set[str] = set()
         self.per_forward: dict[str, int] = {}  # bytes saved for backward by one eval forward, per model
 
-    def on_forward(self, event: ForwardEvent) -> Iterator[Finding]:
+    def on_forward(self, event: ForwardEvent) -> Optional[Iterator[Finding]]:
         if event.training or not event.grad_enabled:
-            return
+            return None
+        return self._eval_forward(event)
+
+    def _eval_forward(self, event: ForwardEvent) -> Iterator[Finding]:
         from torchdoctor.sdk.runtime import first_graph_tensor
 
         out = first_graph_tensor(event.output)
@@ -142,9 +145,10 @@ class EvalWithoutNoGrad(RuntimeCheck):
                 self.per_forward[event.model.label] = footprint(out, owned)[1]
         yield from self._verdict(event.model)
 
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
-        for wm in self.ctx.models:
-            yield from self._verdict(wm)
+    def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
+        if not self.state:  # the every-step path: no eval forward with gradients so far
+            return None
+        return (f for wm in self.ctx.models for f in self._verdict(wm))
 
     def on_stop(self) -> Iterator[Finding]:
         for wm in self.ctx.models:

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import ast
+import inspect
+import linecache
+import re
 from typing import TYPE_CHECKING, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
-from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, frame_variables, user_frames
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS, Binding, CallSite, FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets,
     graph_refs, is_backward, ref,
@@ -78,7 +81,9 @@ GRAPH_RETENTION_LEAK = Pitfall(
         "runtime": """
             `watch` puts a sentinel hook on the `grad_fn` of each forward output built with gradients; the graph
             owns the sentinel, so it knows which graphs are alive and in which step each was built, and whether
-            backward went through it. A normal loop frees a step's graph by the next step (the next forward
+            backward went through it; from step 16 on it does so for the forwards of every 4th step only (a
+            leak keeps them all, and the per-step cost stays small). A normal loop frees a step's graph by the
+            next step (the next forward
             rebinds `loss`). After each step of the first optimizer it looks at the graphs built before the
             previous step that are still alive: when they come from at least half of 16 or more consecutive
             steps, something keeps them (`total_loss += loss`, also when reset every epoch), and it reports an
@@ -93,6 +98,80 @@ GRAPH_RETENTION_LEAK = Pitfall(
         """,
     },
 )
+
+
+def _find_keeper() -> Optional[tuple[str, str, str, int]]:
+    """The user's variable that keeps graphs across steps, looked for in the user's frames on the stack and in
+    the attributes of their `self`: a container of several tensors attached to graphs (`losses`), or a running
+    total whose graph chains additions (`total_loss`). Returns (name, what it is, file, line of the statement
+    that adds to it in one of those frames, else the line its frame is at)."""
+    frames = user_frames()
+    for frame in frames:
+        for name, value in frame_variables(frame):
+            found = _keeps_graphs(value)
+            if found is None and name == "self":
+                for attr, item in list(getattr(value, "__dict__", {}).items())[:200]:
+                    found = _keeps_graphs(item)
+                    if found is not None:
+                        name = f"self.{attr}"
+                        break
+            if found is not None:  # a module's variable (a global list) is added to in the functions it runs
+                others = [f for f in frames if f is not frame]
+                for where in ([frame] + others if frame.f_code.co_flags & inspect.CO_OPTIMIZED else others + [frame]):
+                    line = _adding_line(where, name)
+                    if line is not None:
+                        return name, found, where.f_code.co_filename, line
+                return name, found, frame.f_code.co_filename, frame.f_lineno
+    return None
+
+
+def _keeps_graphs(value: object) -> Optional[str]:
+    """What `value` is when it keeps graphs: a list/tuple/deque/dict of two or more tensors with a grad_fn,
+    or a tensor whose graph is a chain of three or more additions (a running total)."""
+    import collections
+
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        fn, adds = value.grad_fn, 0
+        while fn is not None and type(fn).__name__ in ("AddBackward0", "AddBackward1") and adds < 3:
+            adds += 1
+            fn = fn.next_functions[0][0] if fn.next_functions else None
+        return "a running total of tensors attached to their graphs" if adds >= 3 else None
+    if isinstance(value, dict):
+        items: list[object] = list(value.values())[:1000]
+    elif isinstance(value, (list, tuple, collections.deque)):
+        items = list(value)[:1000]
+    else:
+        return None
+    attached = sum(1 for item in items if isinstance(item, torch.Tensor) and item.grad_fn is not None)
+    return f"a {type(value).__name__} of {attached} tensors attached to their graphs" if attached >= 2 else None
+
+
+def _detached(source: str, name: str, total: bool) -> str:
+    """The statement that adds to `name`, rewritten to add a number (`.item()`, for a running total) or a
+    tensor without graph (`.detach()`, for a container); a generic line when it is not one of those forms."""
+    suffix = ".item()" if total else ".detach()"
+    for pattern in (rf"^({re.escape(name)}\.(?:append|insert)\((?:.*,\s*)?)(.+)(\))$",
+                    rf"^({re.escape(name)}\s*\+=\s*)(.+)()$",
+                    rf"^({re.escape(name)}\s*=\s*{re.escape(name)}\s*\+\s*)(.+)()$"):
+        match = re.match(pattern, source.split("  #")[0].strip())
+        if match:
+            value = match.group(2).strip()
+            value = value if re.fullmatch(r"[\w.]+", value) else f"({value})"
+            return f"{match.group(1)}{value}{suffix}{match.group(3)}"
+    return f"{name}.append(loss{suffix})" if not total else f"{name} += loss{suffix}"
+
+
+def _adding_line(frame: object, name: str) -> Optional[int]:
+    """The line of the frame's code that adds to `name` (`name.append(`, `name +=`, `name = name + ...`)."""
+    code = frame.f_code  # type: ignore[attr-defined]
+    pattern = re.compile(rf"(?<![\w.]){re.escape(name)}\s*(\.(append|extend|insert)\(|\+=|=\s*{re.escape(name)}\s*\+)")
+    lines = [line for _, _, line in code.co_lines() if line is not None]
+    for number in sorted(set(lines)):
+        if pattern.search(linecache.getline(code.co_filename, number)):
+            return number
+    return None
 
 
 def _cuda_allocated() -> Optional[int]:
@@ -125,21 +204,33 @@ class GraphRetentionLeak(RuntimeCheck):
     A bounded cache (the last 10 losses) and per-episode lists freed at each step (REINFORCE) are quiet."""
 
     span = 16  # a graph chain this many steps long, at least half of them alive, is a leak, not a cache
+    sample = 4  # from step `span` on, the forwards of every `sample`-th step are tracked (a leak keeps them all)
 
     def on_start(self) -> None:
+        from torchdoctor.sdk.runtime import first_graph_tensor
+
+        self.first_graph_tensor = first_graph_tensor  # looked up once: on_forward runs at every step
         self.live: dict[str, _Live] = {}
         self.reported = False
 
-    def on_forward(self, event: ForwardEvent) -> None:
-        if not event.grad_enabled or self.reported:
-            return
-        from torchdoctor.sdk.runtime import first_graph_tensor
+    def tracked(self, step: int) -> bool:
+        """Whether the forwards of `step` get a sentinel: every step's at first, then every `sample`-th."""
+        return step < self.span or step % self.sample == 0
 
-        out = first_graph_tensor(event.output)
+    def tracked_between(self, first: int, last: int) -> int:
+        """How many steps from `first` to `last` (both included) are tracked."""
+        return sum(1 for t in range(first, last + 1) if self.tracked(t))
+
+    def on_forward(self, event: ForwardEvent) -> None:
+        step = self.ctx.step
+        if not event.grad_enabled or self.reported or not self.tracked(step):
+            return
+        out = self.first_graph_tensor(event.output)
         if out is None:
             return
-        live = self.live.setdefault(event.model.label, _Live())
-        step = self.ctx.step
+        live = self.live.get(event.model.label)
+        if live is None:
+            live = self.live[event.model.label] = _Live()
 
         def backward() -> None:
             live.unreached -= 1
@@ -157,15 +248,15 @@ class GraphRetentionLeak(RuntimeCheck):
             live.unreached += 1
             event.model.graph_footprint(out)
 
-    def on_step_post(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_post(self, event: StepEvent) -> Optional[list[Finding]]:
         if self.reported or event.optimizer is not self.ctx.optimizers[0]:
-            return
+            return None
         now = event.step + 1  # the steps completed once this one is
         for label, live in self.live.items():
             old = live.old_steps(now)
-            if old and now - old[0] >= self.span and 2 * len(old) >= now - 1 - old[0]:
-                yield self._finding(label, live, old, now, at_exit=False)
-                return
+            if old and now - old[0] >= self.span and 2 * len(old) >= self.tracked_between(old[0], now - 2):
+                return [self._finding(label, live, old, now, at_exit=False)]
+        return None
 
     def on_stop(self) -> Iterator[Finding]:
         if self.reported or not self.ctx.optimizers:
@@ -173,7 +264,7 @@ class GraphRetentionLeak(RuntimeCheck):
         now = self.ctx.step
         for label, live in self.live.items():
             old = live.old_steps(now)
-            if old and old[0] <= 1 and len(old) >= 2 and 2 * len(old) >= now - 1 - old[0]:
+            if old and old[0] <= 1 and len(old) >= 2 and 2 * len(old) >= self.tracked_between(old[0], now - 2):
                 yield self._finding(label, live, old, now, at_exit=True)
                 return
 
@@ -189,13 +280,25 @@ class GraphRetentionLeak(RuntimeCheck):
         if cuda is not None:
             memory += f"; CUDA allocated memory is {byte_size(cuda)}"
         when = "when the session ended" if at_exit else f"after step {now - 1}"
+        steps = f"{len(old)} earlier steps" if self.tracked_between(old[0], now - 2) == now - 1 - old[0] else \
+            f"{len(old)} of the earlier steps it samples (every {self.sample}th from step {self.span} on)"
+        keeper = _find_keeper()
+        file: Optional[str] = None
+        line: Optional[int] = None
+        if keeper is not None:
+            name, what, file, line = keeper
+            culprit = f"`{name}` ({what}) keeps them"
+            fix = (f"Keep numbers, not graphs, in `{name}`:\n"
+                   + _detached(linecache.getline(keeper[2], keeper[3]).strip(), name, "running" in what))
+        else:
+            culprit = ("Something keeps a tensor that is still attached to its graph, e.g. `losses.append(loss)` or "
+                       "`total_loss += loss`")
+            fix = ("Keep numbers, not graphs, across steps:\n"
+                   "total_loss += loss.item()  # or loss.detach(); in a list: losses.append(loss.item())")
         return Finding(
             f"Autograd graphs of {label}'s forward outputs stay alive across steps: {when}, {graphs} graphs built in "
-            f"{len(old)} earlier steps (the oldest in step {old[0]}) are still alive ({memory}). Something keeps a "
-            "tensor that is still attached to its graph, e.g. `losses.append(loss)` or `total_loss += loss`.",
-            fix="Keep numbers, not graphs, across steps:\n"
-                "total_loss += loss.item()  # or loss.detach(); in a list: losses.append(loss.item())",
-            location=Location(module=label, step=now - 1))
+            f"{steps} (the oldest in step {old[0]}) are still alive ({memory}). {culprit}.",
+            fix=fix, location=Location(file=file, line=line, module=label, step=now - 1))
 
     def _model(self, label: str) -> "WatchedModel":
         return next(wm for wm in self.ctx.models if wm.label == label)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
-from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent, ZeroGradEvent
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, clears_every_grad, inner_scopes,
     is_backward, is_optimizer, ref,
@@ -69,7 +69,10 @@ MISSING_ZERO_GRAD = Pitfall(
             one clear), `model.zero_grad()`, frozen parameters, GANs with two optimizers (the discriminator's
             gradients from the generator's backward are cleared before its own step) and steps skipped by
             `GradScaler` are quiet. The finding names the parameter and the first step where stale gradients
-            were applied; later steps add to its count.
+            were applied; later steps add to its count. Without an optimizer (parameters updated by hand,
+            `p.data.add_(-lr * p.grad)`), the smallest trainable parameter of each model gets the hook: a
+            backward that adds to a gradient left from before the parameter last changed is reported (at the
+            next forward, or when the session ends), and accumulation before an update stays quiet.
         """,
         "source": """
             The lint rule looks for the smallest loop (or Lightning `training_step` with manual optimization)
@@ -112,28 +115,97 @@ class _Sentinel:
         self.zero_flags: list[Any] = []  # one-element bool tensors: "grad was all zero before this backward"
 
 
+class _Manual:
+    """Per model of an optimizer-free loop: its smallest trainable parameter and its value sum at the last
+    backward."""
+
+    def __init__(self, param: Any, label: str) -> None:
+        self.param = weakref.ref(param)
+        self.label = label
+        self.value: Optional[float] = None
+        self.updates = 0  # updates seen that started from cleared gradients
+
+
 @MISSING_ZERO_GRAD.runtime
 class MissingZeroGrad(RuntimeCheck):
     """Before each backward into a sentinel parameter, note whether its .grad was cleared since the last
     step; at the next step, flag when it never was. Accumulation (several backwards, one step) is fine."""
 
+    needs_forward = False  # its forward handler only says what a backward hook found
+
     def on_start(self) -> None:
         self.sentinels: dict[int, _Sentinel] = {}
+        self.manual: list[Finding] = []  # found inside backward (optimizer-free loops), said at the next event
+        self.manual_done = False
+        if not self.ctx.optimizers:
+            for wm in self.ctx.models:
+                params = [p for p in wm.inner.parameters() if p.requires_grad and p.is_floating_point()]
+                if params:
+                    manual = _Manual(min(params, key=lambda p: p.numel()), wm.label)
+                    self.ctx.hooks.add(manual.param().register_hook(  # type: ignore[union-attr]
+                        lambda grad, m=manual: self._manual_backward(m)))
 
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+    def _manual_backward(self, m: "_Manual") -> None:
+        """Runs inside backward, before the gradient is added into the parameter of an optimizer-free loop:
+        a gradient left from before the parameter's last change was never cleared."""
+        param = m.param()
+        if param is None or self.manual_done or self.ctx.optimizers:
+            return
+        try:
+            value = float(param.detach().sum())  # one host sync per backward, in optimizer-free loops only
+            grad = param.grad
+            cleared = grad is None or not bool(grad.any())
+            changed = m.value is not None and value != m.value  # the parameter was updated since the last backward
+            m.value = value
+            if cleared:
+                m.updates += changed
+                return
+            if changed:  # updated, and the gradient from before the update is still there (accumulation: unchanged)
+                self.manual_done = True
+                name = self.ctx.param_name(param)
+                self.manual.append(Finding(
+                    f"{m.label}'s parameters are updated without an optimizer that watch() saw (by hand, or by one "
+                    "built out of its sight), and the gradient "
+                    f"of {f'`{name}`' if name else 'its smallest parameter'} still held the previous iteration's "
+                    "when the next backward added to it: gradients add up across updates, so each update "
+                    "applies their running sum.",
+                    fix="Clear the gradients after each update:\n"
+                        "with torch.no_grad():\n"
+                        "    for p in model.parameters():\n"
+                        "        p -= lr * p.grad\n"
+                        "model.zero_grad()",
+                    location=Location(module=m.label, param=name, step=m.updates)))
+        except Exception as exc:  # never break the user's backward
+            self.manual_done = True
+            self.ctx.fault(self, exc)
+
+    def on_forward(self, event: ForwardEvent) -> Optional[list[Finding]]:
+        if not self.manual:
+            return None
+        found, self.manual = self.manual, []
+        return found
+
+    def on_stop(self) -> Optional[list[Finding]]:
+        return self.on_forward(None)  # type: ignore[arg-type]
+
+    def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
         s = self.sentinels.get(id(event.optimizer))
         param = s.param() if s is not None else None
         if s is None or param is None:
             self._choose(event)
-            return
+            return None
         if not s.stepped or s.backwards == 0 or s.cleared:
-            return
+            return None
         if any(bool(flag) for flag in s.zero_flags):  # a host sync only on this rare path
-            return
-        name = self.ctx.param_name(param) or "a parameter"
+            return None
+        return self._finding(event, param)
+
+    def _finding(self, event: StepEvent, param: Any) -> Iterator[Finding]:
+        name = self.ctx.param_name(param)
+        shown = f"`{name}`" if name else "a parameter"
         yield Finding(
             f"{event.optimizer.label}.step() applied gradients that still contained those of the previous step: "
-            f"the gradient of `{name}` was not cleared after the last step() (no zero_grad() was seen), "
+            f"the gradient of {shown} was not cleared after the last step() (no zero_grad() was seen), "
             "so gradients add up across steps and the updates grow.",
             fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
             location=Location(param=name, step=event.step))

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import functools
+import math
+import weakref
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.runtime import ForwardEvent, MethodPatch, RuntimeCheck, StepEvent, ZeroGradEvent, unwrap_optimizer
+from torchdoctor.sdk.runtime import (
+    ForwardEvent, MethodPatch, RuntimeCheck, StepEvent, ZeroGradEvent, frame_variables, is_library, unwrap_optimizer,
+    user_frame,
+)
 
 _UNNORMALISED_PIXELS = """
 import torch
@@ -56,19 +61,18 @@ NONFINITE_VALUES = Pitfall(
     ),
     details={
         "runtime": """
-            Before each optimizer step `watch` computes one fused norm (`torch._foreach_norm`) over the gradients
-            of the small parameters (each at most 1% of the optimizer's elements: biases, normalisation weights)
-            and synchronises once; every `every` steps it does the same over all gradients and all parameters. A
-            NaN from the loss or the forward reaches every gradient, and one born in backward reaches every
-            parameter upstream of it, so the small ones show it at its step; one that only touches large
-            gradients is found at the next full check, and the message says it may have begun up to `every - 1`
-            steps earlier (reading every gradient at every step would cost about 5% of a small MLP's step on a
-            CPU). A non-finite norm is confirmed tensor by tensor, so a norm that merely overflows is not
-            reported. On the first hit it reports the step and the parameters with non-finite gradients (all of
-            them: the loss or the forward was already NaN), then hooks every submodule for the next forward only
+            Before each optimizer step `watch` sums the gradient of the optimizer's smallest parameter (a bias
+            or normalisation weight) and synchronises once; every `every` steps it checks all gradients and
+            all parameters (one fused `torch._foreach_norm` per device and dtype). A NaN from the loss or the
+            forward reaches every gradient, so the one that every step reads shows it at its step; one born
+            in backward that misses it is found at the next full check, and the message says it may have
+            begun up to `every - 1` steps earlier (reading every gradient at every step would cost about 5%
+            of a small MLP's step on a CPU). A non-finite norm is confirmed tensor by tensor, so a norm that
+            merely overflows is not reported. On the first hit it reports the step and the parameters with
+            non-finite gradients (all of them: the loss or the forward was already NaN), then hooks every submodule for the next forward only
             and reports the first module whose output is non-finite, that the input batch already holds NaN/Inf,
             that the step already wrote NaN/Inf into the weights, or that the next forward is clean (the batch or
-            the loss was the source). On a GPU the per-step flag of the small gradients stays on the device (no
+            the loss was the source). On a GPU the per-step flag of that gradient stays on the device (no
             host synchronisation, so the step never waits for the GPU); the flags of the steps in between are
             read together at the next full check, every `every` steps, and the finding names the step where
             NaN/Inf first appeared, which `step()` has by then written into the weights. Steps that `GradScaler`
@@ -142,6 +146,61 @@ def _first_nonfinite(named: list[tuple[str, Any]]) -> Optional[str]:
     return next((name for name, t in named if not bool(torch.isfinite(t).all())), None)
 
 
+def torch_isnan(t: Any) -> Any:
+    import torch
+
+    return torch.isnan(t)
+
+
+def _first_tensor(output: Any, depth: int = 0) -> Any:
+    """The first floating tensor in a forward's output (tensor, tuple/list, dict, ModelOutput), else None."""
+    if _is_float(output):
+        return output
+    if depth > 1 or not isinstance(output, (tuple, list, dict)):
+        return None
+    for item in (output.values() if isinstance(output, dict) else output):
+        found = _first_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _traceback_frames(exc: BaseException) -> list[Any]:
+    """The user's frames of an exception's traceback, innermost first (library frames left out)."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        if not is_library(tb.tb_frame):
+            frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames[::-1] or [user_frame(0)]
+
+
+def _nonfinite_locals(frame: Any) -> tuple[list[str], list[str]]:
+    """Names of a frame's variables that hold NaN/Inf: (computed with autograd: a one-element tensor, the
+    loss, with NaN or Inf, a larger one with NaN, since attention scores are masked with -inf on purpose;
+    data without a graph that holds NaN). Tensors of more than 2**26 elements are not read."""
+    import torch
+
+    graph: list[str] = []
+    data: list[str] = []
+    variables = frame_variables(frame)
+    for name, value in variables:
+        if not _is_float(value) or value.is_sparse or value.numel() > 2 ** 26:
+            continue
+        try:
+            if value.grad_fn is not None and value.numel() == 1:
+                if not bool(torch.isfinite(value).all()):
+                    graph.append(name)
+            elif bool(torch.isnan(value).any()):
+                (graph if value.grad_fn is not None else data).append(name)
+        except (RuntimeError, TypeError):  # a tensor subclass or a device tensor that cannot be read: skip
+            continue
+    sizes = dict((name, value.numel()) for name, value in variables if name in graph)
+    del variables
+    return sorted(graph, key=lambda n: (sizes[n] != 1, n)), data
+
+
 def _is_float(value: Any) -> bool:
     import torch
 
@@ -150,13 +209,17 @@ def _is_float(value: Any) -> bool:
 
 @NONFINITE_VALUES.runtime
 class NonfiniteValues(RuntimeCheck):
-    """Before each step, one fused norm over the small parameters' gradients; over all gradients and all
-    parameters every `every` steps: reading every gradient each step would cost ~5% of an MLP step. On the
-    CPU the small norm is read at once; on a GPU its flag stays on the device and the flags of the steps in
-    between are read together at the next full check, so a step without one never waits for the GPU.
+    """Before each step, one sum over the smallest gradient (a NaN/Inf loss or forward reaches every
+    gradient); over all gradients and all parameters every `every` steps: reading every gradient each step
+    would cost ~5% of a small MLP's step. On the CPU the sum is read at once; on a GPU its flag stays on the
+    device and the flags of the steps in between are read together at the next full check, so a step
+    without one never waits for the GPU.
     After a hit, hooks on every submodule find the first module with a non-finite output on the next forward.
     `GradScaler` skips a step whose gradients hold NaN/Inf, so a loss that stays NaN shows up only as
     `zero_grad()` calls with no step between them: `SKIPPED_STEPS` in a row are reported."""
+
+    needs_optimizer = True
+    needs_forward = False  # it judges gradients; forwards only help to locate
 
     def on_start(self) -> None:
         self.found = False
@@ -168,6 +231,12 @@ class NonfiniteValues(RuntimeCheck):
         self.pending: list[tuple[str, int, list[tuple[list[str], Any]]]] = []  # (optimizer, step, finite_flags)
         self.zero_grads: dict[int, int] = {}  # per optimizer: zero_grad() calls since its last step
         self.scaled: dict[int, _ScalerSteps] = {}  # per watched optimizer (by id of the torch optimizer)
+        self.probes: dict[int, weakref.ref] = {}  # per optimizer: the parameter whose gradient every step reads
+        self.last_output: Optional[weakref.ref] = None  # the last watched forward's first tensor, weakly
+        import torch
+
+        self.tensor_type = torch.Tensor
+        self.first_tensor = _first_tensor
         self._watch_grad_scaler()
 
     def _watch_grad_scaler(self) -> None:
@@ -225,46 +294,63 @@ class NonfiniteValues(RuntimeCheck):
             f"GradScaler skipped {st.skipped} of {st.total} {wo.label}.step() calls (the first at step "
             f"{st.first_skip}): {cause}; the model is barely training.", name, step)
 
-    def on_zero_grad(self, event: ZeroGradEvent) -> Iterator[Finding]:
+    def on_zero_grad(self, event: ZeroGradEvent) -> Optional[Iterator[Finding]]:
         key = id(event.optimizer)
         self.zero_grads[key] = calls = self.zero_grads.get(key, 0) + 1
-        if calls - 1 == SKIPPED_STEPS and not self.found:
-            self.step = event.optimizer.steps
-            yield from self._hit(
-                f"{event.optimizer.label}.step() was skipped {SKIPPED_STEPS} times in a row (zero_grad() ran, "
-                "step() did not): GradScaler skips every step whose gradients hold NaN/Inf, and after this many "
-                f"halvings its scale has shrunk by 2**{SKIPPED_STEPS}, below 1, so this is a NaN/Inf loss or "
-                "forward, not an fp16 overflow; training has stalled.", None, event.optimizer.steps)
+        if calls - 1 != SKIPPED_STEPS or self.found:
+            return None
+        self.step = event.optimizer.steps
+        return self._hit(
+            f"{event.optimizer.label}.step() was skipped {SKIPPED_STEPS} times in a row (zero_grad() ran, "
+            "step() did not): GradScaler skips every step whose gradients hold NaN/Inf, and after this many "
+            f"halvings its scale has shrunk by 2**{SKIPPED_STEPS}, below 1, so this is a NaN/Inf loss or "
+            "forward, not an fp16 overflow; training has stalled.", None, event.optimizer.steps)
 
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
         self.zero_grads[id(event.optimizer)] = 0
         if self.found:
-            return
+            return None
+        probe = self.probes.get(id(event.optimizer))
+        param = probe() if probe is not None else None
+        if event.step % self.ctx.every == 0 or param is None:
+            return self._check_step(event, full=True)
+        grad = param.grad  # the every-step path: one sum over the smallest gradient (a NaN loss reaches it)
+        if grad is None or grad.is_sparse or grad.device.type == "meta":
+            return None
+        if grad.device.type != "cpu":  # left on the device: read at the next full check, never waited for
+            name = self.ctx.param_name(param) or f"{event.optimizer.label} parameter"
+            self.pending.append((event.optimizer.label, event.step, _finite_flags([(name, grad)])))
+            return None
+        if math.isfinite(grad.sum().item()):
+            return None
+        return self._check_step(event, full=False)
+
+    def _check_step(self, event: StepEvent, full: bool) -> Iterator[Finding]:
+        """Every gradient (and, at a full check, the pending device flags first), naming those that are
+        not finite; at a full check it also picks the gradient that the steps in between read."""
+        if full:
+            yield from self._read_pending()
+            if self.found:
+                return
         params = event.optimizer.params()
-        full = event.step % self.ctx.every == 0
-        small = self._small(params)
-        if not full and any(p.device.type != "cpu" for p in small):
-            small_grads = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad)
-                           for i, p in enumerate(small) if p.grad is not None and not p.grad.is_sparse]
-            self.pending.append((event.optimizer.label, event.step, _finite_flags(small_grads)))
-            return
-        yield from self._read_pending()
-        if self.found:
-            return
-        grads = [p.grad for p in (params if full else small) if p.grad is not None]
+        grads = [p.grad for p in params if p.grad is not None]
+        floating = [p for p in params if p.grad is not None and not p.grad.is_sparse and p.grad.is_floating_point()]
+        if floating:
+            self.probes[id(event.optimizer)] = weakref.ref(min(floating, key=lambda p: p.numel()))
         if not grads or _all_finite(grads):
             return
-        named = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad, id(p) in small_ids)
-                 for small_ids in [{id(p) for p in small}]
+        probe = self.probes.get(id(event.optimizer))
+        probe_id = id(probe()) if probe is not None else None
+        named = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad, id(p) == probe_id)
                  for i, p in enumerate(params) if p.grad is not None and not p.grad.is_sparse]
-        bad = [(n, is_small) for n, g, is_small in named if not bool(g.isfinite().all())]
+        bad = [(n, is_probe) for n, g, is_probe in named if not bool(g.isfinite().all())]
         scope = (f"all {len(named)} parameters have non-finite gradients, so the loss or the forward was already "
                  "NaN/Inf" if len(bad) == len(named) else
                  f"{len(bad)} of {len(named)} parameters have non-finite gradients "
                  f"(first `{bad[0][0]}`, last `{bad[-1][0]}`)")
         when = f"at step {event.step}"
-        if not any(is_small for _, is_small in bad) and self.ctx.every > 1:
-            when += f" (large gradients are checked every {self.ctx.every} steps: it may have begun up to " \
+        if not any(is_probe for _, is_probe in bad) and self.ctx.every > 1:
+            when += f" (most gradients are checked every {self.ctx.every} steps: it may have begun up to " \
                     f"{self.ctx.every - 1} steps earlier)"
         self.step = event.step
         yield from self._hit(f"NaN/Inf first appeared in the gradients {when}: {scope}; "
@@ -294,17 +380,42 @@ class NonfiniteValues(RuntimeCheck):
                     f"{label}.step() has already written them into the weights.", bad[0], step)
                 return
 
-    @staticmethod
-    def _small(params: list[Any]) -> list[Any]:
-        """Parameters with at most 1/100 of the elements (biases, norm weights): checked every step. A NaN
-        from the loss or the forward reaches all of them, one from backward reaches those upstream."""
-        total = sum(p.numel() for p in params)
-        small = [p for p in params if p.numel() * 100 <= total]
-        return small or params
-
     def on_stop(self) -> Iterator[Finding]:
         if not self.found:
             yield from self._read_pending()
+        if not self.found:
+            yield from self._stopped_on_nonfinite()
+
+    def _stopped_on_nonfinite(self) -> Iterator[Finding]:
+        """The step never came: the watched code raised (or called sys.exit) with a NaN/Inf loss or output in
+        its variables, or left the loop on one. The user's frames are read once, at the end of the session."""
+        exc = self.ctx.exception
+        frames = _traceback_frames(exc) if exc is not None else [user_frame(0)]
+        output = self.last_output() if self.last_output is not None else None
+        out_bad = _is_float(output) and bool(torch_isnan(output).any())
+        for frame in frames:
+            bad, data = _nonfinite_locals(frame)
+            if not bad and not (out_bad and frame is frames[-1]):
+                continue
+            self.found = True
+            label = self.ctx.last_forward.label if self.ctx.last_forward is not None else None
+            stopped = (f"the run stopped ({type(exc).__name__}) before any optimizer step could see it"
+                       if exc is not None else "the loop ended before an optimizer step saw it")
+            names = ", ".join(f"`{n}`" for n in bad[:4]) if bad else "the model's output"
+            if data:
+                origin = f"the batch already holds NaN ({', '.join(f'`{n}`' for n in data[:3])}): the data is the source"
+            elif out_bad and label:
+                origin = f"{label}'s last output already held NaN, so the forward or its input is the source"
+            elif label and output is not None:
+                origin = f"{label}'s last output was finite, so the loss computation made it"
+            else:
+                origin = ""
+            yield Finding(
+                f"NaN/Inf reached {names} in `{frame.f_code.co_name}` and {stopped}"
+                + (f"; {origin}" if origin else "") + ".",
+                fix=_FIX, location=Location(file=frame.f_code.co_filename, line=frame.f_lineno, module=label,
+                                            step=self.ctx.step))
+            return
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         params = [p for p in event.optimizer.params() if p.is_floating_point()]
@@ -320,9 +431,17 @@ class NonfiniteValues(RuntimeCheck):
         self._arm_probe()
         yield Finding(message, fix=_FIX, location=Location(param=name, step=step))
 
-    def on_forward(self, event: ForwardEvent) -> Iterator[Finding]:
-        if self.probe is None:
-            return
+    def on_forward(self, event: ForwardEvent) -> Optional[Iterator[Finding]]:
+        out = event.output
+        if type(out) is not self.tensor_type:  # a tuple, a dict, a ModelOutput: its first tensor
+            out = self.first_tensor(out)
+        try:
+            self.last_output = weakref.ref(out) if out is not None else None  # read only if the run stops on NaN
+        except TypeError:
+            self.last_output = None
+        return None if self.probe is None else self._localise(event)
+
+    def _localise(self, event: ForwardEvent) -> Iterator[Finding]:
         for handle in self.probe:
             self.ctx.hooks.remove(handle)
         self.probe = None

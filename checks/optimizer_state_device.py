@@ -113,10 +113,11 @@ class OptimizerStateDevice(RuntimeCheck):
         if (wo.label, what) in self.reported:
             return
         self.reported.add((wo.label, what))
-        name = self.ctx.param_name(p) or "a parameter"
+        name = self.ctx.param_name(p)
+        shown = f"`{name}`" if name else "a parameter"
         got, want = (f"on {value.device}", f"on {p.device}") if what == "device" else (value.dtype, p.dtype)
         yield Finding(
-            f"{wo.label} state `{key}` of `{name}` is {got} but the parameter is {want} "
+            f"{wo.label} state `{key}` of {shown} is {got} but the parameter is {want} "
             f"({len(bad)} state tensor(s) affected): the state was loaded or created before the model was moved "
             "or cast, and step() will fail or mix precisions.",
             fix="Move the model first, then build the optimizer and load its state:\n"

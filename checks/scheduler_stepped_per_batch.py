@@ -6,7 +6,7 @@ import weakref
 from typing import Any, Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.runtime import LoaderEvent, MethodPatch, RuntimeCheck, unwrap_optimizer
+from torchdoctor.sdk.runtime import LoaderEvent, MethodPatch, RuntimeCheck, unwrap_optimizer, user_line
 
 _SETUP = """
 import torch
@@ -62,10 +62,11 @@ SCHEDULER_STEPPED_PER_BATCH = Pitfall(
     details={
         "runtime": """
             While a session runs, every `LRScheduler.step()` of a scheduler that drives a watched optimizer is
-            counted. When a DataLoader starts its second pass (the first epoch is over) after at least 10
-            optimizer steps, a scheduler that was stepped about once per optimizer step during that epoch and
+            counted. When the DataLoader that drives training (one whose pass was under way, its iterator alive
+            and not exhausted, when the scheduler stepped; an eval loader run mid-epoch never is) starts its
+            second pass (the first epoch is over) after at least 10 optimizer steps, a scheduler that was stepped about once per optimizer step during that epoch and
             has already brought the learning rate below 1/100 of its initial value is reported, with the
-            numbers. Quiet: schedules stepped per epoch, per-iteration schedules whose horizon spans the run
+            numbers, at the line that calls `scheduler.step()`. Quiet: schedules stepped per epoch, per-iteration schedules whose horizon spans the run
             (OneCycleLR, warm-up, cosine over all steps), the periodic families (cosine annealing, warm
             restarts, cyclic) whose low point each epoch is by design, `ReduceLROnPlateau`, and one-epoch runs.
         """,
@@ -78,14 +79,18 @@ MIN_EPOCH_STEPS = 10
 
 
 class _Counted:
-    def __init__(self, scheduler: Any, optimizer: Any, base_lr: float) -> None:
+    def __init__(self, scheduler: Any, optimizer: Any, base_lr: float, line: tuple[str, int]) -> None:
         self.ref = weakref.ref(scheduler)
-        self.optimizer, self.base_lr, self.steps = optimizer, base_lr, 0
+        self.optimizer, self.base_lr, self.steps, self.line = optimizer, base_lr, 0, line
 
 
 @SCHEDULER_STEPPED_PER_BATCH.runtime
 class SchedulerSteppedPerBatch(RuntimeCheck):
-    """Scheduler steps per optimizer step over the first epoch, and how far the LR fell in it."""
+    """Scheduler steps per optimizer step over the first epoch of the loader that drives training, and how
+    far the LR fell in it. A loader drives training when scheduler steps happen while one of its passes is
+    under way (its iterator alive and not exhausted): an eval loader run mid-epoch never ends an epoch."""
+
+    needs_optimizer = True
 
     def on_start(self) -> None:
         import torch
@@ -93,6 +98,8 @@ class SchedulerSteppedPerBatch(RuntimeCheck):
         self.counted: dict[int, _Counted] = {}
         self.first_pass: dict[int, tuple[int, dict[int, int]]] = {}  # id(loader) -> (steps, scheduler steps)
         self.done: set[int] = set()
+        self.passes: list[tuple[int, Any]] = []  # (id(loader), weak iterator) of the latest passes, newest first
+        self.drove: set[int] = set()  # loaders whose current pass saw a scheduler step
         base = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
         if self.ctx.optimizers:
             self.ctx.hooks.add(MethodPatch(base, "step", after=self._stepped))
@@ -109,16 +116,41 @@ class SchedulerSteppedPerBatch(RuntimeCheck):
                 base_lrs = getattr(scheduler, "base_lrs", None)
                 if wo is None or not base_lrs or type(scheduler).__name__ in _PERIODIC:
                     return
-                counted = self.counted[key] = _Counted(scheduler, wo, float(base_lrs[0]))
+                counted = self.counted[key] = _Counted(scheduler, wo, float(base_lrs[0]), user_line())
             counted.steps += 1
+            driving = self._driving_pass()
+            if driving is not None:
+                self.drove.add(driving)
         except Exception as exc:  # never break the user's scheduler.step()
             self.ctx.fault(self, exc)
 
+    def _driving_pass(self) -> Any:
+        """The loader whose pass is under way: the newest pass whose iterator is alive and not exhausted."""
+        for key, ref in self.passes:
+            iterator = ref() if ref is not None else None
+            if iterator is None:
+                continue
+            yielded = getattr(iterator, "_num_yielded", None)
+            try:
+                total = len(iterator)
+            except TypeError:  # an IterableDataset without a length: under way while alive
+                total = None
+            if yielded is None or total is None or yielded < total:
+                return key
+        return None
+
     def on_loader_iter(self, event: LoaderEvent) -> Iterator[Finding]:
         key = id(event.loader)
+        try:
+            ref: Any = weakref.ref(event.iterator)
+        except TypeError:
+            ref = None
+        self.passes = [(key, ref), *[p for p in self.passes if p[0] != key]][:8]
+        drove = key in self.drove
+        self.drove.discard(key)
         if key in self.done:
             return
-        if key not in self.first_pass:
+        if key not in self.first_pass or not drove:  # its last pass drove no training step: measure the next one
             self.first_pass[key] = (self.ctx.step, {k: c.steps for k, c in self.counted.items()})
             return
         self.done.add(key)
@@ -144,5 +176,5 @@ class SchedulerSteppedPerBatch(RuntimeCheck):
                         "        ...\n"
                         "        optimizer.step()\n"
                         "    scheduler.step()",
-                    location=Location(key=name, step=self.ctx.step))
+                    location=Location(file=c.line[0], line=c.line[1], key=name, step=self.ctx.step))
                 return

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from typing import Any, Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
@@ -68,9 +68,12 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
     ),
     details={
         "runtime": """
-            At the start of the session and every `every` steps, `watch` compares the identities of the parameters
-            in each optimizer's `param_groups` with the parameters of the watched models. Parameters the optimizer
-            updates that the model no longer has are an error; a model parameter with the same shape that no
+            Every `every` steps, right before the step, `watch` compares the identities of the parameters in each
+            optimizer's `param_groups` with the parameters of the watched models. Parameters the optimizer updates
+            that the model no longer has and that got no gradient are an error (tensors the model is called with
+            through `torch.func.functional_call`, `torch.func.stack_module_state` ensembles under `vmap`, or
+            parametrizations get gradients, and are quiet); a session that never steps is judged at its end
+            from the identities alone; a model parameter with the same shape that no
             optimizer holds is named as the probable re-bound replacement (for example `fc.weight`). An optimizer
             whose parameters all lie outside the watched models is only reported when exactly one model and one
             optimizer are watched (the whole model was rebuilt or re-wrapped after the optimizer was made); with
@@ -104,42 +107,62 @@ def _qualname(optimizer: object) -> str:
 
 @STALE_OPTIMIZER_PARAMS.runtime
 class StaleOptimizerParams(RuntimeCheck):
-    """Compare the optimizer's parameter identities with the model's, at start and every `every` steps."""
+    """Compare the optimizer's parameter identities with the model's every `every` steps, right before a step.
+    A tensor outside the model that got a gradient is in use (`torch.func.functional_call`,
+    `stack_module_state` ensembles, parametrizations): only those without one are stale. A session that
+    never steps is judged at its end from identities alone."""
 
-    def on_start(self) -> Iterator[Finding]:
+    def on_start(self) -> None:
         self.reported: set[frozenset[int]] = set()
-        yield from self._check()
+        self.judged = False
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
-        yield from self._check()
+        self.judged = True
+        yield from self._check(evidence=True)
 
-    def _check(self) -> Iterator[Finding]:
+    def on_stop(self) -> Iterator[Finding]:
+        if not self.judged:
+            yield from self._check(evidence=False)
+
+    def _check(self, evidence: bool) -> Iterator[Finding]:
         model_ids = self.ctx.model_param_ids()
         held = self.ctx.optimizer_param_ids()
         lone = len(self.ctx.models) == 1 and len(self.ctx.optimizers) == 1
         for wo in self.ctx.optimizers:
             foreign = [(g, i, p) for g, group in enumerate(wo.optimizer.param_groups)
                        for i, p in enumerate(group["params"]) if id(p) not in model_ids]
+            if foreign and evidence:
+                foreign = [(g, i, p) for g, i, p in foreign if not _has_gradient(p)]
             if not foreign or frozenset(id(p) for _, _, p in foreign) in self.reported:
                 continue
             if len(foreign) == len(wo.params()) and not lone:
                 continue  # maybe the optimizer of a model that was not given to watch()
             self.reported.add(frozenset(id(p) for _, _, p in foreign))
-            orphans = {tuple(p.shape): name for wm in self.ctx.models for name, p in wm.named_parameters()
-                       if p.requires_grad and id(p) not in held}
-            listed = ", ".join(f"param_groups[{g}]['params'][{i}] {tuple(p.shape)}" for g, i, p in foreign[:4])
-            twins = [orphans[tuple(p.shape)] for _, _, p in foreign if tuple(p.shape) in orphans]
-            guess = (f" The model's `{'`, `'.join(twins[:4])}` (same shape, in no optimizer) were probably re-bound "
-                     "after the optimizer was built.") if twins else ""
-            yield Finding(
-                f"{wo.label} updates {len(foreign)} of its {len(wo.params())} parameters that are not in the model "
-                f"any more ({listed}{', ...' if len(foreign) > 4 else ''}): its steps change nothing the model uses."
-                + guess,
-                fix="Build the optimizer after the last change to the model (re-assigning a layer, replacing or "
-                    "re-wrapping the model), with the same settings:\n"
-                    f"optimizer = {_qualname(wo.optimizer)}(model.parameters(), **optimizer.defaults)\n"
-                    "or change weights in place: `with torch.no_grad(): model.fc.weight.copy_(w)`",
-                location=Location(param=twins[0] if twins else None, step=self.ctx.step), key=wo.label)
+            yield self._finding(wo, foreign, held)
+
+    def _finding(self, wo: Any, foreign: list[tuple[int, int, Any]], held: set[int]) -> Finding:
+        orphans = {tuple(p.shape): name for wm in self.ctx.models for name, p in wm.named_parameters()
+                   if p.requires_grad and id(p) not in held}
+        listed = ", ".join(f"param_groups[{g}]['params'][{i}] {tuple(p.shape)}" for g, i, p in foreign[:4])
+        twins = [orphans[tuple(p.shape)] for _, _, p in foreign if tuple(p.shape) in orphans]
+        guess = (f" The model's `{'`, `'.join(twins[:4])}` (same shape, in no optimizer) were probably re-bound "
+                 "after the optimizer was built.") if twins else ""
+        return Finding(
+            f"{wo.label} updates {len(foreign)} of its {len(wo.params())} parameters that are not in the model "
+            f"any more ({listed}{', ...' if len(foreign) > 4 else ''}) and get no gradient: its steps change "
+            "nothing the model uses." + guess,
+            fix="Build the optimizer after the last change to the model (re-assigning a layer, replacing or "
+                "re-wrapping the model), with the same settings:\n"
+                f"optimizer = {_qualname(wo.optimizer)}(model.parameters(), **optimizer.defaults)\n"
+                "or change weights in place: `with torch.no_grad(): model.fc.weight.copy_(w)`",
+            location=Location(param=twins[0] if twins else None, step=self.ctx.step), key=wo.label)
+
+
+def _has_gradient(p: Any) -> bool:
+    """The backward before this step reached `p` (a gradient that is not all zero: an old one kept by
+    ``zero_grad(set_to_none=False)`` is zero)."""
+    grad = p.grad
+    return grad is not None and grad.device.type != "meta" and bool(grad.any())
 
 
 def _wraps(value: ast.Call, target: str) -> bool:

@@ -102,12 +102,17 @@ class TrainModeInEval(RuntimeCheck):
         self.state: dict[str, _ModeStreak] = {}
         self.reported: set[str] = set()
 
-    def on_forward(self, event: ForwardEvent) -> Iterator[Finding]:
-        st = self.state.setdefault(event.model.label, _ModeStreak())
+    def on_forward(self, event: ForwardEvent) -> Optional[Iterator[Finding]]:
+        st = self.state.get(event.model.label)
+        if st is None:
+            st = self.state[event.model.label] = _ModeStreak()
         if event.grad_enabled or not event.training:
             st.streak, st.sampling = 0, False
             st.trained = st.trained or (event.grad_enabled and event.training)
-            return
+            return None
+        return self._gradient_free(event, st)
+
+    def _gradient_free(self, event: ForwardEvent, st: _ModeStreak) -> Iterator[Finding]:
         fed = event.input_ref() if event.input_ref is not None else None
         version = getattr(fed, "_version", None)
         st.sampling = st.sampling or (st.streak > 0 and fed is not None and st.last_input is not None

@@ -74,7 +74,9 @@ TRAIN_MODE_NOT_RESTORED = Pitfall(
             has Dropout or BatchNorm layers in `eval()` mode. Quiet: BatchNorm layers frozen on purpose with
             `bn.eval()` while the model itself is in `train()` mode; models with neither Dropout nor
             BatchNorm; a frozen teacher in `eval()` whose parameters no optimizer updates; runs that train
-            in `eval()` mode from the first step (a deliberate choice this check cannot tell from a mistake).
+            in `eval()` mode from the first step (a deliberate choice this check cannot tell from a mistake),
+            unless the model was in `train()` mode when the session started and ran a gradient-free forward in
+            `eval()` before (a validation at iteration 0, as nanoGPT's loop does, never followed by `train()`).
         """,
         "source": """
             The lint rule looks for a loop that trains (a `backward()` and an optimizer `step()` inside it, or
@@ -103,6 +105,7 @@ class _Mode:
     def __init__(self) -> None:
         self.last_eval = False
         self.trained = False
+        self.validated = False  # in train() mode when the session started, then run in eval() without gradients
 
 
 @TRAIN_MODE_NOT_RESTORED.runtime
@@ -111,10 +114,13 @@ class TrainModeNotRestored(RuntimeCheck):
 
     def on_start(self) -> None:
         self.modes: dict[str, _Mode] = {}
+        self.started_in_train = {wm.label: wm.inner.training for wm in self.ctx.models}
 
     def on_forward(self, event: ForwardEvent) -> None:
-        if not event.grad_enabled:
-            return  # validation under no_grad/inference_mode is what eval() is for
+        if not event.grad_enabled:  # validation under no_grad/inference_mode is what eval() is for
+            if not event.training and self.started_in_train.get(event.model.label):
+                self.modes.setdefault(event.model.label, _Mode()).validated = True
+            return
         mode = self.modes.setdefault(event.model.label, _Mode())
         mode.last_eval = not event.training
 
@@ -122,11 +128,15 @@ class TrainModeNotRestored(RuntimeCheck):
         for mode in self.modes.values():
             mode.trained = mode.trained or not mode.last_eval
 
-    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
         suspects = [wm for wm in self.ctx.models
-                    if (mode := self.modes.get(wm.label)) is not None and mode.last_eval and mode.trained]
+                    if (mode := self.modes.get(wm.label)) is not None and mode.last_eval
+                    and (mode.trained or mode.validated)]
         if not suspects:
-            return  # the every-step path: no parameter is looked at
+            return None  # the every-step path: no parameter is looked at
+        return self._eval_steps(event, suspects)
+
+    def _eval_steps(self, event: StepEvent, suspects: list[Any]) -> Iterator[Finding]:
         stepped = {id(p) for p in event.optimizer.params()}
         for wm in suspects:
             if not any(id(p) in stepped for _, p in wm.named_parameters()):
@@ -135,9 +145,11 @@ class TrainModeNotRestored(RuntimeCheck):
             if not layers:
                 continue
             effects = [text for kind, text in _EFFECTS.items() if any(kind in layer for layer in layers)]
+            since = ("earlier steps trained it in train() mode" if self.modes[wm.label].trained else
+                     "it was in train() mode when the session started and was validated in eval() mode since")
             yield Finding(
                 f"{event.optimizer.label}.step() applied gradients from a forward of {wm.label} in eval() mode, "
-                f"although earlier steps trained it in train() mode: its {', '.join(layers)} layers run as in "
+                f"although {since}: its {', '.join(layers)} layers run as in "
                 f"inference ({'; '.join(effects)}). model.train() was probably not called again after validation.",
                 fix="Switch back to training mode at the start of every epoch:\n"
                     "for epoch in range(epochs):\n"

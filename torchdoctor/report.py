@@ -174,6 +174,10 @@ def summary_line(report: Report, fail_on: str) -> "Text":
 
     counts = report.counts()
     if not report.findings:
+        unseen = sum(len(g.get("checks", [])) for g in report.facts.get("not_run", []) if g.get("applies", True))
+        if unseen:  # a watch session whose checks saw nothing to judge: not a clean bill of health
+            return Text(f"No problems found by the checks that ran; {unseen} could not run (see above).",
+                        style="bold yellow")
         return Text("✓ No problems found.", style="bold green")
     bits = []
     for sev in (Severity.ERROR, Severity.WARNING, Severity.INFO):

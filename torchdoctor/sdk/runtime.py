@@ -13,6 +13,7 @@ from torchdoctor.watch.contract import (
 )
 from torchdoctor.watch.handles import Restore
 from torchdoctor.watch.patches import MethodPatch
+from torchdoctor.watch.userframe import frame_variables, is_library, user_frame, user_frames, user_line
 from torchdoctor.wrappers import unwrap, unwrap_optimizer, wrapper_chain
 
 _LAZY = {
@@ -32,8 +33,9 @@ _LAZY = {
 # Modules offered whole: `evidence` for crash checks (failing frames, placement, memory held)
 _MODULES = {"evidence": "torchdoctor.watch.evidence"}
 
-__all__ = ["CrashEvent", "Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck", "StepEvent",
-           "ZeroGradEvent", "unwrap", "unwrap_optimizer", "wrapper_chain", *_LAZY, *_MODULES]
+__all__ = ["CrashEvent", "Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck",
+           "StepEvent", "ZeroGradEvent", "frame_variables", "is_library", "unwrap", "unwrap_optimizer", "user_frame",
+           "user_frames", "user_line", "wrapper_chain", *_LAZY, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,8 +27,8 @@ class WatchedModel:
         self.inner, self.wrappers = unwrap(module)
         self.label = label
         self._mode_layers: Optional[list[str]] = None
-        self.last_child: Optional[nn.Module] = None  # until the first step: the last direct child that ran
-        self.entry: Optional[str] = None  # the child's type, when the model is seen through it
+        self.called = False  # the model itself (not only its submodules) was called
+        self.entry: Optional[str] = None  # the submodule it is seen through, when it is never called itself
         self._footprint: Optional[tuple[int, int]] = None
 
     def mode_dependent_layers(self) -> list[str]:
@@ -88,10 +88,17 @@ class WatchContext:
     emit: Callable[["RuntimeCheck", "Finding"], None]
     fault: Callable[["RuntimeCheck", BaseException], None]
     hooks: HookSet = field(default_factory=HookSet)
-    last_forward: Optional[LastForward] = None
+    last_event: Any = None  # the most recent watched forward's `ForwardEvent`, its output and input dropped
+    exception: Optional[BaseException] = None  # what the watched code raised (SystemExit too), once it stops
     rank: int = 0
     world_size: int = 1
     _names: Optional[dict[int, str]] = None
+
+    @property
+    def last_forward(self) -> Optional[LastForward]:
+        """Mode of the most recent watched forward (None before any)."""
+        e = self.last_event
+        return None if e is None else LastForward(e.model.label, e.training, e.grad_enabled, e.inference_mode)
 
     @property
     def step(self) -> int:
@@ -122,6 +129,7 @@ class WatchContext:
         """Forget models, optimizers and loaders so that a finished session keeps nothing alive."""
         self.models, self.optimizers, self.loaders = [], [], []
         self._names = None
+        self.last_event = self.exception = None
 
 
 def first_graph_tensor(output: Any, depth: int = 0) -> Optional[torch.Tensor]:

@@ -84,18 +84,36 @@ class Event(str, enum.Enum):
     STOP = "stop"
 
 
-@dataclass
 class ForwardEvent:
     """A watched model's forward returned. `output` is only valid during the handler."""
 
-    model: "WatchedModel"
-    output: Any
-    training: bool
-    grad_enabled: bool
-    inference_mode: bool
-    input_ref: Optional["weakref.ReferenceType[Any]"] = None  # a weak reference to the first tensor argument:
-    # the same live object when one tensor is fed again (MC-dropout sampling), never a strong reference; an id or
-    # data pointer would not do, since a freed temporary's are reused by the next batch
+    __slots__ = ("model", "output", "training", "grad_enabled", "inference_mode", "_args", "_input_ref")
+
+    def __init__(self, model: "WatchedModel", output: Any, training: bool, grad_enabled: bool, inference_mode: bool,
+                 input_ref: Optional["weakref.ReferenceType[Any]"] = None, args: Any = None) -> None:
+        self.model, self.output, self.training = model, output, training
+        self.grad_enabled, self.inference_mode = grad_enabled, inference_mode
+        self._input_ref, self._args = input_ref, args  # the weak reference is made on first use, from args
+
+    @property
+    def input_ref(self) -> Optional["weakref.ReferenceType[Any]"]:
+        """A weak reference to the forward's first tensor argument (None without one): the same live object
+        when one tensor is fed again (MC-dropout sampling), never a strong reference; an id or data pointer
+        would not do, since a freed temporary's are reused by the next batch."""
+        if self._input_ref is None and self._args is not None:
+            first = next((a for a in self._args if _is_tensor(a)), None) if isinstance(self._args, tuple) else None
+            try:
+                self._input_ref = None if first is None else weakref.ref(first)
+            except TypeError:  # a tensor-like that takes no weak references
+                pass
+            self._args = None
+        return self._input_ref
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch  # only when a check asks for the input: this module stays torch-free at import
+
+    return isinstance(value, torch.Tensor)
 
 
 @dataclass
@@ -139,6 +157,13 @@ def handler_names() -> set[str]:
 
 class RuntimeCheck:
     """Base class of runtime checks: override the ``on_<event>`` handlers the check needs."""
+
+    #: Whether the check judges optimizer steps, so that a session without one reports it as not run
+    #: (None: it does when it listens to step events only).
+    needs_optimizer: Optional[bool] = None
+    #: Whether it judges forwards, so that a session that saw none reports it as not run (None: it does when
+    #: it listens to forwards).
+    needs_forward: Optional[bool] = None
 
     def __init__(self, ctx: "WatchContext") -> None:
         self.ctx = ctx

@@ -4,10 +4,11 @@ Only the hooks that the subscribed events need are installed, and every one of t
 session's `HookSet`, which removes them all when the session stops (also after an exception):
 
 ==============================  ============================================================
-FORWARD                         one global ``register_module_forward_hook``, filtered to the watched
-                                models as the user calls them (the outermost wrapper); a model never
-                                called by the first step (Lightning's ``training_step``) is seen through
-                                the last direct child that ran
+FORWARD                         one global forward pre-hook and forward hook, filtered to the watched
+                                models: a call of a model as the user calls it (the outermost wrapper),
+                                and a call of any of its submodules that runs outside every watched
+                                forward (Lightning's ``self.head(self.encoder(x))``, ``model.encoder_q(x)``
+                                for monitoring)
 STEP with a closure             the step events wait for the closure's first evaluation (LBFGS)
 ZERO_GRAD                       per-instance wrappers of the optimizers' ``zero_grad`` (`patches`)
 STEP_PRE, PERIODIC, STEP_POST   ``Optimizer.register_step_pre_hook``/``register_step_post_hook`` (a
@@ -27,14 +28,13 @@ handed to the sink outside that guard, so ``on_finding="raise"`` and user callba
 from __future__ import annotations
 
 import functools
-import weakref
 from typing import Any, Callable, Iterable, Optional
 
 import torch
-from torch.nn.modules.module import register_module_forward_hook
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from torchdoctor.findings import Finding
-from torchdoctor.watch.context import LastForward, WatchContext, WatchedModel, WatchedOptimizer
+from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
 from torchdoctor.watch.handles import WarningFilter
 from torchdoctor.watch.contract import (
     Event,
@@ -58,8 +58,12 @@ class EventHub:
         self.sink = sink
         self.on_fault = on_fault
         self.subs: dict[Event, list[tuple[RuntimeCheck, Callable[..., Any]]]] = {e: [] for e in Event}
-        self._watched: dict[int, WatchedModel] = {}
-        self._children: dict[int, WatchedModel] = {}  # direct children of the models, until the first step
+        self._watched: dict[int, WatchedModel] = {}  # the models as the user calls them
+        self._members: dict[int, WatchedModel] = {}  # those and every submodule: a call of one outside the others is seen
+        self._depth = 0  # calls of members running now: a member called at depth 0 is the outermost
+        self._stepped = False
+        self.seen: dict[Event, int] = {}  # events dispatched (START/STOP aside), for the checks that could not run
+        self.under_functorch = 0  # forwards of watched models skipped inside torch.func transforms
         self.wanted: set[Event] = set()
         for chk in checks:
             for event in type(chk).subscribed_events():
@@ -67,10 +71,13 @@ class EventHub:
 
     def dispatch(self, event: Event, *payload: Any) -> None:
         """Call every subscriber; pass its findings to the sink; contain its faults."""
-        for chk, handler in list(self.subs[event]):
+        self.seen[event] = self.seen.get(event, 0) + 1
+        for chk, handler in self.subs[event]:  # `disable` rebinds the lists: no copy per event
             try:
                 found = handler(*payload)
-                found = list(found) if found is not None else []
+                if found is None:
+                    continue
+                found = list(found)
             except Exception as exc:
                 self.disable(chk)
                 self.on_fault(chk, exc)
@@ -79,8 +86,8 @@ class EventHub:
                 self.sink(chk, finding)
 
     def disable(self, chk: RuntimeCheck) -> None:
-        for subs in self.subs.values():
-            subs[:] = [(c, h) for c, h in subs if c is not chk]
+        for event, subs in self.subs.items():
+            self.subs[event] = [(c, h) for c, h in subs if c is not chk]
 
     def install(self) -> list[tuple[str, BaseException, list[RuntimeCheck]]]:
         """Install the hooks behind every event that has at least one subscriber. A hook that fails only
@@ -102,8 +109,13 @@ class EventHub:
             # global, not per module: nothing of ours lands in the user's modules, so torch.save(model)
             # and copy.deepcopy(model) (EMA) work unchanged during the session
             self._watched = {id(wm.module): wm for wm in self.ctx.models}
-            self._children = {id(c): wm for wm in self.ctx.models for c in wm.inner.children()}
-            attempt("the forward hook", {Event.FORWARD}, lambda: hooks.add(register_module_forward_hook(self._forward)))
+            self._members = {id(m): wm for wm in reversed(self.ctx.models) for m in (*wm.inner.modules(), wm.module)}
+
+            def forward_hooks() -> None:
+                hooks.add(register_module_forward_pre_hook(self._pre_forward))
+                hooks.add(register_module_forward_hook(self._forward, always_call=True))  # also after a raise
+
+            attempt("the forward hook", {Event.FORWARD}, forward_hooks)
             # torch warns that global hooks also fire for an OptimizedModule's inner module; the id lookup in
             # _forward dispatches each watched call once anyway, so that warning would only puzzle the user
             hooks.add(WarningFilter(r"Using `torch.compile\(module\)` when there are global hooks"))
@@ -126,8 +138,10 @@ class EventHub:
         return self.ctx.hooks.added_since(before)
 
     def add_model(self, wm: WatchedModel) -> None:
-        """Watch the forwards of a model adopted while the session runs."""
+        """Watch the forwards of a model adopted while the session runs (and of its submodules called alone)."""
         self._watched[id(wm.module)] = wm
+        for module in (*wm.inner.modules(), wm.module):
+            self._members.setdefault(id(module), wm)
 
     def _hook_zero_grad(self, wo: WatchedOptimizer) -> None:
         def after(*_: Any) -> None:
@@ -147,44 +161,41 @@ class EventHub:
             hooks.add(MethodPatch(opt, "step", before=functools.partial(self._step_pre, wo) if pre else None,
                                   after=functools.partial(self._step_post, wo)))
 
+    def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        if id(module) in self._members and not _is_compiling():
+            self._depth += 1
+
     def _forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        if _is_compiling():
+        wm = self._members.get(id(module))
+        if wm is None or _is_compiling():
             return
-        wm = self._watched.get(id(module))
-        if wm is None:
-            if self._children:  # until the first step: which direct child stands for a model never called
-                child_of = self._children.get(id(module))
-                if child_of is not None:
-                    child_of.last_child = module
+        self._depth = depth = self._depth - 1 if self._depth > 0 else 0
+        root = self._watched.get(id(module)) is wm
+        if depth and not root:  # the usual call: a submodule inside the model's forward
             return
-        if _in_functorch():
+        if output is None:  # the forward raised
             return
-        if self._children and wm.module is module:
-            for child in wm.inner.children():
-                self._children.pop(id(child), None)
-        training = wm.inner.training
+        if _in_functorch():  # the output is a functorch wrapper, without storage or autograd graph
+            self.under_functorch += 1
+            return
+        if root:
+            wm.called = True
+        elif not self._stepped and not wm.called:  # the model itself is never called (Lightning's training_step)
+            wm.entry = type(module).__name__
+        training = module.training if not root else wm.inner.training
         grad_enabled = torch.is_grad_enabled()
         inference = torch.is_inference_mode_enabled()
-        self.ctx.last_forward = LastForward(wm.label, training, grad_enabled, inference)
-        self.dispatch(Event.FORWARD, ForwardEvent(wm, output, training, grad_enabled, inference, _input_ref(args)))
-
-    def _adopt_children(self) -> None:
-        """At the first step: a model whose own __call__ never ran (Lightning's training_step, a method
-        called instead of forward) is seen through the last of its direct children that ran, whose output
-        carries the step's graph (``self.head(self.encoder(x))``: the head). Only weakly kept until then."""
-        for wm in self.ctx.models:
-            child = wm.last_child
-            if child is not None and id(wm.module) in self._watched and id(child) in self._children:
-                self._watched[id(child)] = wm
-                wm.entry = type(child).__name__
-            wm.last_child = None
-        self._children = {}
+        event = ForwardEvent(wm, output, training, grad_enabled, inference, args=args)
+        self.ctx.last_event = event  # read as `ctx.last_forward`
+        try:
+            self.dispatch(Event.FORWARD, event)
+        finally:
+            event.output = event._args = None  # the session keeps no tensor of the user's
 
     def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        self._stepped = True
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
         if closure is None:
-            if self._children:
-                self._adopt_children()
             self._dispatch_step(wo)
             return None
         # LBFGS, Lightning's automatic optimization: forward and backward run inside step(), in the closure;
@@ -195,8 +206,6 @@ class EventHub:
             loss = closure()
             if pending:
                 pending.clear()
-                if self._children:  # the first step's forward ran in the closure, not before step()
-                    self._adopt_children()
                 self._dispatch_step(wo)
             return loss
 
@@ -226,15 +235,6 @@ class EventHub:
 _is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) \
     or torch._dynamo.is_compiling
 _functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
-
-
-def _input_ref(args: Any) -> Optional["weakref.ReferenceType[torch.Tensor]"]:
-    """A weak reference to a forward's first tensor argument (None without one)."""
-    first = next((a for a in args if isinstance(a, torch.Tensor)), None) if isinstance(args, tuple) else None
-    try:
-        return None if first is None else weakref.ref(first)
-    except TypeError:  # a tensor-like that takes no weak references
-        return None
 
 
 def _in_functorch() -> bool:

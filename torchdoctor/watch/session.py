@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import warnings
 import weakref
 from dataclasses import replace
@@ -20,11 +19,13 @@ from torchdoctor.settings import load_settings
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
 from torchdoctor.wrappers import unwrap, unwrap_optimizer
 from torchdoctor.watch.contract import Event, RuntimeCheck
+from torchdoctor.watch.coverage import not_run
 from torchdoctor.watch.crash import explain_crash
 from torchdoctor.watch.events import EventHub
 from torchdoctor.watch.follow import Follower
 from torchdoctor.watch.graphs import GraphTracker
 from torchdoctor.watch.observers import session_started
+from torchdoctor.watch.userframe import user_frame
 
 if TYPE_CHECKING:
     from torchdoctor.report import Report
@@ -34,9 +35,6 @@ logger = logging.getLogger("torchdoctor")
 OnFinding = Union[str, Callable[[Finding], Any]]
 F = TypeVar("F", bound=Callable[..., Any])
 _MODES = ("warn", "raise", "log")
-# Top-level packages whose frames stand between the user's line and a hook: a warning skips them.
-_NOT_USER_CODE = frozenset({"torchdoctor", "torch", "lightning", "pytorch_lightning", "lightning_fabric", "accelerate",
-                            "transformers", "deepspeed", "ignite"})
 _LOG_LEVEL = {Severity.INFO: logging.INFO, Severity.WARNING: logging.WARNING, Severity.ERROR: logging.ERROR}
 
 
@@ -105,6 +103,7 @@ class WatchSession:
         self._quiet_raise = False
         self.facts: dict[str, Any] = {}
         self._enabled: list[str] = []
+        self._checks: dict[str, RuntimeCheck] = {}
         self.hook_errors: list[str] = []  # the hooks that could not be installed, and the checks that are off
         self.rank_findings: Optional[list[Finding]] = None  # under torch.distributed, on rank 0: every rank's
         self.discover_models = False  # `torchdoctor run`: adopt every optimizer, and find its models
@@ -157,6 +156,7 @@ class WatchSession:
             self._info_of[id(chk)] = info
             checks.append(chk)
         self._enabled = sorted(self._info_of[id(c)].name for c in checks)
+        self._checks = {self._info_of[id(c)].name: c for c in checks}
         self._hub = EventHub(ctx, checks, self._sink, self._fault)
         self.hook_errors = []
         for what, error, off in self._hub.install():  # never break training: watch the rest and say what is off
@@ -178,6 +178,7 @@ class WatchSession:
         if hub is None or ctx is None:
             return
         self._quiet_raise = exc is not None  # the user's exception must propagate unchanged
+        ctx.exception = exc
         try:
             if exc is not None and not isinstance(exc, TorchDoctorError):
                 self.crash_explained_by = explain_crash(self, hub, exc)
@@ -187,6 +188,14 @@ class WatchSession:
             ctx.hooks.remove_all()
             ctx.graphs.stop()
             self.facts = self._facts(ctx)
+            try:
+                unseen = not_run(ctx, self._checks, hub.seen, hub.under_functorch, {f.name for f in self.findings})
+            except Exception as error:  # the report goes on without it
+                logger.warning("torchdoctor: could not tell which checks ran: %s: %s", type(error).__name__, error)
+                unseen = []
+            if unseen:
+                self.facts["not_run"] = unseen
+            self._checks = {}
             if ctx.world_size > 1:  # every rank's findings go to rank 0's report (torchdoctor.watch.distributed)
                 from torchdoctor.watch.distributed import gather_report
 
@@ -272,7 +281,9 @@ class WatchSession:
         elif mode == "raise" and severity >= Severity.ERROR and not self._quiet_raise:
             raise TorchDoctorError(_describe(finding), finding)
         elif severity >= Severity.WARNING:
-            _warn_at_user_line(TorchDoctorWarning(_describe(finding)))
+            loc = finding.location
+            at = (loc.file, loc.line) if loc is not None and loc.file and loc.line else None
+            _warn_at_user_line(TorchDoctorWarning(_describe(finding)), at)
 
     def _facts(self, ctx: WatchContext) -> dict[str, Any]:
         facts: dict[str, Any] = {
@@ -317,18 +328,18 @@ def _describe(finding: Finding) -> str:
     return "\n".join(lines)
 
 
-def _warn_at_user_line(warning: TorchDoctorWarning) -> None:
+def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]] = None) -> None:
     """Warn as if from the user's line that led here (the call of step(), of the model, of zero_grad(), the
-    loop over the loader): the innermost frame outside torchdoctor, torch and the training frameworks (else the
-    outermost one).
-    Warning filters and the once-per-line registry apply to that line, as for `warnings.warn`."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
-        frame = frame.f_back
+    loop over the loader): the innermost frame outside torchdoctor, torch, the training frameworks and the
+    installed libraries (else the outermost one), or the line `at` that the finding names (the call of
+    ``scheduler.step()``). Warning filters and the once-per-line registry apply to that line, as for
+    `warnings.warn`."""
+    frame = user_frame(1)
     module_globals = frame.f_globals
+    file, line = at or (frame.f_code.co_filename, frame.f_lineno)
     # a notebook's cells share one module: its once-per-line registry would hide a later cell's warning
     registry = module_globals.setdefault("__warningregistry__", {}) if cell_run() is None else {}
-    warnings.warn_explicit(warning, TorchDoctorWarning, frame.f_code.co_filename, frame.f_lineno,
+    warnings.warn_explicit(warning, TorchDoctorWarning, file, line,
                            module=module_globals.get("__name__", "<string>"), registry=registry,
                            module_globals=module_globals)
 

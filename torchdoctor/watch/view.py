@@ -15,4 +15,10 @@ def facts_view(facts: dict[str, Any]) -> RenderableType:
         lines.append(Text.assemble(("  model ", "dim"), m["label"], wrapped, (f"  {m['parameters']:,} parameters", "dim")))
     for o in facts.get("optimizers", []):
         lines.append(Text.assemble(("  optimizer ", "dim"), o["label"], (f"  {o['steps']} steps", "dim")))
+    for group in facts.get("not_run", []):
+        if not group.get("applies", True):
+            lines.append(Text.assemble(("  not run ", "dim"), ", ".join(group["checks"]), (f": {group['why']}", "dim")))
+            continue
+        lines.append(Text.assemble(("  not run ", "yellow"), ", ".join(group["checks"]), (f": {group['why']}", "dim")))
+        lines.append(Text.assemble(("           how: ", "dim"), group["how"]))
     return Group(*lines)
