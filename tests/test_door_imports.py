@@ -23,6 +23,12 @@ def imported(args: list[str], cwd: Path) -> list[str]:
     return result["imported"]
 
 
+# what `torchdoctor.sdk.runtime` loads: a check with a runtime detector besides its own door imports it, and it
+# stays torch-free (never the session, its hooks or its torch-backed services)
+WATCH_CONTRACT = {"torchdoctor.watch", "torchdoctor.watch.contract", "torchdoctor.watch.handles",
+                  "torchdoctor.watch.patches", "torchdoctor.watch.userframe"}
+
+
 def under(modules: list[str], *packages: str) -> list[str]:
     return [m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)]
 
@@ -37,7 +43,8 @@ def test_env_select_one_check_imports_only_that_check(tmp_path):
 def test_check_ckpt_loads_no_lint_watch_or_env_engine(tmp_path):
     (tmp_path / "state.pkl").write_bytes(pickle.dumps({"step": 1}))
     modules = imported(["check-ckpt", "state.pkl"], tmp_path)
-    assert under(modules, "torchdoctor.lint", "torchdoctor.watch", "torchdoctor.env") == []
+    assert under(modules, "torchdoctor.lint", "torchdoctor.env") == []
+    assert set(under(modules, "torchdoctor.watch")) <= WATCH_CONTRACT
 
 
 @pytest.mark.parametrize("select", [[], ["--select", "missing-zero-grad"]])
@@ -45,6 +52,4 @@ def test_lint_loads_no_checkpoint_reader_nor_watch_engine(tmp_path, select):
     (tmp_path / "train.py").write_text("x = 1\n")
     modules = imported(["lint", *select, "train.py"], tmp_path)
     assert under(modules, "torchdoctor.ckpt") == []
-    # checks with a runtime detector too import watch's torch-free contract, never the session and its hooks
-    assert set(under(modules, "torchdoctor.watch")) <= {
-        "torchdoctor.watch", "torchdoctor.watch.contract", "torchdoctor.watch.handles", "torchdoctor.watch.patches"}
+    assert set(under(modules, "torchdoctor.watch")) <= WATCH_CONTRACT
