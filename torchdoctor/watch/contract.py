@@ -14,7 +14,7 @@ What ``ctx`` offers: ``models`` (`WatchedModel`: ``module`` as called, ``inner``
 ``wrappers``), ``optimizers`` (`WatchedOptimizer`: ``optimizer``, ``label``, ``steps``, ``params()``),
 ``loaders`` (those passed with ``loader=``), ``step`` (completed steps of the first optimizer), ``every``,
 ``deterministic``, ``rank``/``world_size``, ``param_name(p)``, ``model_param_ids()``,
-``optimizer_param_ids()`` and ``last_forward``.
+``optimizer_param_ids()``, ``last_forward`` and ``clock`` (the step clock, when a check sets ``uses_clock``).
 
 Events, in the order of a training step (payload types below):
 
@@ -60,7 +60,7 @@ from __future__ import annotations
 import enum
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Optional
 
 from torchdoctor.findings import Finding
 
@@ -128,6 +128,10 @@ def handler_names() -> set[str]:
 
 class RuntimeCheck:
     """Base class of runtime checks: override the ``on_<event>`` handlers the check needs."""
+
+    # True: the session keeps a step clock (``ctx.clock``, `torchdoctor.watch.timing.StepClock`) that times
+    # each step's data wait, forward, backward and optimizer; its breakdown goes into the report's facts
+    uses_clock: ClassVar[bool] = False
 
     def __init__(self, ctx: "WatchContext") -> None:
         self.ctx = ctx

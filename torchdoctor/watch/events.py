@@ -13,6 +13,8 @@ ZERO_GRAD                       per-instance wrappers of the optimizers' ``zero_
 STEP_PRE, PERIODIC, STEP_POST   ``Optimizer.register_step_pre_hook``/``register_step_post_hook`` (a
                                 per-instance wrapper of ``step`` where the optimizer has no hook state)
 LOADER_ITER                     a class-level patch of ``DataLoader.__iter__`` (`patches`)
+the step clock                  where a check sets ``uses_clock``: readings at the forward and step hooks
+                                above and a class-level patch of the loader iterators' ``__next__`` (`timing`)
 START, STOP                     called by the session itself
 ==============================  ============================================================
 
@@ -96,7 +98,7 @@ class EventHub:
                 for event in events:
                     self.subs[event] = []
 
-        if Event.FORWARD in wanted:
+        if Event.FORWARD in wanted or self.ctx.clock is not None:
             # global, not per module: nothing of ours lands in the user's modules, so torch.save(model)
             # and copy.deepcopy(model) (EMA) work unchanged during the session
             self._watched = {id(wm.module): wm for wm in self.ctx.models}
@@ -113,6 +115,11 @@ class EventHub:
                     functools.partial(self._hook_step, wo, wanted & {Event.STEP_PRE, Event.PERIODIC}))
         if Event.LOADER_ITER in wanted:
             attempt("DataLoader.__iter__", {Event.LOADER_ITER}, lambda: hooks.add(LoaderPatch(self._loader_iter)))
+        if self.ctx.clock is not None:  # the step clock times every loader's __next__ (torchdoctor.watch.timing)
+            from torchdoctor.watch.timing import NextPatch
+
+            clock = self.ctx.clock
+            attempt("DataLoader iterators' __next__", set(), lambda: hooks.add(NextPatch(clock)))
         return failed
 
     def _hook_zero_grad(self, wo: WatchedOptimizer) -> None:
@@ -125,6 +132,7 @@ class EventHub:
         """Step hooks on one optimizer: torch's own, or a wrapper of ``step`` for an optimizer that never ran
         ``Optimizer.__init__`` (and so has no hook dictionaries)."""
         opt, hooks = wo.optimizer, self.ctx.hooks
+        pre = pre or ({Event.STEP_PRE} if self.ctx.clock is not None else set())
         if isinstance(opt.__dict__.get("_optimizer_step_pre_hooks"), dict):
             if pre:
                 hooks.add(opt.register_step_pre_hook(functools.partial(self._step_pre, wo)))
@@ -145,6 +153,8 @@ class EventHub:
             return
         if _in_functorch():
             return
+        if self.ctx.clock is not None:
+            self.ctx.clock.forward_end()
         if self._children and wm.module is module:
             for child in wm.inner.children():
                 self._children.pop(id(child), None)
@@ -189,6 +199,8 @@ class EventHub:
         return (args[0], closure_then_step_events, *args[2:]), kwargs
 
     def _dispatch_step(self, wo: WatchedOptimizer) -> None:
+        if self.ctx.clock is not None:
+            self.ctx.clock.step_pre()
         event = StepEvent(wo, wo.steps)
         self.dispatch(Event.STEP_PRE, event)
         if wo.steps % self.ctx.every == 0:
@@ -196,6 +208,8 @@ class EventHub:
             self.dispatch(Event.PERIODIC, event)
 
     def _step_post(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.ctx.clock is not None:
+            self.ctx.clock.step_post(wo)
         try:
             self.dispatch(Event.STEP_POST, StepEvent(wo, wo.steps))
         finally:

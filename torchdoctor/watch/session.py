@@ -154,6 +154,10 @@ class WatchSession:
             self._info_of[id(chk)] = info
             checks.append(chk)
         self._enabled = sorted(self._info_of[id(c)].name for c in checks)
+        if any(type(c).uses_clock for c in checks):
+            from torchdoctor.watch.timing import StepClock
+
+            ctx.clock = StepClock(ctx.optimizers[0] if ctx.optimizers else None)
         self._hub = EventHub(ctx, checks, self._sink, self._fault)
         self.hook_errors = []
         for what, error, off in self._hub.install():  # never break training: watch the rest and say what is off
@@ -279,6 +283,9 @@ class WatchSession:
                            for wo in ctx.optimizers],
             "checks": self._enabled,
         }
+        breakdown = ctx.clock.summary() if ctx.clock is not None else None
+        if breakdown is not None:
+            facts["step_time"] = breakdown
         if self.hook_errors:
             facts["hooks_failed"] = list(self.hook_errors)
         if self.diagnosis is not None:

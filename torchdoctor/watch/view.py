@@ -15,6 +15,13 @@ def facts_view(facts: dict[str, Any]) -> RenderableType:
         lines.append(Text.assemble(("  model ", "dim"), m["label"], wrapped, (f"  {m['parameters']:,} parameters", "dim")))
     for o in facts.get("optimizers", []):
         lines.append(Text.assemble(("  optimizer ", "dim"), o["label"], (f"  {o['steps']} steps", "dim")))
+    timing = facts.get("step_time")
+    if timing:
+        lines.append(Text.assemble(("  step time ", "dim"), f"median {timing['step_median_ms']:.3g} ms, "
+                                   f"p90 {timing['step_p90_ms']:.3g} ms, {timing['steps_per_s']:.3g} steps/s",
+                                   (f"  over {timing['steps']} steps", "dim")))
+        lines.append(Text("    " + "  ".join(f"{name} {100 * p['share']:.0f}% ({p['median_ms']:.3g} ms)"
+                                          for name, p in timing["phases"].items())))
     exc = facts.get("exception")
     if exc:
         lines.append(Text())

@@ -1,0 +1,58 @@
+"""Shared by the performance pitfalls (input-bound, step-time-drift, straggler-rank): judging a check once
+enough steps were timed, and the numbers their messages quote.
+
+Verdicts read shares of the measured step (the median over steps of one phase's share of that step),
+never absolute times, so a slower or busier machine gives the same verdict.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Iterator, Optional
+
+from torchdoctor.sdk import Finding
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+
+if TYPE_CHECKING:
+    from torchdoctor.watch.timing import StepClock
+
+MIN_STEPS = 8  # timed steps before a verdict
+
+
+def phase_share(clock: "StepClock", phase: int) -> Optional[float]:
+    """The median over the timed steps of `phase`'s share of each step (robust to the odd step that also ran
+    a validation pass or saved a checkpoint)."""
+    rows = [r for r in clock.rows() if r[-1] > 0]
+    return statistics.median(r[phase] / r[-1] for r in rows) if rows else None
+
+
+def ms(seconds: float) -> str:
+    """Milliseconds, three significant digits."""
+    return f"{seconds * 1e3:.3g} ms"
+
+
+class ClockCheck(RuntimeCheck):
+    """A check judged from the step clock every `every` steps once `MIN_STEPS` were timed, and at the end;
+    it reports once."""
+
+    uses_clock = True
+
+    def on_start(self) -> None:
+        self.reported = False
+
+    def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
+        yield from self._judge_once()
+
+    def on_stop(self) -> Iterator[Finding]:
+        yield from self._judge_once()
+
+    def _judge_once(self) -> Iterator[Finding]:
+        clock = self.ctx.clock
+        if self.reported or clock is None or clock.timed < MIN_STEPS:
+            return
+        for finding in self.judge(clock):
+            self.reported = True
+            yield finding
+
+    def judge(self, clock: "StepClock") -> Iterator[Finding]:
+        """The findings the clock shows now (empty when all is well)."""
+        raise NotImplementedError

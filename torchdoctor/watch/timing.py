@@ -1,0 +1,242 @@
+"""The step clock: where each training step's time goes (data wait, forward, backward, optimizer, other).
+
+A session whose checks ask for it (``RuntimeCheck.uses_clock``) keeps one `StepClock`. It takes a
+``time.perf_counter()`` reading at events watch already sees — a watched model's forward returning, an
+optimizer's ``step()`` starting and returning — plus the start and end of every ``__next__`` of a
+``DataLoader`` iterator (`NextPatch`, a class-level patch shared by live sessions, like
+`torchdoctor.watch.patches.LoaderPatch`). The time between two readings goes to one phase:
+
+=================  ==============================================================================
+data               inside the loader's ``__next__`` (the loop waited for its batch)
+forward            from the previous reading to the end of a watched forward (moving the batch to the
+                   device and ``zero_grad()`` before the forward land here)
+backward           from a forward's end to ``step()`` or to the next batch (loss, ``backward()``,
+                   clipping; several under gradient accumulation)
+optimizer          inside ``step()``
+other              from ``step()`` returning to the next batch (logging, metrics, checkpoints)
+=================  ==============================================================================
+
+A step ends when the first watched optimizer's ``step()`` returns. The last `WINDOW` steps are kept in
+preallocated arrays (no allocation per step), and the whole run as medians of blocks of steps (at most
+`MAX_BLOCKS`, merged pairwise when full) for trends. Host time only: with CUDA, kernels run
+asynchronously and the time shows up where the host waits for them.
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from array import array
+from typing import Any, Callable, Optional
+
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+DATA, FORWARD, BACKWARD, OPTIMIZER, OTHER = range(5)
+WINDOW = 512  # steps kept for the breakdown
+BLOCK = 16  # steps per block of the run's history
+MAX_BLOCKS = 128
+WARMUP = 1  # the first steps (allocations, compilation, worker start) are left out of the statistics
+
+
+class LoaderWait:
+    """One pass over a loader: its settings (read once from the iterator) and the time waited in it."""
+
+    __slots__ = ("label", "batch_size", "workers", "pin_memory", "persistent", "prefetch", "wait", "first_wait",
+                 "batches")
+
+    def __init__(self, iterator: Any) -> None:
+        dataset = getattr(iterator, "_dataset", None)
+        self.label = type(dataset).__name__ if dataset is not None else "DataLoader"
+        sampler = getattr(iterator, "_index_sampler", None)
+        self.batch_size: Optional[int] = getattr(sampler, "batch_size", None)
+        self.workers: int = getattr(iterator, "_num_workers", 0)
+        self.pin_memory: bool = bool(getattr(iterator, "_pin_memory", False))
+        self.persistent: bool = bool(getattr(iterator, "_persistent_workers", False))
+        self.prefetch: Optional[int] = getattr(iterator, "_prefetch_factor", None)
+        self.wait = 0.0
+        self.first_wait = 0.0  # the first batch of the pass: worker start-up
+        self.batches = 0
+
+    def facts(self) -> dict[str, Any]:
+        return {"dataset": self.label, "batch_size": self.batch_size, "num_workers": self.workers,
+                "pin_memory": self.pin_memory, "persistent_workers": self.persistent,
+                "prefetch_factor": self.prefetch}
+
+
+class StepClock:
+    """Per-phase time of each step of one session (see the module docstring)."""
+
+    def __init__(self, first_optimizer: Any = None) -> None:
+        self.first_optimizer = id(first_optimizer)  # its id only: a finished session holds nothing
+        self.acc = [0.0] * len(PHASES)
+        self.last = time.perf_counter()
+        self.after_forward = False
+        self.window = array("d", bytes(8 * WINDOW * (len(PHASES) + 1)))  # per step: phases, then the total
+        self.steps = 0  # steps ended, warm-up included
+        self.block: list[float] = []  # the current block's step times
+        self.blocks: list[float] = []  # medians of past blocks
+        self.block_cpu: list[float] = []  # process CPU seconds per step of past blocks
+        self.block_size = BLOCK
+        self.cpu_mark = time.process_time()
+        self.loaders: dict[int, LoaderWait] = {}  # id(iterator) -> its pass (the last few)
+        self.waited = 0.0  # data wait summed over the timed steps, per loader below
+        self.wait_by: dict[int, float] = {}  # id(LoaderWait) -> wait in timed steps
+        self.last_loader: Optional[LoaderWait] = None
+
+    # -- marks (called from the hooks; cheap) ------------------------------------------------------
+
+    def data(self, iterator: Any, start: float, end: float) -> None:
+        """One ``__next__`` of a loader iterator ran from `start` to `end`."""
+        acc = self.acc
+        acc[BACKWARD if self.after_forward else OTHER] += start - self.last
+        acc[DATA] += end - start
+        self.after_forward = False
+        self.last = end
+        wait = self.loaders.get(id(iterator))
+        if wait is None:
+            if len(self.loaders) >= 8:
+                self.loaders.clear()
+            wait = self.loaders[id(iterator)] = LoaderWait(iterator)
+            wait.first_wait = end - start
+        wait.wait += end - start
+        wait.batches += 1
+        self.last_loader = wait
+
+    def forward_end(self) -> None:
+        now = time.perf_counter()
+        self.acc[FORWARD] += now - self.last
+        self.after_forward = True
+        self.last = now
+
+    def step_pre(self) -> None:
+        now = time.perf_counter()
+        self.acc[BACKWARD] += now - self.last
+        self.after_forward = False
+        self.last = now
+
+    def step_post(self, optimizer: Any) -> None:
+        now = time.perf_counter()
+        acc = self.acc
+        acc[OPTIMIZER] += now - self.last
+        self.last = now
+        if id(optimizer) != self.first_optimizer:
+            return
+        self.steps += 1
+        total = sum(acc)
+        if self.steps > WARMUP:
+            row = (self.steps % WINDOW) * (len(PHASES) + 1)
+            window = self.window
+            for i in range(len(PHASES)):
+                window[row + i] = acc[i]
+            window[row + len(PHASES)] = total
+            if self.last_loader is not None and acc[DATA]:
+                key = id(self.last_loader)
+                self.wait_by[key] = self.wait_by.get(key, 0.0) + acc[DATA]
+            self.block.append(total)
+            if len(self.block) >= self.block_size:
+                self._close_block()
+        for i in range(len(PHASES)):
+            acc[i] = 0.0
+
+    def _close_block(self) -> None:
+        cpu = time.process_time()
+        self.blocks.append(statistics.median(self.block))
+        self.block_cpu.append((cpu - self.cpu_mark) / len(self.block))
+        self.cpu_mark = cpu
+        self.block = []
+        if len(self.blocks) >= MAX_BLOCKS:  # keep the whole run in bounded memory: halve the resolution
+            self.blocks = [(a + b) / 2 for a, b in zip(self.blocks[::2], self.blocks[1::2])]
+            self.block_cpu = [(a + b) / 2 for a, b in zip(self.block_cpu[::2], self.block_cpu[1::2])]
+            self.block_size *= 2
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    @property
+    def timed(self) -> int:
+        """Steps in the window (after the warm-up)."""
+        return min(max(self.steps - WARMUP, 0), WINDOW)
+
+    def rows(self) -> list[tuple[float, ...]]:
+        """The timed steps in the window, each (phase seconds..., total)."""
+        width = len(PHASES) + 1
+        rows = []
+        for k in range(self.timed):
+            row = ((self.steps - k) % WINDOW) * width
+            rows.append(tuple(self.window[row:row + width]))
+        return rows
+
+    def shares(self) -> Optional[dict[str, float]]:
+        """Each phase's share of the measured step time over the window (None before a timed step)."""
+        rows = self.rows()
+        total = sum(r[-1] for r in rows)
+        if not rows or total <= 0:
+            return None
+        return {name: sum(r[i] for r in rows) / total for i, name in enumerate(PHASES)}
+
+    def summary(self) -> Optional[dict[str, Any]]:
+        """The breakdown for the report's facts: per phase median and p90 (ms) and share; steps/s."""
+        rows = self.rows()
+        shares = self.shares()
+        if shares is None:
+            return None
+        totals = sorted(r[-1] for r in rows)
+        phases = {}
+        for i, name in enumerate(PHASES):
+            values = sorted(r[i] for r in rows)
+            phases[name] = {"share": round(shares[name], 4), "median_ms": round(_quantile(values, 0.5) * 1e3, 3),
+                            "p90_ms": round(_quantile(values, 0.9) * 1e3, 3)}
+        facts: dict[str, Any] = {
+            "steps": len(rows), "warmup_steps": min(self.steps, WARMUP),
+            "step_median_ms": round(_quantile(totals, 0.5) * 1e3, 3), "step_p90_ms": round(_quantile(totals, 0.9) * 1e3, 3),
+            "steps_per_s": round(len(totals) / sum(totals), 2), "phases": phases}
+        loader = self.data_loader()
+        if loader is not None:
+            facts["loader"] = loader.facts()
+        return facts
+
+    def data_loader(self) -> Optional[LoaderWait]:
+        """The loader pass the timed steps waited for longest (None when they never waited for one)."""
+        waits = {id(w): w for w in self.loaders.values()}
+        best = max((k for k in self.wait_by if k in waits), key=self.wait_by.__getitem__, default=None)
+        return waits[best] if best is not None else self.last_loader
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile of sorted `values` (nearest rank)."""
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+# -- the shared patch of DataLoader iterators' __next__ ----------------------------------------------
+
+_clocks: list[StepClock] = []
+_original: list[Callable[..., Any]] = []
+
+
+def _timed_next(self: Any) -> Any:
+    start = time.perf_counter()
+    try:
+        return _original[0](self)
+    finally:
+        end = time.perf_counter()
+        for clock in _clocks:
+            clock.data(self, start, end)
+
+
+class NextPatch:
+    """Handle of one clock listening to every ``DataLoader`` iterator's ``__next__``; ``remove()`` stops it."""
+
+    def __init__(self, clock: StepClock) -> None:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        self.clock = clock
+        if not _original:
+            _original.append(_BaseDataLoaderIter.__next__)
+            _BaseDataLoaderIter.__next__ = functools.wraps(_original[0])(_timed_next)  # type: ignore[method-assign]
+        _clocks.append(clock)
+
+    def remove(self) -> None:
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+        if self.clock in _clocks:
+            _clocks.remove(self.clock)
+        if not _clocks and _original:
+            _BaseDataLoaderIter.__next__ = _original.pop()  # type: ignore[method-assign]
