@@ -88,8 +88,8 @@ INPUT_BOUND = Pitfall(
             breakdown in the report). It reports when, over the timed steps (the first is left out, at least
             8), the median step spends half of its time or more inside `__next__`: a share of the measured
             step, so a slower or busier machine gives the same verdict. The fix names what the loader that was
-            waited for lacks: workers; `persistent_workers` when the first batch of each pass (the workers
-            starting) is most of the wait; `pin_memory` when the model is on a GPU; and, when it has workers,
+            waited for lacks: workers; `persistent_workers` when the first and last `__next__` of each pass (the workers
+            starting and stopping) is most of the wait; `pin_memory` when the model is on a GPU; and, when it has workers,
             the cost of one batch in a worker and of one sample in `__getitem__` (the workers are all busy).
             Quiet: loops whose data is cheap next to their compute, loaders whose workers keep up, and loops
             that take their batches from anything other than a `DataLoader` (not timed).
@@ -123,8 +123,8 @@ class InputBound(ClockCheck):
             return (f"it has num_workers=0, so every batch is loaded in the training process between two "
                     f"steps{per}.")
         if self._startup_bound(clock):
-            return (f"most of that wait is the first batch of each pass: its {loader.workers} workers are started "
-                    "again at every epoch (persistent_workers=False).")
+            return (f"most of that wait is at the start and end of each pass: its {loader.workers} workers are "
+                    "started again at every epoch and stopped at its end (persistent_workers=False).")
         batch = step * loader.workers  # steady state: the workers together deliver one batch per step
         per = f" (about {ms(batch / loader.batch_size)} per sample in __getitem__)" if loader.batch_size else ""
         return (f"its {loader.workers} workers are all busy: one batch costs a worker about {ms(batch)}{per}, "
@@ -133,7 +133,7 @@ class InputBound(ClockCheck):
     def _startup_bound(self, clock: "StepClock") -> bool:
         passes = [w for w in clock.loaders.values() if w.workers > 0 and w.batches > 1]
         return bool(passes) and not passes[0].persistent and \
-            sum(w.first_wait for w in passes) >= 0.5 * sum(w.wait for w in passes)
+            sum(w.edge_wait for w in passes) >= 0.5 * sum(w.wait for w in passes)
 
     def _fix(self, loader: "LoaderWait") -> str:
         args = [f"batch_size={loader.batch_size}"] if loader.batch_size else []

@@ -82,7 +82,8 @@ RECOMPILING = Pitfall(
 )
 
 _SIZE = re.compile(r"size mismatch|stride mismatch|dim\(\) mismatch|rank mismatch", re.I)
-_BREAK = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>[^\n]*)")
+_BREAK = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>.*?)(\nUser code|$)",
+                    re.S)
 
 
 class _BreakLog(logging.Handler):
@@ -98,7 +99,7 @@ class _BreakLog(logging.Handler):
         except Exception:
             return
         if match and len(self.sites) < 64:
-            self.sites.setdefault((match["file"], int(match["line"])), match["reason"].strip())
+            self.sites.setdefault((match["file"], int(match["line"])), _reason(match["reason"]))
 
 
 @RECOMPILING.runtime
@@ -212,6 +213,17 @@ class Recompiling(RuntimeCheck):
                 if isinstance(name, str):
                     return name
         return None
+
+
+def _reason(text: str) -> str:
+    """The specific line of dynamo's graph-break reason (its first line is often a generic 'Encountered graph
+    break when attempting to trace ...'), with the first hint."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    specific = [line for line in lines if not line.startswith(("Encountered graph break", "Explanation:", "Hint:",
+                                                                "Developer debug", "For more details"))]
+    hint = next((line for line in lines if line.startswith("Hint:")), "")
+    reason = (specific or lines or ["unknown reason"])[0]
+    return f"{reason} ({hint})" if hint else reason
 
 
 def _chain(module: Any) -> list[Any]:

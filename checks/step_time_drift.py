@@ -77,10 +77,11 @@ STEP_TIME_DRIFT = Pitfall(
             `watch` keeps the median step time of every block of 16 steps for the whole run (blocks merge
             pairwise past 128 of them), with the process's CPU time per step in each block. Once it has six
             blocks or more, it compares the first third of them with the last third: it reports when both
-            the median step time and the CPU time per step grew 1.5 times or more, and the middle third lies
-            in between (a steady climb, not one jump), and says by how much and from about which step. Ratios,
-            not times: a slower machine gives the same verdict, and a machine that became busier raises the wall
-            time but not the CPU time the loop spends, so it stays quiet. It cannot see a drift that lives only
+            the median step time and the CPU time per step grew 1.5 times or more, the CPU time added per step
+            is at least half of the time added per step, and the middle third lies in between (a steady climb,
+            not one jump); it says by how much and from about which step. Ratios, not times: a slower machine
+            gives the same verdict, and a machine that became busier (or a wait that grows) raises the wall time
+            far more than the CPU time the loop spends, so it stays quiet. It cannot see a drift that lives only
             in GPU time while the host sleeps (blocking synchronisation).
         """,
     },
@@ -101,7 +102,8 @@ class StepTimeDrift(ClockCheck):
         cpu_early, cpu_middle, cpu_late = (statistics.median(cpu[:third]), statistics.median(cpu[third:-third]),
                                            statistics.median(cpu[-third:]))
         if not (early > 0 and cpu_early > 0 and late >= GROWTH * early and cpu_late >= GROWTH * cpu_early
-                and early < middle < late and cpu_early < cpu_middle < cpu_late):
+                and early < middle < late and cpu_early < cpu_middle < cpu_late
+                and cpu_late - cpu_early >= 0.5 * (late - early)):
             return
         size, start = clock.block_size, clock.steps - len(blocks) * clock.block_size - len(clock.block)
         since = next(i for i, b in enumerate(cpu) if b >= 1.25 * cpu_early)

@@ -99,8 +99,19 @@ def test_no_clock_without_a_check_that_needs_it():
             _step(model, opt, x, y)
             break
     assert session._ctx.clock is None and "step_time" not in session.facts
-    assert DataLoader.__iter__ is not None and "timed_next" not in repr(
-        torch.utils.data.dataloader._BaseDataLoaderIter.__next__)
+    assert not hasattr(torch.utils.data.dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
+
+
+def test_the_loader_patches_come_off_when_the_session_ends():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    from torch.utils.data import dataloader
+
+    with torchdoctor.watch(model, opt, checks=["input-bound"], report=False):
+        assert hasattr(dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
+        assert hasattr(dataloader._MultiProcessingDataLoaderIter.__init__, "__wrapped__")
+    assert not hasattr(dataloader._BaseDataLoaderIter.__next__, "__wrapped__")
+    assert not hasattr(dataloader._MultiProcessingDataLoaderIter.__init__, "__wrapped__")
 
 
 def test_the_window_and_the_run_history_stay_bounded():

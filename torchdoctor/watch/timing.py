@@ -41,7 +41,7 @@ class LoaderWait:
     """One pass over a loader: its settings (read once from the iterator) and the time waited in it."""
 
     __slots__ = ("label", "batch_size", "workers", "pin_memory", "persistent", "prefetch", "wait", "first_wait",
-                 "batches")
+                 "last_wait", "batches", "opened")
 
     def __init__(self, iterator: Any) -> None:
         dataset = getattr(iterator, "_dataset", None)
@@ -54,7 +54,14 @@ class LoaderWait:
         self.prefetch: Optional[int] = getattr(iterator, "_prefetch_factor", None)
         self.wait = 0.0
         self.first_wait = 0.0  # the first batch of the pass: worker start-up
+        self.last_wait = 0.0  # the last call (at the end of a pass: StopIteration, worker shut-down)
         self.batches = 0
+        self.opened = False  # started by the iterator's __init__ (its workers), before its first batch
+
+    @property
+    def edge_wait(self) -> float:
+        """The wait at the pass's first and last ``__next__``: starting and stopping non-persistent workers."""
+        return self.first_wait + (self.last_wait if self.batches > 1 else 0.0)
 
     def facts(self) -> dict[str, Any]:
         return {"dataset": self.label, "batch_size": self.batch_size, "num_workers": self.workers,
@@ -84,21 +91,29 @@ class StepClock:
 
     # -- marks (called from the hooks; cheap) ------------------------------------------------------
 
-    def data(self, iterator: Any, start: float, end: float) -> None:
-        """One ``__next__`` of a loader iterator ran from `start` to `end`."""
+    def data(self, iterator: Any, start: float, end: float, starting: bool = False) -> None:
+        """One ``__next__`` of a loader iterator (or, `starting`, the start of its workers) ran from `start` to
+        `end`."""
         acc = self.acc
         acc[BACKWARD if self.after_forward else OTHER] += start - self.last
         acc[DATA] += end - start
         self.after_forward = False
         self.last = end
-        wait = self.loaders.get(id(iterator))
-        if wait is None:
+        key = id(iterator)
+        wait = self.loaders.get(key)
+        if starting or wait is None or (getattr(iterator, "_num_yielded", 0) == 1 and not wait.opened):
             if len(self.loaders) >= 8:
                 self.loaders.clear()
-            wait = self.loaders[id(iterator)] = LoaderWait(iterator)
+            wait = self.loaders[key] = LoaderWait(iterator)  # a new pass (an iterator's id may be reused)
             wait.first_wait = end - start
+            wait.opened = starting
+        else:
+            wait.opened = False
+            if wait.batches == 0:
+                wait.first_wait += end - start
         wait.wait += end - start
-        wait.batches += 1
+        wait.last_wait = end - start
+        wait.batches += 0 if starting else 1
         self.last_loader = wait
 
     def forward_end(self) -> None:
@@ -208,35 +223,58 @@ def _quantile(values: list[float], q: float) -> float:
 # -- the shared patch of DataLoader iterators' __next__ ----------------------------------------------
 
 _clocks: list[StepClock] = []
-_original: list[Callable[..., Any]] = []
+_originals: list[tuple[type, str, Callable[..., Any]]] = []
 
 
-def _timed_next(self: Any) -> Any:
-    start = time.perf_counter()
-    try:
-        return _original[0](self)
-    finally:
-        end = time.perf_counter()
-        for clock in _clocks:
-            clock.data(self, start, end)
+def _timed_next(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def timed_next(self: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(self)
+        finally:
+            end = time.perf_counter()
+            for clock in _clocks:
+                clock.data(self, start, end)
+
+    return timed_next
+
+
+def _timed_start(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def timed_start(self: Any, *args: Any, **kwargs: Any) -> None:
+        start = time.perf_counter()
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            end = time.perf_counter()
+            for clock in _clocks:
+                clock.data(self, start, end, starting=True)
+
+    return timed_start
 
 
 class NextPatch:
-    """Handle of one clock listening to every ``DataLoader`` iterator's ``__next__``; ``remove()`` stops it."""
+    """Handle of one clock listening to every ``DataLoader`` iterator's ``__next__`` (and to the start of a
+    multi-process iterator's workers); ``remove()`` stops it. Class-level patches: ``next()`` looks
+    ``__next__`` up on the type."""
 
     def __init__(self, clock: StepClock) -> None:
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
+        from torch.utils.data import dataloader
 
         self.clock = clock
-        if not _original:
-            _original.append(_BaseDataLoaderIter.__next__)
-            _BaseDataLoaderIter.__next__ = functools.wraps(_original[0])(_timed_next)  # type: ignore[method-assign]
+        if not _originals:
+            for cls, name, wrap in ((dataloader._BaseDataLoaderIter, "__next__", _timed_next),
+                                    (dataloader._MultiProcessingDataLoaderIter, "__init__", _timed_start)):
+                original = cls.__dict__[name]
+                _originals.append((cls, name, original))
+                setattr(cls, name, wrap(original))
         _clocks.append(clock)
 
     def remove(self) -> None:
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
-
         if self.clock in _clocks:
             _clocks.remove(self.clock)
-        if not _clocks and _original:
-            _BaseDataLoaderIter.__next__ = _original.pop()  # type: ignore[method-assign]
+        if not _clocks:
+            while _originals:
+                cls, name, original = _originals.pop()
+                setattr(cls, name, original)
