@@ -99,18 +99,19 @@ class HostDeviceSync(RuntimeCheck):
     def on_step_pre(self, event: StepEvent) -> None:
         self.in_step = True
 
-    def on_step_post(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_post(self, event: StepEvent) -> Optional[list[Finding]]:
         self.in_step = False
         if not self.cuda or self.done or event.optimizer is not self.ctx.optimizers[0]:
-            return
+            return None  # the every-step path on the CPU or once sampled: no generator made
         if not self.sampling:
             self._begin()
-            return
+            return None
         self.steps.append(self.current)
         self.current = {}
-        if len(self.steps) >= SAMPLES:
-            self._end()
-            yield from self._judge(event.step)
+        if len(self.steps) < SAMPLES:
+            return None
+        self._end()
+        return list(self._judge(event.step))
 
     def on_stop(self) -> None:
         self._end()

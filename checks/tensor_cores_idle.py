@@ -100,9 +100,12 @@ class TensorCoresIdle(RuntimeCheck):
         autocast = torch.is_autocast_enabled(device)
         self.plain[event.model.label] = -1 if autocast else self.plain.get(event.model.label, 0) + 1
 
-    def on_step_post(self, event: StepEvent) -> Iterator[Finding]:
+    def on_step_post(self, event: StepEvent) -> Optional[list[Finding]]:
         if self.reported or not self.devices:
-            return
+            return None  # the every-step path off a GPU with tensor cores: no generator made
+        return list(self._judge())
+
+    def _judge(self) -> Iterator[Finding]:
         import torch
 
         if torch.get_float32_matmul_precision() != "highest" or torch.backends.cuda.matmul.allow_tf32:

@@ -34,6 +34,7 @@ DATA, FORWARD, BACKWARD, OPTIMIZER, OTHER = range(5)
 WINDOW = 512  # steps kept for the breakdown
 BLOCK = 16  # steps per block of the run's history
 MAX_BLOCKS = 128
+_ZEROS = [0.0] * len(PHASES)
 WARMUP = 1  # the first steps (allocations, compilation, worker start) are left out of the statistics
 
 
@@ -136,21 +137,20 @@ class StepClock:
         if id(optimizer) != self.first_optimizer:
             return
         self.steps += 1
-        total = sum(acc)
         if self.steps > WARMUP:
+            data, forward, backward, optimize, other = acc
+            total = data + forward + backward + optimize + other
             row = (self.steps % WINDOW) * (len(PHASES) + 1)
             window = self.window
-            for i in range(len(PHASES)):
-                window[row + i] = acc[i]
-            window[row + len(PHASES)] = total
-            if self.last_loader is not None and acc[DATA]:
+            window[row], window[row + 1], window[row + 2], window[row + 3], window[row + 4], window[row + 5] = \
+                data, forward, backward, optimize, other, total
+            if data and self.last_loader is not None:
                 key = id(self.last_loader)
-                self.wait_by[key] = self.wait_by.get(key, 0.0) + acc[DATA]
+                self.wait_by[key] = self.wait_by.get(key, 0.0) + data
             self.block.append(total)
             if len(self.block) >= self.block_size:
                 self._close_block()
-        for i in range(len(PHASES)):
-            acc[i] = 0.0
+        acc[:] = _ZEROS
 
     def _close_block(self) -> None:
         cpu = time.process_time()
