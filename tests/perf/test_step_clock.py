@@ -27,9 +27,10 @@ def _model() -> nn.Module:
     return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(512, 512), nn.ReLU())], nn.Linear(512, 10))
 
 
-def _step(model, opt, x, y):
+def _step(model, opt, x, y, micro_steps: int = 1):
     opt.zero_grad()
-    nn.functional.cross_entropy(model(x.repeat(8, 1)), y.repeat(8)).backward()
+    for _ in range(micro_steps):  # gradient accumulation: forward, backward, forward, backward, step
+        nn.functional.cross_entropy(model(x.repeat(8, 1)), y.repeat(8)).backward()
     opt.step()
 
 
@@ -51,7 +52,8 @@ def _profiled_shares(prof) -> dict[str, float]:
     return {**shares, "forward": 1 - sum(shares.values())}
 
 
-def test_breakdown_agrees_with_the_profiler_on_the_same_steps():
+@pytest.mark.parametrize("micro_steps", [1, 2])
+def test_breakdown_agrees_with_the_profiler_on_the_same_steps(micro_steps):
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     loader = DataLoader(Slow(), batch_size=16)
@@ -60,7 +62,7 @@ def test_breakdown_agrees_with_the_profiler_on_the_same_steps():
     with torchdoctor.watch(model, opt, checks=["input-bound"], on_finding=lambda f: None, report=False) as session:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=schedule) as prof:
             for x, y in loader:
-                _step(model, opt, x, y)
+                _step(model, opt, x, y, micro_steps)
                 prof.step()
         clock = session._ctx.clock
     rows = clock.rows()[1:active + 1]  # the profiler's active steps, newest first (the last step ran after them)

@@ -36,7 +36,7 @@ import torch
 from torch.nn.modules.module import register_module_forward_hook
 
 from torchdoctor.findings import Finding
-from torchdoctor.watch.context import LastForward, WatchContext, WatchedModel, WatchedOptimizer
+from torchdoctor.watch.context import LastForward, WatchContext, WatchedModel, WatchedOptimizer, first_graph_tensor
 from torchdoctor.watch.handles import WarningFilter
 from torchdoctor.watch.contract import (
     Event,
@@ -154,7 +154,7 @@ class EventHub:
         if _in_functorch():
             return
         if self.ctx.clock is not None:
-            self.ctx.clock.forward_end()
+            self.ctx.clock.forward_end(first_graph_tensor(output) if wm.inner.training else None)
         if self._children and wm.module is module:
             for child in wm.inner.children():
                 self._children.pop(id(child), None)

@@ -2,17 +2,21 @@
 
 A session whose checks ask for it (``RuntimeCheck.uses_clock``) keeps one `StepClock`. It takes a
 ``time.perf_counter()`` reading at events watch already sees — a watched model's forward returning, an
-optimizer's ``step()`` starting and returning — plus the start and end of every ``__next__`` of a
+optimizer's ``step()`` starting and returning — at the start and end of the backward of a watched forward's
+output, plus the start and end of every ``__next__`` of a
 ``DataLoader`` iterator (`NextPatch`, a class-level patch shared by live sessions, like
 `torchdoctor.watch.patches.LoaderPatch`). The time between two readings goes to one phase:
 
 =================  ==============================================================================
-data               inside the loader's ``__next__`` (the loop waited for its batch)
+data               inside the loader's ``__next__`` (the loop waited for its batch), and starting a
+                   multi-process iterator's workers
 forward            from the previous reading to the end of a watched forward (moving the batch to the
-                   device and ``zero_grad()`` before the forward land here)
-backward           from a forward's end to ``step()`` or to the next batch (loss, ``backward()``,
-                   clipping; several under gradient accumulation)
-optimizer          inside ``step()``
+                   device and ``zero_grad()`` before it), and on to the start of its backward (the loss)
+backward           from the backward reaching the forward's output (a pre-hook on its ``grad_fn``) to
+                   the end of that backward pass (an autograd engine callback); several under gradient
+                   accumulation. Where no backward of a watched forward is seen: from the forward's end
+                   to ``step()`` or to the next batch
+optimizer          from the backward's end to the end of ``step()`` (unscaling, clipping, the step)
 other              from ``step()`` returning to the next batch (logging, metrics, checkpoints)
 =================  ==============================================================================
 
@@ -35,6 +39,7 @@ WINDOW = 512  # steps kept for the breakdown
 BLOCK = 16  # steps per block of the run's history
 MAX_BLOCKS = 128
 _ZEROS = [0.0] * len(PHASES)
+IDLE, FORWARD_DONE, IN_BACKWARD, BACKWARD_DONE = range(4)  # where the step is, for the next reading
 WARMUP = 1  # the first steps (allocations, compilation, worker start) are left out of the statistics
 
 
@@ -77,7 +82,7 @@ class StepClock:
         self.first_optimizer = id(first_optimizer)  # its id only: a finished session holds nothing
         self.acc = [0.0] * len(PHASES)
         self.last = time.perf_counter()
-        self.after_forward = False
+        self.state = IDLE
         self.window = array("d", bytes(8 * WINDOW * (len(PHASES) + 1)))  # per step: phases, then the total
         self.steps = 0  # steps ended, warm-up included
         self.block: list[float] = []  # the current block's step times
@@ -96,9 +101,9 @@ class StepClock:
         """One ``__next__`` of a loader iterator (or, `starting`, the start of its workers) ran from `start` to
         `end`."""
         acc = self.acc
-        acc[BACKWARD if self.after_forward else OTHER] += start - self.last
+        acc[BACKWARD if self.state == FORWARD_DONE else OTHER] += start - self.last
         acc[DATA] += end - start
-        self.after_forward = False
+        self.state = IDLE
         self.last = end
         key = id(iterator)
         wait = self.loaders.get(key)
@@ -117,16 +122,42 @@ class StepClock:
         wait.batches += 0 if starting else 1
         self.last_loader = wait
 
-    def forward_end(self) -> None:
+    def forward_end(self, output: Any = None) -> None:
+        """A watched forward returned `output`: a hook on its graph will mark where the backward starts."""
         now = time.perf_counter()
-        self.acc[FORWARD] += now - self.last
-        self.after_forward = True
+        if self.state == IN_BACKWARD:  # a forward run again inside the backward (activation checkpointing)
+            self.acc[BACKWARD] += now - self.last
+        else:
+            self.acc[FORWARD] += now - self.last
+            self.state = FORWARD_DONE
         self.last = now
+        if output is not None:
+            grad_fn = getattr(output, "grad_fn", None)
+            if grad_fn is not None:
+                grad_fn.register_prehook(self._backward_start)
 
-    def step_pre(self) -> None:
+    def _backward_start(self, grad_outputs: Any) -> None:
+        """The backward reached the forward's output (the loss before it is forward time); the engine calls
+        `_backward_end` when this backward pass is over."""
+        now = time.perf_counter()
+        if self.state != IN_BACKWARD:
+            self.acc[FORWARD] += now - self.last
+            self.last = now
+            self.state = IN_BACKWARD
+            _queue_callback(self._backward_end)
+
+    def _backward_end(self) -> None:
         now = time.perf_counter()
         self.acc[BACKWARD] += now - self.last
-        self.after_forward = False
+        self.last = now
+        self.state = BACKWARD_DONE
+
+    def step_pre(self) -> None:
+        """``step()`` starts: since the backward ended, the time went to preparing the step (unscaling,
+        clipping); without a backward seen (a graph not from a watched forward), it is all backward."""
+        now = time.perf_counter()
+        self.acc[OPTIMIZER if self.state == BACKWARD_DONE else BACKWARD] += now - self.last
+        self.state = IDLE
         self.last = now
 
     def step_post(self, optimizer: Any) -> None:
@@ -213,6 +244,13 @@ class StepClock:
         waits = {id(w): w for w in self.loaders.values()}
         best = max((k for k in self.wait_by if k in waits), key=self.wait_by.__getitem__, default=None)
         return waits[best] if best is not None else self.last_loader
+
+
+def _queue_callback(callback: Callable[[], None]) -> None:
+    """Run `callback` when the current backward pass ends (what DDP uses to finish its all-reduce)."""
+    from torch.autograd import Variable
+
+    Variable._execution_engine.queue_callback(callback)
 
 
 def _quantile(values: list[float], q: float) -> float:
