@@ -86,7 +86,7 @@ def test_step_time_drift_quiet_when_only_the_wait_grows():
         for step in range(160):
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
-            time.sleep(step * 2e-5)
+            time.sleep(step * 1e-4)
             opt.step()
     assert s._ctx.clock.blocks[-1] > 2 * s._ctx.clock.blocks[0]  # the steps did get slower
     assert s.findings == []
