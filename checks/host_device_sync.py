@@ -121,7 +121,7 @@ class HostDeviceSync(RuntimeCheck):
         warnings.filterwarnings("always", message=_MESSAGE)
         self.filter = warnings.filters[0]
         self.shown = warnings.showwarning
-        warnings.showwarning = self._show  # type: ignore[assignment]
+        warnings.showwarning = self._show
         debug_mode("warn")
 
     def _end(self) -> None:
@@ -131,8 +131,9 @@ class HostDeviceSync(RuntimeCheck):
         try:
             debug_mode("default")
         finally:
-            if self.filter in warnings.filters:
-                warnings.filters.remove(self.filter)
+            filters: list[Any] = warnings.filters  # type: ignore[assignment]
+            if self.filter in filters:
+                filters.remove(self.filter)
                 warnings._filters_mutated()  # type: ignore[attr-defined]
             if warnings.showwarning == self._show:
                 warnings.showwarning = self.shown
