@@ -154,8 +154,8 @@ class Recompiling(RuntimeCheck):
         import torch
 
         reason = re.sub(r"^\d+/\d+: ", "", last).split("\n")[0]
-        limit = int(getattr(torch._dynamo.config, "recompile_limit", None) or getattr(
-            torch._dynamo.config, "cache_size_limit", 8))
+        config = torch._dynamo.config
+        limit = getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", None) or 8
         gave_up = (f"; it reached the recompile limit ({limit}), so dynamo runs it uncompiled from now on"
                    if recompiles + 1 >= limit else "")
         shapes = bool(_SIZE.search(reason))
