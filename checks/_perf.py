@@ -18,11 +18,19 @@ if TYPE_CHECKING:
 MIN_STEPS = 8  # timed steps before a verdict
 
 
+OUTLIER = 5.0  # a step this many times the median step also did something else (validation, a checkpoint)
+
+
 def phase_share(clock: "StepClock", phase: int) -> Optional[float]:
-    """The median over the timed steps of `phase`'s share of each step (robust to the odd step that also ran
-    a validation pass or saved a checkpoint)."""
+    """`phase`'s share of the time of the timed steps, the outliers left out (a step that also ran a validation
+    pass or saved a checkpoint). A sum, not a median of per-step shares: loader workers that cannot keep up
+    make every few steps wait long and the others not at all."""
     rows = [r for r in clock.rows() if r[-1] > 0]
-    return statistics.median(r[phase] / r[-1] for r in rows) if rows else None
+    if not rows:
+        return None
+    typical = statistics.median(r[-1] for r in rows)
+    kept = [r for r in rows if r[-1] <= OUTLIER * typical]
+    return sum(r[phase] for r in kept) / sum(r[-1] for r in kept)
 
 
 def ms(seconds: float) -> str:

@@ -86,8 +86,10 @@ INPUT_BOUND = Pitfall(
         "runtime": """
             `watch` times every `DataLoader` iterator's `__next__` and every step (see the step-time
             breakdown in the report). It reports when, over the timed steps (the first is left out, at least
-            8), the median step spends half of its time or more inside `__next__`: a share of the measured
-            step, so a slower or busier machine gives the same verdict. The fix names what the loader that was
+            8; steps over 5 times the median step, which also validated or saved a checkpoint, are left out
+            too), half of the time or more was spent inside `__next__`: a share of the measured steps, so a
+            slower or busier machine gives the same verdict, and a sum rather than a per-step median, since
+            workers that cannot keep up make every few steps wait long and the others not at all. The fix names what the loader that was
             waited for lacks: workers; `persistent_workers` when the first and last `__next__` of each pass (the workers
             starting and stopping) is most of the wait; `pin_memory` when the model is on a GPU; and, when it has workers,
             the cost of one batch in a worker and of one sample in `__getitem__` (the workers are all busy).
@@ -112,8 +114,8 @@ class InputBound(ClockCheck):
         rows = clock.rows()
         step = sorted(r[-1] for r in rows)[len(rows) // 2]
         wait = sorted(r[DATA] for r in rows)[len(rows) // 2]
-        said = (f"the training loop waited for its next batch {100 * share:.0f}% of each step (median over "
-                f"{len(rows)} steps: {ms(wait)} of {ms(step)} inside the {loader.label} DataLoader's __next__)")
+        said = (f"the training loop waited for its next batch {100 * share:.0f}% of the time of {len(rows)} steps "
+                f"(median step {ms(step)}, median wait {ms(wait)} inside the {loader.label} DataLoader's __next__)")
         yield Finding(f"{said}; {self._cause(clock, loader, step)}", fix=self._fix(loader),
                       location=Location(module=loader.label))
 
