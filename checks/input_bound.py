@@ -128,9 +128,10 @@ class InputBound(ClockCheck):
             return (f"most of that wait is at the start and end of each pass: its {loader.workers} workers are "
                     "started again at every epoch and stopped at its end (persistent_workers=False).")
         batch = step * loader.workers  # steady state: the workers together deliver one batch per step
-        per = f" (about {ms(batch / loader.batch_size)} per sample in __getitem__)" if loader.batch_size else ""
-        return (f"its {loader.workers} workers are all busy: one batch costs a worker about {ms(batch)}{per}, "
-                f"more than the {loader.workers} of them deliver in one step's compute.")
+        per = (f" (about {ms(batch / loader.batch_size)} per sample: __getitem__, collating and the transfer to "
+               "the training process)") if loader.batch_size else ""
+        return (f"its {loader.workers} workers cannot keep up: at this pace one batch takes a worker about "
+                f"{ms(batch)}{per}.")
 
     def _startup_bound(self, clock: "StepClock") -> bool:
         passes = [w for w in clock.loaders.values() if w.workers > 0 and w.batches > 1]
