@@ -91,7 +91,6 @@ class StepClock:
         self.block_size = BLOCK
         self.cpu_mark = time.process_time()
         self.loaders: dict[int, LoaderWait] = {}  # id(iterator) -> its pass (the last few)
-        self.waited = 0.0  # data wait summed over the timed steps, per loader below
         self.wait_by: dict[int, float] = {}  # id(LoaderWait) -> wait in timed steps
         self.last_loader: Optional[LoaderWait] = None
 
