@@ -59,7 +59,7 @@ class ClockCheck(RuntimeCheck):
 
     def _judge_once(self) -> Iterator[Finding]:
         clock = self.ctx.clock
-        if self.reported or clock is None or clock.timed < MIN_STEPS:
+        if self.reported or clock is None or clock.broken or clock.timed < MIN_STEPS:
             return
         for finding in self.judge(clock):
             self.reported = True

@@ -58,7 +58,7 @@ def test_input_bound_quiet_on_batches_not_from_a_dataloader():
 
 def test_input_bound_with_busy_workers_names_the_per_sample_cost():
     model, opt = _setup()
-    loader = DataLoader(Sleepy(8 * 24, 0.004), batch_size=8, num_workers=2, persistent_workers=True)
+    loader = DataLoader(Sleepy(8 * 24, 0.008), batch_size=8, num_workers=2, persistent_workers=True)
     [finding] = _train(model, opt, loader, ["input-bound"]).findings
     assert "2 workers cannot keep up" in finding.message and "per sample: __getitem__" in finding.message
     assert "num_workers=" in finding.fix.code and "Sleepy.__getitem__" in finding.fix.title

@@ -123,3 +123,19 @@ def test_the_window_and_the_run_history_stay_bounded():
         clock.step_post(None)
     assert clock.timed == WINDOW and len(clock.rows()) == WINDOW
     assert len(clock.blocks) < 128 and clock.block_size > 16
+
+
+def test_a_failing_clock_stops_without_breaking_the_loop(monkeypatch, caplog):
+    def broken(self, *args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(StepClock, "forward_end", broken)
+    monkeypatch.setattr(StepClock, "data", broken)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with torchdoctor.watch(model, opt, checks=["input-bound"], report=False) as session:
+        for x, y in DataLoader(Slow(), batch_size=16):
+            _step(model, opt, x, y)
+    assert session.facts["optimizers"][0]["steps"] == 14  # the loop ran to its end
+    assert "step_time" not in session.facts and session.findings == []
+    assert "the step clock stopped: RuntimeError: boom" in caplog.text

@@ -29,6 +29,7 @@ handed to the sink outside that guard, so ``on_finding="raise"`` and user callba
 from __future__ import annotations
 
 import functools
+import logging
 import weakref
 from typing import Any, Callable, Iterable, Optional
 
@@ -48,6 +49,7 @@ from torchdoctor.watch.contract import (
 )
 from torchdoctor.watch.patches import LoaderPatch, MethodPatch
 
+logger = logging.getLogger("torchdoctor")
 Sink = Callable[[RuntimeCheck, Finding], None]
 Fault = Callable[[RuntimeCheck, BaseException], None]
 
@@ -154,7 +156,10 @@ class EventHub:
         if _in_functorch():
             return
         if self.ctx.clock is not None:
-            self.ctx.clock.forward_end(first_graph_tensor(output) if wm.inner.training else None)
+            try:
+                self.ctx.clock.forward_end(first_graph_tensor(output) if wm.inner.training else None)
+            except Exception as exc:
+                self._clock_failed(exc)
         if self._children and wm.module is module:
             for child in wm.inner.children():
                 self._children.pop(id(child), None)
@@ -200,7 +205,10 @@ class EventHub:
 
     def _dispatch_step(self, wo: WatchedOptimizer) -> None:
         if self.ctx.clock is not None:
-            self.ctx.clock.step_pre()
+            try:
+                self.ctx.clock.step_pre()
+            except Exception as exc:
+                self._clock_failed(exc)
         event = StepEvent(wo, wo.steps)
         self.dispatch(Event.STEP_PRE, event)
         if wo.steps % self.ctx.every == 0:
@@ -209,11 +217,21 @@ class EventHub:
 
     def _step_post(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.ctx.clock is not None:
-            self.ctx.clock.step_post(wo)
+            try:
+                self.ctx.clock.step_post(wo)
+            except Exception as exc:
+                self._clock_failed(exc)
         try:
             self.dispatch(Event.STEP_POST, StepEvent(wo, wo.steps))
         finally:
             wo.steps += 1
+
+    def _clock_failed(self, exc: BaseException) -> None:
+        """The step clock failed: it stops (the report goes without a breakdown); training goes on."""
+        clock, self.ctx.clock = self.ctx.clock, None
+        if clock is not None:
+            clock.broken = True
+        logger.warning("torchdoctor: the step clock stopped: %s: %s", type(exc).__name__, exc)
 
     def _loader_iter(self, loader: Any, iterator: Any) -> None:
         self.dispatch(Event.LOADER_ITER, LoaderEvent(loader, iterator))

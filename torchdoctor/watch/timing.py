@@ -83,6 +83,7 @@ class StepClock:
         self.acc = [0.0] * len(PHASES)
         self.last = time.perf_counter()
         self.state = IDLE
+        self.broken = False  # a reading failed: the clock reads no more (the user's loop goes on)
         self.window = array("d", bytes(8 * WINDOW * (len(PHASES) + 1)))  # per step: phases, then the total
         self.steps = 0  # steps ended, warm-up included
         self.block: list[float] = []  # the current block's step times
@@ -139,11 +140,14 @@ class StepClock:
         """The backward reached the forward's output (the loss before it is forward time); the engine calls
         `_backward_end` when this backward pass is over."""
         now = time.perf_counter()
-        if self.state != IN_BACKWARD:
+        if self.state != IN_BACKWARD and not self.broken:
             self.acc[FORWARD] += now - self.last
             self.last = now
             self.state = IN_BACKWARD
-            _queue_callback(self._backward_end)
+            try:
+                _queue_callback(self._backward_end)
+            except Exception:  # never raise into the user's backward
+                self.broken = True
 
     def _backward_end(self) -> None:
         now = time.perf_counter()
@@ -218,7 +222,10 @@ class StepClock:
         return {name: sum(r[i] for r in rows) / total for i, name in enumerate(PHASES)}
 
     def summary(self) -> Optional[dict[str, Any]]:
-        """The breakdown for the report's facts: per phase median and p90 (ms) and share; steps/s."""
+        """The breakdown for the report's facts: per phase median and p90 (ms) and share; steps/s (None
+        before a timed step, or once a reading failed)."""
+        if self.broken:
+            return None
         rows = self.rows()
         shares = self.shares()
         if shares is None:
@@ -272,7 +279,7 @@ def _timed_next(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             end = time.perf_counter()
             for clock in _clocks:
-                clock.data(self, start, end)
+                _read(clock, self, start, end, False)
 
     return timed_next
 
@@ -286,9 +293,19 @@ def _timed_start(original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             end = time.perf_counter()
             for clock in _clocks:
-                clock.data(self, start, end, starting=True)
+                _read(clock, self, start, end, True)
 
     return timed_start
+
+
+def _read(clock: StepClock, iterator: Any, start: float, end: float, starting: bool) -> None:
+    """A clock's reading of a loader call; a failure stops that clock, never the user's data loading."""
+    if clock.broken:
+        return
+    try:
+        clock.data(iterator, start, end, starting)
+    except Exception:
+        clock.broken = True
 
 
 class NextPatch:
