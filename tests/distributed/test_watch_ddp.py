@@ -104,6 +104,9 @@ def test_a_straggler_rank_is_named_and_equal_ranks_are_not(ranks):
         [finding] = _named(result, "straggler-rank")
         assert finding["message"].startswith("rank 1 is the straggler") and finding["location"]["rank"] == 1
     assert [f for f in ranks["straggler"][0]["rank_findings"] if f["name"] == "straggler-rank"]
+    # rank 0 waits for rank 1 in the gradient all-reduce: its breakdown puts that wait in backward
+    shares = [result["step_time"]["phases"]["backward"]["share"] for result in ranks["straggler"]]
+    assert shares[0] > 0.5 > shares[1], shares
     for name in ("clean", "tutorial", "buffer_drift", "same_data"):  # equal work on both ranks
         assert not any(_named(result, "straggler-rank") for result in ranks[name]), name
 

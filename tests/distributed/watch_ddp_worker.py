@@ -200,6 +200,7 @@ def main() -> None:
             "findings": summary(s.findings),
             "rank_findings": summary(s.rank_findings) if s.rank_findings is not None else None,
             "ranks": s.facts.get("ranks"),
+            "step_time": s.facts.get("step_time"),
         }
         dist.barrier()  # the next scenario starts together (the slow and early ranks catch up here)
     with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w") as fh:

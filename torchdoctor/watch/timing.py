@@ -145,9 +145,17 @@ class StepClock:
             self.last = now
             self.state = IN_BACKWARD
             try:
-                _queue_callback(self._backward_end)
+                _queue_callback(self._backward_last)
             except Exception:  # never raise into the user's backward
                 self.broken = True
+
+    def _backward_last(self) -> None:
+        """Queued again from the engine's final callbacks, so the end is read after those queued during the
+        backward (DDP's, which wait for the gradient all-reduce)."""
+        try:
+            _queue_callback(self._backward_end)
+        except Exception:
+            self._backward_end()
 
     def _backward_end(self) -> None:
         now = time.perf_counter()
