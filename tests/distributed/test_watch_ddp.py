@@ -99,6 +99,18 @@ def test_merged_report_on_rank_0_shows_cross_rank_findings_once(ranks):
     assert not any(f["message"].startswith("[") for f in zero["rank_findings"])  # same on both ranks: no prefix
 
 
+def test_a_straggler_rank_is_named_and_equal_ranks_are_not(ranks):
+    for result in ranks["straggler"]:
+        [finding] = _named(result, "straggler-rank")
+        assert finding["message"].startswith("rank 1 is the straggler") and finding["location"]["rank"] == 1
+    assert [f for f in ranks["straggler"][0]["rank_findings"] if f["name"] == "straggler-rank"]
+    # rank 0 waits for rank 1 in the gradient all-reduce: its breakdown puts that wait in backward
+    shares = [result["step_time"]["phases"]["backward"]["share"] for result in ranks["straggler"]]
+    assert shares[0] > 0.5 > shares[1], shares
+    for name in ("clean", "tutorial", "buffer_drift", "same_data"):  # equal work on both ranks
+        assert not any(_named(result, "straggler-rank") for result in ranks[name]), name
+
+
 def test_a_rank_that_stops_early_does_not_hang_the_other(ranks):
     zero, one = ranks["early_stop"]
     assert zero["seconds"] < TIMEOUT_S  # rank 0 read rank 1's goodbye at its next exchange: no waiting at all

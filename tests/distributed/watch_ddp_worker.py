@@ -160,7 +160,19 @@ def slow_rank(rank: int) -> object:
     return s
 
 
-SCENARIOS = [buffer_drift, same_data, param_changed, clean, tutorial, fsdp2, early_stop, slow_rank]
+def straggler(rank: int) -> object:
+    """Rank 1 spends 40 ms before each forward (work rank 0 does not do): rank 0 waits in the all-reduce."""
+    model = DDP(net())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with session(model, opt, checks=["straggler-rank"]) as s:
+        for x, y in data(14, seed=70 + rank):
+            if rank == 1:
+                time.sleep(0.04)
+            step(model, opt, x, y)
+    return s
+
+
+SCENARIOS = [buffer_drift, same_data, param_changed, clean, tutorial, fsdp2, early_stop, slow_rank, straggler]
 
 
 def summary(found: list) -> list[dict]:
@@ -188,6 +200,7 @@ def main() -> None:
             "findings": summary(s.findings),
             "rank_findings": summary(s.rank_findings) if s.rank_findings is not None else None,
             "ranks": s.facts.get("ranks"),
+            "step_time": s.facts.get("step_time"),
         }
         dist.barrier()  # the next scenario starts together (the slow and early ranks catch up here)
     with open(os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json"), "w") as fh:

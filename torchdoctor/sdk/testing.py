@@ -205,15 +205,18 @@ def _safe_globals_kept() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _torch_switches_kept() -> Iterator[None]:
-    """Undo the process-wide torch switches an example may flip (cuDNN modes, deterministic algorithms), so
-    one example never changes how the next one, or the caller's own tests, run."""
+    """Undo the process-wide torch switches an example may flip (cuDNN modes, deterministic algorithms, the
+    number of threads), so one example never changes how the next one, or the caller's own tests, run."""
     import torch
 
     cudnn = torch.backends.cudnn
     saved = (cudnn.benchmark, cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
              torch.is_deterministic_algorithms_warn_only_enabled())
+    threads = torch.get_num_threads()
     try:
         yield
     finally:
         cudnn.benchmark, cudnn.deterministic = saved[0], saved[1]
         torch.use_deterministic_algorithms(saved[2], warn_only=saved[3])
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)

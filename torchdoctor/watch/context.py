@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from torchdoctor.findings import Finding
     from torchdoctor.watch.contract import RuntimeCheck
     from torchdoctor.watch.graphs import GraphTracker
+    from torchdoctor.watch.timing import StepClock
 
 # The layers whose behaviour train()/eval() switches.
 MODE_DEPENDENT = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -92,6 +93,7 @@ class WatchContext:
     exception: Optional[BaseException] = None  # what the watched code raised (SystemExit too), once it stops
     rank: int = 0
     world_size: int = 1
+    clock: Optional["StepClock"] = None  # where each step's time goes, when a check asked for it (uses_clock)
     _names: Optional[dict[int, str]] = None
 
     @property

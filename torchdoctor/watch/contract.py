@@ -14,7 +14,7 @@ What ``ctx`` offers: ``models`` (`WatchedModel`: ``module`` as called, ``inner``
 ``wrappers``), ``optimizers`` (`WatchedOptimizer`: ``optimizer``, ``label``, ``steps``, ``params()``),
 ``loaders`` (those passed with ``loader=``), ``step`` (completed steps of the first optimizer), ``every``,
 ``deterministic``, ``rank``/``world_size``, ``param_name(p)``, ``model_param_ids()``,
-``optimizer_param_ids()`` and ``last_forward``.
+``optimizer_param_ids()``, ``last_forward`` and ``clock`` (the step clock, when a check sets ``uses_clock``).
 
 Events, in the order of a training step (payload types below):
 
@@ -62,7 +62,7 @@ from __future__ import annotations
 import enum
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Optional
 
 from torchdoctor.findings import Finding
 
@@ -164,6 +164,9 @@ class RuntimeCheck:
     #: Whether it judges forwards, so that a session that saw none reports it as not run (None: it does when
     #: it listens to forwards).
     needs_forward: Optional[bool] = None
+    # True: the session keeps a step clock (``ctx.clock``, `torchdoctor.watch.timing.StepClock`) that times
+    # each step's data wait, forward, backward and optimizer; its breakdown goes into the report's facts
+    uses_clock: ClassVar[bool] = False
 
     def __init__(self, ctx: "WatchContext") -> None:
         self.ctx = ctx

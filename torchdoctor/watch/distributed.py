@@ -21,7 +21,7 @@ import math
 import os
 import struct
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import nn
@@ -236,6 +236,7 @@ class RankExchange:
         self.models = [(wm, ddp) for wm in ctx.models
                        if (ddp := ddp_over_world(wm.module, ctx.world_size)) is not None]
         self.notes: list[str] = []
+        self.providers: dict[str, Callable[[], Any]] = {}  # part -> what a check sends in every exchange
         self.closed = False  # no more exchanges this session
         self.departed: dict[int, dict[str, Any]] = {}  # ranks that ended their session early: their report
         self._round_step: Optional[int] = None
@@ -257,6 +258,14 @@ class RankExchange:
         self.owners[part] = owner
         if part in ("buffers", "data"):
             self.arm()  # step 0 is due
+        return True
+
+    def provide(self, part: str, owner: "RuntimeCheck", payload: Callable[[], Any]) -> bool:
+        """Send `payload()` (JSON-able numbers, no tensors) as `part` in every exchange, for `owner`; False when
+        there is no DDP model over all ranks."""
+        if not self.want(part, owner):
+            return False
+        self.providers[part] = payload
         return True
 
     def arm(self) -> None:
@@ -367,6 +376,12 @@ class RankExchange:
         if "data" in self.parts and self._data.get("step") == step:
             out["data"] = digest(self._data["sums"])
         self._buffers, self._data = None, {}  # keep no tensor between steps
+        for part, payload in list(self.providers.items()):
+            try:
+                out[part] = payload()
+            except Exception as exc:  # that check's part is sent no more; the exchange goes on
+                del self.providers[part]
+                self.ctx.fault(self.owners[part], exc)
         return out
 
     def _close(self, note: str, quiet: bool = False) -> None:

@@ -14,6 +14,8 @@ ZERO_GRAD                       per-instance wrappers of the optimizers' ``zero_
 STEP_PRE, PERIODIC, STEP_POST   ``Optimizer.register_step_pre_hook``/``register_step_post_hook`` (a
                                 per-instance wrapper of ``step`` where the optimizer has no hook state)
 LOADER_ITER                     a class-level patch of ``DataLoader.__iter__`` (`patches`)
+the step clock                  where a check sets ``uses_clock``: readings at the forward and step hooks
+                                above and a class-level patch of the loader iterators' ``__next__`` (`timing`)
 START, STOP                     called by the session itself
 ==============================  ============================================================
 
@@ -28,13 +30,14 @@ handed to the sink outside that guard, so ``on_finding="raise"`` and user callba
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable, Iterable, Optional
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from torchdoctor.findings import Finding
-from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
+from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer, first_graph_tensor
 from torchdoctor.watch.handles import WarningFilter
 from torchdoctor.watch.contract import (
     Event,
@@ -46,6 +49,7 @@ from torchdoctor.watch.contract import (
 )
 from torchdoctor.watch.patches import LoaderPatch, MethodPatch
 
+logger = logging.getLogger("torchdoctor")
 Sink = Callable[[RuntimeCheck, Finding], None]
 Fault = Callable[[RuntimeCheck, BaseException], None]
 
@@ -105,7 +109,7 @@ class EventHub:
                 for event in events:
                     self.subs[event] = []
 
-        if Event.FORWARD in wanted:
+        if Event.FORWARD in wanted or self.ctx.clock is not None:
             # global, not per module: nothing of ours lands in the user's modules, so torch.save(model)
             # and copy.deepcopy(model) (EMA) work unchanged during the session
             self._watched = {id(wm.module): wm for wm in self.ctx.models}
@@ -127,6 +131,11 @@ class EventHub:
                     functools.partial(self._hook_step, wo, wanted & {Event.STEP_PRE, Event.PERIODIC}))
         if Event.LOADER_ITER in wanted:
             attempt("DataLoader.__iter__", {Event.LOADER_ITER}, lambda: hooks.add(LoaderPatch(self._loader_iter)))
+        if self.ctx.clock is not None:  # the step clock times every loader's __next__ (torchdoctor.watch.timing)
+            from torchdoctor.watch.timing import NextPatch
+
+            clock = self.ctx.clock
+            attempt("DataLoader iterators' __next__", set(), lambda: hooks.add(NextPatch(clock)))
         return failed
 
     def add_optimizer(self, wo: WatchedOptimizer) -> list[Any]:
@@ -153,6 +162,7 @@ class EventHub:
         """Step hooks on one optimizer: torch's own, or a wrapper of ``step`` for an optimizer that never ran
         ``Optimizer.__init__`` (and so has no hook dictionaries)."""
         opt, hooks = wo.optimizer, self.ctx.hooks
+        pre = pre or ({Event.STEP_PRE} if self.ctx.clock is not None else set())
         if isinstance(opt.__dict__.get("_optimizer_step_pre_hooks"), dict):
             if pre:
                 hooks.add(opt.register_step_pre_hook(functools.partial(self._step_pre, wo)))
@@ -182,6 +192,11 @@ class EventHub:
             wm.called = True
         elif not self._stepped and not wm.called:  # the model itself is never called (Lightning's training_step)
             wm.entry = type(module).__name__
+        if self.ctx.clock is not None:
+            try:
+                self.ctx.clock.forward_end(first_graph_tensor(output) if wm.inner.training else None)
+            except Exception as exc:
+                self._clock_failed(exc)
         training = module.training if not root else wm.inner.training
         grad_enabled = torch.is_grad_enabled()
         inference = torch.is_inference_mode_enabled()
@@ -214,6 +229,11 @@ class EventHub:
         return (args[0], closure_then_step_events, *args[2:]), kwargs
 
     def _dispatch_step(self, wo: WatchedOptimizer) -> None:
+        if self.ctx.clock is not None:
+            try:
+                self.ctx.clock.step_pre()
+            except Exception as exc:
+                self._clock_failed(exc)
         event = StepEvent(wo, wo.steps)
         self.dispatch(Event.STEP_PRE, event)
         if wo.steps % self.ctx.every == 0:
@@ -221,10 +241,22 @@ class EventHub:
             self.dispatch(Event.PERIODIC, event)
 
     def _step_post(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.ctx.clock is not None:
+            try:
+                self.ctx.clock.step_post(wo)
+            except Exception as exc:
+                self._clock_failed(exc)
         try:
             self.dispatch(Event.STEP_POST, StepEvent(wo, wo.steps))
         finally:
             wo.steps += 1
+
+    def _clock_failed(self, exc: BaseException) -> None:
+        """The step clock failed: it stops (the report goes without a breakdown); training goes on."""
+        clock, self.ctx.clock = self.ctx.clock, None
+        if clock is not None:
+            clock.broken = True
+        logger.warning("torchdoctor: the step clock stopped: %s: %s", type(exc).__name__, exc)
 
     def _loader_iter(self, loader: Any, iterator: Any) -> None:
         self.dispatch(Event.LOADER_ITER, LoaderEvent(loader, iterator))

@@ -157,6 +157,10 @@ class WatchSession:
             checks.append(chk)
         self._enabled = sorted(self._info_of[id(c)].name for c in checks)
         self._checks = {self._info_of[id(c)].name: c for c in checks}
+        if any(type(c).uses_clock for c in checks):
+            from torchdoctor.watch.timing import StepClock
+
+            ctx.clock = StepClock(ctx.optimizers[0] if ctx.optimizers else None)
         self._hub = EventHub(ctx, checks, self._sink, self._fault)
         self.hook_errors = []
         for what, error, off in self._hub.install():  # never break training: watch the rest and say what is off
@@ -298,6 +302,9 @@ class WatchSession:
             facts.update(self._follower.facts())
         if self.crash_explained_by:
             facts["crash_explained_by"] = list(self.crash_explained_by)
+        breakdown = ctx.clock.summary() if ctx.clock is not None else None
+        if breakdown is not None:
+            facts["step_time"] = breakdown
         if self.hook_errors:
             facts["hooks_failed"] = list(self.hook_errors)
         return facts

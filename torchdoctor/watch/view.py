@@ -21,4 +21,11 @@ def facts_view(facts: dict[str, Any]) -> RenderableType:
             continue
         lines.append(Text.assemble(("  not run ", "yellow"), ", ".join(group["checks"]), (f": {group['why']}", "dim")))
         lines.append(Text.assemble(("           how: ", "dim"), group["how"]))
+    timing = facts.get("step_time")
+    if timing:
+        lines.append(Text.assemble(("  step time ", "dim"), f"median {timing['step_median_ms']:.3g} ms, "
+                                   f"p90 {timing['step_p90_ms']:.3g} ms, {timing['steps_per_s']:.3g} steps/s",
+                                   (f"  over {timing['steps']} steps", "dim")))
+        lines.append(Text("    " + "  ".join(f"{name} {100 * p['share']:.0f}% ({p['median_ms']:.3g} ms)"
+                                          for name, p in timing["phases"].items())))
     return Group(*lines)

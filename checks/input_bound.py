@@ -1,0 +1,168 @@
+"""input-bound: the training loop spends most of each step waiting for its next batch."""
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Iterator
+
+from ._perf import ClockCheck, ms, phase_share
+from torchdoctor.sdk import Example, Finding, Location, Pitfall
+
+if TYPE_CHECKING:
+    from torchdoctor.watch.timing import LoaderWait, StepClock
+
+THRESHOLD = 0.5  # the median step waits for data at least this share of its time
+WORKERS = 4  # what the fix proposes for a loader without workers
+
+_SETUP = """
+import time
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+class Images(Dataset):
+    def __len__(self):
+        return 160
+    def __getitem__(self, i):
+        time.sleep(0.003)  # stands for decoding and augmenting one image: 24 ms a batch of 8
+        return torch.randn(32), i % 4
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 4)
+    def forward(self, x):
+        time.sleep(0.012)  # stands for the accelerator's 12 ms of work per step
+        return self.fc(x)
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # a tiny model: one thread keeps its steps steady on a busy machine
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.CrossEntropyLoss()
+dataset = Images()
+"""
+
+INPUT_BOUND = Pitfall(
+    code="TD340",
+    name="input-bound",
+    severity="warning",
+    summary="The training loop waits for its next batch for most of every step: the accelerator idles.",
+    why="""
+        A `DataLoader` with `num_workers=0` (the default) loads, decodes and collates every batch in the
+        training process, between two steps: while it does, the GPU has nothing to do. When that takes longer
+        than the step's own compute, the run is *input-bound*: a faster GPU, a bigger model or mixed precision
+        change nothing, and the GPU sits at 30%. With workers, batches are prepared in other processes while
+        the step runs, `prefetch_factor` batches ahead per worker; if even then the loop waits, every worker is
+        busy and the per-sample work in `Dataset.__getitem__` itself is the cost. Non-persistent workers are
+        started again at every epoch, which on short epochs can cost as much as the epoch.
+    """,
+    fix="""
+        Load in parallel with the step: give the `DataLoader` `num_workers` (a few, up to the CPU cores you
+        have), `persistent_workers=True` so that they survive the epoch, and `pin_memory=True` when the model
+        is on a GPU. When the workers are already all busy, make `__getitem__` cheaper: decode once and cache,
+        store preprocessed tensors, or run the augmentation on the GPU.
+    """,
+    bad=Example(
+        """
+        loader = DataLoader(dataset, batch_size=8)
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        """,
+        setup=_SETUP,
+    ),
+    good=Example(
+        """
+        loader = DataLoader(dataset, batch_size=8, num_workers=4, persistent_workers=True)
+        for x, y in loader:
+            optimizer.zero_grad()
+            criterion(model(x), y).backward()
+            optimizer.step()
+        """,
+        setup=_SETUP,
+    ),
+    details={
+        "runtime": """
+            `watch` times every `DataLoader` iterator's `__next__` and every step (see the step-time
+            breakdown in the report). It reports when, over the timed steps (the first is left out, at least
+            8; steps over 5 times the median step, which also validated or saved a checkpoint, are left out
+            too), half of the time or more was spent inside `__next__`: a share of the measured steps, so a
+            slower or busier machine gives the same verdict, and a sum rather than a per-step median, since
+            workers that cannot keep up make every few steps wait long and the others not at all. The fix names what the loader that was
+            waited for lacks: workers; `persistent_workers` when the first and last `__next__` of each pass (the workers
+            starting and stopping) is most of the wait; `pin_memory` when the model is on a GPU; and, when it has workers,
+            the cost of one batch in a worker and of one sample in `__getitem__` (the workers are all busy).
+            Quiet: loops whose data is cheap next to their compute, loaders whose workers keep up, and loops
+            that take their batches from anything other than a `DataLoader` (not timed).
+        """,
+    },
+)
+
+
+@INPUT_BOUND.runtime
+class InputBound(ClockCheck):
+    """Once enough steps were timed: does the median step wait for its batch half of its time or more?"""
+
+    def judge(self, clock: "StepClock") -> Iterator[Finding]:
+        from torchdoctor.watch.timing import DATA
+
+        share = phase_share(clock, DATA)
+        loader = clock.data_loader()
+        if share is None or share < THRESHOLD or loader is None:
+            return
+        rows = clock.rows()
+        step = sorted(r[-1] for r in rows)[len(rows) // 2]
+        wait = sorted(r[DATA] for r in rows)[len(rows) // 2]
+        said = (f"the training loop waited for its next batch {100 * share:.0f}% of the time of {len(rows)} steps "
+                f"(median step {ms(step)}, median wait {ms(wait)} inside the {loader.label} DataLoader's __next__)")
+        yield Finding(f"{said}; {self._cause(clock, loader, step)}", fix=self._fix(loader),
+                      location=Location(module=loader.label))
+
+    def _cause(self, clock: "StepClock", loader: "LoaderWait", step: float) -> str:
+        if loader.workers == 0:
+            per = f", about {ms(step / loader.batch_size)} per sample" if loader.batch_size else ""
+            return (f"it has num_workers=0, so every batch is loaded in the training process between two "
+                    f"steps{per}.")
+        if self._startup_bound(clock):
+            return (f"most of that wait is at the start and end of each pass: its {loader.workers} workers are "
+                    "started again at every epoch and stopped at its end (persistent_workers=False).")
+        batch = step * loader.workers  # steady state: the workers together deliver one batch per step
+        per = (f" (about {ms(batch / loader.batch_size)} per sample: __getitem__, collating and the transfer to "
+               "the training process)") if loader.batch_size else ""
+        return (f"its {loader.workers} workers cannot keep up: at this pace one batch takes a worker about "
+                f"{ms(batch)}{per}.")
+
+    def _startup_bound(self, clock: "StepClock") -> bool:
+        passes = [w for w in clock.loaders.values() if w.workers > 0 and w.batches > 1]
+        return bool(passes) and not passes[0].persistent and \
+            sum(w.edge_wait for w in passes) >= 0.5 * sum(w.wait for w in passes)
+
+    def _fix(self, loader: "LoaderWait") -> str:
+        args = [f"batch_size={loader.batch_size}"] if loader.batch_size else []
+        cuda = self._on_cuda()
+        if loader.workers == 0:
+            args += [f"num_workers={WORKERS}", "persistent_workers=True"]
+            title = "Load batches in worker processes while the step runs, and keep them across epochs:"
+        elif not loader.persistent and self._startup_bound(self.ctx.clock):  # type: ignore[arg-type]
+            args += [f"num_workers={loader.workers}", "persistent_workers=True"]
+            title = "Keep the workers alive across epochs instead of starting them at every pass:"
+        else:
+            cores = os.cpu_count() or 1
+            more = min(max(2 * loader.workers, loader.workers + 1), cores)
+            if more > loader.workers:
+                args += [f"num_workers={more}"]
+                title = (f"Give the loader more workers (up to the {cores} CPU cores), or make "
+                         f"{loader.label}.__getitem__ cheaper (decode once and cache, augment on the GPU):")
+            else:
+                args += [f"num_workers={loader.workers}"]
+                title = (f"Every CPU core already runs a worker: make {loader.label}.__getitem__ cheaper "
+                         "(preprocess once and store tensors, cache decoded samples, augment on the GPU):")
+            if not loader.persistent:
+                args.append("persistent_workers=True")
+        if cuda and not loader.pin_memory:
+            args.append("pin_memory=True")
+        return f"{title}\nDataLoader(dataset, {', '.join(args)})"
+
+    def _on_cuda(self) -> bool:
+        return any(p.is_cuda for wm in self.ctx.models for p in list(wm.inner.parameters())[:1])

@@ -1,0 +1,118 @@
+"""step-time-drift: each step takes longer than the one before; the run slows down as it goes."""
+from __future__ import annotations
+
+import statistics
+from typing import TYPE_CHECKING, Iterator
+
+from ._perf import ClockCheck, ms
+from torchdoctor.sdk import Example, Finding, Pitfall
+
+if TYPE_CHECKING:
+    from torchdoctor.watch.timing import StepClock
+
+GROWTH = 1.5  # the last third of the run's steps take this many times as long as the first third
+MIN_BLOCKS = 6  # blocks of steps (16 steps each at first) before a verdict
+
+_SETUP = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # a tiny model: one thread keeps its steps steady on a busy machine
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+criterion = nn.CrossEntropyLoss()
+batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(4)]
+"""
+
+STEP_TIME_DRIFT = Pitfall(
+    code="TD341",
+    name="step-time-drift",
+    severity="warning",
+    summary="Steps get slower and slower through the run: something grows with the step count.",
+    why="""
+        A training step does the same work every time, so its time should stay flat after the first few
+        steps. When it keeps growing, something in the loop grows with the number of steps: a Python list
+        appended every step and then concatenated, stacked or summed every step (quadratic in the run's length),
+        tensors kept with their autograd graph, a cache or a metric history that is never cleared, or, on a
+        GPU, memory fragmentation as the caching allocator splits its blocks. A run that should take a day
+        takes a week, and often ends out of memory.
+    """,
+    fix="""
+        Find what grows with the step: keep running totals instead of lists of every step's values
+        (`total += loss.item()`), store `.item()` or `.detach()` values rather than tensors with graphs, clear
+        caches; on a GPU, `torch.cuda.memory_summary()` shows fragmentation
+        (`PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`).
+    """,
+    bad=Example(
+        """
+        losses = []
+        for step in range(600):
+            x, y = batches[step % 4]
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.detach())
+            mean_loss = sum(losses) / len(losses)
+        """,
+        setup=_SETUP,
+    ),
+    good=Example(
+        """
+        losses = []
+        for step in range(600):
+            x, y = batches[step % 4]
+            optimizer.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            mean_loss = sum(losses) / len(losses)
+        """,
+        setup=_SETUP,
+    ),
+    details={
+        "runtime": """
+            `watch` keeps the median step time of every block of 16 steps for the whole run (blocks merge
+            pairwise past 128 of them), with the process's CPU time per step in each block. Once it has six
+            blocks or more, it compares the first third of them with the last third: it reports when both
+            the median step time and the CPU time per step grew 1.5 times or more, the CPU time added per step
+            is at least half of the time added per step, and the middle third lies in between (a steady climb,
+            not one jump); it says by how much and from about which step. Ratios, not times: a slower machine
+            gives the same verdict, and a machine that became busier (or a wait that grows) raises the wall time
+            far more than the CPU time the loop spends, so it stays quiet. It cannot see a drift that lives only
+            in GPU time while the host sleeps (blocking synchronisation).
+        """,
+    },
+)
+
+
+@STEP_TIME_DRIFT.runtime
+class StepTimeDrift(ClockCheck):
+    """Once six blocks of steps were timed: did the step time and the CPU time per step climb steadily?"""
+
+    def judge(self, clock: "StepClock") -> Iterator[Finding]:
+        blocks, cpu = list(clock.blocks), list(clock.block_cpu)
+        if len(blocks) < MIN_BLOCKS:
+            return
+        third = len(blocks) // 3
+        early, middle, late = (statistics.median(blocks[:third]), statistics.median(blocks[third:-third]),
+                               statistics.median(blocks[-third:]))
+        cpu_early, cpu_middle, cpu_late = (statistics.median(cpu[:third]), statistics.median(cpu[third:-third]),
+                                           statistics.median(cpu[-third:]))
+        if not (early > 0 and cpu_early > 0 and late >= GROWTH * early and cpu_late >= GROWTH * cpu_early
+                and early < middle < late and cpu_early < cpu_middle < cpu_late
+                and cpu_late - cpu_early >= 0.5 * (late - early)):
+            return
+        size, start = clock.block_size, clock.steps - len(blocks) * clock.block_size - len(clock.block)
+        since = next(i for i, b in enumerate(cpu) if b >= 1.25 * cpu_early)
+        yield Finding(
+            f"steps keep getting slower: the median step took {ms(early)} over steps {start + 1}-{start + third * size} "
+            f"and {ms(late)} over steps {start + (len(blocks) - third) * size + 1}-{start + len(blocks) * size} "
+            f"({late / early:.1f}x), rising since about step {start + since * size + 1}; the CPU time the process "
+            f"spends per step grew as much ({cpu_late / cpu_early:.1f}x), so it is the loop's own work that grows, "
+            "not a busier machine. Something grows with the step count: a list appended every step and then "
+            "concatenated or summed every step, tensors kept with their graphs, a cache never cleared.",
+            fix="Keep numbers, not tensors, in what the loop accumulates every step (or a running total):\n"
+                "losses.append(loss.item())")

@@ -1,0 +1,186 @@
+"""The performance checks on real tiny training loops: each fires on the problem and stays quiet on a well-fed
+loop, on cheap data, on a compiled model with static shapes. Data costs are sleeps, judged only as shares of a
+step that the sleep dominates by a large factor, so a slow or busy machine gives the same verdicts."""
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+import torchdoctor
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Shares of timed steps on a shared 2-core machine are far steadier on one thread: waking a second OpenMP
+    thread on a busy core can cost more than a small op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+class Sleepy(Dataset):
+    """`n` samples of 16 features, each costing `cost` seconds."""
+
+    def __init__(self, n: int, cost: float) -> None:
+        self.n, self.cost = n, cost
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        time.sleep(self.cost)
+        return torch.ones(16) * i, i % 4
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+def _train(model, opt, batches, checks, step_cost: float = 0.0):
+    with torchdoctor.watch(model, opt, checks=checks, on_finding=lambda f: None, report=False) as session:
+        for x, y in batches:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            if step_cost:
+                time.sleep(step_cost)  # stands for the accelerator's work
+            opt.step()
+    return session
+
+
+def test_input_bound_quiet_when_the_data_is_cheap():
+    model, opt = _setup()
+    data = TensorDataset(torch.randn(640, 16), torch.randint(0, 4, (640,)))
+    session = _train(model, opt, DataLoader(data, batch_size=32), ["input-bound"], step_cost=0.004)
+    assert session.findings == []
+    assert session.facts["step_time"]["phases"]["data"]["share"] < 0.5
+
+
+def test_input_bound_quiet_on_batches_not_from_a_dataloader():
+    model, opt = _setup()
+    batches = [(torch.randn(8, 16), torch.randint(0, 4, (8,))) for _ in range(20)]
+    assert _train(model, opt, batches, ["input-bound"]).findings == []
+
+
+def test_input_bound_with_busy_workers_names_the_per_sample_cost():
+    model, opt = _setup()
+    loader = DataLoader(Sleepy(8 * 24, 0.008), batch_size=8, num_workers=2, persistent_workers=True)
+    [finding] = _train(model, opt, loader, ["input-bound"]).findings
+    assert "2 workers cannot keep up" in finding.message and "per sample: __getitem__" in finding.message
+    assert "num_workers=" in finding.fix.code and "Sleepy.__getitem__" in finding.fix.title
+
+
+def test_input_bound_names_worker_startup_of_short_epochs():
+    model, opt = _setup()
+    loader = DataLoader(Sleepy(8 * 3, 0.0), batch_size=8, num_workers=2)  # 3 batches an epoch, workers restarted
+    with torchdoctor.watch(model, opt, checks=["input-bound"], on_finding=lambda f: None, report=False) as session:
+        for _ in range(6):
+            for x, y in loader:
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    [finding] = session.findings
+    assert "started again at every epoch" in finding.message
+    assert "persistent_workers=True" in finding.fix.code
+
+
+def test_step_time_drift_quiet_when_only_the_wait_grows():
+    """A machine that gets busier (here: a growing sleep) stretches the steps, not the loop's CPU time."""
+    model, opt = _setup()
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    with torchdoctor.watch(model, opt, checks=["step-time-drift"], on_finding=lambda f: None, report=False) as s:
+        for step in range(160):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            time.sleep(step * 1e-4)
+            opt.step()
+    assert s._ctx.clock.blocks[-1] > 2 * s._ctx.clock.blocks[0]  # the steps did get slower
+    assert s.findings == []
+
+
+def _compiled_steps(model, opt, shapes, checks=("recompiling",)):
+    with torchdoctor.watch(model, opt, checks=list(checks), on_finding=lambda f: None, report=False) as session:
+        for n in shapes:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(torch.randn(n, 16)), torch.randint(0, 4, (n,))).backward()
+            opt.step()
+    return session
+
+
+def test_recompiling_quiet_on_static_shapes_and_on_automatic_dynamic():
+    torch._dynamo.reset()
+    model, opt = _setup()
+    assert _compiled_steps(torch.compile(model, backend="eager"), opt, [8] * 12).findings == []
+    model, opt = _setup()  # dynamic=None: one recompilation marks the batch dimension dynamic, then none
+    assert _compiled_steps(torch.compile(model, backend="eager"), opt, range(2, 14)).findings == []
+
+
+def test_recompiling_names_a_compiled_function_and_its_line():
+    torch._dynamo.reset()
+    model, opt = _setup()
+
+    @torch.compile(backend="eager", dynamic=False)
+    def loss_of(x, y):
+        return nn.functional.cross_entropy(model(x), y)
+
+    with torchdoctor.watch(model, opt, checks=["recompiling"], on_finding=lambda f: None, report=False) as session:
+        for n in range(2, 9):
+            opt.zero_grad()
+            loss_of(torch.randn(n, 16), torch.randint(0, 4, (n,))).backward()
+            opt.step()
+    [finding] = session.findings
+    assert "loss_of()" in finding.message and "size mismatch" in finding.message
+    assert finding.location.file == __file__ and finding.fix.code == 'torch.compile(model, dynamic=True)'
+
+
+class Chatty(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.mean().item() > 1e9:  # a data-dependent branch: dynamo must break the graph here
+            h = h * 0
+        return self.b(h)
+
+
+def test_recompiling_reports_graph_breaks_with_their_line():
+    torch._dynamo.reset()
+    model = Chatty()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    [finding] = _compiled_steps(torch.compile(model, backend="eager"), opt, [8] * 4).findings
+    assert "breaks into separate graphs" in finding.message and "item()" in finding.message
+    assert finding.location.file == __file__ and finding.location.line == Chatty.forward.__code__.co_firstlineno + 2
+    from torch._dynamo.symbolic_convert import graph_break_log
+    assert graph_break_log.propagate and not graph_break_log.handlers  # restored after the session
+
+
+def _fake_dp(device_ids):
+    model, opt = _setup()
+    dp = nn.DataParallel(model)
+    dp.device_ids = device_ids  # as on a machine with these GPUs; the loop below calls the inner module
+    return dp, model, opt
+
+
+@pytest.mark.parametrize("device_ids", [[0, 1], [0], []])
+def test_dataparallel_slow_over_several_gpus_only(device_ids):
+    dp, model, opt = _fake_dp(device_ids)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    with torchdoctor.watch(dp, opt, checks=["dataparallel-slow"], on_finding=lambda f: None, report=False) as s:
+        for _ in range(4):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    if len(device_ids) < 2:
+        assert s.findings == []
+    else:
+        [finding] = s.findings
+        assert "over 2 GPUs" in finding.message and "median over 3 steps" in finding.message
+        assert "torchrun --nproc_per_node=2" in finding.fix.title

@@ -1,0 +1,342 @@
+"""The step clock: where each training step's time goes (data wait, forward, backward, optimizer, other).
+
+A session whose checks ask for it (``RuntimeCheck.uses_clock``) keeps one `StepClock`. It takes a
+``time.perf_counter()`` reading at events watch already sees — a watched model's forward returning, an
+optimizer's ``step()`` starting and returning — at the start and end of the backward of a watched forward's
+output, plus the start and end of every ``__next__`` of a
+``DataLoader`` iterator (`NextPatch`, a class-level patch shared by live sessions, like
+`torchdoctor.watch.patches.LoaderPatch`). The time between two readings goes to one phase:
+
+=================  ==============================================================================
+data               inside the loader's ``__next__`` (the loop waited for its batch), and starting a
+                   multi-process iterator's workers
+forward            from the previous reading to the end of a watched forward (moving the batch to the
+                   device and ``zero_grad()`` before it), and on to the start of its backward (the loss)
+backward           from the backward reaching the forward's output (a pre-hook on its ``grad_fn``) to
+                   the end of that backward pass (an autograd engine callback); several under gradient
+                   accumulation. Where no backward of a watched forward is seen: from the forward's end
+                   to ``step()`` or to the next batch
+optimizer          from the backward's end to the end of ``step()`` (unscaling, clipping, the step)
+other              from ``step()`` returning to the next batch (logging, metrics, checkpoints)
+=================  ==============================================================================
+
+A step ends when the first watched optimizer's ``step()`` returns. The last `WINDOW` steps are kept in
+preallocated arrays (no allocation per step), and the whole run as medians of blocks of steps (at most
+`MAX_BLOCKS`, merged pairwise when full) for trends. Host time only: with CUDA, kernels run
+asynchronously and the time shows up where the host waits for them.
+"""
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from array import array
+from typing import Any, Callable, Optional
+
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+DATA, FORWARD, BACKWARD, OPTIMIZER, OTHER = range(5)
+WINDOW = 512  # steps kept for the breakdown
+BLOCK = 16  # steps per block of the run's history
+MAX_BLOCKS = 128
+_ZEROS = [0.0] * len(PHASES)
+IDLE, FORWARD_DONE, IN_BACKWARD, BACKWARD_DONE = range(4)  # where the step is, for the next reading
+WARMUP = 1  # the first steps (allocations, compilation, worker start) are left out of the statistics
+
+
+class LoaderWait:
+    """One pass over a loader: its settings (read once from the iterator) and the time waited in it."""
+
+    __slots__ = ("label", "batch_size", "workers", "pin_memory", "persistent", "prefetch", "wait", "first_wait",
+                 "last_wait", "batches", "opened")
+
+    def __init__(self, iterator: Any) -> None:
+        dataset = getattr(iterator, "_dataset", None)
+        self.label = type(dataset).__name__ if dataset is not None else "DataLoader"
+        sampler = getattr(iterator, "_index_sampler", None)
+        self.batch_size: Optional[int] = getattr(sampler, "batch_size", None)
+        self.workers: int = getattr(iterator, "_num_workers", 0)
+        self.pin_memory: bool = bool(getattr(iterator, "_pin_memory", False))
+        self.persistent: bool = bool(getattr(iterator, "_persistent_workers", False))
+        self.prefetch: Optional[int] = getattr(iterator, "_prefetch_factor", None)
+        self.wait = 0.0
+        self.first_wait = 0.0  # the first batch of the pass: worker start-up
+        self.last_wait = 0.0  # the last call (at the end of a pass: StopIteration, worker shut-down)
+        self.batches = 0
+        self.opened = False  # started by the iterator's __init__ (its workers), before its first batch
+
+    @property
+    def edge_wait(self) -> float:
+        """The wait at the pass's first and last ``__next__``: starting and stopping non-persistent workers."""
+        return self.first_wait + (self.last_wait if self.batches > 1 else 0.0)
+
+    def facts(self) -> dict[str, Any]:
+        return {"dataset": self.label, "batch_size": self.batch_size, "num_workers": self.workers,
+                "pin_memory": self.pin_memory, "persistent_workers": self.persistent,
+                "prefetch_factor": self.prefetch}
+
+
+class StepClock:
+    """Per-phase time of each step of one session (see the module docstring)."""
+
+    def __init__(self, first_optimizer: Any = None) -> None:
+        self.first_optimizer = id(first_optimizer)  # its id only: a finished session holds nothing
+        self.acc = [0.0] * len(PHASES)
+        self.last = time.perf_counter()
+        self.state = IDLE
+        self.broken = False  # a reading failed: the clock reads no more (the user's loop goes on)
+        self.window = array("d", bytes(8 * WINDOW * (len(PHASES) + 1)))  # per step: phases, then the total
+        self.steps = 0  # steps ended, warm-up included
+        self.block: list[float] = []  # the current block's step times
+        self.blocks: list[float] = []  # medians of past blocks
+        self.block_cpu: list[float] = []  # process CPU seconds per step of past blocks
+        self.block_size = BLOCK
+        self.cpu_mark = time.process_time()
+        self.loaders: dict[int, LoaderWait] = {}  # id(iterator) -> its pass (the last few)
+        self.wait_by: dict[int, float] = {}  # id(LoaderWait) -> wait in timed steps
+        self.last_loader: Optional[LoaderWait] = None
+
+    # -- marks (called from the hooks; cheap) ------------------------------------------------------
+
+    def data(self, iterator: Any, start: float, end: float, starting: bool = False) -> None:
+        """One ``__next__`` of a loader iterator (or, `starting`, the start of its workers) ran from `start` to
+        `end`."""
+        acc = self.acc
+        acc[BACKWARD if self.state == FORWARD_DONE else OTHER] += start - self.last
+        acc[DATA] += end - start
+        self.state = IDLE
+        self.last = end
+        key = id(iterator)
+        wait = self.loaders.get(key)
+        if starting or wait is None or (getattr(iterator, "_num_yielded", 0) == 1 and not wait.opened):
+            if len(self.loaders) >= 8:
+                self.loaders.clear()
+            wait = self.loaders[key] = LoaderWait(iterator)  # a new pass (an iterator's id may be reused)
+            wait.first_wait = end - start
+            wait.opened = starting
+        else:
+            wait.opened = False
+            if wait.batches == 0:
+                wait.first_wait += end - start
+        wait.wait += end - start
+        wait.last_wait = end - start
+        wait.batches += 0 if starting else 1
+        self.last_loader = wait
+
+    def forward_end(self, output: Any = None) -> None:
+        """A watched forward returned `output`: a hook on its graph will mark where the backward starts."""
+        now = time.perf_counter()
+        if self.state == IN_BACKWARD:  # a forward run again inside the backward (activation checkpointing)
+            self.acc[BACKWARD] += now - self.last
+        else:
+            self.acc[FORWARD] += now - self.last
+            self.state = FORWARD_DONE
+        self.last = now
+        if output is not None:
+            grad_fn = getattr(output, "grad_fn", None)
+            if grad_fn is not None:
+                grad_fn.register_prehook(self._backward_start)
+
+    def _backward_start(self, grad_outputs: Any) -> None:
+        """The backward reached the forward's output (the loss before it is forward time); the engine calls
+        `_backward_end` when this backward pass is over."""
+        now = time.perf_counter()
+        if self.state != IN_BACKWARD and not self.broken:
+            self.acc[FORWARD] += now - self.last
+            self.last = now
+            self.state = IN_BACKWARD
+            try:
+                _queue_callback(self._backward_last)
+            except Exception:  # never raise into the user's backward
+                self.broken = True
+
+    def _backward_last(self) -> None:
+        """Queued again from the engine's final callbacks, so the end is read after those queued during the
+        backward (DDP's, which wait for the gradient all-reduce)."""
+        try:
+            _queue_callback(self._backward_end)
+        except Exception:
+            self._backward_end()
+
+    def _backward_end(self) -> None:
+        now = time.perf_counter()
+        self.acc[BACKWARD] += now - self.last
+        self.last = now
+        self.state = BACKWARD_DONE
+
+    def step_pre(self) -> None:
+        """``step()`` starts: since the backward ended, the time went to preparing the step (unscaling,
+        clipping); without a backward seen (a graph not from a watched forward), it is all backward."""
+        now = time.perf_counter()
+        self.acc[OPTIMIZER if self.state == BACKWARD_DONE else BACKWARD] += now - self.last
+        self.state = IDLE
+        self.last = now
+
+    def step_post(self, optimizer: Any) -> None:
+        now = time.perf_counter()
+        acc = self.acc
+        acc[OPTIMIZER] += now - self.last
+        self.last = now
+        if id(optimizer) != self.first_optimizer:
+            return
+        self.steps += 1
+        if self.steps > WARMUP:
+            data, forward, backward, optimize, other = acc
+            total = data + forward + backward + optimize + other
+            row = (self.steps % WINDOW) * (len(PHASES) + 1)
+            window = self.window
+            window[row], window[row + 1], window[row + 2], window[row + 3], window[row + 4], window[row + 5] = \
+                data, forward, backward, optimize, other, total
+            if data and self.last_loader is not None:
+                key = id(self.last_loader)
+                self.wait_by[key] = self.wait_by.get(key, 0.0) + data
+            self.block.append(total)
+            if len(self.block) >= self.block_size:
+                self._close_block()
+        acc[:] = _ZEROS
+
+    def _close_block(self) -> None:
+        cpu = time.process_time()
+        self.blocks.append(statistics.median(self.block))
+        self.block_cpu.append((cpu - self.cpu_mark) / len(self.block))
+        self.cpu_mark = cpu
+        self.block = []
+        if len(self.blocks) >= MAX_BLOCKS:  # keep the whole run in bounded memory: halve the resolution
+            self.blocks = [(a + b) / 2 for a, b in zip(self.blocks[::2], self.blocks[1::2])]
+            self.block_cpu = [(a + b) / 2 for a, b in zip(self.block_cpu[::2], self.block_cpu[1::2])]
+            self.block_size *= 2
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    @property
+    def timed(self) -> int:
+        """Steps in the window (after the warm-up)."""
+        return min(max(self.steps - WARMUP, 0), WINDOW)
+
+    def rows(self) -> list[tuple[float, ...]]:
+        """The timed steps in the window, each (phase seconds..., total)."""
+        width = len(PHASES) + 1
+        rows = []
+        for k in range(self.timed):
+            row = ((self.steps - k) % WINDOW) * width
+            rows.append(tuple(self.window[row:row + width]))
+        return rows
+
+    def shares(self) -> Optional[dict[str, float]]:
+        """Each phase's share of the measured step time over the window (None before a timed step)."""
+        rows = self.rows()
+        total = sum(r[-1] for r in rows)
+        if not rows or total <= 0:
+            return None
+        return {name: sum(r[i] for r in rows) / total for i, name in enumerate(PHASES)}
+
+    def summary(self) -> Optional[dict[str, Any]]:
+        """The breakdown for the report's facts: per phase median and p90 (ms) and share; steps/s (None
+        before a timed step, or once a reading failed)."""
+        if self.broken:
+            return None
+        rows = self.rows()
+        shares = self.shares()
+        if shares is None:
+            return None
+        totals = sorted(r[-1] for r in rows)
+        phases = {}
+        for i, name in enumerate(PHASES):
+            values = sorted(r[i] for r in rows)
+            phases[name] = {"share": round(shares[name], 4), "median_ms": round(_quantile(values, 0.5) * 1e3, 3),
+                            "p90_ms": round(_quantile(values, 0.9) * 1e3, 3)}
+        facts: dict[str, Any] = {
+            "steps": len(rows), "warmup_steps": min(self.steps, WARMUP),
+            "step_median_ms": round(_quantile(totals, 0.5) * 1e3, 3), "step_p90_ms": round(_quantile(totals, 0.9) * 1e3, 3),
+            "steps_per_s": round(len(totals) / sum(totals), 2), "phases": phases}
+        loader = self.data_loader()
+        if loader is not None:
+            facts["loader"] = loader.facts()
+        return facts
+
+    def data_loader(self) -> Optional[LoaderWait]:
+        """The loader pass the timed steps waited for longest (None when they never waited for one)."""
+        waits = {id(w): w for w in self.loaders.values()}
+        best = max((k for k in self.wait_by if k in waits), key=self.wait_by.__getitem__, default=None)
+        return waits[best] if best is not None else self.last_loader
+
+
+def _queue_callback(callback: Callable[[], None]) -> None:
+    """Run `callback` when the current backward pass ends (what DDP uses to finish its all-reduce)."""
+    from torch.autograd import Variable
+
+    Variable._execution_engine.queue_callback(callback)
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """The q-quantile of sorted `values` (nearest rank)."""
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+# -- the shared patch of DataLoader iterators' __next__ ----------------------------------------------
+
+_clocks: list[StepClock] = []
+_originals: list[tuple[type, str, Callable[..., Any]]] = []
+
+
+def _timed_next(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def timed_next(self: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(self)
+        finally:
+            end = time.perf_counter()
+            for clock in _clocks:
+                _read(clock, self, start, end, False)
+
+    return timed_next
+
+
+def _timed_start(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def timed_start(self: Any, *args: Any, **kwargs: Any) -> None:
+        start = time.perf_counter()
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            end = time.perf_counter()
+            for clock in _clocks:
+                _read(clock, self, start, end, True)
+
+    return timed_start
+
+
+def _read(clock: StepClock, iterator: Any, start: float, end: float, starting: bool) -> None:
+    """A clock's reading of a loader call; a failure stops that clock, never the user's data loading."""
+    if clock.broken:
+        return
+    try:
+        clock.data(iterator, start, end, starting)
+    except Exception:
+        clock.broken = True
+
+
+class NextPatch:
+    """Handle of one clock listening to every ``DataLoader`` iterator's ``__next__`` (and to the start of a
+    multi-process iterator's workers); ``remove()`` stops it. Class-level patches: ``next()`` looks
+    ``__next__`` up on the type."""
+
+    def __init__(self, clock: StepClock) -> None:
+        from torch.utils.data import dataloader
+
+        self.clock = clock
+        if not _originals:
+            for cls, name, wrap in ((dataloader._BaseDataLoaderIter, "__next__", _timed_next),
+                                    (dataloader._MultiProcessingDataLoaderIter, "__init__", _timed_start)):
+                original = cls.__dict__[name]
+                _originals.append((cls, name, original))
+                setattr(cls, name, wrap(original))
+        _clocks.append(clock)
+
+    def remove(self) -> None:
+        if self.clock in _clocks:
+            _clocks.remove(self.clock)
+        if not _clocks:
+            while _originals:
+                cls, name, original = _originals.pop()
+                setattr(cls, name, original)
