@@ -83,7 +83,7 @@ class DataParallelSlow(RuntimeCheck):
                     yield self._finding(wm.label, wrapper)
 
     def _finding(self, label: str, dp: Any) -> Finding:
-        from torchdoctor.watch.timing import FORWARD
+        from torchdoctor.sdk.runtime import FORWARD
 
         gpus = len(dp.device_ids)
         measured = ""

@@ -173,11 +173,11 @@ def _user_line(frame: Any) -> Optional[tuple[str, int]]:
 
     import torch
 
-    import torchdoctor
+    import torchdoctor.sdk
 
     base = os.path.dirname(torch.__file__)
     theirs = tuple(os.path.join(base, part) + os.sep for part in ("amp", "optim", "distributed")) + (
-        os.path.dirname(torchdoctor.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+        os.path.dirname(os.path.dirname(torchdoctor.sdk.__file__)) + os.sep, os.path.dirname(__file__) + os.sep)
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith(theirs):

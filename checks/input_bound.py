@@ -8,7 +8,7 @@ from ._perf import ClockCheck, ms, phase_share
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 
 if TYPE_CHECKING:
-    from torchdoctor.watch.timing import LoaderWait, StepClock
+    from torchdoctor.sdk.runtime import LoaderWait, StepClock
 
 THRESHOLD = 0.5  # the median step waits for data at least this share of its time
 WORKERS = 4  # what the fix proposes for a loader without workers
@@ -105,7 +105,7 @@ class InputBound(ClockCheck):
     """Once enough steps were timed: does the median step wait for its batch half of its time or more?"""
 
     def judge(self, clock: "StepClock") -> Iterator[Finding]:
-        from torchdoctor.watch.timing import DATA
+        from torchdoctor.sdk.runtime import DATA
 
         share = phase_share(clock, DATA)
         loader = clock.data_loader()

@@ -100,7 +100,7 @@ class StragglerRank(RuntimeCheck):
 
     def _mine(self) -> Optional[list[float]]:
         """[timed steps, median own work, median step] of this rank (None before enough steps)."""
-        from torchdoctor.watch.timing import BACKWARD, OPTIMIZER
+        from torchdoctor.sdk.runtime import BACKWARD, OPTIMIZER
 
         clock = self.ctx.clock
         rows = clock.rows() if clock is not None else []

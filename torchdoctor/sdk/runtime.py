@@ -29,6 +29,15 @@ _LAZY = {
     "exchange_for": "torchdoctor.watch.distributed",
     "ddp_over_world": "torchdoctor.watch.distributed",
     "stats_differ": "torchdoctor.watch.distributed",
+    # the step clock (``uses_clock``): phase indices of its readings, and its types
+    "PHASES": "torchdoctor.watch.timing",
+    "DATA": "torchdoctor.watch.timing",
+    "FORWARD": "torchdoctor.watch.timing",
+    "BACKWARD": "torchdoctor.watch.timing",
+    "OPTIMIZER": "torchdoctor.watch.timing",
+    "OTHER": "torchdoctor.watch.timing",
+    "LoaderWait": "torchdoctor.watch.timing",
+    "StepClock": "torchdoctor.watch.timing",
 }
 # Modules offered whole: `evidence` for crash checks (failing frames, placement, memory held)
 _MODULES = {"evidence": "torchdoctor.watch.evidence"}
