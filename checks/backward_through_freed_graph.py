@@ -53,8 +53,9 @@ BACKWARD_THROUGH_FREED_GRAPH = Pitfall(
         """
         hidden = torch.zeros(1, 2, 8)
         for x, y in batches:
+            hidden = hidden.detach()  # cut from the previous step's graph
             optimizer.zero_grad()
-            out, hidden = model(x, hidden.detach())
+            out, hidden = model(x, hidden)
             loss = nn.functional.mse_loss(head(out[:, -1]), y)
             loss.backward()
             optimizer.step()

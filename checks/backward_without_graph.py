@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
+from torchdoctor.sdk.runtime import CrashEvent, ForwardEvent, RuntimeCheck
 
 _SETUP = """
 import torch
@@ -67,6 +67,12 @@ BACKWARD_WITHOUT_GRAPH = Pitfall(
 class BackwardWithoutGraph(RuntimeCheck):
     """At autograd's "does not require grad" error: how the last forward ran and what can be trained."""
 
+    needs_forward = False  # it listens to forwards only to know how they ran; it judges crashes
+
+    def on_forward(self, event: ForwardEvent) -> None:
+        """Nothing to do: subscribing makes the session record how each forward ran (`ctx.last_forward`),
+        also when this check runs alone."""
+
     def on_crash(self, event: CrashEvent) -> Iterator[Finding]:
         exc = event.exception
         if not isinstance(exc, RuntimeError) or "does not require grad and does not have a grad_fn" not in str(exc):
@@ -83,8 +89,9 @@ class BackwardWithoutGraph(RuntimeCheck):
                   for label, (n, total) in trainable.items()]
         if lf is not None and (lf.inference_mode or not lf.grad_enabled):
             cause = "the forward ran without gradients"
-            fix = ("Compute the training loss outside the no_grad/inference_mode block (or remove the decorator "
-                   "from the training function):\nloss = criterion(model(x), y)\nloss.backward()")
+            block = "torch.inference_mode()" if lf.inference_mode else "torch.no_grad()"
+            fix = (f"Move the training forward and its loss out of the `{block}` block, or remove that decorator "
+                   "from the training function: the loss needs the graph the forward records")
         elif trainable and all(n == 0 for n, _ in trainable.values()):
             cause = "no parameter requires grad: the model is frozen"
             fix = "Unfreeze what should train:\nfor p in model.parameters():\n    p.requires_grad_(True)"

@@ -50,8 +50,9 @@ CUDA_DEVICE_ASSERT = Pitfall(
     good=Example(
         """
         for x, y in loader:
+            y = y - 1  # labels 1..10 -> classes 0..9
             optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x), y - 1).backward()  # labels 1..10 -> classes 0..9
+            nn.functional.cross_entropy(model(x), y).backward()
             optimizer.step()
         """,
         setup=_SETUP,
@@ -200,7 +201,7 @@ class CudaDeviceAssert(RuntimeCheck):
                 "failed). " + ("; ".join(clues) + "." if clues else
                                "The usual cause is a label >= the number of classes or a token id >= the "
                                "vocabulary" + (f" ({sizes})" if sizes else "") + "."))
-        return Finding(text, fix=("Locate it: the failing line is reported exactly when kernels run synchronously:\n"
-                                  "CUDA_LAUNCH_BLOCKING=1 python train.py\n"
-                                  "# and check the labels on the CPU: assert 0 <= y.min() and y.max() < num_classes"),
+        return Finding(text, fix=("Locate it: run once with synchronous kernels (`CUDA_LAUNCH_BLOCKING=1 python "
+                                  "train.py`), which report the failing line exactly, and check the labels on the "
+                                  "CPU, where the batch is made:\nassert 0 <= y.min() and y.max() < num_classes"),
                        location=Location(device="cuda"))

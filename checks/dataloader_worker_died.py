@@ -42,15 +42,17 @@ DATALOADER_WORKER_DIED = Pitfall(
     """,
     fix="""
         For a bus error: more shared memory (`docker run --shm-size=8g ...` or `--ipc=host`; in Kubernetes an
-        `emptyDir` with `medium: Memory` mounted at `/dev/shm`), or
-        `torch.multiprocessing.set_sharing_strategy("file_system")`, or fewer workers / smaller batches.
+        `emptyDir` with `medium: Memory` mounted at `/dev/shm`), or fewer workers / smaller batches, or
+        `num_workers=0` (batches made in the training process need no shared memory). The "file_system"
+        sharing strategy does not help: it keeps its files in `/dev/shm` too.
         For a kill: fewer workers, and keep the dataset's bulk data in numpy arrays or memory-mapped files
         instead of Python lists of objects. Any other death: run once with `num_workers=0` to see the
         worker's own error.
     """,
     bad=Example(
         """
-        loader = DataLoader(Images(), batch_size=8, num_workers=2)
+        dataset = Images()
+        loader = DataLoader(dataset, batch_size=8, num_workers=2)
         for x, y in loader:
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
@@ -60,7 +62,8 @@ DATALOADER_WORKER_DIED = Pitfall(
     ),
     good=Example(
         """
-        loader = DataLoader(Images(), batch_size=8, num_workers=0)  # in-process: the stand-in signal never fires
+        dataset = Images()
+        loader = DataLoader(dataset, batch_size=8, num_workers=0)  # in-process: no shared memory to run out of
         for x, y in loader:
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
@@ -90,10 +93,14 @@ class DataLoaderWorkerDied(RuntimeCheck):
 
     def on_start(self) -> None:
         self.settings = ""  # of the last DataLoader with workers that started a pass (numbers only)
+        self.workers, self.batch = 0, "batch_size"  # its num_workers, and its batch_size as code
 
     def on_loader_iter(self, event: LoaderEvent) -> None:
         loader = event.loader
         if getattr(loader, "num_workers", 0):
+            self.workers = int(loader.num_workers)
+            size = getattr(loader, "batch_size", None)
+            self.batch = str(size) if isinstance(size, int) else "batch_size"
             self.settings = (f" (the DataLoader had num_workers={loader.num_workers}, "
                              f"batch_size={getattr(loader, 'batch_size', None)}"
                              f"{', pin_memory=True' if getattr(loader, 'pin_memory', False) else ''})")
@@ -109,20 +116,20 @@ class DataLoaderWorkerDied(RuntimeCheck):
                 + self.settings)
         if signal == "Bus error":
             yield Finding(head + ": " + _shm_text(), fix=(
-                "Give the container more shared memory, or share batches through files:\n"
-                "docker run --shm-size=8g ...   # or --ipc=host\n"
-                "torch.multiprocessing.set_sharing_strategy('file_system')  # at the top of the script"),
+                "Give the container more shared memory (`docker run --shm-size=8g ...` or `--ipc=host`), or "
+                "make the batches in the training process, which needs no shared memory (slower):\n"
+                f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)"),
                 location=Location(file="/dev/shm"))
         elif signal == "Killed":
             yield Finding(head + ": " + _ram_text(), fix=(
                 "Use fewer workers, and keep the dataset's bulk data in numpy arrays or memory-mapped files "
                 "(Python lists of objects are copied into every worker as their reference counts change):\n"
-                "loader = DataLoader(dataset, batch_size=batch_size, num_workers=2)"))
+                f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers={self.workers // 2})"))
         else:
             yield Finding(head + ": the worker ended without saying why"
                           + (f" ({signal})" if signal else "") + ". " + _shm_text() + " " + _ram_text(),
                           fix="Run once with the workers in-process to see the worker's own error:\n"
-                              "loader = DataLoader(dataset, batch_size=batch_size, num_workers=0)")
+                              f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)")
 
 
 def _shm_text() -> str:

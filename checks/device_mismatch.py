@@ -47,11 +47,11 @@ DEVICE_MISMATCH = Pitfall(
     ),
     good=Example(
         """
+        model.to(device)
         for x, y in loader:
+            x = x.to(device)
             optimizer.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
+            loss = nn.functional.cross_entropy(model(x), y.to(device))
         """,
         setup=_SETUP,
     ),
@@ -105,8 +105,8 @@ class DeviceMismatch(RuntimeCheck):
             odd = [(n, d) for n, d in inputs.items() if home is not None and d != home]
             if odd:
                 odd_name, odd_device = odd[0]
-                fix = (f"Move `{odd_name}` to {home} where the batch is prepared, assigning the result "
-                       f"(tensors are not moved in place):\nx = x.to({home!r})")
+                fix = (f"Move `{odd_name}` to {home}, the device of the model (`device` below), where the batch "
+                       "is prepared, assigning the result (tensors are not moved in place):\nx = x.to(device)")
             elif len(params) > 1:
                 stray = sorted(params.items(), key=lambda kv: len(kv[1]))[0]
                 fix = (f"{where} has parameters on two devices ({stray[1][0]} on {stray[0]}): a layer was "

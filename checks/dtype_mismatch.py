@@ -44,10 +44,9 @@ DTYPE_MISMATCH = Pitfall(
     ),
     good=Example(
         """
-        x = torch.from_numpy(features).float()
+        x = torch.from_numpy(features)  # float64
+        x = x.to(torch.float32)
         loss = nn.functional.cross_entropy(model(x), labels)
-        loss.backward()
-        optimizer.step()
         """,
         setup=_SETUP,
     ),
@@ -98,7 +97,7 @@ class DtypeMismatch(RuntimeCheck):
         text = f"An operation got floating tensors of different dtypes at step {self.ctx.step}: " + "; ".join(parts) + "."
         if odd and home is not None:
             fix = (f"Convert `{odd[0][0]}` to {home} where the data is made (numpy arrays are float64):\n"
-                   f"x = torch.from_numpy(array).to(torch.{home})  # or x = x.to(torch.{home})")
+                   f"x = x.to(torch.{home})")
         else:
             fix = "Convert the data to the model's dtype, or run under autocast:\nx = x.to(next(model.parameters()).dtype)"
         return Finding(text, fix=fix, location=Location(module=name))

@@ -18,6 +18,7 @@ opt_g = torch.optim.SGD(G.parameters(), lr=0.1)
 opt_d = torch.optim.SGD(D.parameters(), lr=0.1)
 bce = nn.BCEWithLogitsLoss()
 z, real = torch.randn(8, 4), torch.randn(8, 6)
+ones, zeros = torch.ones(8, 1), torch.zeros(8, 1)
 model, optimizer = D, opt_d
 """
 
@@ -46,8 +47,8 @@ INPLACE_MODIFIED_FOR_BACKWARD = Pitfall(
         """
         fake = G(z)
         out_fake = D(fake)                      # used by both losses
-        d_loss = bce(D(real), torch.ones(8, 1)) + bce(out_fake, torch.zeros(8, 1))
-        g_loss = bce(out_fake, torch.ones(8, 1))
+        d_loss = bce(D(real), ones) + bce(out_fake, zeros)
+        g_loss = bce(out_fake, ones)
         opt_d.zero_grad()
         d_loss.backward(retain_graph=True)
         opt_d.step()                            # D's weights change in place
@@ -59,14 +60,14 @@ INPLACE_MODIFIED_FOR_BACKWARD = Pitfall(
     good=Example(
         """
         fake = G(z)
-        d_loss = bce(D(real), torch.ones(8, 1)) + bce(D(fake.detach()), torch.zeros(8, 1))
+        out_fake = D(fake)
+        d_loss = bce(D(real), ones) + bce(out_fake, zeros)
         opt_d.zero_grad()
-        d_loss.backward()
+        d_loss.backward(retain_graph=True)  # G's graph is used again by g_loss
         opt_d.step()
-        g_loss = bce(D(fake), torch.ones(8, 1))  # a fresh forward through the updated D
+        g_loss = bce(D(fake), ones)  # a fresh forward through the updated D
         opt_g.zero_grad()
         g_loss.backward()
-        opt_g.step()
         """,
         setup=_SETUP,
     ),

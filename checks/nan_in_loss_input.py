@@ -37,7 +37,8 @@ NAN_IN_LOSS_INPUT = Pitfall(
     bad=Example(
         """
         optimizer.zero_grad()
-        loss = nn.functional.binary_cross_entropy(model(x), y)  # scores, not probabilities
+        scores = model(x)  # raw scores, not probabilities
+        loss = nn.functional.binary_cross_entropy(scores, y)
         loss.backward()
         optimizer.step()
         """,
@@ -46,7 +47,8 @@ NAN_IN_LOSS_INPUT = Pitfall(
     good=Example(
         """
         optimizer.zero_grad()
-        loss = nn.functional.binary_cross_entropy_with_logits(model(x), y)
+        scores = model(x)  # raw scores, not probabilities
+        loss = nn.functional.binary_cross_entropy_with_logits(scores, y)
         loss.backward()
         optimizer.step()
         """,
@@ -119,7 +121,7 @@ def _input_values(frames: list[Any]) -> Optional[tuple[int, float, float]]:
             if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
                 try:
                     nan = int(torch.isnan(value).sum())
-                    finite = value[torch.isfinite(value)]
+                    finite = value.detach()[torch.isfinite(value)]
                     low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 0.0)
                     return nan, low, high
                 except RuntimeError:
