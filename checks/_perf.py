@@ -18,18 +18,19 @@ if TYPE_CHECKING:
 MIN_STEPS = 8  # timed steps before a verdict
 
 
-OUTLIER = 5.0  # a step this many times the median step also did something else (validation, a checkpoint)
+OUTLIER = 5.0  # a step whose own work is this many times the median's also did something else (validation)
 
 
 def phase_share(clock: "StepClock", phase: int) -> Optional[float]:
-    """`phase`'s share of the time of the timed steps, the outliers left out (a step that also ran a validation
-    pass or saved a checkpoint). A sum, not a median of per-step shares: loader workers that cannot keep up
-    make every few steps wait long and the others not at all."""
+    """`phase`'s share of the time of the timed steps, leaving out the steps whose time outside `phase` is an
+    outlier (a step that also ran a validation pass or saved a checkpoint). A sum, not a median of per-step
+    shares, and outliers judged without `phase`: loader workers that cannot keep up make every few steps wait
+    long and the others not at all (two workers started together deliver their batches in pairs)."""
     rows = [r for r in clock.rows() if r[-1] > 0]
     if not rows:
         return None
-    typical = statistics.median(r[-1] for r in rows)
-    kept = [r for r in rows if r[-1] <= OUTLIER * typical]
+    typical = statistics.median(r[-1] - r[phase] for r in rows)
+    kept = [r for r in rows if r[-1] - r[phase] <= OUTLIER * typical] or rows
     return sum(r[phase] for r in kept) / sum(r[-1] for r in kept)
 
 

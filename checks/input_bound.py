@@ -86,8 +86,8 @@ INPUT_BOUND = Pitfall(
         "runtime": """
             `watch` times every `DataLoader` iterator's `__next__` and every step (see the step-time
             breakdown in the report). It reports when, over the timed steps (the first is left out, at least
-            8; steps over 5 times the median step, which also validated or saved a checkpoint, are left out
-            too), half of the time or more was spent inside `__next__`: a share of the measured steps, so a
+            8; steps whose time outside `__next__` is over 5 times the median's, which also validated or saved
+            a checkpoint, are left out too), half of the time or more was spent inside `__next__`: a share of the measured steps, so a
             slower or busier machine gives the same verdict, and a sum rather than a per-step median, since
             workers that cannot keep up make every few steps wait long and the others not at all. The fix names what the loader that was
             waited for lacks: workers; `persistent_workers` when the first and last `__next__` of each pass (the workers

@@ -71,7 +71,9 @@ def test_input_bound_quiet_on_batches_not_from_a_dataloader():
 def test_input_bound_with_busy_workers_names_the_per_sample_cost():
     model, opt = _setup()
     loader = DataLoader(Sleepy(8 * 24, 0.008), batch_size=8, num_workers=2, persistent_workers=True)
-    [finding] = _train(model, opt, loader, ["input-bound"]).findings
+    session = _train(model, opt, loader, ["input-bound"])
+    assert len(session.findings) == 1, session.facts.get("step_time")
+    [finding] = session.findings
     assert "2 workers cannot keep up" in finding.message and "per sample: __getitem__" in finding.message
     assert "num_workers=" in finding.fix.code and "Sleepy.__getitem__" in finding.fix.title
 
@@ -184,3 +186,22 @@ def test_dataparallel_slow_over_several_gpus_only(device_ids):
         [finding] = s.findings
         assert "over 2 GPUs" in finding.message and "median over 3 steps" in finding.message
         assert "torchrun --nproc_per_node=2" in finding.fix.title
+
+
+def test_input_bound_share_counts_paired_waits_and_leaves_validation_steps_out():
+    """Two workers started together deliver batches in pairs: every other step waits 64 ms, the rest none.
+    The share is a sum over the steps, so that counts; a step that also ran a validation pass is left out."""
+    from torchdoctor.checks._perf import phase_share
+    from torchdoctor.watch.timing import DATA, StepClock
+
+    def fill(rows):
+        clock = StepClock(first_optimizer=None)
+        for data, forward in [(0.0, 0.002)] + rows:  # the first step is the warm-up
+            clock.acc[:] = [data, forward, 0.001, 0.0, 0.0]
+            clock.step_post(None)
+        return clock
+
+    paired = fill([(0.064 if i % 2 else 0.0, 0.002) for i in range(20)])
+    assert phase_share(paired, DATA) > 0.8
+    fed = fill([(0.0005, 0.002)] * 19 + [(0.0, 2.0)])  # the last step also validated: 2 s of forwards
+    assert phase_share(fed, DATA) < 0.2
