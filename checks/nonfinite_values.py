@@ -390,6 +390,8 @@ class NonfiniteValues(RuntimeCheck):
         """The step never came: the watched code raised (or called sys.exit) with a NaN/Inf loss or output in
         its variables, or left the loop on one. The user's frames are read once, at the end of the session."""
         exc = self.ctx.exception
+        if exc is not None and self.ctx.crash_explained_by:
+            return  # a crash explanation already says what ended the run (one cause, one finding)
         frames = _traceback_frames(exc) if exc is not None else [user_frame(0)]
         output = self.last_output() if self.last_output is not None else None
         out_bad = _is_float(output) and bool(torch_isnan(output).any())

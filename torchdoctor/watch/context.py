@@ -91,6 +91,7 @@ class WatchContext:
     hooks: HookSet = field(default_factory=HookSet)
     last_event: Any = None  # the most recent watched forward's `ForwardEvent`, its output and input dropped
     exception: Optional[BaseException] = None  # what the watched code raised (SystemExit too), once it stops
+    crash_explained_by: tuple[str, ...] = ()  # the crash pitfalls that explained `exception`, before STOP
     rank: int = 0
     world_size: int = 1
     clock: Optional["StepClock"] = None  # where each step's time goes, when a check asked for it (uses_clock)

@@ -208,9 +208,9 @@ class EventHub:
             event.output = event._args = None  # the session keeps no tensor of the user's
 
     def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        self._stepped = True
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
         if closure is None:
+            self._stepped = True
             self._dispatch_step(wo)
             return None
         # LBFGS, Lightning's automatic optimization: forward and backward run inside step(), in the closure;
@@ -219,8 +219,9 @@ class EventHub:
 
         def closure_then_step_events() -> Any:
             loss = closure()
-            if pending:
+            if pending:  # the first step's forward may have run in here (no validation loop before it)
                 pending.clear()
+                self._stepped = True
                 self._dispatch_step(wo)
             return loss
 

@@ -186,6 +186,7 @@ class WatchSession:
         try:
             if exc is not None and not isinstance(exc, TorchDoctorError):
                 self.crash_explained_by = explain_crash(self, hub, exc)
+                ctx.crash_explained_by = tuple(self.crash_explained_by)
             hub.dispatch(Event.STOP)
         finally:
             self._hub = None
