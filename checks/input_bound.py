@@ -81,6 +81,8 @@ INPUT_BOUND = Pitfall(
             optimizer.step()
         """,
         setup=_SETUP,
+        recipe={"runtime": "watch sees the loader's iterator, not the line that built it: the fix is the "
+                           "DataLoader call with the arguments to add, for the user to merge into their own"},
     ),
     details={
         "runtime": """
