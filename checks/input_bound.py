@@ -146,7 +146,7 @@ class InputBound(ClockCheck):
         if loader.workers == 0:
             args += [f"num_workers={WORKERS}", "persistent_workers=True"]
             title = "Load batches in worker processes while the step runs, and keep them across epochs:"
-        elif not loader.persistent and self._startup_bound(self.ctx.clock):  # type: ignore[arg-type]
+        elif not loader.persistent and self._startup_bound(self.ctx.clock):
             args += [f"num_workers={loader.workers}", "persistent_workers=True"]
             title = "Keep the workers alive across epochs instead of starting them at every pass:"
         else:
