@@ -11,18 +11,6 @@ import torchdoctor.checks.host_device_sync as hds
 import torchdoctor.checks.tensor_cores_idle as tci
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Shares of timed steps on a shared 2-core machine are far steadier on one thread: waking a second OpenMP
-    thread on a busy core can cost more than a small op."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def _setup():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))

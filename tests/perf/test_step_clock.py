@@ -11,18 +11,6 @@ import torchdoctor
 from torchdoctor.watch.timing import PHASES, WINDOW, StepClock
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Shares of timed steps on a shared 2-core machine are far steadier on one thread: waking a second OpenMP
-    thread on a busy core can cost more than a small op."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 class Slow(Dataset):
     """Each sample waits 1 ms: 16 ms of data wait per batch of 16."""
 
