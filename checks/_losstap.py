@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import ast
 import linecache
-import sys
 from typing import Any, Callable, Optional
 
 from torchdoctor.sdk import Location
-from torchdoctor.sdk.runtime import MethodPatch, RuntimeCheck
+from torchdoctor.sdk.runtime import MethodPatch, RuntimeCheck, is_library, user_frame
 
 Listener = Callable[[str, Any, Any, dict], None]  # (function name, input, target, keyword arguments)
 
 # Shape-preserving steps that stand between a softmax/sigmoid and the loss (view, reshape, squeeze, ...).
 _PASS_THROUGH = ("View", "Reshape", "Squeeze", "Unsqueeze", "Permute", "Transpose", "Clone", "ToCopy", "Slice",
                  "Select", "Index", "Expand", "TBackward", "AsStrided", "Flatten", "UnsafeView", "Alias", "Unbind")
-_NOT_USER_CODE = ("torch", "torchdoctor", "checks", "lightning", "pytorch_lightning", "transformers", "accelerate")
 
 
 def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) -> None:
@@ -88,11 +86,9 @@ def produced_by(tensor: Any, names: tuple[str, ...], hops: int = 6) -> Optional[
 
 def user_location() -> Location:
     """The file and line of the user's code that called the loss (the innermost frame outside torch,
-    torchdoctor, the checks and the training frameworks)."""
-    frame: Any = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _NOT_USER_CODE:
-        frame = frame.f_back
-    if frame is None:
+    torchdoctor, the training frameworks and installed libraries)."""
+    frame = user_frame(1)
+    if is_library(frame):
         return Location()
     return Location(file=frame.f_code.co_filename, line=frame.f_lineno)
 

@@ -8,14 +8,13 @@ import warnings
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
-from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent, is_library
 
 SAMPLES = 3  # steps watched under torch.cuda.set_sync_debug_mode("warn"), after the first
 SHOWN = 3  # lines named in one message
 _MESSAGE = r".*synchronizing CUDA operation"
 # frames of these packages are not the user's line; a sync made inside torchdoctor, torch.amp (GradScaler) or an
 # optimizer is not one the user can move
-_NOT_USER = ("torch", "torchdoctor", "checks", "warnings", "lightning", "pytorch_lightning", "accelerate", "transformers")
 
 _NEEDS_GPU = "it takes a CUDA GPU (torch.cuda.set_sync_debug_mode); the examples run on the CPU."
 
@@ -182,7 +181,7 @@ def _user_line(frame: Any) -> Optional[tuple[str, int]]:
         filename = frame.f_code.co_filename
         if filename.startswith(theirs):
             return None
-        if frame.f_globals.get("__name__", "").partition(".")[0] not in _NOT_USER:
+        if not is_library(frame):
             return filename, frame.f_lineno
         frame = frame.f_back
     return None
