@@ -7,6 +7,7 @@ name last bound to one in the same function, or the output of a model (`model(x)
 construction shows it: `nn.Sequential(..., nn.Softmax(...))`, or a project class whose `forward` (in this file
 or an imported project module) returns the activation on every `return`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -36,8 +37,9 @@ class Evidence:
     fixable: bool  # `node` is the activation's call written inside the loss call's input
 
 
-def loss_calls(src: SourceFile, losses: frozenset[str], classes: frozenset[str]) -> Iterator[
-        tuple[FunctionScope, CallSite, str, ast.expr]]:
+def loss_calls(
+    src: SourceFile, losses: frozenset[str], classes: frozenset[str]
+) -> Iterator[tuple[FunctionScope, CallSite, str, ast.expr]]:
     """(scope, call, loss name, input) for each call of a loss among `losses` (functional names) or `classes`
     (nn class names)."""
     index = src.index
@@ -52,8 +54,9 @@ def loss_calls(src: SourceFile, losses: frozenset[str], classes: frozenset[str])
                 yield scope, call, name, inp
 
 
-def _loss_name(call: CallSite, scope: FunctionScope, index: ModuleIndex, losses: frozenset[str],
-               classes: frozenset[str]) -> Optional[str]:
+def _loss_name(
+    call: CallSite, scope: FunctionScope, index: ModuleIndex, losses: frozenset[str], classes: frozenset[str]
+) -> Optional[str]:
     func = call.node.func
     if call.qualname.startswith(_FUNCTIONAL) and call.attr in losses:
         return call.attr
@@ -62,8 +65,9 @@ def _loss_name(call: CallSite, scope: FunctionScope, index: ModuleIndex, losses:
     target = ref(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
     if target is None:
         return None
-    values = [_default_if_parameter(b.value, s) for s in _scopes_binding(target, scope, index)
-              for b in s.bindings_of(target)]
+    values = [
+        _default_if_parameter(b.value, s) for s in _scopes_binding(target, scope, index) for b in s.bindings_of(target)
+    ]
     if not values or len(values) > _MAX_BINDINGS:
         return None
     names = {_loss_class(v, index, classes) if isinstance(v, ast.Call) else None for v in values}
@@ -77,7 +81,7 @@ def _default_if_parameter(value: Optional[ast.expr], scope: FunctionScope) -> Op
         return value
     args = node.args
     positional = args.posonlyargs + args.args
-    defaults = dict(zip((a.arg for a in positional[len(positional) - len(args.defaults):]), args.defaults))
+    defaults = dict(zip((a.arg for a in positional[len(positional) - len(args.defaults) :]), args.defaults))
     defaults.update((a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)
     return defaults.get(value.id, value)
 
@@ -120,7 +124,9 @@ def _last_binding(name: str, scope: FunctionScope, before: tuple[int, int]) -> O
     return bound[-1].value
 
 
-def evidence(src: SourceFile, scope: FunctionScope, call: CallSite, inp: ast.expr, act: Activation) -> Optional[Evidence]:
+def evidence(
+    src: SourceFile, scope: FunctionScope, call: CallSite, inp: ast.expr, act: Activation
+) -> Optional[Evidence]:
     """How the source shows that the loss input `inp` is the activation's output (None when it does not)."""
     index = src.index
     if activation_call(inp, index, act):
@@ -161,8 +167,11 @@ def _strip_moves(call: ast.Call) -> Optional[ast.Call]:
     """`Net(...).to(device).train()` -> `Net(...)`."""
     node: ast.expr = call
     for _ in range(4):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in (
-                "to", "cuda", "cpu", "train", "float", "half", "bfloat16", "double"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("to", "cuda", "cpu", "train", "float", "half", "bfloat16", "double")
+        ):
             node = node.func.value
         else:
             break
@@ -214,8 +223,12 @@ def _forward_returns(src: SourceFile, ctor: ast.Call, act: Activation) -> Option
 def fixed_line(src: SourceFile, call: CallSite, found: Evidence, replacement: str) -> Optional[str]:
     """The loss call's line, unindented, with the activation's call replaced (None across several lines)."""
     node = found.node
-    if node is None or not found.fixable or call.node.lineno != getattr(node, "end_lineno", None) \
-            or node.lineno != call.node.lineno:
+    if (
+        node is None
+        or not found.fixable
+        or call.node.lineno != getattr(node, "end_lineno", None)
+        or node.lineno != call.node.lineno
+    ):
         return None
     line = src.lines[node.lineno - 1]
     start, end = src.char_col(node.lineno, node.col_offset), src.char_col(node.lineno, node.end_col_offset or 0)
@@ -228,7 +241,10 @@ def first_argument(src: SourceFile, node: Optional[ast.expr]) -> Optional[str]:
     if not isinstance(node, ast.Call):
         return None
     func = node.func
-    if isinstance(func, ast.Attribute) and not qualname(func, src.index).startswith("torch.") \
-            and not (ref(func.value) or "").startswith("self"):
+    if (
+        isinstance(func, ast.Attribute)
+        and not qualname(func, src.index).startswith("torch.")
+        and not (ref(func.value) or "").startswith("self")
+    ):
         return src.segment(func.value)  # a method: `out.softmax(1)`
     return src.segment(node.args[0]) if node.args else None

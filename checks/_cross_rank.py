@@ -5,6 +5,7 @@ Fingerprints are exchanged at PERIODIC points over torchdoctor's own gloo group 
 rank makes the same comparison on the same data, so each reports the same finding at the same step (and
 ``on_finding="raise"`` stops all of them together).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional

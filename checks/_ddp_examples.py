@@ -24,5 +24,7 @@ epochs = 2
 """
 
 # Why the examples contract test cannot run these examples (the page prints it after "does not flag this example:").
-UNSEEN = {"distributed": "it needs the other ranks of a `torchrun --nproc_per_node=2` job, which the examples test "
-                         "does not start (it runs each example in a single process)."}
+UNSEEN = {
+    "distributed": "it needs the other ranks of a `torchrun --nproc_per_node=2` job, which the examples test "
+    "does not start (it runs each example in a single process)."
+}

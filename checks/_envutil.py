@@ -1,4 +1,5 @@
 """Small helpers shared by the environment pitfalls (versions, wheel indexes, GPU processes)."""
+
 from __future__ import annotations
 
 import os
@@ -9,13 +10,15 @@ from typing import Optional
 from torchdoctor.sdk import byte_size
 from torchdoctor.sdk.env import EnvFacts, GpuProcess, PathEntry
 
-GiB = 1024 ** 3
+GiB = 1024**3
 # CUDA variants PyTorch has published wheels for (download.pytorch.org/whl/<tag>).
 WHEEL_CUDA = ((11, 8), (12, 1), (12, 4), (12, 6), (12, 8), (12, 9), (13, 0))
 INDEX_URL = "https://download.pytorch.org/whl/{tag}"
 # Why no env example runs: `Example(unseen={"env": MACHINE_STATE})`.
-MACHINE_STATE = ("it shows the state of some machine, and `torchdoctor env` reads only the machine it runs on "
-                 "(packages, driver, GPUs, environment variables), which a test process cannot swap for that one.")
+MACHINE_STATE = (
+    "it shows the state of some machine, and `torchdoctor env` reads only the machine it runs on "
+    "(packages, driver, GPUs, environment variables), which a test process cannot swap for that one."
+)
 
 
 def major_minor(version: Optional[str]) -> Optional[tuple[int, int]]:
@@ -41,14 +44,17 @@ def cuda_tag(cuda: tuple[int, int]) -> str:
     return f"cu{cuda[0]}{cuda[1]}"
 
 
-def best_wheel_cuda(max_cuda: Optional[tuple[int, int]], min_cuda: tuple[int, int] = (0, 0)) -> Optional[tuple[int, int]]:
+def best_wheel_cuda(
+    max_cuda: Optional[tuple[int, int]], min_cuda: tuple[int, int] = (0, 0)
+) -> Optional[tuple[int, int]]:
     """The newest published CUDA variant from `min_cuda` up to what the driver supports; failing that,
     one of the driver's major version (minor-version compatibility lets it run those)."""
     fits = [c for c in WHEEL_CUDA if c >= min_cuda]
     if max_cuda is None:
         return max(fits, default=None)
-    return max((c for c in fits if c <= max_cuda), default=None) or \
-        max((c for c in fits if c[0] == max_cuda[0]), default=None)
+    return max((c for c in fits if c <= max_cuda), default=None) or max(
+        (c for c in fits if c[0] == max_cuda[0]), default=None
+    )
 
 
 def pip(facts: EnvFacts) -> str:
@@ -74,8 +80,9 @@ def rename_fix(entry: PathEntry) -> str:
     """How to get a shadowing file or folder out of the way (shared by module-shadowing and the import failure)."""
     is_file = os.path.basename(entry.path) != entry.name
     cache = os.path.join(os.path.dirname(entry.path), "__pycache__")
-    return (f"Rename {entry.path} (e.g. to my_{entry.name}{'.py' if is_file else ''}) and delete {cache}"
-            + (f", or take {entry.origin_dir} off PYTHONPATH." if entry.via == "PYTHONPATH" else "."))
+    return f"Rename {entry.path} (e.g. to my_{entry.name}{'.py' if is_file else ''}) and delete {cache}" + (
+        f", or take {entry.origin_dir} off PYTHONPATH." if entry.via == "PYTHONPATH" else "."
+    )
 
 
 def has_nvidia(facts: EnvFacts) -> bool:

@@ -5,6 +5,7 @@
 each: the call's tensors are handed to the check's listener for the duration of the call only. A listener
 must keep nothing of them but numbers. Nothing runs while dynamo traces or inside a torch.func transform.
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,8 +18,26 @@ from torchdoctor.sdk.runtime import MethodPatch, RuntimeCheck, is_library, user_
 Listener = Callable[[str, Any, Any, dict], None]  # (function name, input, target, keyword arguments)
 
 # Shape-preserving steps that stand between a softmax/sigmoid and the loss (view, reshape, squeeze, ...).
-_PASS_THROUGH = ("View", "Reshape", "Squeeze", "Unsqueeze", "Permute", "Transpose", "Clone", "ToCopy", "Slice",
-                 "Select", "Index", "Expand", "TBackward", "AsStrided", "Flatten", "UnsafeView", "Alias", "Unbind")
+_PASS_THROUGH = (
+    "View",
+    "Reshape",
+    "Squeeze",
+    "Unsqueeze",
+    "Permute",
+    "Transpose",
+    "Clone",
+    "ToCopy",
+    "Slice",
+    "Select",
+    "Index",
+    "Expand",
+    "TBackward",
+    "AsStrided",
+    "Flatten",
+    "UnsafeView",
+    "Alias",
+    "Unbind",
+)
 
 
 def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) -> None:
@@ -54,6 +73,7 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
 def _bind(before: Callable[..., None], name: str) -> Callable[[Any, tuple, dict], None]:
     def listener(obj: Any, args: tuple, kwargs: dict) -> None:
         before(name, obj, args, kwargs)
+
     return listener
 
 
@@ -103,12 +123,14 @@ def fixed_line(location: Location, edit: Callable[[ast.Call, str], Optional[str]
         tree = ast.parse(text)
     except SyntaxError:
         return None
-    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.col_offset, -(n.end_col_offset or 0)))
+    calls = sorted(
+        (n for n in ast.walk(tree) if isinstance(n, ast.Call)), key=lambda n: (n.col_offset, -(n.end_col_offset or 0))
+    )
     for call in calls:
         replacement = edit(call, text)
         if replacement is not None:
             raw = text.encode()  # ast offsets count UTF-8 bytes
-            return (raw[:call.col_offset] + replacement.encode() + raw[call.end_col_offset or 0:]).decode()
+            return (raw[: call.col_offset] + replacement.encode() + raw[call.end_col_offset or 0 :]).decode()
     return None
 
 

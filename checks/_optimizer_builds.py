@@ -1,5 +1,6 @@
 """Lint helpers shared by the optimizer rules: where an optimizer is built from a model's parameters, and
 whether it is built again (or given new parameter groups) later in the same function."""
+
 from __future__ import annotations
 
 import ast
@@ -33,8 +34,11 @@ def _built(scope: FunctionScope, index: ModuleIndex) -> Iterator[Built]:
         if b.augmented or type(b.value) is not ast.Call:
             continue
         for node in ast.walk(b.value):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and node.func.attr in ("parameters", "named_parameters"):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("parameters", "named_parameters")
+            ):
                 model = ref(node.func.value)
                 if model:
                     yield Built(b.target, model, b)
@@ -44,4 +48,5 @@ def _built(scope: FunctionScope, index: ModuleIndex) -> Iterator[Built]:
 def rebuilt_after(scope: FunctionScope, built: Built, pos: tuple) -> bool:
     """The optimizer is built again (or given new parameter groups) after `pos`."""
     return any(b.target == built.optimizer and b.pos > pos for b in scope.bindings) or any(
-        c.receiver == built.optimizer and c.attr == "add_param_group" and c.pos > pos for c in scope.calls)
+        c.receiver == built.optimizer and c.attr == "add_param_group" and c.pos > pos for c in scope.calls
+    )

@@ -4,6 +4,7 @@ enough steps were timed, and the numbers their messages quote.
 Verdicts read shares of the measured step (the median over steps of one phase's share of that step),
 never absolute times, so a slower or busier machine gives the same verdict.
 """
+
 from __future__ import annotations
 
 import statistics

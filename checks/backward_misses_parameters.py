@@ -1,5 +1,6 @@
 """backward-misses-parameters: the optimizer steps but backward() never reached the model (a detached or
 `.item()`-rebuilt loss), so nothing trains."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -102,8 +103,11 @@ class BackwardMissesParameters(RuntimeCheck):
         if not params:
             return None
         held = {id(p) for p in params}
-        missed = [wm.label for wm in self.ctx.models
-                  if self.built.get(wm.label) and any(id(p) in held for p in wm.inner.parameters())]
+        missed = [
+            wm.label
+            for wm in self.ctx.models
+            if self.built.get(wm.label) and any(id(p) in held for p in wm.inner.parameters())
+        ]
         return self._finding(event, len(params), missed[0]) if missed else None
 
     def _finding(self, event: StepEvent, count: int, model: str) -> Iterator[Finding]:
@@ -114,10 +118,11 @@ class BackwardMissesParameters(RuntimeCheck):
             "back-propagated has no path to the parameters (rebuilt from .item(), .detach(), .data, "
             "torch.tensor(...) or numpy), so this step changes nothing.",
             fix="Back-propagate the loss built from the model's output; log numbers separately:\n"
-                "loss = criterion(model(x), y)\n"
-                "loss.backward()\n"
-                "logged = loss.item()",
-            location=Location(module=model, step=event.step))
+            "loss = criterion(model(x), y)\n"
+            "loss.backward()\n"
+            "logged = loss.item()",
+            location=Location(module=model, step=event.step),
+        )
 
     def on_step_post(self, event: StepEvent) -> None:
         if self.built:

@@ -1,4 +1,5 @@
 """backward-through-freed-graph: backward() reached a graph that an earlier backward already freed."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -22,7 +23,7 @@ BACKWARD_THROUGH_FREED_GRAPH = Pitfall(
     name="backward-through-freed-graph",
     severity="error",
     summary="backward() went through a graph an earlier backward() freed: a tensor carried across steps "
-            "(an RNN hidden state, a running loss) is still attached to the old graph.",
+    "(an RNN hidden state, a running loss) is still attached to the old graph.",
     why="""
         "Trying to backward through the graph a second time" means this loss's graph reaches into the graph
         of an earlier step, whose saved tensors the earlier `backward()` released. The tensor that links
@@ -87,15 +88,19 @@ class BackwardThroughFreedGraph(RuntimeCheck):
         attached = _attached(evidence.frames(exc))
         carried = [n for n in attached if n not in ("loss", "output", "out", "outputs", "logits", "pred")]
         live = self.ctx.graphs.sentinels
-        text = (f"backward() reached a graph that an earlier backward() freed, at step {self.ctx.step}: a tensor "
-                "carried across steps is still attached to the old graph.")
+        text = (
+            f"backward() reached a graph that an earlier backward() freed, at step {self.ctx.step}: a tensor "
+            "carried across steps is still attached to the old graph."
+        )
         if carried:
             text += " Tensors of the failing frame still in a graph: " + ", ".join(f"`{n}`" for n in carried[:6]) + "."
         if live > 1:
             text += f" Graphs of watched forwards still alive: {live}."
         name = carried[0] if carried else "hidden"
-        fix = (f"Detach what is carried to the next step, where it is carried:\n{name} = {name}.detach()\n"
-                      "# and log losses with loss.item(); do not add retain_graph=True")
+        fix = (
+            f"Detach what is carried to the next step, where it is carried:\n{name} = {name}.detach()\n"
+            "# and log losses with loss.item(); do not add retain_graph=True"
+        )
         yield Finding(text, fix=fix, location=Location())
 
 

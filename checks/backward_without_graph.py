@@ -1,4 +1,5 @@
 """backward-without-graph: backward() on a loss that has no autograd graph; why it has none."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -21,7 +22,7 @@ BACKWARD_WITHOUT_GRAPH = Pitfall(
     name="backward-without-graph",
     severity="error",
     summary="backward() on a loss with no autograd graph: the forward ran under no_grad/inference_mode, the "
-            "parameters are frozen, or the loss was rebuilt from detached values.",
+    "parameters are frozen, or the loss was rebuilt from detached values.",
     why="""
         "element 0 of tensors does not require grad and does not have a grad_fn" means the loss is a plain
         number as far as autograd knows. Either the forward ran under `torch.no_grad()` or
@@ -77,29 +78,46 @@ class BackwardWithoutGraph(RuntimeCheck):
         exc = event.exception
         if not isinstance(exc, RuntimeError) or "does not require grad and does not have a grad_fn" not in str(exc):
             return
-        trainable = {wm.label: (sum(p.requires_grad for p in wm.inner.parameters()),
-                                sum(1 for _ in wm.inner.parameters())) for wm in self.ctx.models}
+        trainable = {
+            wm.label: (sum(p.requires_grad for p in wm.inner.parameters()), sum(1 for _ in wm.inner.parameters()))
+            for wm in self.ctx.models
+        }
         lf = self.ctx.last_forward
         facts = []
         if lf is not None:
-            mode = "torch.inference_mode()" if lf.inference_mode else (
-                "gradients enabled" if lf.grad_enabled else "torch.no_grad()")
+            mode = (
+                "torch.inference_mode()"
+                if lf.inference_mode
+                else ("gradients enabled" if lf.grad_enabled else "torch.no_grad()")
+            )
             facts.append(f"the last forward of {lf.label} ran with {mode}")
-        facts += [f"{label} has {n} of {total} parameter tensors with requires_grad=True"
-                  for label, (n, total) in trainable.items()]
+        facts += [
+            f"{label} has {n} of {total} parameter tensors with requires_grad=True"
+            for label, (n, total) in trainable.items()
+        ]
         if lf is not None and (lf.inference_mode or not lf.grad_enabled):
             cause = "the forward ran without gradients"
             block = "torch.inference_mode()" if lf.inference_mode else "torch.no_grad()"
-            fix = (f"Move the training forward and its loss out of the `{block}` block, or remove that decorator "
-                   "from the training function: the loss needs the graph the forward records")
+            fix = (
+                f"Move the training forward and its loss out of the `{block}` block, or remove that decorator "
+                "from the training function: the loss needs the graph the forward records"
+            )
         elif trainable and all(n == 0 for n, _ in trainable.values()):
             cause = "no parameter requires grad: the model is frozen"
             fix = "Unfreeze what should train:\nfor p in model.parameters():\n    p.requires_grad_(True)"
         else:
-            cause = ("the forward kept gradients, so the loss was rebuilt from values without a graph "
-                     "(`.item()`, `.detach()`, numpy, `torch.tensor(...)` of outputs)")
-            fix = ("Build the loss from the model's output tensors:\nloss = criterion(output, target)  "
-                   "# not torch.tensor(loss_value)")
-        yield Finding(f"backward() got a loss without an autograd graph at step {self.ctx.step}: {cause} ("
-                      + "; ".join(facts) + ").", fix=fix,
-                      location=Location(module=lf.label if lf is not None else None))
+            cause = (
+                "the forward kept gradients, so the loss was rebuilt from values without a graph "
+                "(`.item()`, `.detach()`, numpy, `torch.tensor(...)` of outputs)"
+            )
+            fix = (
+                "Build the loss from the model's output tensors:\nloss = criterion(output, target)  "
+                "# not torch.tensor(loss_value)"
+            )
+        yield Finding(
+            f"backward() got a loss without an autograd graph at step {self.ctx.step}: {cause} ("
+            + "; ".join(facts)
+            + ").",
+            fix=fix,
+            location=Location(module=lf.label if lf is not None else None),
+        )

@@ -1,4 +1,5 @@
 """checkpoint-unreadable: part of the checkpoint could not be read (truncated, corrupt, hostile)."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -71,5 +72,6 @@ def checkpoint_unreadable(info: CheckpointInfo) -> Iterator[Finding]:
             key=problem,
         )
     if len(problems) > 10:
-        yield Finding(f"{len(problems) - 10} more unreadable part(s).", fix="As above.",
-                      location=Location(file=info.path))
+        yield Finding(
+            f"{len(problems) - 10} more unreadable part(s).", fix="As above.", location=Location(file=info.path)
+        )

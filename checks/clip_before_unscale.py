@@ -1,4 +1,5 @@
 """clip-before-unscale: gradients clipped while GradScaler still holds them scaled, so the clip does nothing."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -75,9 +76,11 @@ CLIP_BEFORE_UNSCALE = Pitfall(
 )
 
 _CLIPS = ("clip_grad_norm_", "clip_grad_value_")
-_FIX = ("Unscale before clipping: add this line after `scaler.scale(loss).backward()` and before the clip "
-        "(scaler.step then does not unscale again):\n"
-        "scaler.unscale_(optimizer)")
+_FIX = (
+    "Unscale before clipping: add this line after `scaler.scale(loss).backward()` and before the clip "
+    "(scaler.step then does not unscale again):\n"
+    "scaler.unscale_(optimizer)"
+)
 
 
 @CLIP_BEFORE_UNSCALE.runtime
@@ -116,11 +119,16 @@ class ClipBeforeUnscale(RuntimeCheck):
             if getattr(stage, "name", "") != "READY":  # UNSCALED: unscale_ ran before the clip
                 return
             self.reported = True
-            self.ctx.emit(self, Finding(
-                f"Gradients were clipped before scaler.unscale_({wo.label}): the clip measured gradients still "
-                f"multiplied by the loss scale ({scaler.get_scale():g}), so it shrank them far too much and "
-                f"{wo.label}'s updates are about {scaler.get_scale():g} times smaller than intended.",
-                fix=_FIX, location=Location(step=wo.steps)))
+            self.ctx.emit(
+                self,
+                Finding(
+                    f"Gradients were clipped before scaler.unscale_({wo.label}): the clip measured gradients still "
+                    f"multiplied by the loss scale ({scaler.get_scale():g}), so it shrank them far too much and "
+                    f"{wo.label}'s updates are about {scaler.get_scale():g} times smaller than intended.",
+                    fix=_FIX,
+                    location=Location(step=wo.steps),
+                ),
+            )
         except Exception as exc:  # never break the user's scaler.step()
             self.ctx.fault(self, exc)
 
@@ -130,8 +138,9 @@ def clip_before_unscale(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "clip_grad_" not in src.text or ".scale(" not in src.text:
         return
     for scope in src.index.scopes:
-        scalers = {c.receiver for c in scope.calls if c.attr == "scale" and c.receiver} & \
-                  {c.receiver for c in scope.calls if c.attr == "step" and c.receiver and c.node.args}
+        scalers = {c.receiver for c in scope.calls if c.attr == "scale" and c.receiver} & {
+            c.receiver for c in scope.calls if c.attr == "step" and c.receiver and c.node.args
+        }
         for scaler in sorted(s for s in scalers if s is not None):
             scaled = [c.pos for c in scope.calls if c.receiver == scaler and c.attr == "scale"]
             step_calls = [c for c in scope.calls if c.receiver == scaler and c.attr == "step"]
@@ -140,18 +149,25 @@ def clip_before_unscale(src: SourceFile) -> Iterator[Finding]:
             for clip in scope.calls:
                 if clip.attr not in _CLIPS or not (clip.receiver is None or "torch" in clip.qualname):
                     continue
-                if any(p < clip.pos for p in scaled) and any(p > clip.pos for p in steps) \
-                        and not any(p < clip.pos for p in unscales):
+                if (
+                    any(p < clip.pos for p in scaled)
+                    and any(p > clip.pos for p in steps)
+                    and not any(p < clip.pos for p in unscales)
+                ):
                     yield Finding(
                         f"`{src.snippet(clip.node)}` clips the gradients between `{scaler}.scale(...)` and "
                         f"`{scaler}.step(...)` with no `{scaler}.unscale_(...)` before it: it clips gradients "
                         "multiplied by the loss scale, so the updates become far smaller than intended.",
-                        fix=_source_fix(src, scaler, clip, step_calls), location=src.location(clip.node))
+                        fix=_source_fix(src, scaler, clip, step_calls),
+                        location=src.location(clip.node),
+                    )
 
 
 def _source_fix(src: SourceFile, scaler: str, clip: Any, steps: list[Any]) -> str:
     """Unscale with the optimizer the scaler steps, on a line of its own just before the clip."""
     after = [c for c in steps if c.pos > clip.pos]
     optimizer = src.snippet(after[0].node.args[0]) if after and after[0].node.args else "optimizer"
-    return (f"Unscale first: insert this line just before line {clip.node.lineno}, at its indentation:\n"
-            f"{scaler}.unscale_({optimizer})")
+    return (
+        f"Unscale first: insert this line just before line {clip.node.lineno}, at its indentation:\n"
+        f"{scaler}.unscale_({optimizer})"
+    )

@@ -1,4 +1,5 @@
 """collective-timeout: a collective (all_reduce, barrier, ...) timed out: where this rank was, and why ranks part."""
+
 from __future__ import annotations
 
 import re
@@ -12,7 +13,7 @@ COLLECTIVE_TIMEOUT = Pitfall(
     name="collective-timeout",
     severity="error",
     summary="A collective operation timed out: one rank never joined it (a rank-only branch, uneven data, a "
-            "slow rank 0); which rank was where.",
+    "slow rank 0); which rank was where.",
     why="""
         Every rank must call the same collectives in the same order. When one rank skips one (a
         `dist.barrier()` or an `all_reduce` inside `if rank == 0:`), runs out of batches earlier (uneven
@@ -33,8 +34,10 @@ COLLECTIVE_TIMEOUT = Pitfall(
             dist.all_reduce(loss)  # rank 1 never joins this all_reduce
         """,
         setup="import torch\nimport torch.distributed as dist\n",
-        unseen={"runtime": "needs several processes; tests/pitfalls/test_crash_explanations.py raises the "
-                           "error a timed-out collective raises"},
+        unseen={
+            "runtime": "needs several processes; tests/pitfalls/test_crash_explanations.py raises the "
+            "error a timed-out collective raises"
+        },
     ),
     good=Example(
         """
@@ -57,8 +60,11 @@ COLLECTIVE_TIMEOUT = Pitfall(
     },
 )
 
-_TIMEOUT = re.compile(r"collective operation timeout|Timed out waiting|timed out after|Timeout\(ms\)=|"
-                      r"wait timeout|operation timed out", re.I)
+_TIMEOUT = re.compile(
+    r"collective operation timeout|Timed out waiting|timed out after|Timeout\(ms\)=|"
+    r"wait timeout|operation timed out",
+    re.I,
+)
 _OP = re.compile(r"OpType=([A-Z_]+)")
 _SEQ = re.compile(r"SeqNum=(\d+)")
 _MS = re.compile(r"Timeout\(ms\)=(\d+)|waiting (\d+)ms")
@@ -86,22 +92,29 @@ class CollectiveTimeout(RuntimeCheck):
         steps = ", ".join(f"{wo.label} {wo.steps} steps" for wo in self.ctx.optimizers) or "no optimizer step yet"
         who = f"rank {rank}" + (f" of {world}" if world else "") if rank is not None else "this process"
         yield Finding(
-            f"{what.capitalize()} timed out" + (f" after {int(waited) / 1000:g} s" if waited else "")
+            f"{what.capitalize()} timed out"
+            + (f" after {int(waited) / 1000:g} s" if waited else "")
             + f" on {who}, which had done {steps}: another rank did not join it. Compare the ranks' reports: "
             "the rank that is behind (fewer steps) or absent is the one that skipped or is stuck before this "
             "collective.",
             fix="Call collectives on every rank, outside rank-only branches, and give every rank the same number "
-                "of batches:\nsampler = DistributedSampler(dataset, drop_last=True)\n"
-                "# long work on rank 0 only: follow it with dist.barrier() on every rank, or raise the timeout",
-            location=Location(rank=rank))
+            "of batches:\nsampler = DistributedSampler(dataset, drop_last=True)\n"
+            "# long work on rank 0 only: follow it with dist.barrier() on every rank, or raise the timeout",
+            location=Location(rank=rank),
+        )
 
 
 def _is_distributed(exc: BaseException) -> bool:
     """A c10d error (DistBackendError and friends) or a RuntimeError from a backend."""
     kind = type(exc)
-    return kind.__module__.startswith("torch.distributed") or "Dist" in kind.__name__ or (
-        isinstance(exc, RuntimeError) and any(w in str(exc) for w in ("gloo", "NCCL", "c10d", "ProcessGroup",
-                                                                       "Watchdog")))
+    return (
+        kind.__module__.startswith("torch.distributed")
+        or "Dist" in kind.__name__
+        or (
+            isinstance(exc, RuntimeError)
+            and any(w in str(exc) for w in ("gloo", "NCCL", "c10d", "ProcessGroup", "Watchdog"))
+        )
+    )
 
 
 def _int(value: "str | None") -> "int | None":

@@ -1,4 +1,5 @@
 """companion-version-mismatch: torchvision/torchaudio/torchtext (or another package) built for another torch."""
+
 from __future__ import annotations
 
 import platform
@@ -14,8 +15,11 @@ from ._envutil import MACHINE_STATE, base_version, local_tag, major_minor, pip, 
 # The companion release series published for each torch 2.m (PyPI, November 2026); None: no release exists.
 # tests/env/test_env_checks.py fails when the installed torch is newer than this table: extend it then.
 COMPANION_RELEASES: dict[int, dict[str, Optional[str]]] = {
-    m: {"torchvision": f"0.{m + 15}", "torchaudio": f"2.{m}" if m <= 11 else None,
-        "torchtext": f"0.{m + 15}" if m <= 3 else None}
+    m: {
+        "torchvision": f"0.{m + 15}",
+        "torchaudio": f"2.{m}" if m <= 11 else None,
+        "torchtext": f"0.{m + 15}" if m <= 3 else None,
+    }
     for m in range(0, 15)
 }
 COMPANION_MINOR_OFFSET = ("torchvision", "torchaudio", "torchtext")  # companions built for one torch release
@@ -151,9 +155,12 @@ def companion_problems(facts: EnvFacts) -> "dict[str, list[str]]":
                 pass
         want, known = _matching_companion(name, torch_version)
         if known and (want is None or major_minor(version) != major_minor(want)):
-            problems.append(f"is the release for another torch (torch {base} goes with {name} {want}.*)"
-                            if want else f"is the release for another torch (no {name} release exists for "
-                                         f"torch {'.'.join(base.split('.')[:2])})")
+            problems.append(
+                f"is the release for another torch (torch {base} goes with {name} {want}.*)"
+                if want
+                else f"is the release for another torch (no {name} release exists for "
+                f"torch {'.'.join(base.split('.')[:2])})"
+            )
         variant = _variant_problem(name, ours, local_tag(version))
         if variant:
             problems.append(variant)
@@ -166,8 +173,11 @@ def _sentence(name: str, version: str, problems: list[str], torch_version: str) 
     """`name version` with its problems as one readable sentence (two at most joined by "and")."""
     if len(problems) <= 2:
         return f"{name} {version} {' and '.join(problems)}, but torch {torch_version} is installed."
-    return (f"{name} {version} does not go with torch {torch_version}: it "
-            + "; it ".join(problems[:-1]) + f"; and it {problems[-1]}.")
+    return (
+        f"{name} {version} does not go with torch {torch_version}: it "
+        + "; it ".join(problems[:-1])
+        + f"; and it {problems[-1]}."
+    )
 
 
 @COMPANION_VERSION_MISMATCH.env
@@ -192,19 +202,30 @@ def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
         else:
             target = f'"{name}"  # the {name} release matching torch {base}'
         index = f" --index-url https://download.pytorch.org/whl/{ours}" if ours else ""
-        seen = (f" Importing it fails: {error}." if error else
-                " Importing it fails with 'RuntimeError: operator torchvision::nms does not exist'."
-                if name == "torchvision" else "")
-        also = [f"{u.dist} {u.version} requires {u.requirement}" for u in facts.unmet_requirements
-                if canonicalize_name(u.requirement_name) == name]
+        seen = (
+            f" Importing it fails: {error}."
+            if error
+            else " Importing it fails with 'RuntimeError: operator torchvision::nms does not exist'."
+            if name == "torchvision"
+            else ""
+        )
+        also = [
+            f"{u.dist} {u.version} requires {u.requirement}"
+            for u in facts.unmet_requirements
+            if canonicalize_name(u.requirement_name) == name
+        ]
         if also:
             seen += f" Also (pip check): {'; '.join(also)}."
         if target:
-            fix = f"Install the matching release from the same index as torch, keeping torch: " \
-                  f"{pip(facts)} install {torch_pin(facts)} {target.split('  #')[0]}{index}"
+            fix = (
+                f"Install the matching release from the same index as torch, keeping torch: "
+                f"{pip(facts)} install {torch_pin(facts)} {target.split('  #')[0]}{index}"
+            )
             if not want:
                 fix += f" (pick the {name} release matching torch {base}; see its release notes)"
         else:
-            fix = f"No {name} release exists for this torch: {pip(facts)} uninstall {name}, or install the torch " \
-                  f"release it was built for."
+            fix = (
+                f"No {name} release exists for this torch: {pip(facts)} uninstall {name}, or install the torch "
+                f"release it was built for."
+            )
         yield Finding(_sentence(name, version, problems, torch_version) + seen, fix=fix, key=name)

@@ -1,4 +1,5 @@
 """cpu-only-build: a CPU-only torch build on a machine with an NVIDIA driver or GPU."""
+
 from __future__ import annotations
 
 from typing import Iterator

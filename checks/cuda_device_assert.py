@@ -1,4 +1,5 @@
 """cuda-device-assert: a device-side assert (or CPU's index error), most often a label or token id out of range."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional
@@ -21,7 +22,7 @@ CUDA_DEVICE_ASSERT = Pitfall(
     name="cuda-device-assert",
     severity="error",
     summary="A CUDA device-side assert (on the CPU: an index out of bounds): most often a class label or a "
-            "token id that is not smaller than the classifier's output size or the vocabulary.",
+    "token id that is not smaller than the classifier's output size or the vocabulary.",
     why="""
         `RuntimeError: CUDA error: device-side assert triggered` comes from a kernel that checked an index,
         and CUDA reports it later, at whatever line next synchronises, so the traceback points at the wrong
@@ -134,8 +135,14 @@ class CudaDeviceAssert(RuntimeCheck):
 
         chain = list(evidence.iter_exceptions(event.exception))
         cuda = any("device-side assert triggered" in str(e) for e in chain)
-        cpu = next((e for e in chain if isinstance(e, IndexError) and
-                    ("out of bounds" in str(e) or "index out of range" in str(e))), None)
+        cpu = next(
+            (
+                e
+                for e in chain
+                if isinstance(e, IndexError) and ("out of bounds" in str(e) or "index out of range" in str(e))
+            ),
+            None,
+        )
         if cuda:
             yield self._from_batches()
         elif cpu is not None:
@@ -150,58 +157,87 @@ class CudaDeviceAssert(RuntimeCheck):
         for frame in reversed(evidence.frames(exc)):
             f = frame.f_locals
             target, inp, weight = f.get("target"), f.get("input"), f.get("weight")
-            if isinstance(target, torch.Tensor) and isinstance(inp, torch.Tensor) and not target.is_floating_point() \
-                    and inp.dim() >= 1:
+            if (
+                isinstance(target, torch.Tensor)
+                and isinstance(inp, torch.Tensor)
+                and not target.is_floating_point()
+                and inp.dim() >= 1
+            ):
                 classes = int(inp.shape[1] if inp.dim() > 1 else inp.shape[0])
                 low, high = int(target.min()), int(target.max())
                 return self._labels(low, high, classes, "the targets of the failing loss", frame.f_code.co_name)
-            if frame.f_code.co_name == "embedding" and isinstance(inp, torch.Tensor) \
-                    and isinstance(weight, torch.Tensor):
+            if (
+                frame.f_code.co_name == "embedding"
+                and isinstance(inp, torch.Tensor)
+                and isinstance(weight, torch.Tensor)
+            ):
                 return self._ids(int(inp.min()), int(inp.max()), int(weight.shape[0]), "the ids given to the embedding")
         return None
 
     def _labels(self, low: int, high: int, classes: int, what: str, where: str) -> Finding:
         off_by_one = low >= 1 and high == classes
-        text = (f"{what.capitalize()} ({where}) range from {low} to {high}, but the output has {classes} classes "
-                f"(valid labels 0..{classes - 1}) at step {self.ctx.step}"
-                + (": the labels look numbered from 1." if off_by_one else "."))
-        fix = ("Shift labels numbered from 1 to start at 0:\ny = y - 1" if off_by_one else
-               f"Give the head one output per class (num_classes = {high + 1} for these labels), or map the labels "
-               f"into 0..{classes - 1}:\nassert 0 <= y.min() and y.max() < num_classes")
+        text = (
+            f"{what.capitalize()} ({where}) range from {low} to {high}, but the output has {classes} classes "
+            f"(valid labels 0..{classes - 1}) at step {self.ctx.step}"
+            + (": the labels look numbered from 1." if off_by_one else ".")
+        )
+        fix = (
+            "Shift labels numbered from 1 to start at 0:\ny = y - 1"
+            if off_by_one
+            else f"Give the head one output per class (num_classes = {high + 1} for these labels), or map the labels "
+            f"into 0..{classes - 1}:\nassert 0 <= y.min() and y.max() < num_classes"
+        )
         return Finding(text, fix=fix)
 
     def _ids(self, low: int, high: int, size: int, what: str) -> Finding:
-        return Finding(f"{what.capitalize()} range from {low} to {high}, but it has {size} rows (valid ids "
-                       f"0..{size - 1}) at step {self.ctx.step}: the tokenizer (or the data) has a larger "
-                       "vocabulary than the model.",
-                       fix="Size the embedding for the tokenizer (a Hugging Face model: "
-                           "model.resize_token_embeddings(len(tokenizer))):\n"
-                           "embedding = nn.Embedding(len(tokenizer), dim)")
+        return Finding(
+            f"{what.capitalize()} range from {low} to {high}, but it has {size} rows (valid ids "
+            f"0..{size - 1}) at step {self.ctx.step}: the tokenizer (or the data) has a larger "
+            "vocabulary than the model.",
+            fix="Size the embedding for the tokenizer (a Hugging Face model: "
+            "model.resize_token_embeddings(len(tokenizer))):\n"
+            "embedding = nn.Embedding(len(tokenizer), dim)",
+        )
 
     def _from_batches(self) -> Finding:
         """CUDA: the tensors are unreadable now; compare what the batches held with the models' sizes."""
         from torch import nn
 
-        embeddings = {wm.label: min(m.num_embeddings for m in wm.inner.modules() if isinstance(m, nn.Embedding))
-                      for wm in self.ctx.models if any(isinstance(m, nn.Embedding) for m in wm.inner.modules())}
+        embeddings = {
+            wm.label: min(m.num_embeddings for m in wm.inner.modules() if isinstance(m, nn.Embedding))
+            for wm in self.ctx.models
+            if any(isinstance(m, nn.Embedding) for m in wm.inner.modules())
+        }
         clues = []
         for where, (low, high) in self.seen.items():
             for label, classes in self.outputs.items():
                 if high >= classes and high < 4 * classes + 8:  # a label just past the head, not token ids
-                    clues.append(f"{where} held values up to {high} but {label} outputs {classes} classes "
-                                 f"(valid labels 0..{classes - 1})")
+                    clues.append(
+                        f"{where} held values up to {high} but {label} outputs {classes} classes "
+                        f"(valid labels 0..{classes - 1})"
+                    )
             for label, size in embeddings.items():
                 if high >= size:
                     clues.append(f"{where} held ids up to {high} but {label}'s smallest embedding has {size} rows")
             if low < 0 and low != -100:
-                clues.append(f"{where} held negative values (down to {low}): -1 is not ignored unless "
-                             "ignore_index=-1")
+                clues.append(f"{where} held negative values (down to {low}): -1 is not ignored unless ignore_index=-1")
         sizes = ", ".join(f"{label} outputs {n}" for label, n in self.outputs.items())
-        text = (f"A CUDA device-side assert at step {self.ctx.step} (the traceback may point past the kernel that "
-                "failed). " + ("; ".join(clues) + "." if clues else
-                               "The usual cause is a label >= the number of classes or a token id >= the "
-                               "vocabulary" + (f" ({sizes})" if sizes else "") + "."))
-        return Finding(text, fix=("Locate it: run once with synchronous kernels (`CUDA_LAUNCH_BLOCKING=1 python "
-                                  "train.py`), which report the failing line exactly, and check the labels on the "
-                                  "CPU, where the batch is made:\nassert 0 <= y.min() and y.max() < num_classes"),
-                       location=Location(device="cuda"))
+        text = (
+            f"A CUDA device-side assert at step {self.ctx.step} (the traceback may point past the kernel that "
+            "failed). "
+            + (
+                "; ".join(clues) + "."
+                if clues
+                else "The usual cause is a label >= the number of classes or a token id >= the "
+                "vocabulary" + (f" ({sizes})" if sizes else "") + "."
+            )
+        )
+        return Finding(
+            text,
+            fix=(
+                "Locate it: run once with synchronous kernels (`CUDA_LAUNCH_BLOCKING=1 python "
+                "train.py`), which report the failing line exactly, and check the labels on the "
+                "CPU, where the batch is made:\nassert 0 <= y.min() and y.max() < num_classes"
+            ),
+            location=Location(device="cuda"),
+        )

@@ -1,4 +1,5 @@
 """cuda-tensors: tensors were saved on a GPU, so loading on a CPU-only or smaller machine fails."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -39,8 +40,10 @@ CUDA_TENSORS = Pitfall(
             # torch.load("ckpt.pt") on a CPU-only machine -> "Attempting to deserialize object on a CUDA device"
         """,
         setup=MODEL_SETUP,
-        unseen={"checkpoint": "it is not run, since no CUDA tensor can be created on the CPU-only machines that run "
-                              "the examples; on a GPU machine `check-ckpt` reports the file it writes."},
+        unseen={
+            "checkpoint": "it is not run, since no CUDA tensor can be created on the CPU-only machines that run "
+            "the examples; on a GPU machine `check-ckpt` reports the file it writes."
+        },
     ),
     good=Example(
         """
@@ -65,9 +68,11 @@ def cuda_tensors(info: CheckpointInfo) -> Iterator[Finding]:
         return
     listed = ", ".join(f"{n} on {d}" for d, n in sorted(devices.items()))
     others = [d for d in devices if d != "cuda:0"]
-    message = (f"{sum(devices.values())} tensor(s) were saved on accelerators ({listed}). On a CPU-only machine "
-               "torch.load raises \"Attempting to deserialize object on a CUDA device but "
-               "torch.cuda.is_available() is False\".")
+    message = (
+        f"{sum(devices.values())} tensor(s) were saved on accelerators ({listed}). On a CPU-only machine "
+        'torch.load raises "Attempting to deserialize object on a CUDA device but '
+        'torch.cuda.is_available() is False".'
+    )
     fix = f"torch.load({info.path!r}, map_location='cpu')"
     if any(d.startswith("cuda:") and d != "cuda:0" for d in others):
         message += " Tensors on cuda:1 or higher also fail on machines with fewer GPUs."
@@ -75,5 +80,9 @@ def cuda_tensors(info: CheckpointInfo) -> Iterator[Finding]:
         fix += f"  # or map_location={{{remap}}}"
     fix += f"\nor write a CPU copy: torchdoctor check-ckpt {info.path} --fix cpu.pt"
     device = sorted(devices)[0]
-    yield Finding(message, fix=fix, location=Location(file=info.path, key=first[device], device=device),
-                  severity=Severity.WARNING if others else Severity.INFO)
+    yield Finding(
+        message,
+        fix=fix,
+        location=Location(file=info.path, key=first[device], device=device),
+        severity=Severity.WARNING if others else Severity.INFO,
+    )

@@ -1,4 +1,5 @@
 """cuda-toolkit-mismatch: nvcc's CUDA major version differs from torch's, so extension builds fail."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -97,6 +98,6 @@ def cuda_toolkit_mismatch(facts: EnvFacts) -> Iterator[Finding]:
         "'The detected CUDA version mismatches the version that was used to compile PyTorch'."
         + (" CUDA_HOME/CUDA_PATH points at it, so extension builds will use it." if explicit else ""),
         fix=f"Point CUDA_HOME at a CUDA {torch_cuda[0]}.x toolkit before building extensions, e.g. "
-            f"`export CUDA_HOME=/usr/local/cuda-{torch_cuda[0]}.{torch_cuda[1]}`",
+        f"`export CUDA_HOME=/usr/local/cuda-{torch_cuda[0]}.{torch_cuda[1]}`",
         severity=Severity.WARNING if explicit else Severity.INFO,
     )

@@ -1,4 +1,5 @@
 """cuda-visible-devices: CUDA_VISIBLE_DEVICES malformed or naming absent GPUs; GPU order unlike nvidia-smi's."""
+
 from __future__ import annotations
 
 import re
@@ -9,7 +10,9 @@ from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
 
-_VISIBLE_TOKEN = re.compile(r"^(\s*\d+\s*|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+)$")  # CUDA skips blanks around indices only
+_VISIBLE_TOKEN = re.compile(
+    r"^(\s*\d+\s*|GPU-[0-9a-fA-F-]+|MIG-[0-9a-zA-Z/-]+)$"
+)  # CUDA skips blanks around indices only
 
 CUDA_VISIBLE_DEVICES = Pitfall(
     code="TD109",
@@ -99,16 +102,24 @@ def cuda_visible_devices(facts: EnvFacts) -> Iterator[Finding]:
             stripped = [t.strip() for t in tokens]
             dupes = sorted({t for t in stripped if stripped.count(t) > 1})
             if bad is not None or dupes:
-                reason = (f"CUDA stops reading at the invalid entry {bad!r}, so the GPUs after it are hidden"
-                          if bad is not None else f"it lists {', '.join(dupes)} twice, which makes CUDA see no GPU at all")
+                reason = (
+                    f"CUDA stops reading at the invalid entry {bad!r}, so the GPUs after it are hidden"
+                    if bad is not None
+                    else f"it lists {', '.join(dupes)} twice, which makes CUDA see no GPU at all"
+                )
                 yield Finding(
                     f"CUDA_VISIBLE_DEVICES={value!r} is malformed: {reason}.",
-                    fix="List GPU indices or full UUIDs (`nvidia-smi -L`), comma-separated, e.g. CUDA_VISIBLE_DEVICES=0,1",
+                    fix="List GPU indices or full UUIDs (`nvidia-smi -L`), comma-separated, e.g. "
+                    "CUDA_VISIBLE_DEVICES=0,1",
                 )
             elif gpus:
                 uuids = {g.uuid for g in gpus if g.uuid}
-                absent = [t for t in stripped if (t.isdigit() and int(t) >= len(gpus))
-                          or (t.startswith("GPU-") and uuids and not any(u.startswith(t) for u in uuids))]
+                absent = [
+                    t
+                    for t in stripped
+                    if (t.isdigit() and int(t) >= len(gpus))
+                    or (t.startswith("GPU-") and uuids and not any(u.startswith(t) for u in uuids))
+                ]
                 if absent:
                     yield Finding(
                         f"CUDA_VISIBLE_DEVICES={value!r} names {', '.join(absent)}, but this machine has "

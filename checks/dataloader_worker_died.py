@@ -1,4 +1,5 @@
 """dataloader-worker-died: a DataLoader worker process died (bus error: shared memory; killed: RAM)."""
+
 from __future__ import annotations
 
 import re
@@ -31,7 +32,7 @@ DATALOADER_WORKER_DIED = Pitfall(
     name="dataloader-worker-died",
     severity="error",
     summary="A DataLoader worker process died: a bus error means shared memory (/dev/shm) ran out, a kill "
-            "means RAM ran out.",
+    "means RAM ran out.",
     why="""
         DataLoader workers hand every batch to the training process through shared memory (`/dev/shm`).
         Docker gives a container 64 MiB of it by default, so a few batches of images are enough: the worker
@@ -101,9 +102,11 @@ class DataLoaderWorkerDied(RuntimeCheck):
             self.workers = int(loader.num_workers)
             size = getattr(loader, "batch_size", None)
             self.batch = str(size) if isinstance(size, int) else "batch_size"
-            self.settings = (f" (the DataLoader had num_workers={loader.num_workers}, "
-                             f"batch_size={getattr(loader, 'batch_size', None)}"
-                             f"{', pin_memory=True' if getattr(loader, 'pin_memory', False) else ''})")
+            self.settings = (
+                f" (the DataLoader had num_workers={loader.num_workers}, "
+                f"batch_size={getattr(loader, 'batch_size', None)}"
+                f"{', pin_memory=True' if getattr(loader, 'pin_memory', False) else ''})"
+            )
 
     def on_crash(self, event: CrashEvent) -> Iterator[Finding]:
         from torchdoctor.sdk.runtime import evidence
@@ -112,24 +115,42 @@ class DataLoaderWorkerDied(RuntimeCheck):
         if not any(isinstance(e, RuntimeError) and _DIED.search(str(e)) for e in chain):
             return
         signal = next((m.group(1).strip() for e in chain if (m := _SIGNAL.search(str(e)))), None)
-        head = (f"A DataLoader worker died at step {self.ctx.step}" + (f", killed by signal {signal}" if signal else "")
-                + self.settings)
+        head = (
+            f"A DataLoader worker died at step {self.ctx.step}"
+            + (f", killed by signal {signal}" if signal else "")
+            + self.settings
+        )
         if signal == "Bus error":
-            yield Finding(head + ": " + _shm_text(), fix=(
-                "Give the container more shared memory (`docker run --shm-size=8g ...` or `--ipc=host`), or "
-                "make the batches in the training process, which needs no shared memory (slower):\n"
-                f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)"),
-                location=Location(file="/dev/shm"))
+            yield Finding(
+                head + ": " + _shm_text(),
+                fix=(
+                    "Give the container more shared memory (`docker run --shm-size=8g ...` or `--ipc=host`), or "
+                    "make the batches in the training process, which needs no shared memory (slower):\n"
+                    f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)"
+                ),
+                location=Location(file="/dev/shm"),
+            )
         elif signal == "Killed":
-            yield Finding(head + ": " + _ram_text(), fix=(
-                "Use fewer workers, and keep the dataset's bulk data in numpy arrays or memory-mapped files "
-                "(Python lists of objects are copied into every worker as their reference counts change):\n"
-                f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers={self.workers // 2})"))
+            yield Finding(
+                head + ": " + _ram_text(),
+                fix=(
+                    "Use fewer workers, and keep the dataset's bulk data in numpy arrays or memory-mapped files "
+                    "(Python lists of objects are copied into every worker as their reference counts change):\n"
+                    f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers={self.workers // 2})"
+                ),
+            )
         else:
-            yield Finding(head + ": the worker ended without saying why"
-                          + (f" ({signal})" if signal else "") + ". " + _shm_text() + " " + _ram_text(),
-                          fix="Run once with the workers in-process to see the worker's own error:\n"
-                              f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)")
+            yield Finding(
+                head
+                + ": the worker ended without saying why"
+                + (f" ({signal})" if signal else "")
+                + ". "
+                + _shm_text()
+                + " "
+                + _ram_text(),
+                fix="Run once with the workers in-process to see the worker's own error:\n"
+                f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)",
+            )
 
 
 def _shm_text() -> str:
@@ -140,13 +161,17 @@ def _shm_text() -> str:
     except OSError:
         return "/dev/shm could not be measured."
     small = " — Docker's default, too small for batches of images" if usage.total <= 64 << 20 else ""
-    return (f"/dev/shm, through which workers hand over batches, is {byte_size(usage.total)} "
-            f"({byte_size(usage.free)} free now){small}.")
+    return (
+        f"/dev/shm, through which workers hand over batches, is {byte_size(usage.total)} "
+        f"({byte_size(usage.free)} free now){small}."
+    )
 
 
 def _ram_text() -> str:
     import psutil
 
     ram = psutil.virtual_memory()
-    return (f"the kernel ended it, which it does when memory runs out: RAM {byte_size(ram.total)}, "
-            f"{byte_size(ram.available)} available now.")
+    return (
+        f"the kernel ended it, which it does when memory runs out: RAM {byte_size(ram.total)}, "
+        f"{byte_size(ram.available)} available now."
+    )

@@ -1,4 +1,5 @@
 """dataparallel-device: an nn.DataParallel whose module is not on device_ids[0] fails at its first forward."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -6,8 +7,10 @@ from typing import Any, Iterator
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, wrapper_chain
 
-_NEEDS_GPUS = ("it takes two GPUs, and the examples run on the CPU, where `nn.DataParallel` keeps no device ids "
-               "and just calls the module, so there is nothing to check.")
+_NEEDS_GPUS = (
+    "it takes two GPUs, and the examples run on the CPU, where `nn.DataParallel` keeps no device ids "
+    "and just calls the module, so there is nothing to check."
+)
 
 DATAPARALLEL_DEVICE = Pitfall(
     code="TD313",
@@ -69,7 +72,8 @@ class DataParallelDevice(RuntimeCheck):
             f"{len(named)} parameters/buffers are not on {source} (e.g. `{name}` on {tensor.device}): forward() "
             "will fail with 'module must have its parameters and buffers on device'.",
             fix="Move the model to the first device, then wrap it (and build the optimizer from it):\n"
-                "model = model.to('cuda:0')\n"
-                "model = nn.DataParallel(model, device_ids=[0, 1])\n"
-                "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
-            location=Location(module=label, param=name, device=str(tensor.device)))
+            "model = model.to('cuda:0')\n"
+            "model = nn.DataParallel(model, device_ids=[0, 1])\n"
+            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+            location=Location(module=label, param=name, device=str(tensor.device)),
+        )

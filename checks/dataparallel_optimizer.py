@@ -1,4 +1,5 @@
 """dataparallel-optimizer: an optimizer wrapped in DataParallel/DistributedDataParallel, which only wrap modules."""
+
 from __future__ import annotations
 
 import ast
@@ -70,12 +71,36 @@ def dataparallel_optimizer(src: SourceFile) -> Iterator[Finding]:
 def _fix(src: SourceFile, scope: Any, call: Any, optimizer: Optional[str]) -> str:
     """Wrap the model where the optimizer was wrapped, then build the optimizer again as it was built."""
     wrapper = src.segment(call.node.func)
-    built = [b for b in scope.bindings if b.target == optimizer and b.value is not None and b.value is not call.node
-             and isinstance(b.value, ast.Call) and b.pos < (call.node.lineno, call.node.col_offset)]
-    model = next((ref(a.func.value) for b in built[-1:] for a in ast.walk(b.value)
-                  if isinstance(a, ast.Call) and isinstance(a.func, ast.Attribute) and a.func.attr == "parameters"
-                  and ref(a.func.value)), None) or "model"
-    rebuild = (f"{optimizer} = {src.segment(built[-1].value)}" if built
-               else f"{optimizer} = torch.optim.SGD({model}.parameters(), lr=0.1)  # with your optimizer's arguments")
-    return (f"Wrap the model instead, on line {call.node.lineno}, then build the optimizer again from it:\n"
-            f"{model} = {wrapper}({model})\n{rebuild}")
+    built = [
+        b
+        for b in scope.bindings
+        if b.target == optimizer
+        and b.value is not None
+        and b.value is not call.node
+        and isinstance(b.value, ast.Call)
+        and b.pos < (call.node.lineno, call.node.col_offset)
+    ]
+    model = (
+        next(
+            (
+                ref(a.func.value)
+                for b in built[-1:]
+                for a in ast.walk(b.value)
+                if isinstance(a, ast.Call)
+                and isinstance(a.func, ast.Attribute)
+                and a.func.attr == "parameters"
+                and ref(a.func.value)
+            ),
+            None,
+        )
+        or "model"
+    )
+    rebuild = (
+        f"{optimizer} = {src.segment(built[-1].value)}"
+        if built
+        else f"{optimizer} = torch.optim.SGD({model}.parameters(), lr=0.1)  # with your optimizer's arguments"
+    )
+    return (
+        f"Wrap the model instead, on line {call.node.lineno}, then build the optimizer again from it:\n"
+        f"{model} = {wrapper}({model})\n{rebuild}"
+    )

@@ -1,21 +1,25 @@
 """dataparallel-slow: nn.DataParallel over several GPUs, where DistributedDataParallel is faster and balanced."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ._perf import ms
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, wrapper_chain
 
-_NEEDS_GPUS = ("it takes two GPUs (on the CPU `nn.DataParallel` keeps no device ids and just calls the module) and, "
-               "for the fix, one process per GPU launched by torchrun.")
+from ._perf import ms
+
+_NEEDS_GPUS = (
+    "it takes two GPUs (on the CPU `nn.DataParallel` keeps no device ids and just calls the module) and, "
+    "for the fix, one process per GPU launched by torchrun."
+)
 
 DATAPARALLEL_SLOW = Pitfall(
     code="TD343",
     name="dataparallel-slow",
     severity="info",
     summary="nn.DataParallel trains on several GPUs from one process: slower and less balanced than "
-            "DistributedDataParallel.",
+    "DistributedDataParallel.",
     why="""
         `nn.DataParallel` runs every GPU from one Python process: at every forward it copies the model from the
         first GPU to the others, splits the batch, runs the replicas in threads that share one GIL, and gathers
@@ -92,17 +96,20 @@ class DataParallelSlow(RuntimeCheck):
         if rows:
             forward = sorted(r[FORWARD] for r in rows)[len(rows) // 2]
             step = sorted(r[-1] for r in rows)[len(rows) // 2]
-            measured = (f" Here the forward (replicate, scatter, run, gather) took {ms(forward)} of a {ms(step)} "
-                        f"step (median over {len(rows)} steps).")
+            measured = (
+                f" Here the forward (replicate, scatter, run, gather) took {ms(forward)} of a {ms(step)} "
+                f"step (median over {len(rows)} steps)."
+            )
         return Finding(
             f"{label} is wrapped in nn.DataParallel over {gpus} GPUs: one process copies the model to every GPU "
             f"at each forward and gathers every output on GPU {dp.device_ids[0]}, which also runs the loss and "
             f"the optimizer; DistributedDataParallel (one process per GPU) is faster and balanced.{measured}",
             fix=f"Run one process per GPU: torchrun --nproc_per_node={gpus} train.py, and in train.py:\n"
-                "torch.distributed.init_process_group(\"nccl\")\n"
-                "rank = int(os.environ[\"LOCAL_RANK\"])\n"
-                "torch.cuda.set_device(rank)\n"
-                "model = nn.parallel.DistributedDataParallel(model.to(rank), device_ids=[rank])\n"
-                "loader = DataLoader(dataset, batch_size=batch_size // world_size, "
-                "sampler=DistributedSampler(dataset))",
-            location=Location(module=label))
+            'torch.distributed.init_process_group("nccl")\n'
+            'rank = int(os.environ["LOCAL_RANK"])\n'
+            "torch.cuda.set_device(rank)\n"
+            "model = nn.parallel.DistributedDataParallel(model.to(rank), device_ids=[rank])\n"
+            "loader = DataLoader(dataset, batch_size=batch_size // world_size, "
+            "sampler=DistributedSampler(dataset))",
+            location=Location(module=label),
+        )

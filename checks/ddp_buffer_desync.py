@@ -1,4 +1,5 @@
 """ddp-buffer-desync: buffers (BatchNorm running statistics, masks, counters) differ across DDP ranks."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
@@ -88,9 +89,13 @@ def _batchnorm_buffers(ex: "RankExchange") -> set[str]:
     from torch.nn.modules.batchnorm import _BatchNorm
 
     prefix_of = {id(wm): (f"{wm.label}." if len(ex.models) > 1 else "") for wm, _ in ex.models}
-    return {f"{prefix_of[id(wm)]}{mod}.{b}" if mod else f"{prefix_of[id(wm)]}{b}"
-            for wm, _ in ex.models for mod, m in wm.inner.named_modules() if isinstance(m, _BatchNorm)
-            for b, _ in m.named_buffers(recurse=False)}
+    return {
+        f"{prefix_of[id(wm)]}{mod}.{b}" if mod else f"{prefix_of[id(wm)]}{b}"
+        for wm, _ in ex.models
+        for mod, m in wm.inner.named_modules()
+        if isinstance(m, _BatchNorm)
+        for b, _ in m.named_buffers(recurse=False)
+    }
 
 
 @DDP_BUFFER_DESYNC.distributed
@@ -111,18 +116,29 @@ class DDPBufferDesync(FingerprintedInForward):
         self.reported = True
         batchnorm = _batchnorm_buffers(self.ex)
         only_bn = all(name in batchnorm for name, *_ in diffs)
-        unsynced = [label for label, ddp in ((wm.label, ddp) for wm, ddp in self.ex.models)
-                    if not getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", True))]
-        why = (f" DistributedDataParallel({', '.join(unsynced)}) was built with broadcast_buffers=False, so every "
-               "rank keeps its own buffers." if unsynced else
-               " Something writes them differently per rank outside forward, after DDP's broadcast.")
+        unsynced = [
+            label
+            for label, ddp in ((wm.label, ddp) for wm, ddp in self.ex.models)
+            if not getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", True))
+        ]
+        why = (
+            f" DistributedDataParallel({', '.join(unsynced)}) was built with broadcast_buffers=False, so every "
+            "rank keeps its own buffers."
+            if unsynced
+            else " Something writes them differently per rank outside forward, after DDP's broadcast."
+        )
         yield Finding(
             f"{len(diffs)} buffer(s) differ between rank 0 and {ranks_of(diffs)} at step {rnd.step}: {listing(diffs)}."
             f"{why} Evaluation and checkpoints then depend on which rank they come from"
-            + (" (if you average them before evaluating and saving, e.g. timm's distribute_bn, this is expected)."
-               if only_bn else "; a mask or counter that differs makes the ranks compute different models."),
+            + (
+                " (if you average them before evaluating and saving, e.g. timm's distribute_bn, this is expected)."
+                if only_bn
+                else "; a mask or counter that differs makes the ranks compute different models."
+            ),
             fix="Keep the buffers identical on every rank:\n"
-                "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics over all ranks' batches\n"
-                "model = DDP(model, device_ids=[local_rank])  # broadcast_buffers=True (the default) syncs them each forward",
+            "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics over all ranks' batches\n"
+            "model = DDP(model, device_ids=[local_rank])  # broadcast_buffers=True (the default) syncs them each "
+            "forward",
             location=Location(key=diffs[0][0], step=rnd.step),
-            severity=Severity.WARNING if only_bn else Severity.ERROR)
+            severity=Severity.WARNING if only_bn else Severity.ERROR,
+        )

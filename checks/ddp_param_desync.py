@@ -1,4 +1,5 @@
 """ddp-param-desync: parameters differ across DDP ranks because something changed them outside DDP's update."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -9,11 +10,14 @@ from torchdoctor.sdk.runtime import StepEvent
 from ._cross_rank import CrossRankCheck, differing, listing, ranks_of
 from ._ddp_examples import DDP_SETUP, UNSEEN
 
-_PRETRAINED = DDP_SETUP + """
+_PRETRAINED = (
+    DDP_SETUP
+    + """
 pretrained = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
 torch.save(pretrained.state_dict(), "pretrained.pt")
 loader = DataLoader(dataset, batch_size=16, sampler=DistributedSampler(dataset))
 """
+)
 
 DDP_PARAM_DESYNC = Pitfall(
     code="TD402",
@@ -94,8 +98,9 @@ class DDPParamDesync(CrossRankCheck):
             "only (an update under `if rank == 0:`, a checkpoint loaded on one rank after wrapping, a per-rank "
             "learning rate or optimizer), so the ranks now train different models.",
             fix="Change parameters identically on every rank; load checkpoints on every rank before wrapping in DDP,\n"
-                "or copy rank 0's values to all ranks:\n"
-                "with torch.no_grad():\n"
-                "    for p in model.module.parameters():\n"
-                "        dist.broadcast(p, src=0)",
-            location=Location(param=diffs[0][0], step=rnd.step))
+            "or copy rank 0's values to all ranks:\n"
+            "with torch.no_grad():\n"
+            "    for p in model.module.parameters():\n"
+            "        dist.broadcast(p, src=0)",
+            location=Location(param=diffs[0][0], step=rnd.step),
+        )

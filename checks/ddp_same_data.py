@@ -1,4 +1,5 @@
 """ddp-same-data: every rank receives the identical batch, so N ranks do the work of one."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional
@@ -88,8 +89,14 @@ class DDPSameData(FingerprintedInForward):
         if previous is None:
             return
         before = previous[1]
-        same = sorted({r for r in range(len(hashes)) for s in range(len(hashes))
-                       if r != s and hashes[r] == hashes[s] and before[r] == before[s] and hashes[r] != before[r]})
+        same = sorted(
+            {
+                r
+                for r in range(len(hashes))
+                for s in range(len(hashes))
+                if r != s and hashes[r] == hashes[s] and before[r] == before[s] and hashes[r] != before[r]
+            }
+        )
         if not same:
             return
         self.reported = True
@@ -99,10 +106,11 @@ class DDPSameData(FingerprintedInForward):
             "from step to step, but not from rank to rank): the data is not split between ranks, so every rank "
             "trains on the same samples and the extra ranks add no data.",
             fix="Give each rank its own shard with a DistributedSampler and advance its epoch:\n"
-                "sampler = DistributedSampler(dataset, shuffle=True)\n"
-                "loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler)\n"
-                "for epoch in range(epochs):\n"
-                "    sampler.set_epoch(epoch)\n"
-                "    for x, y in loader:\n"
-                "        ...",
-            location=Location(step=rnd.step))
+            "sampler = DistributedSampler(dataset, shuffle=True)\n"
+            "loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler)\n"
+            "for epoch in range(epochs):\n"
+            "    sampler.set_epoch(epoch)\n"
+            "    for x, y in loader:\n"
+            "        ...",
+            location=Location(step=rnd.step),
+        )

@@ -1,6 +1,7 @@
 """deprecated-api: Variable, set_default_tensor_type, torch.cuda.amp, apex.amp, torch.distributed.launch and the
 APIs TorchFix reports (torch.norm, functorch, sdp_kernel, assert_allclose, torchvision pretrained=, checkpoint
 without use_reentrant)."""
+
 from __future__ import annotations
 
 import ast
@@ -70,25 +71,45 @@ DEPRECATED_API = Pitfall(
 
 # qualified name -> (what changed, what to use instead)
 _CALLS = {
-    "torch.autograd.Variable": ("Variable has been a no-op wrapper since PyTorch 0.4; it returns a plain tensor",
-                                "use the tensor itself (`x.requires_grad_()` where gradients are needed)"),
-    "torch.autograd.variable.Variable": ("Variable has been a no-op wrapper since PyTorch 0.4",
-                                         "use the tensor itself"),
-    "torch.set_default_tensor_type": ("torch.set_default_tensor_type is deprecated since PyTorch 2.1",
-                                      "torch.set_default_dtype(torch.float64) and/or torch.set_default_device('cuda')"),
-    "torch.cuda.amp.autocast": ("torch.cuda.amp.autocast is deprecated since PyTorch 2.4",
-                                'torch.amp.autocast("cuda", ...)'),
-    "torch.cuda.amp.GradScaler": ("torch.cuda.amp.GradScaler is deprecated since PyTorch 2.4",
-                                  'torch.amp.GradScaler("cuda", ...)'),
-    "torch.norm": ("torch.norm is deprecated and may be removed",
-                   "torch.linalg.vector_norm (or torch.linalg.matrix_norm for matrices)"),
-    "torch.backends.cuda.sdp_kernel": ("torch.backends.cuda.sdp_kernel is deprecated since PyTorch 2.3",
-                                       "torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION, ...])"),
-    "torch.testing.assert_allclose": ("torch.testing.assert_allclose is deprecated since PyTorch 1.12",
-                                      "torch.testing.assert_close"),
-    **{f"functorch.{name}": (f"functorch.{name} is deprecated: functorch moved into PyTorch as torch.func",
-                             f"torch.func.{name}")
-       for name in ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "jvp", "vjp", "functionalize")},
+    "torch.autograd.Variable": (
+        "Variable has been a no-op wrapper since PyTorch 0.4; it returns a plain tensor",
+        "use the tensor itself (`x.requires_grad_()` where gradients are needed)",
+    ),
+    "torch.autograd.variable.Variable": (
+        "Variable has been a no-op wrapper since PyTorch 0.4",
+        "use the tensor itself",
+    ),
+    "torch.set_default_tensor_type": (
+        "torch.set_default_tensor_type is deprecated since PyTorch 2.1",
+        "torch.set_default_dtype(torch.float64) and/or torch.set_default_device('cuda')",
+    ),
+    "torch.cuda.amp.autocast": (
+        "torch.cuda.amp.autocast is deprecated since PyTorch 2.4",
+        'torch.amp.autocast("cuda", ...)',
+    ),
+    "torch.cuda.amp.GradScaler": (
+        "torch.cuda.amp.GradScaler is deprecated since PyTorch 2.4",
+        'torch.amp.GradScaler("cuda", ...)',
+    ),
+    "torch.norm": (
+        "torch.norm is deprecated and may be removed",
+        "torch.linalg.vector_norm (or torch.linalg.matrix_norm for matrices)",
+    ),
+    "torch.backends.cuda.sdp_kernel": (
+        "torch.backends.cuda.sdp_kernel is deprecated since PyTorch 2.3",
+        "torch.nn.attention.sdpa_kernel([SDPBackend.FLASH_ATTENTION, ...])",
+    ),
+    "torch.testing.assert_allclose": (
+        "torch.testing.assert_allclose is deprecated since PyTorch 1.12",
+        "torch.testing.assert_close",
+    ),
+    **{
+        f"functorch.{name}": (
+            f"functorch.{name} is deprecated: functorch moved into PyTorch as torch.func",
+            f"torch.func.{name}",
+        )
+        for name in ("vmap", "grad", "grad_and_value", "jacrev", "jacfwd", "hessian", "jvp", "vjp", "functionalize")
+    },
 }
 _CHECKPOINTS = ("torch.utils.checkpoint.checkpoint", "torch.utils.checkpoint.checkpoint_sequential")
 # The method or function names of the calls above (a call's `attr` is the last segment of its qualified name).
@@ -100,9 +121,18 @@ _PROCESS_STARTERS = ("subprocess.", "os.system", "os.popen", "os.exec", "os.spaw
 
 def _mentions(text: str) -> bool:
     """Whether `text` names Variable, set_default_tensor_type, the word `amp` or torch.distributed.launch."""
-    return ("Variable" in text or "set_default_tensor_type" in text or _LAUNCH in text
-            or has_word(text, "amp") or "norm" in text or "functorch" in text or "sdp_kernel" in text
-            or "assert_allclose" in text or "pretrained" in text or "checkpoint" in text)
+    return (
+        "Variable" in text
+        or "set_default_tensor_type" in text
+        or _LAUNCH in text
+        or has_word(text, "amp")
+        or "norm" in text
+        or "functorch" in text
+        or "sdp_kernel" in text
+        or "assert_allclose" in text
+        or "pretrained" in text
+        or "checkpoint" in text
+    )
 
 
 @DEPRECATED_API.source
@@ -113,8 +143,9 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
     from_torch = _imported_from_torch(src.tree) if "functorch" in src.text else set()
     # A `pretrained=` keyword or an apex call needs the word in the text (from the call or from an import).
     by_prefix = launch_text or "pretrained" in src.text or "apex" in src.text
-    for call in (c for scope in src.index.scopes if by_prefix or not _NAMES.isdisjoint(scope.call_attrs)
-                 for c in scope.calls):
+    for call in (
+        c for scope in src.index.scopes if by_prefix or not _NAMES.isdisjoint(scope.call_attrs) for c in scope.calls
+    ):
         if not by_prefix and call.attr not in _NAMES:
             continue
         known = _CALLS.get(call.qualname)
@@ -127,28 +158,34 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
                     f"`{src.snippet(call.node)}`: volatile=True has had no effect since PyTorch 0.4, so this "
                     "inference records a full autograd graph.",
                     fix="Run inference under `with torch.no_grad():` and drop Variable(..., volatile=True).",
-                    location=src.location(call.node), severity=Severity.WARNING)
+                    location=src.location(call.node),
+                    severity=Severity.WARNING,
+                )
                 continue
-            yield Finding(f"`{src.snippet(call.node)}`: {known[0]}.", fix=f"Use {known[1]}.",
-                          location=src.location(call.node))
+            yield Finding(
+                f"`{src.snippet(call.node)}`: {known[0]}.", fix=f"Use {known[1]}.", location=src.location(call.node)
+            )
         elif call.qualname in _CHECKPOINTS and call.kwarg("use_reentrant") is None and not call.has_star_kwargs:
             yield Finding(
                 f"`{src.snippet(call.node)}` does not pass use_reentrant: PyTorch warns and is changing the default "
                 "to False; the reentrant variant also ignores inputs without requires_grad and detached outputs.",
                 fix="Pass use_reentrant=False (the recommended variant) explicitly.",
-                location=src.location(call.node))
+                location=src.location(call.node),
+            )
         elif call.qualname.startswith("torchvision.models.") and call.kwarg("pretrained") is not None:
             yield Finding(
                 f"`{src.snippet(call.node)}`: torchvision's `pretrained=` is deprecated since 0.13 and may be removed.",
                 fix="Pass `weights=` instead, e.g. `resnet50(weights=ResNet50_Weights.DEFAULT)` (or `weights=None`).",
-                location=src.location(call.node))
+                location=src.location(call.node),
+            )
         elif call.qualname.startswith("apex.amp."):
             yield Finding(
                 f"`{src.snippet(call.node)}`: NVIDIA apex.amp is deprecated and unmaintained; its features are in "
                 "PyTorch itself.",
                 fix='Use torch.amp: `with torch.autocast("cuda"):` for the forward and '
-                    '`scaler = torch.amp.GradScaler("cuda")` around backward/step.',
-                location=src.location(call.node))
+                '`scaler = torch.amp.GradScaler("cuda")` around backward/step.',
+                location=src.location(call.node),
+            )
         elif launch_text and call.qualname.startswith(_PROCESS_STARTERS):
             command = _launch_command(call.node)
             if command is not None:
@@ -156,13 +193,18 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
                     f"`{src.snippet(call.node)}` starts `python -m {_LAUNCH}`, which is deprecated in favour of "
                     "torchrun (and passes --local-rank, not --local_rank, since 2.0).",
                     fix='Launch with `torchrun --nproc_per_node=N train.py` and read int(os.environ["LOCAL_RANK"]).',
-                    location=src.location(command))
+                    location=src.location(command),
+                )
 
 
 def _imported_from_torch(tree: ast.Module) -> set[str]:
     """Names the module imports from torch or torch.func (a functorch import beside it is only a fallback)."""
-    return {a.asname or a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-            and node.module in ("torch", "torch.func") for a in node.names}
+    return {
+        a.asname or a.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module in ("torch", "torch.func")
+        for a in node.names
+    }
 
 
 def _launch_command(call: ast.Call) -> Optional[ast.AST]:

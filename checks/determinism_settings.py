@@ -1,4 +1,5 @@
 """determinism-settings: environment settings that make GPU runs non-reproducible."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -103,5 +104,5 @@ def determinism_settings(facts: EnvFacts) -> Iterator[Finding]:
             "cuBLAS results can differ run to run, and torch.use_deterministic_algorithms(True) raises on "
             "the first matrix multiply.",
             fix="export CUBLAS_WORKSPACE_CONFIG=:4096:8; then in Python: torch.manual_seed(s); "
-                "torch.backends.cudnn.benchmark = False; torch.use_deterministic_algorithms(True)",
+            "torch.backends.cudnn.benchmark = False; torch.use_deterministic_algorithms(True)",
         )

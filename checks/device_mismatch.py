@@ -1,4 +1,5 @@
 """device-mismatch: the program died because one operation got tensors on two devices; which ones."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -22,7 +23,7 @@ DEVICE_MISMATCH = Pitfall(
     name="device-mismatch",
     severity="error",
     summary="The program died because an operation got tensors on two devices: which module, parameter or "
-            "input was where.",
+    "input was where.",
     why="""
         "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu!"
         names two devices and no tensor. The usual causes: a batch that was never moved (`x.to(device)`
@@ -67,6 +68,7 @@ DEVICE_MISMATCH = Pitfall(
     },
 )
 
+
 @DEVICE_MISMATCH.runtime
 class DeviceMismatch(RuntimeCheck):
     """At a crash about devices: what the failing module and its inputs held, and where."""
@@ -97,27 +99,38 @@ class DeviceMismatch(RuntimeCheck):
             params = _by_device(call.params)
             inputs = {n: d for n, d in call.tensors.items()}
             if params:
-                parts.append(f"{where} holds its parameters on " + ", ".join(
-                    f"{d} ({', '.join(names[:3])})" for d, names in params.items()))
+                parts.append(
+                    f"{where} holds its parameters on "
+                    + ", ".join(f"{d} ({', '.join(names[:3])})" for d, names in params.items())
+                )
             if inputs:
                 parts.append("it was handed " + ", ".join(f"`{n}` on {d}" for n, d in list(inputs.items())[:6]))
             home = next(iter(params), None)
             odd = [(n, d) for n, d in inputs.items() if home is not None and d != home]
             if odd:
                 odd_name, odd_device = odd[0]
-                fix = (f"Move `{odd_name}` to {home}, the device of the model (`device` below), where the batch "
-                       "is prepared, assigning the result (tensors are not moved in place):\nx = x.to(device)")
+                fix = (
+                    f"Move `{odd_name}` to {home}, the device of the model (`device` below), where the batch "
+                    "is prepared, assigning the result (tensors are not moved in place):\nx = x.to(device)"
+                )
             elif len(params) > 1:
                 stray = sorted(params.items(), key=lambda kv: len(kv[1]))[0]
-                fix = (f"{where} has parameters on two devices ({stray[1][0]} on {stray[0]}): a layer was "
-                       "replaced or added after model.to(device). Move the model after its last change:\n"
-                       "model.to(device)")
+                fix = (
+                    f"{where} has parameters on two devices ({stray[1][0]} on {stray[0]}): a layer was "
+                    "replaced or added after model.to(device). Move the model after its last change:\n"
+                    "model.to(device)"
+                )
         if fix is None:
-            fix = ("Move the model and every batch to one device, assigning the result:\n"
-                   "model = model.to(device)\nx, y = x.to(device), y.to(device)")
-        text = (f"An operation got tensors on different devices at step {self.ctx.step}: "
-                + ("; ".join(parts) if parts else "the failing frame held no tensors")
-                + "." + (f" Where the watched tensors live: {'; '.join(placement)}." if placement else ""))
+            fix = (
+                "Move the model and every batch to one device, assigning the result:\n"
+                "model = model.to(device)\nx, y = x.to(device), y.to(device)"
+            )
+        text = (
+            f"An operation got tensors on different devices at step {self.ctx.step}: "
+            + ("; ".join(parts) if parts else "the failing frame held no tensors")
+            + "."
+            + (f" Where the watched tensors live: {'; '.join(placement)}." if placement else "")
+        )
         return Finding(text, fix=fix, location=Location(module=module_name, device=odd_device))
 
 

@@ -1,4 +1,5 @@
 """driver-too-old: the NVIDIA driver is older than the CUDA version torch was built with needs."""
+
 from __future__ import annotations
 
 import re

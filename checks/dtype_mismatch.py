@@ -1,4 +1,5 @@
 """dtype-mismatch: the program died because an operation got tensors of two floating dtypes; which ones."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -23,7 +24,7 @@ DTYPE_MISMATCH = Pitfall(
     name="dtype-mismatch",
     severity="error",
     summary="The program died because an operation got floating tensors of two dtypes (float64 input into a "
-            "float32 model): which layer and which input.",
+    "float32 model): which layer and which input.",
     why="""
         "mat1 and mat2 must have the same dtype, but got Double and Float" names two dtypes and no tensor.
         The usual cause is data from numpy or pandas (float64 by default) fed to a float32 model with
@@ -78,8 +79,11 @@ class DtypeMismatch(RuntimeCheck):
             return
         held = _floats(frame.f_locals)
         owner = frame.f_locals.get("self")
-        params = {n: str(p.dtype).replace("torch.", "") for n, p in owner.named_parameters(recurse=False)} \
-            if hasattr(owner, "named_parameters") else {}
+        params = (
+            {n: str(p.dtype).replace("torch.", "") for n, p in owner.named_parameters(recurse=False)}
+            if hasattr(owner, "named_parameters")
+            else {}
+        )
         dtypes = set(held.values()) | set(params.values())
         if len(dtypes) < 2:
             return
@@ -94,12 +98,19 @@ class DtypeMismatch(RuntimeCheck):
         if params:
             parts.append(f"{where} holds {home} parameters ({', '.join(list(params)[:3])})")
         parts.append("it was handed " + ", ".join(f"`{n}` as {d}" for n, d in list(held.items())[:6]))
-        text = f"An operation got floating tensors of different dtypes at step {self.ctx.step}: " + "; ".join(parts) + "."
+        text = (
+            f"An operation got floating tensors of different dtypes at step {self.ctx.step}: " + "; ".join(parts) + "."
+        )
         if odd and home is not None:
-            fix = (f"Convert `{odd[0][0]}` to {home} where the data is made (numpy arrays are float64):\n"
-                   f"x = x.to(torch.{home})")
+            fix = (
+                f"Convert `{odd[0][0]}` to {home} where the data is made (numpy arrays are float64):\n"
+                f"x = x.to(torch.{home})"
+            )
         else:
-            fix = "Convert the data to the model's dtype, or run under autocast:\nx = x.to(next(model.parameters()).dtype)"
+            fix = (
+                "Convert the data to the model's dtype, or run under autocast:\n"
+                "x = x.to(next(model.parameters()).dtype)"
+            )
         return Finding(text, fix=fix, location=Location(module=name))
 
 
@@ -107,6 +118,9 @@ def _floats(local: dict[str, Any]) -> dict[str, str]:
     """Floating tensors among a frame's locals (and the module's own parameters when `self` is one)."""
     import torch
 
-    found = {n: str(v.dtype).replace("torch.", "") for n, v in list(local.items())
-             if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0}
+    found = {
+        n: str(v.dtype).replace("torch.", "")
+        for n, v in list(local.items())
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() > 0
+    }
     return found

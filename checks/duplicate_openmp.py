@@ -1,4 +1,5 @@
 """duplicate-openmp: more than one OpenMP runtime is loaded ('OMP: Error #15')."""
+
 from __future__ import annotations
 
 import os
@@ -88,21 +89,33 @@ def duplicate_openmp(facts: EnvFacts) -> Iterator[Finding]:
     families: dict[str, list[str]] = {}
     for path in libs:
         base = os.path.basename(path)
-        family = "Intel libiomp5" if base.startswith("libiomp5") else "GNU libgomp" if base.startswith("libgomp") else "LLVM libomp"
+        family = (
+            "Intel libiomp5"
+            if base.startswith("libiomp5")
+            else "GNU libgomp"
+            if base.startswith("libgomp")
+            else "LLVM libomp"
+        )
         families.setdefault(family, []).append(path)
     if len(families) < 2 and len(families.get("Intel libiomp5", [])) < 2:
         return
-    ok_var = " KMP_DUPLICATE_LIB_OK is set, which only hides the crash." if "KMP_DUPLICATE_LIB_OK" in facts.env_vars else ""
+    ok_var = (
+        " KMP_DUPLICATE_LIB_OK is set, which only hides the crash." if "KMP_DUPLICATE_LIB_OK" in facts.env_vars else ""
+    )
     preload = facts.env_vars.get("LD_PRELOAD", "")
     preloaded = [p for p in re.split(r"[\s:]+", preload) if p and os.path.basename(p).startswith(_RUNTIMES)]
     if preloaded:
         cause = f" LD_PRELOAD={preload} forces {', '.join(preloaded)} into every process."
-        fix = (f"Take {', '.join(preloaded)} out of LD_PRELOAD (`unset LD_PRELOAD`, or set it without that library, "
-               "in your shell profile or job script) so that torch uses the OpenMP runtime it ships with.")
+        fix = (
+            f"Take {', '.join(preloaded)} out of LD_PRELOAD (`unset LD_PRELOAD`, or set it without that library, "
+            "in your shell profile or job script) so that torch uses the OpenMP runtime it ships with."
+        )
     else:
         cause = ""
-        fix = ("Install torch and numpy from one source (all pip, or all conda from one channel; conda: "
-               "`conda install nomkl` for numpy) so that one OpenMP runtime is used.")
+        fix = (
+            "Install torch and numpy from one source (all pip, or all conda from one channel; conda: "
+            "`conda install nomkl` for numpy) so that one OpenMP runtime is used."
+        )
     yield Finding(
         f"`import torch` + `import numpy` load several OpenMP runtimes: {'; '.join(libs)}. Two runtimes "
         "oversubscribe threads, and two libiomp5 copies abort with 'OMP: Error #15: Initializing "

@@ -1,4 +1,5 @@
 """env-var-misconfigured: a leftover debugging variable or a malformed setting that torch reads."""
+
 from __future__ import annotations
 
 import re
@@ -113,7 +114,7 @@ def env_var_misconfigured(facts: EnvFacts) -> Iterator[Finding]:
             f"CUDA_LAUNCH_BLOCKING={env['CUDA_LAUNCH_BLOCKING']} is set: every CUDA kernel launch waits for the "
             "kernel to finish, which makes GPU training several times slower. It is a debugging switch.",
             fix="unset CUDA_LAUNCH_BLOCKING (and remove it from ~/.bashrc or the job script once the error it was "
-                "set for is found).",
+            "set for is found).",
         )
     for name in ALLOC_VARS:
         if name in env and (problem := alloc_conf_problem(env[name])):
@@ -121,7 +122,8 @@ def env_var_misconfigured(facts: EnvFacts) -> Iterator[Finding]:
                 f"{name}={env[name]} is malformed ({problem}): the first CUDA allocation raises "
                 "'RuntimeError: Unrecognized key ... in Allocator Config' or a bad-value error.",
                 fix=f"Correct it, e.g. `export {name}=expandable_segments:True`, or unset {name}. Options: "
-                    + ", ".join(ALLOC_OPTIONS) + ".",
+                + ", ".join(ALLOC_OPTIONS)
+                + ".",
                 severity=Severity.ERROR,
             )
     for name in THREAD_VARS:

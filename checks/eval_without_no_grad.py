@@ -1,4 +1,5 @@
 """eval-without-no-grad: forwards in eval() mode with autograd on, never back-propagated, build graphs for nothing."""
+
 from __future__ import annotations
 
 import ast
@@ -7,7 +8,15 @@ from typing import Any, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
-    BACKWARD_METHODS, CallSite, FunctionScope, SourceFile, backprop_names, backward_targets, is_backward, literal, ref,
+    BACKWARD_METHODS,
+    CallSite,
+    FunctionScope,
+    SourceFile,
+    backprop_names,
+    backward_targets,
+    is_backward,
+    literal,
+    ref,
 )
 
 _VALIDATION = """
@@ -74,7 +83,8 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             `with torch.no_grad():`). A function with a decorator the project does not define (and that is not
             known to leave autograd alone, like `functools.lru_cache`) is reported as a note that names the
             decorator: what it does is unknown. A scope that passes `Variable(..., volatile=True)` is left to
-            deprecated-api, which reports that line. Models frozen in the file (`m.requires_grad_(False)`, or a loop setting
+            deprecated-api, which reports that line. Models frozen in the file (`m.requires_grad_(False)`, or a loop
+            setting
             `requires_grad = False` over `m.parameters()`) are skipped. `watch` sees the remaining cases at run
             time.
         """,
@@ -96,9 +106,9 @@ class _EvalGraphs:
     """Per model: eval-mode forwards with a graph, and what became of their graphs."""
 
     def __init__(self) -> None:
-        self.live = 0          # graphs alive and not (yet) back-propagated
-        self.dropped = 0       # graphs freed without backward
-        self.backprop = 0      # graphs that backward went through
+        self.live = 0  # graphs alive and not (yet) back-propagated
+        self.dropped = 0  # graphs freed without backward
+        self.backprop = 0  # graphs that backward went through
         self.forwards = 0
 
 
@@ -167,12 +177,13 @@ class EvalWithoutNoGrad(RuntimeCheck):
                 f"per forward) alive for as long as its output is; {st.live} such graph(s) are alive now. "
                 "eval() changes Dropout/BatchNorm, it does not turn off autograd.",
                 fix="Validate without autograd:\n"
-                    "model.eval()\n"
-                    "with torch.inference_mode():  # or torch.no_grad()\n"
-                    "    for x, y in val_loader:\n"
-                    "        val_loss += loss_fn(model(x), y).item()\n"
-                    "model.train()",
-                location=Location(module=wm.label, step=self.ctx.step))
+                "model.eval()\n"
+                "with torch.inference_mode():  # or torch.no_grad()\n"
+                "    for x, y in val_loader:\n"
+                "        val_loss += loss_fn(model(x), y).item()\n"
+                "model.train()",
+                location=Location(module=wm.label, step=self.ctx.step),
+            )
         elif st.backprop and self.ctx.optimizers and (wm.label + ":teacher") not in self.reported:
             held = self.ctx.optimizer_param_ids()
             if not any(id(p) in held for _, p in wm.named_parameters()):
@@ -182,19 +193,22 @@ class EvalWithoutNoGrad(RuntimeCheck):
                     "optimizer given to watch(): if it is a frozen teacher or reference model, autograd computes "
                     "gradients for it that nobody uses.",
                     fix="Freeze it, and run it without autograd if nothing needs gradients through it:\n"
-                        "teacher.requires_grad_(False)\n"
-                        "with torch.no_grad():\n"
-                        "    target = teacher(x)",
+                    "teacher.requires_grad_(False)\n"
+                    "with torch.no_grad():\n"
+                    "    target = teacher(x)",
                     location=Location(module=wm.label, step=self.ctx.step),
-                    severity=Severity.INFO)
+                    severity=Severity.INFO,
+                )
 
 
 def _source_fix(scope: Any) -> str:
     """Decorate the function that evaluates; at module level, wrap the evaluation in a no_grad block."""
     node = getattr(scope, "node", None)
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return (f"Put `@torch.no_grad()` on the line above `def {node.name}` (line {node.lineno}), or run the "
-                "evaluation under `with torch.no_grad():` (or `torch.inference_mode()`).")
+        return (
+            f"Put `@torch.no_grad()` on the line above `def {node.name}` (line {node.lineno}), or run the "
+            "evaluation under `with torch.no_grad():` (or `torch.inference_mode()`)."
+        )
     return "Run the evaluation under `with torch.no_grad():` (or `torch.inference_mode()`)."
 
 
@@ -220,8 +234,9 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
         mode: dict[str, tuple[str, CallSite]] = {}
         for call in scope.calls:
             if call.attr in ("eval", "train") and call.receiver and not call.node.keywords:
-                off = call.attr == "eval" or (call.node.args and isinstance(call.node.args[0], ast.Constant)
-                                              and call.node.args[0].value is False)
+                off = call.attr == "eval" or (
+                    call.node.args and isinstance(call.node.args[0], ast.Constant) and call.node.args[0].value is False
+                )
                 if call.attr == "eval" and call.node.args:
                     continue
                 mode[call.receiver] = ("eval" if off else "train", call)
@@ -235,8 +250,12 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                 through = "" if ref(call.node.func) == model or call.attr == "forward" else f" (it calls `{model}`)"
                 if unknown is None:
                     unknown = src.project.unknown_decorators(scope)
-                caveat = (f" This rests on `@{src.snippet(unknown[0])}`, which is not defined in the project and was not "
-                          "followed: if it turns autograd off, silence this line." if unknown else "")
+                caveat = (
+                    f" This rests on `@{src.snippet(unknown[0])}`, which is not defined in the project and was not "
+                    "followed: if it turns autograd off, silence this line."
+                    if unknown
+                    else ""
+                )
                 yield Finding(
                     f"`{src.snippet(call.node)}`{through} runs after `{model}.eval()` (line "
                     f"{mode[model][1].node.lineno}) with autograd still on, and nothing here is back-propagated: "
@@ -248,8 +267,9 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
                 )
 
 
-def _forwarded(src: SourceFile, scope: FunctionScope, call: CallSite,
-               mode: dict[str, tuple[str, CallSite]]) -> Iterator[str]:
+def _forwarded(
+    src: SourceFile, scope: FunctionScope, call: CallSite, mode: dict[str, tuple[str, CallSite]]
+) -> Iterator[str]:
     """The eval-mode models this call runs with grad on: directly (`model(x)`, `model.forward(x)`), or through
     a project function that calls one (passed as an argument, or a closure's free variable)."""
     model = call.receiver if call.attr == "forward" else ref(call.node.func)
@@ -262,8 +282,11 @@ def _forwarded(src: SourceFile, scope: FunctionScope, call: CallSite,
     if found is None or found[1].grad_off:
         return
     callee, summary = found
-    params = [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args] \
-        if not isinstance(callee.node, ast.Module) else []
+    params = (
+        [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args]
+        if not isinstance(callee.node, ast.Module)
+        else []
+    )
     if callee.class_name is not None and params[:1] in (["self"], ["cls"]):
         params = params[1:]
     passed = {p: ref(a) for p, a in zip(params, call.node.args)}
@@ -296,15 +319,29 @@ def _frozen_models(src: SourceFile) -> set[str]:
     """Models frozen in this file: `m.requires_grad_(False)`, or `p.requires_grad = False` in a loop over
     `m.parameters()` (their forwards record no graph of their own)."""
     calls = src.index.all_calls() if "requires_grad_" in src.text else ()
-    frozen = {c.receiver for c in calls if c.attr == "requires_grad_" and c.receiver
-              and c.node.args and isinstance(c.node.args[0], ast.Constant) and c.node.args[0].value is False}
+    frozen = {
+        c.receiver
+        for c in calls
+        if c.attr == "requires_grad_"
+        and c.receiver
+        and c.node.args
+        and isinstance(c.node.args[0], ast.Constant)
+        and c.node.args[0].value is False
+    }
     for node in ast.walk(src.tree) if src.tree is not None and "requires_grad = False" in src.text else ():
-        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Attribute) \
-                and node.iter.func.attr in ("parameters", "named_parameters"):
+        if (
+            isinstance(node, ast.For)
+            and isinstance(node.iter, ast.Call)
+            and isinstance(node.iter.func, ast.Attribute)
+            and node.iter.func.attr in ("parameters", "named_parameters")
+        ):
             owner = ref(node.iter.func.value)
             # unconditional, in the loop's own body: `if "bn" in name: p.requires_grad = False` freezes a part
-            if owner and any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad"
-                                                                 for t in n.targets) for n in node.body):
+            if owner and any(
+                isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in n.targets)
+                for n in node.body
+            ):
                 frozen.add(owner)
     return {name for name in frozen if name}
 
@@ -323,8 +360,10 @@ def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
     if len(on) == len(callers):
         return ""
     call = min(on, key=lambda c: c.pos)
-    return (f" Another call runs it under no_grad, but `{ast.unparse(call.node)[:60]}` (line {call.node.lineno} of its "
-            "file) runs it with autograd on.")
+    return (
+        f" Another call runs it under no_grad, but `{ast.unparse(call.node)[:60]}` (line {call.node.lineno} of its "
+        "file) runs it with autograd on."
+    )
 
 
 def _runs_with_grad(src: SourceFile, caller: FunctionScope, seen: set[int], depth: int = 0) -> bool:

@@ -1,4 +1,5 @@
 """gpu-arch-unsupported: a GPU's compute capability has no kernels in the installed torch build."""
+
 from __future__ import annotations
 
 import re
@@ -9,8 +10,16 @@ from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, best_wheel_cuda, major_minor, pip_install
 
-FIRST_CUDA_FOR_CC = {(12, 0): (12, 8), (10, 0): (12, 8), (9, 0): (11, 8), (8, 9): (11, 8),
-                     (8, 7): (11, 4), (8, 6): (11, 1), (8, 0): (11, 0), (7, 5): (10, 0)}
+FIRST_CUDA_FOR_CC = {
+    (12, 0): (12, 8),
+    (10, 0): (12, 8),
+    (9, 0): (11, 8),
+    (8, 9): (11, 8),
+    (8, 7): (11, 4),
+    (8, 6): (11, 1),
+    (8, 0): (11, 0),
+    (7, 5): (10, 0),
+}
 
 GPU_ARCH_UNSUPPORTED = Pitfall(
     code="TD103",
@@ -124,6 +133,6 @@ def gpu_arch_unsupported(facts: EnvFacts) -> Iterator[Finding]:
             f"(CUDA {facts.torch.cuda}) only has kernels for {' '.join(arch_list)}: every CUDA op fails with "
             f"'CUDA error: no kernel image is available for execution on the device'.{seen}",
             fix=f"Install a build that includes {sm} (CUDA ≥ {need[0]}.{need[1]}"
-                f"{' and ≤ 12.x' if cc < (7, 5) else ''}): {pip_install(facts, target)}",
+            f"{' and ≤ 12.x' if cc < (7, 5) else ''}): {pip_install(facts, target)}",
             location=Location(device=f"GPU{gpu.index}"),
         )

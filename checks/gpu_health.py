@@ -1,4 +1,5 @@
 """gpu-health: ECC errors, slowdowns, persistence mode off, a GPU busy with other work."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -89,7 +90,8 @@ def gpu_health(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 f"{label} reports {gpu.ecc_uncorrected} uncorrected ECC memory error(s) since the driver loaded: "
                 "results computed on it may be wrong, and CUDA may fail with 'uncorrectable ECC error encountered'.",
-                fix=f"Drain the GPU and reset it (`sudo nvidia-smi -r -i {gpu.index}`); if errors return, have it replaced.",
+                fix=f"Drain the GPU and reset it (`sudo nvidia-smi -r -i {gpu.index}`); if errors return, have it "
+                f"replaced.",
                 location=where,
             )
         if gpu.throttle_reasons:
@@ -102,7 +104,8 @@ def gpu_health(facts: EnvFacts) -> Iterator[Finding]:
         others = [p for p in gpu.processes if p.alive]
         if gpu.utilization is not None and gpu.utilization >= BUSY_PERCENT and others:
             yield Finding(
-                f"{label} is {gpu.utilization}% busy with other processes ({'; '.join(gpu_process(p) for p in others)}): "
+                f"{label} is {gpu.utilization}% busy with other processes "
+                f"({'; '.join(gpu_process(p) for p in others)}): "
                 "your job will share its compute.",
                 fix="Pick an idle GPU with CUDA_VISIBLE_DEVICES (`nvidia-smi` shows utilisation).",
                 location=where,

@@ -1,4 +1,5 @@
 """graph-retention-leak: tensors with autograd history kept across steps (`total += loss`) keep every step's graph."""
+
 from __future__ import annotations
 
 import ast
@@ -10,8 +11,18 @@ from typing import TYPE_CHECKING, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, frame_variables, user_frames
 from torchdoctor.sdk.source import (
-    BACKWARD_METHODS, Binding, CallSite, FunctionScope, Loop, SourceFile, Spanned, backprop_names, backward_targets,
-    graph_refs, is_backward, ref,
+    BACKWARD_METHODS,
+    Binding,
+    CallSite,
+    FunctionScope,
+    Loop,
+    SourceFile,
+    Spanned,
+    backprop_names,
+    backward_targets,
+    graph_refs,
+    is_backward,
+    ref,
 )
 
 if TYPE_CHECKING:
@@ -74,7 +85,8 @@ GRAPH_RETENTION_LEAK = Pitfall(
             running = 0`, still keeps up to N graphs and does not count; the window of a gradient-accumulation
             step, whose `if` also steps the optimizer, does). It also fires on `meter.update(loss, n)` when `meter`
             is an instance of a project class whose method accumulates that argument into an attribute
-            (`self.sum += val * n`, `self.values.append(val)`) without taking it out of autograd first. Summing loss terms before one `backward()` is therefore quiet, and so is
+            (`self.sum += val * n`, `self.values.append(val)`) without taking it out of autograd first. Summing loss
+            terms before one `backward()` is therefore quiet, and so is
             keeping input data (a step method's `batch` parameter or a loop variable taken from a loader).
             Accumulations it cannot tie to a backward are left to `watch`, which measures the growth at run time.
         """,
@@ -117,7 +129,7 @@ def _find_keeper() -> Optional[tuple[str, str, str, int]]:
                         break
             if found is not None:  # a module's variable (a global list) is added to in the functions it runs
                 others = [f for f in frames if f is not frame]
-                for where in ([frame] + others if frame.f_code.co_flags & inspect.CO_OPTIMIZED else others + [frame]):
+                for where in [frame] + others if frame.f_code.co_flags & inspect.CO_OPTIMIZED else others + [frame]:
                     line = _adding_line(where, name)
                     if line is not None:
                         return name, found, where.f_code.co_filename, line
@@ -152,9 +164,11 @@ def _detached(source: str, name: str, total: bool) -> str:
     """The statement that adds to `name`, rewritten to add a number (`.item()`, for a running total) or a
     tensor without graph (`.detach()`, for a container); a generic line when it is not one of those forms."""
     suffix = ".item()" if total else ".detach()"
-    for pattern in (rf"^({re.escape(name)}\.(?:append|insert)\((?:.*,\s*)?)(.+)(\))$",
-                    rf"^({re.escape(name)}\s*\+=\s*)(.+)()$",
-                    rf"^({re.escape(name)}\s*=\s*{re.escape(name)}\s*\+\s*)(.+)()$"):
+    for pattern in (
+        rf"^({re.escape(name)}\.(?:append|insert)\((?:.*,\s*)?)(.+)(\))$",
+        rf"^({re.escape(name)}\s*\+=\s*)(.+)()$",
+        rf"^({re.escape(name)}\s*=\s*{re.escape(name)}\s*\+\s*)(.+)()$",
+    ):
         match = re.match(pattern, source.split("  #")[0].strip())
         if match:
             value = match.group(2).strip()
@@ -188,7 +202,7 @@ class _Live:
 
     def __init__(self) -> None:
         self.by_step: dict[int, int] = {}  # step (completed steps when built) -> graphs alive
-        self.unreached = 0                 # graphs alive that backward never went through (activations saved)
+        self.unreached = 0  # graphs alive that backward never went through (activations saved)
 
     def old_steps(self, now: int) -> list[int]:
         """The steps before the previous one whose graphs are still alive."""
@@ -272,33 +286,45 @@ class GraphRetentionLeak(RuntimeCheck):
         self.reported = True
         nodes, saved = self._model(label).graph_footprint(None)
         graphs = sum(live.by_step[t] for t in old)
-        memory = (f"about {byte_size(live.unreached * saved)} of activations never back-propagated are saved with "
-                  "them" if live.unreached and saved else
-                  f"backward() freed their saved activations, so each keeps its ~{nodes} graph nodes, and memory "
-                  "grows with every step")
+        memory = (
+            f"about {byte_size(live.unreached * saved)} of activations never back-propagated are saved with them"
+            if live.unreached and saved
+            else f"backward() freed their saved activations, so each keeps its ~{nodes} graph nodes, and memory "
+            "grows with every step"
+        )
         cuda = _cuda_allocated()
         if cuda is not None:
             memory += f"; CUDA allocated memory is {byte_size(cuda)}"
         when = "when the session ended" if at_exit else f"after step {now - 1}"
-        steps = f"{len(old)} earlier steps" if self.tracked_between(old[0], now - 2) == now - 1 - old[0] else \
-            f"{len(old)} of the earlier steps it samples (every {self.sample}th from step {self.span} on)"
+        steps = (
+            f"{len(old)} earlier steps"
+            if self.tracked_between(old[0], now - 2) == now - 1 - old[0]
+            else f"{len(old)} of the earlier steps it samples (every {self.sample}th from step {self.span} on)"
+        )
         keeper = _find_keeper()
         file: Optional[str] = None
         line: Optional[int] = None
         if keeper is not None:
             name, what, file, line = keeper
             culprit = f"`{name}` ({what}) keeps them"
-            fix = (f"Keep numbers, not graphs, in `{name}`:\n"
-                   + _detached(linecache.getline(keeper[2], keeper[3]).strip(), name, "running" in what))
+            fix = f"Keep numbers, not graphs, in `{name}`:\n" + _detached(
+                linecache.getline(keeper[2], keeper[3]).strip(), name, "running" in what
+            )
         else:
-            culprit = ("Something keeps a tensor that is still attached to its graph, e.g. `losses.append(loss)` or "
-                       "`total_loss += loss`")
-            fix = ("Keep numbers, not graphs, across steps:\n"
-                   "total_loss += loss.item()  # or loss.detach(); in a list: losses.append(loss.item())")
+            culprit = (
+                "Something keeps a tensor that is still attached to its graph, e.g. `losses.append(loss)` or "
+                "`total_loss += loss`"
+            )
+            fix = (
+                "Keep numbers, not graphs, across steps:\n"
+                "total_loss += loss.item()  # or loss.detach(); in a list: losses.append(loss.item())"
+            )
         return Finding(
             f"Autograd graphs of {label}'s forward outputs stay alive across steps: {when}, {graphs} graphs built in "
             f"{steps} (the oldest in step {old[0]}) are still alive ({memory}). {culprit}.",
-            fix=fix, location=Location(file=file, line=line, module=label, step=now - 1))
+            fix=fix,
+            location=Location(file=file, line=line, module=label, step=now - 1),
+        )
 
     def _model(self, label: str) -> "WatchedModel":
         return next(wm for wm in self.ctx.models if wm.label == label)
@@ -326,8 +352,9 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
                 if leaked and call.receiver not in kept and not _reset_in_loop(scope, call.receiver, call.loop, None):
                     yield _leak_finding(src, call.node, call.receiver, leaked, trained)
             elif "." not in call.receiver and call.receiver not in trained:
-                leaked = next((n for a in call.node.args if (n := _leaked_name(a, call.loop, call.pos, trained, scope))),
-                              None)
+                leaked = next(
+                    (n for a in call.node.args if (n := _leaked_name(a, call.loop, call.pos, trained, scope))), None
+                )
                 method = src.project.instance_method(scope, call.receiver, call.attr) if leaked else None
                 attr = _accumulated_attribute(method, call, leaked) if method is not None and leaked else None
                 if leaked and attr:
@@ -363,8 +390,9 @@ def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, a
     return out
 
 
-def _leaked_name(value: Optional[ast.expr], loop: Loop, pos: tuple, trained: dict,
-                 scope: FunctionScope) -> Optional[str]:
+def _leaked_name(
+    value: Optional[ast.expr], loop: Loop, pos: tuple, trained: dict, scope: FunctionScope
+) -> Optional[str]:
     """A name in `value` holding a loss that the same loop back-propagates, still a tensor at `pos`.
 
     The last assignment of the name in the loop before `pos` decides: `loss = loss.item()` or
@@ -373,8 +401,9 @@ def _leaked_name(value: Optional[ast.expr], loop: Loop, pos: tuple, trained: dic
     for name in sorted(graph_refs(value)):
         if not any(loop.encloses(other) or other.encloses(loop) for other, _ in trained.get(name, ())):
             continue
-        before = [b for b in scope.bindings
-                  if b.target == name and not b.augmented and b.pos < pos and loop.encloses(b.loop)]
+        before = [
+            b for b in scope.bindings if b.target == name and not b.augmented and b.pos < pos and loop.encloses(b.loop)
+        ]
         if before and not graph_refs(max(before, key=lambda b: b.pos).value):
             continue
         if _is_input(scope, name, pos):
@@ -386,8 +415,11 @@ def _leaked_name(value: Optional[ast.expr], loop: Loop, pos: tuple, trained: dic
 def _accumulates(b: Binding) -> bool:
     """`total = total + loss` (or `loss + total`): the same accumulation as `total += loss`."""
     value = b.value
-    return isinstance(value, ast.BinOp) and isinstance(value.op, ast.Add) \
+    return (
+        isinstance(value, ast.BinOp)
+        and isinstance(value.op, ast.Add)
         and (ref(value.left) == b.target or ref(value.right) == b.target)
+    )
 
 
 def _is_input(scope: FunctionScope, name: str, pos: tuple) -> bool:
@@ -408,22 +440,35 @@ def _accumulated_attribute(method: FunctionScope, call: CallSite, leaked: str) -
         return None
     params = [a.arg for a in node.args.posonlyargs + node.args.args][1:]  # without self
     passed = {params[i] for i, arg in enumerate(call.node.args) if i < len(params) and leaked in graph_refs(arg)}
+
     def still_tensor(names: set[str], pos: tuple) -> bool:
         """A parameter keeps its history at `pos` unless rebound before it to a value without (`v = v.data.sum()`)."""
         for name in names & passed:
-            before = [b for b in method.bindings if b.target == name and not b.augmented and b.pos < pos
-                      and not isinstance(b.node, ast.arg)]
+            before = [
+                b
+                for b in method.bindings
+                if b.target == name and not b.augmented and b.pos < pos and not isinstance(b.node, ast.arg)
+            ]
             if not before or name in graph_refs(max(before, key=lambda b: b.pos).value):
                 return True
         return False
 
     for b in method.bindings:
-        if b.target.startswith("self.") and (b.augmented or _accumulates(b)) and still_tensor(graph_refs(b.value), b.pos):
-            return b.target[len("self."):]
+        if (
+            b.target.startswith("self.")
+            and (b.augmented or _accumulates(b))
+            and still_tensor(graph_refs(b.value), b.pos)
+        ):
+            return b.target[len("self.") :]
     for c in method.calls:
-        if c.attr == "append" and c.receiver and c.receiver.startswith("self.") and c.node.args \
-                and still_tensor(graph_refs(c.node.args[0]), c.pos):
-            return c.receiver[len("self."):]
+        if (
+            c.attr == "append"
+            and c.receiver
+            and c.receiver.startswith("self.")
+            and c.node.args
+            and still_tensor(graph_refs(c.node.args[0]), c.pos)
+        ):
+            return c.receiver[len("self.") :]
     return None
 
 
@@ -431,8 +476,14 @@ def _reset_in_loop(scope: FunctionScope, target: str, loop: Loop, node: Optional
     """The accumulator is re-initialised inside the same loop, so at most one window of history is kept; a reset
     only every N-th iteration for logging (`if step % log_every == 0: running = 0`) keeps up to N graphs and does
     not count (the window of a gradient-accumulation step, whose `if` also steps an optimizer, does)."""
-    return any(b.target == target and not b.augmented and b.node is not node and loop.encloses(b.loop)
-               and not _logging_window(loop, b.node) for b in scope.bindings)
+    return any(
+        b.target == target
+        and not b.augmented
+        and b.node is not node
+        and loop.encloses(b.loop)
+        and not _logging_window(loop, b.node)
+        for b in scope.bindings
+    )
 
 
 def _logging_window(loop: Loop, node: ast.AST) -> bool:
@@ -443,12 +494,16 @@ def _logging_window(loop: Loop, node: ast.AST) -> bool:
         stmt = next((s for s in block if s.lineno <= line <= (s.end_lineno or s.lineno)), None)
         if stmt is None or stmt is node or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return False
-        if isinstance(stmt, ast.If) and any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
-                                            for n in ast.walk(stmt.test)):
-            return not any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
-                           for n in ast.walk(stmt))
-        block = [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])] \
-            + [s for h in getattr(stmt, "handlers", []) for s in h.body]
+        if isinstance(stmt, ast.If) and any(
+            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(stmt.test)
+        ):
+            return not any(
+                isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step"
+                for n in ast.walk(stmt)
+            )
+        block = [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])] + [
+            s for h in getattr(stmt, "handlers", []) for s in h.body
+        ]
     return False
 
 
@@ -468,12 +523,12 @@ def _source_fix(src: SourceFile, node: Spanned, leaked: str) -> str:
     method = "detach" if isinstance(node, ast.Call) else "item"
     text = src.segment(node)
     uses = [n for n in ast.walk(node) if isinstance(n, ast.Name) and n.id == leaked and isinstance(n.ctx, ast.Load)]
-    parents = {id(child) for n in ast.walk(node) if isinstance(n, (ast.Attribute, ast.Subscript))
-               for child in [n.value]}
+    parents = {
+        id(child) for n in ast.walk(node) if isinstance(n, (ast.Attribute, ast.Subscript)) for child in [n.value]
+    }
     if node.lineno != node.end_lineno or not text.isascii() or not uses or any(id(n) in parents for n in uses):
-        return (f"Keep a number, not the graph: use `{leaked}.{method}()` instead of `{leaked}` on line "
-                f"{node.lineno}.")
+        return f"Keep a number, not the graph: use `{leaked}.{method}()` instead of `{leaked}` on line {node.lineno}."
     for use in sorted(uses, key=lambda n: -n.col_offset):
         at = use.col_offset - node.col_offset
-        text = text[:at] + f"{leaked}.{method}()" + text[at + len(leaked):]
+        text = text[:at] + f"{leaked}.{method}()" + text[at + len(leaked) :]
     return f"Keep a number, not the graph: write line {node.lineno} as\n{text}"

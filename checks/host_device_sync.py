@@ -1,4 +1,5 @@
 """host-device-sync: every step blocks the CPU until the GPU catches up (.item(), .cpu(), printing a CUDA tensor)."""
+
 from __future__ import annotations
 
 import linecache
@@ -23,7 +24,7 @@ HOST_DEVICE_SYNC = Pitfall(
     name="host-device-sync",
     severity="info",
     summary="Every step blocks the CPU until the GPU has finished (.item(), .cpu(), printing or branching on a "
-            "CUDA tensor): the GPU runs dry at each of them.",
+    "CUDA tensor): the GPU runs dry at each of them.",
     why="""
         CUDA runs asynchronously: the CPU queues kernels and races ahead while the GPU works through them, so the
         next step's work is queued before the GPU needs it. Reading a value back — `loss.item()`, `.cpu()`,
@@ -137,8 +138,9 @@ class HostDeviceSync(RuntimeCheck):
             if warnings.showwarning == self._show:
                 warnings.showwarning = self.shown
 
-    def _show(self, message: Any, category: Any, filename: str, lineno: int, file: Any = None,
-              line: Optional[str] = None) -> None:
+    def _show(
+        self, message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Optional[str] = None
+    ) -> None:
         if not re.match(_MESSAGE, str(message)):
             self.shown(message, category, filename, lineno, file, line)
             return
@@ -161,8 +163,9 @@ class HostDeviceSync(RuntimeCheck):
             f"each of steps {step - SAMPLES + 1}-{step} waited for the GPU at least {per_step} time(s), at the same "
             f"line(s) every step: {shown}{more}. Each wait drains the GPU's queue of work.",
             fix="Read values back every N steps, not every step (keep running sums on the GPU), e.g.:\n"
-                "if step % 100 == 0:",
-            location=Location(file=file, line=line))
+            "if step % 100 == 0:",
+            location=Location(file=file, line=line),
+        )
 
 
 def _user_line(frame: Any) -> Optional[tuple[str, int]]:
@@ -176,7 +179,9 @@ def _user_line(frame: Any) -> Optional[tuple[str, int]]:
 
     base = os.path.dirname(torch.__file__)
     theirs = tuple(os.path.join(base, part) + os.sep for part in ("amp", "optim", "distributed")) + (
-        os.path.dirname(os.path.dirname(torchdoctor.sdk.__file__)) + os.sep, os.path.dirname(__file__) + os.sep)
+        os.path.dirname(os.path.dirname(torchdoctor.sdk.__file__)) + os.sep,
+        os.path.dirname(__file__) + os.sep,
+    )
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith(theirs):

@@ -1,4 +1,5 @@
 """inplace-modified-for-backward: a tensor saved for backward was changed in place before the backward."""
+
 from __future__ import annotations
 
 import re
@@ -27,7 +28,7 @@ INPLACE_MODIFIED_FOR_BACKWARD = Pitfall(
     name="inplace-modified-for-backward",
     severity="error",
     summary="A tensor saved for backward was changed in place before the backward: optimizer.step() between a "
-            "forward and its backward (GANs), or an in-place operation on an activation.",
+    "forward and its backward (GANs), or an in-place operation on an activation.",
     why="""
         Autograd saves some inputs and outputs of each operation for the backward pass and checks their
         version counters. "one of the variables needed for gradient computation has been modified by an
@@ -76,14 +77,17 @@ INPLACE_MODIFIED_FOR_BACKWARD = Pitfall(
             When the watched code (or the program, under `torchdoctor run`) ends with autograd's "modified by
             an inplace operation", the check reads the tensor's shape, the operation that saved it and the
             versions from the error, and looks for watched parameters of that shape: when there are, it
-            names them (a linear layer saves its weight transposed) and the optimizer step that changed them; otherwise it points at an in-place
+            names them (a linear layer saves its weight transposed) and the optimizer step that changed them; otherwise
+            it points at an in-place
             operation on an activation. Quiet for other errors.
         """,
     },
 )
 
-_SAVED = re.compile(r"\[torch\.\w+ \[([\d, ]*)\]\], which is output (\d+) of (\w+), is at version (\d+); "
-                    r"expected version (\d+)")
+_SAVED = re.compile(
+    r"\[torch\.\w+ \[([\d, ]*)\]\], which is output (\d+) of (\w+), is at version (\d+); "
+    r"expected version (\d+)"
+)
 
 
 @INPLACE_MODIFIED_FOR_BACKWARD.runtime
@@ -98,25 +102,36 @@ class InplaceModifiedForBackward(RuntimeCheck):
         m = _SAVED.search(text)
         shape = tuple(int(d) for d in m.group(1).split(",") if d.strip()) if m else None
         op = m.group(3) if m else "an operation"
-        weights = [(wm.label, name) for wm in self.ctx.models for name, p in wm.named_parameters()
-                   if shape in (tuple(p.shape), tuple(reversed(p.shape)))] if shape is not None else []
+        weights = (
+            [
+                (wm.label, name)
+                for wm in self.ctx.models
+                for name, p in wm.named_parameters()
+                if shape in (tuple(p.shape), tuple(reversed(p.shape)))
+            ]
+            if shape is not None
+            else []
+        )
         steps = ", ".join(f"{wo.label} {wo.steps}" for wo in self.ctx.optimizers)
         saved = f"a {list(shape)} tensor saved by {op}" if shape is not None else "a tensor saved for backward"
         if weights:
             names = ", ".join(f"{label} `{name}`" for label, name in weights[:4])
             yield Finding(
-                f"backward() found {saved} changed in place at step {self.ctx.step}; it has the shape of {names} (or its transpose): "
+                f"backward() found {saved} changed in place at step {self.ctx.step}; it has the shape of {names} (or "
+                f"its transpose): "
                 f"an optimizer.step() (steps so far: {steps or 'none watched'}) updated those weights between the "
                 "forward and this backward.",
                 fix="Back-propagate each loss before the step that changes the weights it went through, e.g. a "
-                    "fresh discriminator forward after its step:\nopt_d.step()\n"
-                    "g_loss = bce(D(fake), ones)  # not the output of D's forward from before opt_d.step()\n"
-                    "g_loss.backward()",
-                location=Location(module=weights[0][0], param=weights[0][1]))
+                "fresh discriminator forward after its step:\nopt_d.step()\n"
+                "g_loss = bce(D(fake), ones)  # not the output of D's forward from before opt_d.step()\n"
+                "g_loss.backward()",
+                location=Location(module=weights[0][0], param=weights[0][1]),
+            )
         else:
             yield Finding(
                 f"backward() found {saved} changed in place at step {self.ctx.step} (no watched weight has that "
                 "shape: an activation was modified, e.g. `x += ...`, `x[mask] = 0`, `relu(inplace=True)`).",
                 fix="Use the out-of-place form, and let anomaly mode name the forward line that saved it:\n"
-                    "x = x + residual  # not x += residual\ntorch.autograd.set_detect_anomaly(True)  # once, to locate",
-                location=Location())
+                "x = x + residual  # not x += residual\ntorch.autograd.set_detect_anomaly(True)  # once, to locate",
+                location=Location(),
+            )

@@ -1,11 +1,13 @@
 """input-bound: the training loop spends most of each step waiting for its next batch."""
+
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Iterator
 
-from ._perf import ClockCheck, ms, phase_share
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
+
+from ._perf import ClockCheck, ms, phase_share
 
 if TYPE_CHECKING:
     from torchdoctor.sdk.runtime import LoaderWait, StepClock
@@ -81,19 +83,24 @@ INPUT_BOUND = Pitfall(
             optimizer.step()
         """,
         setup=_SETUP,
-        recipe={"runtime": "watch sees the loader's iterator, not the line that built it: the fix is the "
-                           "DataLoader call with the arguments to add, for the user to merge into their own"},
+        recipe={
+            "runtime": "watch sees the loader's iterator, not the line that built it: the fix is the "
+            "DataLoader call with the arguments to add, for the user to merge into their own"
+        },
     ),
     details={
         "runtime": """
             `watch` times every `DataLoader` iterator's `__next__` and every step (see the step-time
             breakdown in the report). It reports when, over the timed steps (the first is left out, at least
             8; steps whose time outside `__next__` is over 5 times the median's, which also validated or saved
-            a checkpoint, are left out too), half of the time or more was spent inside `__next__`: a share of the measured steps, so a
+            a checkpoint, are left out too), half of the time or more was spent inside `__next__`: a share of the
+            measured steps, so a
             slower or busier machine gives the same verdict, and a sum rather than a per-step median, since
-            workers that cannot keep up make every few steps wait long and the others not at all. The fix names what the loader that was
+            workers that cannot keep up make every few steps wait long and the others not at all. The fix names what
+            the loader that was
             waited for lacks: workers; `persistent_workers` when the first and last `__next__` of each pass (the workers
-            starting and stopping) is most of the wait; `pin_memory` when the model is on a GPU; and, when it has workers,
+            starting and stopping) is most of the wait; `pin_memory` when the model is on a GPU; and, when it has
+            workers,
             the cost of one batch in a worker and of one sample in `__getitem__` (the workers are all busy).
             Quiet: loops whose data is cheap next to their compute, loaders whose workers keep up, and loops
             that take their batches from anything other than a `DataLoader` (not timed).
@@ -116,29 +123,44 @@ class InputBound(ClockCheck):
         rows = clock.rows()
         step = sorted(r[-1] for r in rows)[len(rows) // 2]
         wait = sorted(r[DATA] for r in rows)[len(rows) // 2]
-        said = (f"the training loop waited for its next batch {100 * share:.0f}% of the time of {len(rows)} steps "
-                f"(median step {ms(step)}, median wait {ms(wait)} inside the {loader.label} DataLoader's __next__)")
-        yield Finding(f"{said}; {self._cause(clock, loader, step)}", fix=self._fix(loader),
-                      location=Location(module=loader.label))
+        said = (
+            f"the training loop waited for its next batch {100 * share:.0f}% of the time of {len(rows)} steps "
+            f"(median step {ms(step)}, median wait {ms(wait)} inside the {loader.label} DataLoader's __next__)"
+        )
+        yield Finding(
+            f"{said}; {self._cause(clock, loader, step)}", fix=self._fix(loader), location=Location(module=loader.label)
+        )
 
     def _cause(self, clock: "StepClock", loader: "LoaderWait", step: float) -> str:
         if loader.workers == 0:
             per = f", about {ms(step / loader.batch_size)} per sample" if loader.batch_size else ""
-            return (f"it has num_workers=0, so every batch is loaded in the training process between two "
-                    f"steps{per}.")
+            return f"it has num_workers=0, so every batch is loaded in the training process between two steps{per}."
         if self._startup_bound(clock):
-            return (f"most of that wait is at the start and end of each pass: its {loader.workers} workers are "
-                    "started again at every epoch and stopped at its end (persistent_workers=False).")
+            return (
+                f"most of that wait is at the start and end of each pass: its {loader.workers} workers are "
+                "started again at every epoch and stopped at its end (persistent_workers=False)."
+            )
         batch = step * loader.workers  # steady state: the workers together deliver one batch per step
-        per = (f" (about {ms(batch / loader.batch_size)} per sample: __getitem__, collating and the transfer to "
-               "the training process)") if loader.batch_size else ""
-        return (f"its {loader.workers} workers cannot keep up: at this pace one batch takes a worker about "
-                f"{ms(batch)}{per}.")
+        per = (
+            (
+                f" (about {ms(batch / loader.batch_size)} per sample: __getitem__, collating and the transfer to "
+                "the training process)"
+            )
+            if loader.batch_size
+            else ""
+        )
+        return (
+            f"its {loader.workers} workers cannot keep up: at this pace one batch takes a worker about "
+            f"{ms(batch)}{per}."
+        )
 
     def _startup_bound(self, clock: "StepClock") -> bool:
         passes = [w for w in clock.loaders.values() if w.workers > 0 and w.batches > 1]
-        return bool(passes) and not passes[0].persistent and \
-            sum(w.edge_wait for w in passes) >= 0.5 * sum(w.wait for w in passes)
+        return (
+            bool(passes)
+            and not passes[0].persistent
+            and sum(w.edge_wait for w in passes) >= 0.5 * sum(w.wait for w in passes)
+        )
 
     def _fix(self, loader: "LoaderWait") -> str:
         args = [f"batch_size={loader.batch_size}"] if loader.batch_size else []
@@ -154,12 +176,16 @@ class InputBound(ClockCheck):
             more = min(max(2 * loader.workers, loader.workers + 1), cores)
             if more > loader.workers:
                 args += [f"num_workers={more}"]
-                title = (f"Give the loader more workers (up to the {cores} CPU cores), or make "
-                         f"{loader.label}.__getitem__ cheaper (decode once and cache, augment on the GPU):")
+                title = (
+                    f"Give the loader more workers (up to the {cores} CPU cores), or make "
+                    f"{loader.label}.__getitem__ cheaper (decode once and cache, augment on the GPU):"
+                )
             else:
                 args += [f"num_workers={loader.workers}"]
-                title = (f"Every CPU core already runs a worker: make {loader.label}.__getitem__ cheaper "
-                         "(preprocess once and store tensors, cache decoded samples, augment on the GPU):")
+                title = (
+                    f"Every CPU core already runs a worker: make {loader.label}.__getitem__ cheaper "
+                    "(preprocess once and store tensors, cache decoded samples, augment on the GPU):"
+                )
             if not loader.persistent:
                 args.append("persistent_workers=True")
         if cuda and not loader.pin_memory:

@@ -1,7 +1,8 @@
 """iterable-dataset-duplication: an IterableDataset read by several workers that does not shard yields it N times."""
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import LoaderEvent, Restore, RuntimeCheck
@@ -132,19 +133,23 @@ class IterableDatasetDuplication(RuntimeCheck):
 
     def verdict(self, sniffer: _Sniffer) -> None:
         n, prints = sniffer.workers, sniffer.prints
-        first, second = prints[:n], prints[n:2 * n]
+        first, second = prints[:n], prints[n : 2 * n]
         if len(first) < n or len(set(map(repr, first))) != 1:
             return
         if len(second) == n and len(set(map(repr, second))) == 1 and repr(second[0]) == repr(first[0]):
             return  # the data itself is constant: nothing to conclude
         self.reported = True
-        self.ctx.emit(self, Finding(
-            f"The DataLoader over {sniffer.dataset} (an IterableDataset) runs {n} workers and their first batches "
-            f"are identical: the dataset does not shard by worker, so every worker yields the whole dataset and "
-            f"each sample is seen {n} times per epoch.",
-            fix="Shard in __iter__ by worker:\n"
+        self.ctx.emit(
+            self,
+            Finding(
+                f"The DataLoader over {sniffer.dataset} (an IterableDataset) runs {n} workers and their first batches "
+                f"are identical: the dataset does not shard by worker, so every worker yields the whole dataset and "
+                f"each sample is seen {n} times per epoch.",
+                fix="Shard in __iter__ by worker:\n"
                 "def __iter__(self):\n"
                 "    info = torch.utils.data.get_worker_info()\n"
                 "    start, step = (info.id, info.num_workers) if info else (0, 1)\n"
                 "    return itertools.islice(self.source(), start, None, step)",
-            location=Location(key=sniffer.dataset, step=self.ctx.step)))
+                location=Location(key=sniffer.dataset, step=self.ctx.step),
+            ),
+        )

@@ -1,4 +1,5 @@
 """local-rank-argument: the script reads its rank only from --local_rank, which launchers no longer pass."""
+
 from __future__ import annotations
 
 import ast
@@ -9,8 +10,10 @@ from torchdoctor.sdk.env import EnvFacts
 from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, SourceFile, has_word, literal
 
 _FROM_ENV = 'int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else '
-_ENV_UNSEEN = ("it reads the arguments its own process was launched with (by a launcher put before "
-               "`-m torchdoctor env`), not the argparse calls of a training script.")
+_ENV_UNSEEN = (
+    "it reads the arguments its own process was launched with (by a launcher put before "
+    "`-m torchdoctor env`), not the argparse calls of a training script."
+)
 
 LOCAL_RANK_ARGUMENT = Pitfall(
     code="TD406",
@@ -49,7 +52,8 @@ LOCAL_RANK_ARGUMENT = Pitfall(
             The lint rule reports `add_argument("--local_rank", ...)` in a file that never mentions `--local-rank` or
             `LOCAL_RANK`, unless the script parses with `parse_known_args` and a project module it imports (directly
             or through other project modules) reads `LOCAL_RANK`, and in files that use deepspeed (whose launcher
-            passes `--local_rank=N`, the spelling they accept). `--fix` adds the dashed spelling and, when the argument has `type=int`, a default read from
+            passes `--local_rank=N`, the spelling they accept). `--fix` adds the dashed spelling and, when the argument
+            has `type=int`, a default read from
             `LOCAL_RANK` that keeps the old default when the variable is unset (adding `import os` if needed).
         """,
         "env": """
@@ -113,14 +117,17 @@ def parses_only_local_rank(src: SourceFile) -> Iterator[Finding]:
         if spelling is None:
             continue
         yield FixableFinding(
-            f"`{src.snippet(call.node)}` accepts only --local_rank: `python -m torch.distributed.launch` (torch >= 2.0) "
+            f"`{src.snippet(call.node)}` accepts only --local_rank: `python -m torch.distributed.launch` (torch >= "
+            f"2.0) "
             "passes --local-rank=N ('unrecognized arguments: --local-rank=0') and torchrun passes no argument at all, "
             "only the LOCAL_RANK environment variable.",
             fix='Accept both spellings and fall back to the environment:\nparser.add_argument("--local_rank", '
-                '"--local-rank", type=int,\n    default=int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else -1)',
+            '"--local-rank", type=int,\n    default=int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else '
+            "-1)",
             location=src.location(call.node),
             edits=tuple(_local_rank_edits(src, call, spelling)),
         )
+
 
 @LOCAL_RANK_ARGUMENT.env
 def launched_with_local_rank(facts: EnvFacts) -> Iterator[Finding]:
@@ -134,8 +141,8 @@ def launched_with_local_rank(facts: EnvFacts) -> Iterator[Finding]:
         "script that declares only one spelling fails with 'error: unrecognized arguments: --local-rank=0', "
         "and under torchrun no such argument comes at all.",
         fix="Launch with torchrun and read the rank from the environment:\n"
-            "    local_rank = int(os.environ[\"LOCAL_RANK\"])\n"
-            "or accept both spellings: parser.add_argument(\"--local-rank\", \"--local_rank\", type=int, "
-            "default=int(os.environ.get(\"LOCAL_RANK\", 0)))",
+        '    local_rank = int(os.environ["LOCAL_RANK"])\n'
+        'or accept both spellings: parser.add_argument("--local-rank", "--local_rank", type=int, '
+        'default=int(os.environ.get("LOCAL_RANK", 0)))',
         severity=Severity.WARNING,
     )

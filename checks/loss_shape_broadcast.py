@@ -1,14 +1,16 @@
 """loss-shape-broadcast: a regression loss whose input and target shapes differ and broadcast to a bigger
 tensor ([N, 1] against [N] gives N x N), so it averages every prediction against every target."""
+
 from __future__ import annotations
 
 import ast
 import math
 from typing import Any, Optional
 
-from ._losstap import fixed_line, segment, tap_losses, user_location
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
+
+from ._losstap import fixed_line, segment, tap_losses, user_location
 
 _SETUP = """
 import torch
@@ -30,7 +32,7 @@ LOSS_SHAPE_BROADCAST = Pitfall(
     name="loss-shape-broadcast",
     severity="error",
     summary="A regression loss gets input and target of different shapes that broadcast ([N, 1] against [N] "
-            "gives an N x N loss), so the model learns to predict the mean target.",
+    "gives an N x N loss), so the model learns to predict the mean target.",
     why="""
         `mse_loss`, `l1_loss`, `smooth_l1_loss` and `huber_loss` broadcast their input against their target.
         A model that returns `[N, 1]` compared with targets of shape `[N]` gives an `[N, N]` tensor: every
@@ -102,23 +104,35 @@ class LossShapeBroadcast(RuntimeCheck):
             return  # only the target expands (a scalar, `[C]` against `[N, C]`, ...): the same mean
         self.reported.add((name, a, b))
         if math.prod(full) > max(math.prod(a), math.prod(b)):
-            what = (f"they broadcast to {list(full)}, so every prediction is compared with every target of the "
-                    "batch and the model learns the mean target.")
+            what = (
+                f"they broadcast to {list(full)}, so every prediction is compared with every target of the "
+                "batch and the model learns the mean target."
+            )
         else:
-            what = (f"the input is broadcast to {list(full)}, so the same predictions are compared with the "
-                    "targets of other samples.")
+            what = (
+                f"the input is broadcast to {list(full)}, so the same predictions are compared with the "
+                "targets of other samples."
+            )
         where = user_location()
         squeeze = a[-1:] == (1,) and len(a) == len(b) + 1
         if math.prod(a) != math.prod(b):
-            fix = ("Check that the prediction has one row per target (the model's batch and the target's):\n"
-                   f"assert pred.shape == target.shape, (pred.shape, target.shape)")
+            fix = (
+                "Check that the prediction has one row per target (the model's batch and the target's):\n"
+                "assert pred.shape == target.shape, (pred.shape, target.shape)"
+            )
         else:
             line = fixed_line(where, lambda call, text: _same_shape(call, text, squeeze))
-            fix = "Give input and target the same shape:\n" + (line or (
-                f"loss = F.{name}(pred.squeeze(-1), target)" if squeeze else
-                f"loss = F.{name}(pred, target.view_as(pred))"))
-        self.ctx.emit(self, Finding(f"{name} got input {list(a)} and target {list(b)}: {what}",
-                                    fix=fix, location=where))
+            fix = "Give input and target the same shape:\n" + (
+                line
+                or (
+                    f"loss = F.{name}(pred.squeeze(-1), target)"
+                    if squeeze
+                    else f"loss = F.{name}(pred, target.view_as(pred))"
+                )
+            )
+        self.ctx.emit(
+            self, Finding(f"{name} got input {list(a)} and target {list(b)}: {what}", fix=fix, location=where)
+        )
 
 
 def _same_shape(call: ast.Call, text: str, squeeze: bool) -> Optional[str]:

@@ -1,4 +1,5 @@
 """low-resources: little free RAM, or little free disk where you run."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -6,7 +7,7 @@ from typing import Iterator
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
 from torchdoctor.sdk.env import EnvFacts
 
-from ._envutil import GiB, MACHINE_STATE
+from ._envutil import MACHINE_STATE, GiB
 
 LOW_RAM = 1 * GiB
 LOW_DISK = 2 * GiB
@@ -107,11 +108,12 @@ def low_resources(facts: EnvFacts) -> Iterator[Finding]:
             available = max(0, min(available if available is not None else limit, limit - s.cgroup_memory_used))
     if available is not None and total and (available < LOW_RAM or available < 0.05 * total):
         yield Finding(
-            f"Only {byte_size(available)} of {'the ' if where != 'RAM' else ''}{byte_size(total)} {where} is available: "
+            f"Only {byte_size(available)} of {'the ' if where != 'RAM' else ''}{byte_size(total)} {where} is "
+            f"available: "
             "DataLoader workers and "
             "torch.load will be OOM-killed ('DataLoader worker ... is killed by signal: Killed').",
             fix="Stop other jobs (`ps aux --sort=-rss | head`), lower num_workers, or load checkpoints with mmap=True"
-                + (", or give the container more memory (`docker run --memory=...`)." if where != "RAM" else "."),
+            + (", or give the container more memory (`docker run --memory=...`)." if where != "RAM" else "."),
         )
     disks = [("the working directory", s.disk_path, s.disk_free, s.disk_total)]
     disks += [(name, path, free, None) for name, (path, free) in sorted(s.cache_free.items())]

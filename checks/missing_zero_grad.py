@@ -1,4 +1,5 @@
 """missing-zero-grad: gradients are never cleared between optimizer steps, so each step applies their sum."""
+
 from __future__ import annotations
 
 import ast
@@ -9,8 +10,18 @@ from typing import Any, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
 from torchdoctor.sdk.source import (
-    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, clears_every_grad, inner_scopes,
-    is_backward, is_optimizer, ref,
+    BACKWARD_METHODS,
+    CallSite,
+    FunctionScope,
+    Loop,
+    ModuleIndex,
+    SourceFile,
+    calls_in,
+    clears_every_grad,
+    inner_scopes,
+    is_backward,
+    is_optimizer,
+    ref,
 )
 
 _TINY_LOOP = """
@@ -91,7 +102,8 @@ MISSING_ZERO_GRAD = Pitfall(
             (`clip_gradient(optimizer, 5.0)` from a library) is unknown: it is not assumed to clear, the finding
             is a warning and its message names that call. Calls into installed libraries are followed: their
             source is read from site-packages (`loss_scaler(loss, optimizer)` with timm's NativeScaler, which runs
-            backward and step but never clears, is reported when the loop does not clear). It stays quiet inside `dist_autograd.context()` loops,
+            backward and step but never clears, is reported when the loop does not clear). It stays quiet inside
+            `dist_autograd.context()` loops,
             where gradients live per context. `watch` confirms the rest at run time.
         """,
     },
@@ -109,9 +121,9 @@ class _Sentinel:
 
     def __init__(self, param: Any) -> None:
         self.param = weakref.ref(param)
-        self.stepped = False   # a step() was seen since the sentinel was chosen
-        self.cleared = False   # a zero_grad() or an empty/zero gradient was seen since the last step
-        self.backwards = 0     # backward passes into the sentinel since the last step
+        self.stepped = False  # a step() was seen since the sentinel was chosen
+        self.cleared = False  # a zero_grad() or an empty/zero gradient was seen since the last step
+        self.backwards = 0  # backward passes into the sentinel since the last step
         self.zero_flags: list[Any] = []  # one-element bool tensors: "grad was all zero before this backward"
 
 
@@ -142,8 +154,11 @@ class MissingZeroGrad(RuntimeCheck):
                 params = [p for p in wm.inner.parameters() if p.requires_grad and p.is_floating_point()]
                 if params:
                     manual = _Manual(min(params, key=lambda p: p.numel()), wm.label)
-                    self.ctx.hooks.add(manual.param().register_hook(  # type: ignore[union-attr]
-                        lambda grad, m=manual: self._manual_backward(m)))
+                    self.ctx.hooks.add(
+                        manual.param().register_hook(  # type: ignore[union-attr]
+                            lambda grad, m=manual: self._manual_backward(m)
+                        )
+                    )
 
     def _manual_backward(self, m: "_Manual") -> None:
         """Runs inside backward, before the gradient is added into the parameter of an optimizer-free loop:
@@ -163,18 +178,21 @@ class MissingZeroGrad(RuntimeCheck):
             if changed:  # updated, and the gradient from before the update is still there (accumulation: unchanged)
                 self.manual_done = True
                 name = self.ctx.param_name(param)
-                self.manual.append(Finding(
-                    f"{m.label}'s parameters are updated without an optimizer that watch() saw (by hand, or by one "
-                    "built out of its sight), and the gradient "
-                    f"of {f'`{name}`' if name else 'its smallest parameter'} still held the previous iteration's "
-                    "when the next backward added to it: gradients add up across updates, so each update "
-                    "applies their running sum.",
-                    fix="Clear the gradients after each update:\n"
+                self.manual.append(
+                    Finding(
+                        f"{m.label}'s parameters are updated without an optimizer that watch() saw (by hand, or by one "
+                        "built out of its sight), and the gradient "
+                        f"of {f'`{name}`' if name else 'its smallest parameter'} still held the previous iteration's "
+                        "when the next backward added to it: gradients add up across updates, so each update "
+                        "applies their running sum.",
+                        fix="Clear the gradients after each update:\n"
                         "with torch.no_grad():\n"
                         "    for p in model.parameters():\n"
                         "        p -= lr * p.grad\n"
                         "model.zero_grad()",
-                    location=Location(module=m.label, param=name, step=m.updates)))
+                        location=Location(module=m.label, param=name, step=m.updates),
+                    )
+                )
         except Exception as exc:  # never break the user's backward
             self.manual_done = True
             self.ctx.fault(self, exc)
@@ -208,7 +226,8 @@ class MissingZeroGrad(RuntimeCheck):
             f"the gradient of {shown} was not cleared after the last step() (no zero_grad() was seen), "
             "so gradients add up across steps and the updates grow.",
             fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
-            location=Location(param=name, step=event.step))
+            location=Location(param=name, step=event.step),
+        )
 
     def on_step_post(self, event: StepEvent) -> None:
         s = self.sentinels.get(id(event.optimizer))
@@ -222,14 +241,17 @@ class MissingZeroGrad(RuntimeCheck):
             s.cleared = True
 
     def _choose(self, event: StepEvent) -> None:
-        with_grad = sorted((p for p in event.optimizer.params() if p.grad is not None and p.requires_grad),
-                           key=lambda p: p.numel())
+        with_grad = sorted(
+            (p for p in event.optimizer.params() if p.grad is not None and p.requires_grad), key=lambda p: p.numel()
+        )
         if not with_grad:
             return
         # an exactly-zero gradient (a WGAN critic's last bias: D(real).mean() - D(fake).mean() cancels) looks like
         # a cleared one at every step: take the smallest parameter whose gradient is not all zero (once per session)
-        param = next((p for p in with_grad[:8] if (g := p.grad) is not None and g.device.type != "meta" and bool(g.any())),
-                     with_grad[0])
+        param = next(
+            (p for p in with_grad[:8] if (g := p.grad) is not None and g.device.type != "meta" and bool(g.any())),
+            with_grad[0],
+        )
         s = _Sentinel(param)
         self.sentinels[id(event.optimizer)] = s
         self.ctx.hooks.add(param.register_hook(lambda grad, s=s: self._before_accumulate(s)))
@@ -254,8 +276,9 @@ class MissingZeroGrad(RuntimeCheck):
 _HARMLESS_WITH_OPTIMIZER = frozenset({"step", "unscale_", "update", "scale", "clip_grad_norm_", "print", "log", "info"})
 
 
-def _stepped_optimizer(call: CallSite, scope: FunctionScope, index: ModuleIndex,
-                       src: Optional[SourceFile] = None) -> Optional[str]:
+def _stepped_optimizer(
+    call: CallSite, scope: FunctionScope, index: ModuleIndex, src: Optional[SourceFile] = None
+) -> Optional[str]:
     """The optimizer an argument-free `opt.step()` or `scaler.step(opt)` updates, if that is clear."""
     if call.attr != "step" or call.node.keywords:
         return None
@@ -267,8 +290,9 @@ def _stepped_optimizer(call: CallSite, scope: FunctionScope, index: ModuleIndex,
     return None
 
 
-def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
-                      reported: set[str]) -> Iterator[Finding]:
+def _steps_in_helpers(
+    src: SourceFile, scope: FunctionScope, index: ModuleIndex, reported: set[str]
+) -> Iterator[Finding]:
     """A project function called in a loop runs backward and steps an optimizer passed to it
     (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
     known: dict[Optional[str], bool] = {None: False}  # name -> names an optimizer (asked once per scope)
@@ -280,19 +304,28 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
         return known[key]
 
     for call in scope.calls:
-        if call.loop is None or not (call.node.args or call.node.keywords) or not _may_run_backward(call.node.func,
-                                                                                                   index):
+        if (
+            call.loop is None
+            or not (call.node.args or call.node.keywords)
+            or not _may_run_backward(call.node.func, index)
+        ):
             continue
         found = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
         if found is None or not found[1].backward or found[1].clears_grads:
             continue
         same_instance = isinstance(call.node.func, ast.Attribute) and ref(call.node.func.value) == "self"
-        if not same_instance and not any(optimizer_arg(a) for a in call.node.args) \
-                and not any(optimizer_arg(k.value) for k in call.node.keywords):
+        if (
+            not same_instance
+            and not any(optimizer_arg(a) for a in call.node.args)
+            and not any(optimizer_arg(k.value) for k in call.node.keywords)
+        ):
             continue
         callee, summary = found
-        params = [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args] \
-            if not isinstance(callee.node, ast.Module) else []
+        params = (
+            [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args]
+            if not isinstance(callee.node, ast.Module)
+            else []
+        )
         if callee.class_name is not None and params[:1] == ["self"]:
             params = params[1:]
         passed = {p: ref(a) for p, a in zip(params, call.node.args)}
@@ -301,8 +334,11 @@ def _steps_in_helpers(src: SourceFile, scope: FunctionScope, index: ModuleIndex,
             passed.update({name: name for name in summary.steps if name.startswith("self.")})
         for param in sorted(summary.steps):
             optimizer = passed.get(param)
-            if optimizer is None or optimizer in reported or not (
-                    is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer)):
+            if (
+                optimizer is None
+                or optimizer in reported
+                or not (is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer))
+            ):
                 continue
             verdict = _loop_clears(src, call.loop, optimizer, scope, index, step=call.node)
             if verdict:
@@ -325,8 +361,9 @@ def _may_run_backward(func: ast.expr, index: ModuleIndex) -> bool:
     question = ("functions running backward",)
     here = index.memo.get(question)
     if here is None:
-        here = index.memo[question] = {s.name for s in index.scopes[1:]
-                                       if not BACKWARD_METHODS.isdisjoint(s.call_attrs)}
+        here = index.memo[question] = {
+            s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)
+        }
     if type(func) is ast.Name:  # `__call__`: an instance's, of a class here or imported
         return func.id in here or func.id in index.imported or "__call__" in here or func.id in _instances(index)
     if type(func) is ast.Attribute and type(func.value) is ast.Name:
@@ -343,8 +380,14 @@ def _instances(index: ModuleIndex) -> frozenset[str]:
     found = index.memo.get(question)
     if found is None:
         found = index.memo[question] = frozenset(
-            b.target for s in index.scopes for b in s.bindings if type(b.value) is ast.Call
-            and type(b.value.func) is ast.Name and b.value.func.id in index.imported and b.value.func.id[:1].isupper())
+            b.target
+            for s in index.scopes
+            for b in s.bindings
+            if type(b.value) is ast.Call
+            and type(b.value.func) is ast.Name
+            and b.value.func.id in index.imported
+            and b.value.func.id[:1].isupper()
+        )
     return found
 
 
@@ -356,13 +399,33 @@ def _inherits_from_project(index: ModuleIndex) -> bool:
     if found is None:
         found = index.memo[question] = any(
             not base.startswith(("torch.", "lightning.", "pytorch_lightning.", "typing.", "abc.", "enum."))
-            and base not in _BUILTIN_BASES and base not in index.classes
-            for bases in index.classes.values() for base in bases)
+            and base not in _BUILTIN_BASES
+            and base not in index.classes
+            for bases in index.classes.values()
+            for base in bases
+        )
     return found
 
 
-_BUILTIN_BASES = frozenset({"object", "Exception", "dict", "list", "tuple", "str", "int", "float", "type",
-                            "NamedTuple", "TypedDict", "Protocol", "Generic", "ABC", "Enum"})
+_BUILTIN_BASES = frozenset(
+    {
+        "object",
+        "Exception",
+        "dict",
+        "list",
+        "tuple",
+        "str",
+        "int",
+        "float",
+        "type",
+        "NamedTuple",
+        "TypedDict",
+        "Protocol",
+        "Generic",
+        "ABC",
+        "Enum",
+    }
+)
 
 
 def _may_call_project(func: ast.expr) -> bool:
@@ -422,14 +485,24 @@ def _parameter_sources(scope: FunctionScope, index: ModuleIndex, optimizer: str)
         return None  # parameters gathered elsewhere: unknown
     found: set[str] = set()
     for node in ast.walk(first):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                and node.func.attr in ("parameters", "named_parameters"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("parameters", "named_parameters")
+        ):
             owner = ref(node.func.value)
             if owner is None:
                 return None
             found.add(owner)
-        leaves = node.elts if isinstance(node, (ast.List, ast.Tuple)) else node.values if isinstance(node, ast.Dict) \
-            else node.args if isinstance(node, ast.Call) else []
+        leaves = (
+            node.elts
+            if isinstance(node, (ast.List, ast.Tuple))
+            else node.values
+            if isinstance(node, ast.Dict)
+            else node.args
+            if isinstance(node, ast.Call)
+            else []
+        )
         if any(isinstance(leaf, (ast.Name, ast.Attribute)) for leaf in leaves):
             return None  # `[{"params": head_params}, ...]`, `chain(a.parameters(), extra)`: partly unknown
     return frozenset(found) or None
@@ -447,8 +520,10 @@ def _helper_clears(call: CallSite, index: ModuleIndex) -> bool:
     """A function of this file with the called name clears gradients (a helper the program model did not resolve,
     e.g. `self.reset()` of another class)."""
     local = index.functions.get(call.attr) or []
-    return bool(local) and (any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls) or any(
-        clears_every_grad(b.target) for s in local for b in s.bindings))
+    return bool(local) and (
+        any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls)
+        or any(clears_every_grad(b.target) for s in local for b in s.bindings)
+    )
 
 
 def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> Optional[Loop]:
@@ -462,15 +537,22 @@ def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> O
 
 @MISSING_ZERO_GRAD.source
 def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or ("backward" not in src.text or ".step(" not in src.text) and "opt" not in src.text \
-            and not ("self." in src.text and _inherits_from_project(src.index)):
+    if (
+        src.tree is None
+        or ("backward" not in src.text or ".step(" not in src.text)
+        and "opt" not in src.text
+        and not ("self." in src.text and _inherits_from_project(src.index))
+    ):
         return  # neither a backward and a step here, nor an optimizer that a helper (or a base class) might step
     index = src.index
     for scope in index.scopes:
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
-        backwards = [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)] \
-            if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else []
+        backwards = (
+            [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)]
+            if not BACKWARD_METHODS.isdisjoint(scope.call_attrs)
+            else []
+        )
         reported: set[str] = set()
         yield from _steps_in_helpers(src, scope, index, reported)
         for call in scope.calls if "step" in scope.call_attrs else ():
@@ -514,17 +596,27 @@ class _Verdict:
         out = ""
         if self.every_kth is not None:
             clear, guard = self.every_kth
-            out += (f" `{src.snippet(clear.node)}` (line {clear.node.lineno}) runs only when "
-                    f"`{src.snippet(guard.test)}`, while the step runs every iteration: the steps between clears "
-                    "apply the running sum.")
+            out += (
+                f" `{src.snippet(clear.node)}` (line {clear.node.lineno}) runs only when "
+                f"`{src.snippet(guard.test)}`, while the step runs every iteration: the steps between clears "
+                "apply the running sum."
+            )
         if self.unknown is not None:
-            out += (f" `{src.snippet(self.unknown.node)}` receives `{optimizer}` but is not defined in the project, "
-                    "so it was not followed: if it clears the gradients, silence this line.")
+            out += (
+                f" `{src.snippet(self.unknown.node)}` receives `{optimizer}` but is not defined in the project, "
+                "so it was not followed: if it clears the gradients, silence this line."
+            )
         return out
 
 
-def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex,
-                 step: Optional[ast.Call] = None) -> _Verdict:
+def _loop_clears(
+    src: SourceFile,
+    loop: Loop,
+    optimizer: str,
+    scope: FunctionScope,
+    index: ModuleIndex,
+    step: Optional[ast.Call] = None,
+) -> _Verdict:
     """Whether something in `loop` clears `optimizer`'s gradients once per `step` (the call that steps it): a
     clear that runs only every k-th iteration while the step runs every one does not count, and a call outside
     the project is unknown: it neither clears nor steps anything (the verdict names it)."""
@@ -541,8 +633,14 @@ def _loop_clears(src: SourceFile, loop: Loop, optimizer: str, scope: FunctionSco
 
     for call in calls:  # first what the loop itself clears: the commonest answer, and it asks nothing of other files
         if call.attr == "zero_grad" and call.receiver != optimizer and others is None:
-            others = {o for c in calls if c.attr == "step" and (o := _stepped_optimizer(c, scope, index))
-                      and o != optimizer and not _may_share_parameters(scope, index, o, optimizer)}
+            others = {
+                o
+                for c in calls
+                if c.attr == "step"
+                and (o := _stepped_optimizer(c, scope, index))
+                and o != optimizer
+                and not _may_share_parameters(scope, index, o, optimizer)
+            }
         if _clears_grads(call, optimizer, others or set(), scope, index) and counts(call):
             return _Verdict(True)
     for call in calls:
@@ -570,18 +668,27 @@ def _enclosing_ifs(loop: Loop, call: ast.Call) -> tuple[ast.If, ...]:
     block: list[ast.stmt] = list(getattr(loop.node, "body", []))
     where = (call.lineno, call.col_offset)
     while block:
-        stmt = next((s for s in block if (s.lineno, s.col_offset) <= where
-                     <= (s.end_lineno or s.lineno, s.end_col_offset or 0)), None)
+        stmt = next(
+            (
+                s
+                for s in block
+                if (s.lineno, s.col_offset) <= where <= (s.end_lineno or s.lineno, s.end_col_offset or 0)
+            ),
+            None,
+        )
         if stmt is None or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             break
         if isinstance(stmt, ast.If):
-            if stmt.test.lineno <= call.lineno <= (stmt.test.end_lineno or stmt.test.lineno) \
-                    and any(n is call for n in ast.walk(stmt.test)):
+            if stmt.test.lineno <= call.lineno <= (stmt.test.end_lineno or stmt.test.lineno) and any(
+                n is call for n in ast.walk(stmt.test)
+            ):
                 break  # the call is the condition itself
             found.append(stmt)
-        block = [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])] \
-            + [s for h in getattr(stmt, "handlers", []) for s in h.body] \
+        block = (
+            [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])]
+            + [s for h in getattr(stmt, "handlers", []) for s in h.body]
             + [s for c in getattr(stmt, "cases", []) for s in c.body]
+        )
     return tuple(found)
 
 
@@ -602,4 +709,6 @@ def _periodic(test: ast.expr) -> bool:
 
 
 def _receives(call: CallSite, optimizer: str) -> bool:
-    return any(ref(a) == optimizer for a in call.node.args) or any(ref(k.value) == optimizer for k in call.node.keywords)
+    return any(ref(a) == optimizer for a in call.node.args) or any(
+        ref(k.value) == optimizer for k in call.node.keywords
+    )

@@ -1,4 +1,5 @@
 """module-shadowing: a file or folder named like torch, numpy or a standard module hides the real one."""
+
 from __future__ import annotations
 
 import os
@@ -94,12 +95,13 @@ def module_shadowing(facts: EnvFacts) -> Iterator[Finding]:
     for entry in facts.shadowing:
         if entry.path == named:
             continue
-        what = ("the installed package" if entry.name in THIRD_PARTY
-                else "the standard-library module that torch imports")
+        what = (
+            "the installed package" if entry.name in THIRD_PARTY else "the standard-library module that torch imports"
+        )
         kind = "folder" if os.path.basename(entry.path) == entry.name else "file"
         symptom = {
             "torch": "'ImportError: No module named torch._C' or "
-                     "\"AttributeError: partially initialized module 'torch' has no attribute ...\"",
+            "\"AttributeError: partially initialized module 'torch' has no attribute ...\"",
             "numpy": "\"AttributeError: module 'numpy' has no attribute ...\" and 'Failed to initialize NumPy'",
         }.get(entry.name, f"\"AttributeError: module '{entry.name}' has no attribute ...\" deep inside `import torch`")
         yield Finding(

@@ -1,4 +1,5 @@
 """nan-in-loss-input: BCE or sampling got NaN or values outside [0, 1]; from the forward, the batch, or the weights."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional
@@ -21,7 +22,7 @@ NAN_IN_LOSS_INPUT = Pitfall(
     name="nan-in-loss-input",
     severity="error",
     summary="binary_cross_entropy (or multinomial/bernoulli sampling) got NaN or values outside [0, 1]: raw "
-            "scores where probabilities belong, or NaN from the batch or the weights.",
+    "scores where probabilities belong, or NaN from the batch or the weights.",
     why="""
         `binary_cross_entropy` takes probabilities. Fed raw scores (a model without a final sigmoid) it
         stops with "all elements of input should be between 0 and 1" (on CUDA, a device-side assert); fed
@@ -65,8 +66,12 @@ NAN_IN_LOSS_INPUT = Pitfall(
     },
 )
 
-_TEXTS = ("elements of input should be between 0 and 1", "input_val >= zero && input_val <= one",
-          "probability tensor contains either `inf`, `nan`", "p_in >= 0 && p_in <= 1")
+_TEXTS = (
+    "elements of input should be between 0 and 1",
+    "input_val >= zero && input_val <= one",
+    "probability tensor contains either `inf`, `nan`",
+    "p_in >= 0 && p_in <= 1",
+)
 
 
 @NAN_IN_LOSS_INPUT.runtime
@@ -83,23 +88,36 @@ class NanInLossInput(RuntimeCheck):
         broken = self._broken_weights()
         if broken:
             cause = f"the weights already hold NaN/Inf ({broken}): training broke them before this step"
-            fix = ("Find where NaN began with torchdoctor.watch (nonfinite-values), then lower the learning rate "
-                   "or clip gradients:\ntorch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)")
+            fix = (
+                "Find where NaN began with torchdoctor.watch (nonfinite-values), then lower the learning rate "
+                "or clip gradients:\ntorch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"
+            )
         elif values is not None and values[0]:
-            cause = (f"the input holds {values[0]} NaN value(s) while the weights are finite: the NaN came from "
-                     "this batch or the forward")
+            cause = (
+                f"the input holds {values[0]} NaN value(s) while the weights are finite: the NaN came from "
+                "this batch or the forward"
+            )
             fix = "Check the batch where it is made:\nassert torch.isfinite(x).all(), 'a corrupt sample'"
         elif values is not None:
-            cause = (f"the input ranges from {values[1]:.3g} to {values[2]:.3g}: raw scores, not probabilities "
-                     "(no sigmoid before the loss)")
-            fix = ("Give the raw scores to the with-logits loss (numerically safe):\n"
-                   "loss = nn.functional.binary_cross_entropy_with_logits(scores, y)")
+            cause = (
+                f"the input ranges from {values[1]:.3g} to {values[2]:.3g}: raw scores, not probabilities "
+                "(no sigmoid before the loss)"
+            )
+            fix = (
+                "Give the raw scores to the with-logits loss (numerically safe):\n"
+                "loss = nn.functional.binary_cross_entropy_with_logits(scores, y)"
+            )
         else:
             cause = "the input could not be read (a CUDA assert leaves it unreadable); the weights are finite"
-            fix = ("Use the with-logits loss on raw scores, and check the batch for NaN:\n"
-                   "loss = nn.functional.binary_cross_entropy_with_logits(scores, y)")
-        yield Finding(f"A loss or sampling call got values outside [0, 1] at step {self.ctx.step}: {cause}.",
-                      fix=fix, location=Location())
+            fix = (
+                "Use the with-logits loss on raw scores, and check the batch for NaN:\n"
+                "loss = nn.functional.binary_cross_entropy_with_logits(scores, y)"
+            )
+        yield Finding(
+            f"A loss or sampling call got values outside [0, 1] at step {self.ctx.step}: {cause}.",
+            fix=fix,
+            location=Location(),
+        )
 
     def _broken_weights(self) -> str:
         import torch

@@ -1,4 +1,5 @@
 """needs-code-to-load: the file needs globals outside torch's weights_only allowlist, so torch.load refuses it."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -64,17 +65,35 @@ NEEDS_CODE_TO_LOAD = Pitfall(
 
 # numpy.dtype(code) builds an instance of one of these classes, which weights_only=True must allow as well
 _NUMPY_DTYPE_CLASSES = {
-    "f2": "Float16DType", "f4": "Float32DType", "f8": "Float64DType", "f16": "LongDoubleDType",
-    "i1": "Int8DType", "i2": "Int16DType", "i4": "Int32DType", "i8": "Int64DType",
-    "u1": "UInt8DType", "u2": "UInt16DType", "u4": "UInt32DType", "u8": "UInt64DType",
-    "b1": "BoolDType", "c8": "Complex64DType", "c16": "Complex128DType",
+    "f2": "Float16DType",
+    "f4": "Float32DType",
+    "f8": "Float64DType",
+    "f16": "LongDoubleDType",
+    "i1": "Int8DType",
+    "i2": "Int16DType",
+    "i4": "Int32DType",
+    "i8": "Int64DType",
+    "u1": "UInt8DType",
+    "u2": "UInt16DType",
+    "u4": "UInt32DType",
+    "u8": "UInt64DType",
+    "b1": "BoolDType",
+    "c8": "Complex64DType",
+    "c16": "Complex128DType",
 }
 
 
 def _numpy_dtype_classes(allowed: list) -> list[str]:
     """The `numpy.dtypes.*DType` classes of the dtypes the file builds with `numpy.dtype(code)`."""
-    return sorted({f"numpy.dtypes.{_NUMPY_DTYPE_CLASSES[args[0]]}" for g in allowed if g.qualname == "numpy.dtype"
-                   for _, args in g.calls if isinstance(args, tuple) and args and args[0] in _NUMPY_DTYPE_CLASSES})
+    return sorted(
+        {
+            f"numpy.dtypes.{_NUMPY_DTYPE_CLASSES[args[0]]}"
+            for g in allowed
+            if g.qualname == "numpy.dtype"
+            for _, args in g.calls
+            if isinstance(args, tuple) and args and args[0] in _NUMPY_DTYPE_CLASSES
+        }
+    )
 
 
 @NEEDS_CODE_TO_LOAD.checkpoint
@@ -89,8 +108,9 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
             f"user code: {runs}. That is how some libraries pickle their objects (an enum rebuilt by value), and "
             f"exactly how a payload would run; {called[0].qualname}: {called[0].reason or 'not inspected'}.",
             fix="Load it only if you trust both the file and the code it calls; better, re-save plain values "
-                "(str/int/float/dicts) instead of library objects.",
-            location=Location(file=info.path), key="calls",
+            "(str/int/float/dicts) instead of library objects.",
+            location=Location(file=info.path),
+            key="calls",
         )
     if info.format not in _TORCH_LOAD_FORMATS:
         code = [g for g in info.globals if g.verdict is Verdict.UNKNOWN and g.use is not Use.CALLED]
@@ -100,51 +120,68 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
                 f"{', '.join(g.qualname for g in code[:12])}{' …' if len(code) > 12 else ''}. pickle.load imports "
                 f"it and builds objects with it; {code[0].qualname}: {code[0].reason or 'not inspected'}.",
                 fix="Load it only if you trust both the file and that code; better, re-save plain values.",
-                location=Location(file=info.path), key="code",
+                location=Location(file=info.path),
+                key="code",
             )
         return
     extra = [g for g in info.globals if g.verdict in (Verdict.BENIGN, Verdict.UNKNOWN)]
     if extra:
         names = [g.qualname for g in extra]
         shown = ", ".join(names[:12]) + (f", … ({len(names) - 12} more)" if len(names) > 12 else "")
-        message = (f"`torch.load(path)` (weights_only=True, the default since torch 2.6) fails with "
-                   f"\"Weights only load failed … Unsupported global: GLOBAL {names[0]}\": the file names "
-                   f"{len(names)} global(s) outside the allowlist: {shown}.")
+        message = (
+            f"`torch.load(path)` (weights_only=True, the default since torch 2.6) fails with "
+            f'"Weights only load failed … Unsupported global: GLOBAL {names[0]}": the file names '
+            f"{len(names)} global(s) outside the allowlist: {shown}."
+        )
         # only names the file merely constructs may be allowed; never anything it calls or anything unsafe
         safe = [g.qualname for g in extra if g.use is not Use.CALLED or g.verdict is Verdict.BENIGN]
         if unsafe:
-            fix = ("Do not allowlist anything from this file: it is unsafe (see unsafe-pickle). Ask for a safetensors "
-                   "or plain state_dict copy.")
+            fix = (
+                "Do not allowlist anything from this file: it is unsafe (see unsafe-pickle). Ask for a safetensors "
+                "or plain state_dict copy."
+            )
         elif safe:
             allowed = [g for g in extra if g.qualname in safe[:12]]
             dtype_classes = _numpy_dtype_classes(allowed)
             scripts = [g for g in allowed if g.module.startswith("__")]  # saved from a script: `__main__.Net`
-            modules = sorted({g.module for g in allowed if g.module and g not in scripts}
-                             | ({"numpy.dtypes"} if dtype_classes else set()))
-            fix = ("If you trust the file, allow exactly these globals:\n"
-                   + "".join(f"import {m}\n" for m in modules)
-                   + "".join(f"# {g.name}: the class the file was saved with, defined or imported in this script "
-                             f"(it names it {g.qualname}: it was saved from a script)\n" for g in scripts)
-                   + "torch.serialization.add_safe_globals(["
-                   + ", ".join([*(f"({g.name}, {g.qualname!r})" if g in scripts else g.qualname for g in allowed),
-                                *dtype_classes])
-                   + "])\n"
-                   f"ckpt = torch.load({info.path!r})\n"
-                   "Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
-                   "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace).")
+            modules = sorted(
+                {g.module for g in allowed if g.module and g not in scripts}
+                | ({"numpy.dtypes"} if dtype_classes else set())
+            )
+            fix = (
+                "If you trust the file, allow exactly these globals:\n"
+                + "".join(f"import {m}\n" for m in modules)
+                + "".join(
+                    f"# {g.name}: the class the file was saved with, defined or imported in this script "
+                    f"(it names it {g.qualname}: it was saved from a script)\n"
+                    for g in scripts
+                )
+                + "torch.serialization.add_safe_globals(["
+                + ", ".join(
+                    [*(f"({g.name}, {g.qualname!r})" if g in scripts else g.qualname for g in allowed), *dtype_classes]
+                )
+                + "])\n"
+                f"ckpt = torch.load({info.path!r})\n"
+                "Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
+                "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace)."
+            )
             if called:
-                fix += ("\nThe file also calls " + ", ".join(g.qualname for g in called[:6]) + ": torchdoctor does not "
-                        "propose allowlisting callables (any file could then call them), so re-saving is the fix.")
+                fix += (
+                    "\nThe file also calls " + ", ".join(g.qualname for g in called[:6]) + ": torchdoctor does not "
+                    "propose allowlisting callables (any file could then call them), so re-saving is the fix."
+                )
         else:
-            fix = ("Re-save only tensors and plain Python values; the globals it needs are code it calls, which "
-                   "add_safe_globals would let any file call.")
+            fix = (
+                "Re-save only tensors and plain Python values; the globals it needs are code it calls, which "
+                "add_safe_globals would let any file call."
+            )
         yield Finding(message, fix=fix, location=Location(file=info.path))
     if info.unsupported_opcodes:
         ops = ", ".join(sorted(info.unsupported_opcodes))
         protocol = max((scan.protocol for _, scan in info.archive.pickles), default=0)
         yield Finding(
             f"The pickle uses opcodes the weights_only unpickler does not implement ({ops}; pickle protocol "
-            f"{protocol}), so `torch.load(path)` fails with \"Weights only load failed … Unsupported operand\" "
+            f'{protocol}), so `torch.load(path)` fails with "Weights only load failed … Unsupported operand" '
             "even though every global is allowed.",
             fix="Re-save with torch's default protocol (2): torch.save(obj, path)  # no pickle_protocol=4/5",
             location=Location(file=info.path),

@@ -1,4 +1,5 @@
 """nondeterministic-settings: cuDNN benchmark mode, deterministic algorithms off, unseeded workers: runs differ."""
+
 from __future__ import annotations
 
 import ast
@@ -24,7 +25,7 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
     name="nondeterministic-settings",
     severity="info",
     summary="Settings that make runs non-reproducible: cudnn.benchmark on, deterministic algorithms off, unseeded "
-            "workers.",
+    "workers.",
     why="""
         Reproducing a result needs the same algorithms in the same order. `torch.backends.cudnn.benchmark = True`
         times several convolution algorithms and keeps the fastest, which can change from run to run, so asking
@@ -61,7 +62,8 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
             The lint rule reports `cudnn.benchmark = True` in a file that also sets `cudnn.deterministic = True` or
             calls `torch.use_deterministic_algorithms(True)`, unless the two sit in different branches of one `if` or
             the same function switches determinism off (`use_deterministic_algorithms(False)`) before the benchmark
-            line (settings apply in order); this contradiction is a warning. The other settings (seeds, worker seeding) depend on run-time state
+            line (settings apply in order); this contradiction is a warning. The other settings (seeds, worker seeding)
+            depend on run-time state
             and are checked by `watch`.
         """,
         "runtime": """
@@ -105,8 +107,10 @@ def _reproducibility_problems(loaders: list[Any], deterministic: bool) -> list[s
         problems.append(f"torch.manual_seed() was not called (the seed is the random {torch.initial_seed()})")
     for loader in loaders:
         if getattr(loader, "num_workers", 0) > 0 and loader.worker_init_fn is None and loader.generator is None:
-            problems.append(f"the DataLoader over {type(loader.dataset).__name__} uses {loader.num_workers} workers "
-                            "without generator= or worker_init_fn= to seed them")
+            problems.append(
+                f"the DataLoader over {type(loader.dataset).__name__} uses {loader.num_workers} workers "
+                "without generator= or worker_init_fn= to seed them"
+            )
     return problems
 
 
@@ -128,9 +132,13 @@ class NondeterministicSettings(RuntimeCheck):
                 continue
             self.reported.add(problem)
             asked = " (watch(..., deterministic=True) asks for a reproducible run)" if deterministic else ""
-            yield Finding(f"This run is not reproducible: {problem}{asked}.", fix="The reproducibility recipe:\n" + _RECIPE,
-                          severity=Severity.WARNING if deterministic else Severity.INFO,
-                          location=Location(step=self.ctx.step), key=problem)
+            yield Finding(
+                f"This run is not reproducible: {problem}{asked}.",
+                fix="The reproducibility recipe:\n" + _RECIPE,
+                severity=Severity.WARNING if deterministic else Severity.INFO,
+                location=Location(step=self.ctx.step),
+                key=problem,
+            )
 
 
 @NONDETERMINISTIC_SETTINGS.source
@@ -157,8 +165,9 @@ def nondeterministic_settings(src: SourceFile) -> Iterator[Finding]:
         f"`{src.snippet(benchmark)}` (line {benchmark.lineno}) is set together with `{src.snippet(deterministic)}` "
         f"(line {deterministic.lineno}): benchmark mode times several cuDNN algorithms and keeps the fastest, which "
         "can differ from run to run, so the run you asked to be reproducible is not.",
-        fix="For reproducible runs:\ntorch.backends.cudnn.benchmark = False\ntorch.backends.cudnn.deterministic = True\n"
-            "torch.use_deterministic_algorithms(True)  # with CUBLAS_WORKSPACE_CONFIG=:4096:8 on CUDA",
+        fix="For reproducible runs:\ntorch.backends.cudnn.benchmark = False\ntorch.backends.cudnn.deterministic = "
+        "True\n"
+        "torch.use_deterministic_algorithms(True)  # with CUBLAS_WORKSPACE_CONFIG=:4096:8 on CUDA",
         location=src.location(benchmark),
         severity=Severity.WARNING,
     )
@@ -167,8 +176,11 @@ def nondeterministic_settings(src: SourceFile) -> Iterator[Finding]:
 def _determinism_turned_off(scope: FunctionScope) -> list[tuple]:
     """Where this function switches determinism off (`use_deterministic_algorithms(False)`,
     `cudnn.deterministic = False`): settings apply in order, so a benchmark after that is no conflict."""
-    off = [c.pos for c in scope.calls if c.attr == "use_deterministic_algorithms" and c.node.args
-           and literal(c.node.args[0]) is False]
+    off = [
+        c.pos
+        for c in scope.calls
+        if c.attr == "use_deterministic_algorithms" and c.node.args and literal(c.node.args[0]) is False
+    ]
     off += [b.pos for b in scope.bindings if b.target.endswith("cudnn.deterministic") and literal(b.value) is False]
     return off
 

@@ -1,4 +1,5 @@
 """nonfinite-values: where NaN/Inf first appears: the step, the parameter, then the first module of the next forward."""
+
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,14 @@ from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import (
-    ForwardEvent, MethodPatch, RuntimeCheck, StepEvent, ZeroGradEvent, frame_variables, is_library, unwrap_optimizer,
+    ForwardEvent,
+    MethodPatch,
+    RuntimeCheck,
+    StepEvent,
+    ZeroGradEvent,
+    frame_variables,
+    is_library,
+    unwrap_optimizer,
     user_frame,
 )
 
@@ -69,7 +77,8 @@ NONFINITE_VALUES = Pitfall(
             begun up to `every - 1` steps earlier (reading every gradient at every step would cost about 5%
             of a small MLP's step on a CPU). A non-finite norm is confirmed tensor by tensor, so a norm that
             merely overflows is not reported. On the first hit it reports the step and the parameters with
-            non-finite gradients (all of them: the loss or the forward was already NaN), then hooks every submodule for the next forward only
+            non-finite gradients (all of them: the loss or the forward was already NaN), then hooks every submodule for
+            the next forward only
             and reports the first module whose output is non-finite, that the input batch already holds NaN/Inf,
             that the step already wrote NaN/Inf into the weights, or that the next forward is clean (the batch or
             the loss was the source). On a GPU the per-step flag of that gradient stays on the device (no
@@ -88,9 +97,11 @@ NONFINITE_VALUES = Pitfall(
     },
 )
 
-_FIX = ("Lower the learning rate, clip gradients (`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`), "
-        "check the data for NaN/Inf, and guard logs/divisions (`torch.log(x + 1e-8)`); to find the op, run "
-        "once under `torch.autograd.detect_anomaly()`.")
+_FIX = (
+    "Lower the learning rate, clip gradients (`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`), "
+    "check the data for NaN/Inf, and guard logs/divisions (`torch.log(x + 1e-8)`); to find the op, run "
+    "once under `torch.autograd.detect_anomaly()`."
+)
 SKIPPED_STEPS = 50  # GradScaler halves its scale per skipped step: 50 skips take any init_scale up to 2**50 below 1
 MOSTLY_SKIPPED = 10  # GradScaler skips of one optimizer, more than half of its steps: a finding
 
@@ -158,7 +169,7 @@ def _first_tensor(output: Any, depth: int = 0) -> Any:
         return output
     if depth > 1 or not isinstance(output, (tuple, list, dict)):
         return None
-    for item in (output.values() if isinstance(output, dict) else output):
+    for item in output.values() if isinstance(output, dict) else output:
         found = _first_tensor(item, depth + 1)
         if found is not None:
             return found
@@ -186,7 +197,7 @@ def _nonfinite_locals(frame: Any) -> tuple[list[str], list[str]]:
     data: list[str] = []
     variables = frame_variables(frame)
     for name, value in variables:
-        if not _is_float(value) or value.is_sparse or value.numel() > 2 ** 26:
+        if not _is_float(value) or value.is_sparse or value.numel() > 2**26:
             continue
         try:
             if value.grad_fn is not None and value.numel() == 1:
@@ -245,8 +256,9 @@ class NonfiniteValues(RuntimeCheck):
 
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler is not None and self.ctx.optimizers:
-            self.ctx.hooks.add(MethodPatch(scaler, "step", before=self._scaler_step_before,
-                                           after=self._scaler_step_after))
+            self.ctx.hooks.add(
+                MethodPatch(scaler, "step", before=self._scaler_step_before, after=self._scaler_step_after)
+            )
 
     def _scaled_optimizer(self, args: tuple, kwargs: dict) -> Any:
         optimizer = args[1] if len(args) > 1 else kwargs.get("optimizer")
@@ -271,9 +283,17 @@ class NonfiniteValues(RuntimeCheck):
             st.skipped += 1  # the optimizer's step did not run: GradScaler found Inf/NaN
             st.first_skip = wo.steps if st.first_skip is None else st.first_skip
             if st.first_nan is None:
-                name = next((self.ctx.param_name(p) or f"{wo.label} parameter {i}" for i, p in enumerate(wo.params())
-                             if p.grad is not None and not p.grad.is_sparse and _is_float(p.grad)
-                             and bool(p.grad.isnan().any())), None)
+                name = next(
+                    (
+                        self.ctx.param_name(p) or f"{wo.label} parameter {i}"
+                        for i, p in enumerate(wo.params())
+                        if p.grad is not None
+                        and not p.grad.is_sparse
+                        and _is_float(p.grad)
+                        and bool(p.grad.isnan().any())
+                    ),
+                    None,
+                )
                 st.first_nan = (wo.steps, name) if name else None
             if not self.found and st.skipped >= MOSTLY_SKIPPED and 2 * st.skipped > st.total:
                 for finding in self._mostly_skipped(wo, st):
@@ -284,15 +304,20 @@ class NonfiniteValues(RuntimeCheck):
     def _mostly_skipped(self, wo: Any, st: _ScalerSteps) -> Iterator[Finding]:
         if st.first_nan is not None:
             step, name = st.first_nan
-            cause = (f"their gradients held NaN, first at step {step} in `{name}`: a NaN loss or forward, which "
-                     "no scale fixes")
+            cause = (
+                f"their gradients held NaN, first at step {step} in `{name}`: a NaN loss or forward, which "
+                "no scale fixes"
+            )
         else:
             step, name = st.first_skip or 0, None
             cause = "their gradients overflowed to Inf even as the scale shrank: the loss or activations are huge"
         self.step = step
         yield from self._hit(
             f"GradScaler skipped {st.skipped} of {st.total} {wo.label}.step() calls (the first at step "
-            f"{st.first_skip}): {cause}; the model is barely training.", name, step)
+            f"{st.first_skip}): {cause}; the model is barely training.",
+            name,
+            step,
+        )
 
     def on_zero_grad(self, event: ZeroGradEvent) -> Optional[Iterator[Finding]]:
         key = id(event.optimizer)
@@ -304,7 +329,10 @@ class NonfiniteValues(RuntimeCheck):
             f"{event.optimizer.label}.step() was skipped {SKIPPED_STEPS} times in a row (zero_grad() ran, "
             "step() did not): GradScaler skips every step whose gradients hold NaN/Inf, and after this many "
             f"halvings its scale has shrunk by 2**{SKIPPED_STEPS}, below 1, so this is a NaN/Inf loss or "
-            "forward, not an fp16 overflow; training has stalled.", None, event.optimizer.steps)
+            "forward, not an fp16 overflow; training has stalled.",
+            None,
+            event.optimizer.steps,
+        )
 
     def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
         self.zero_grads[id(event.optimizer)] = 0
@@ -341,21 +369,31 @@ class NonfiniteValues(RuntimeCheck):
             return
         probe = self.probes.get(id(event.optimizer))
         probe_id = id(probe()) if probe is not None else None
-        named = [(self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad, id(p) == probe_id)
-                 for i, p in enumerate(params) if p.grad is not None and not p.grad.is_sparse]
+        named = [
+            (self.ctx.param_name(p) or f"{event.optimizer.label} parameter {i}", p.grad, id(p) == probe_id)
+            for i, p in enumerate(params)
+            if p.grad is not None and not p.grad.is_sparse
+        ]
         bad = [(n, is_probe) for n, g, is_probe in named if not bool(g.isfinite().all())]
-        scope = (f"all {len(named)} parameters have non-finite gradients, so the loss or the forward was already "
-                 "NaN/Inf" if len(bad) == len(named) else
-                 f"{len(bad)} of {len(named)} parameters have non-finite gradients "
-                 f"(first `{bad[0][0]}`, last `{bad[-1][0]}`)")
+        scope = (
+            f"all {len(named)} parameters have non-finite gradients, so the loss or the forward was already NaN/Inf"
+            if len(bad) == len(named)
+            else f"{len(bad)} of {len(named)} parameters have non-finite gradients "
+            f"(first `{bad[0][0]}`, last `{bad[-1][0]}`)"
+        )
         when = f"at step {event.step}"
         if not any(is_probe for _, is_probe in bad) and self.ctx.every > 1:
-            when += f" (most gradients are checked every {self.ctx.every} steps: it may have begun up to " \
-                    f"{self.ctx.every - 1} steps earlier)"
+            when += (
+                f" (most gradients are checked every {self.ctx.every} steps: it may have begun up to "
+                f"{self.ctx.every - 1} steps earlier)"
+            )
         self.step = event.step
-        yield from self._hit(f"NaN/Inf first appeared in the gradients {when}: {scope}; "
-                             f"{event.optimizer.label}.step() is about to write them into the weights.",
-                             bad[0][0], event.step)
+        yield from self._hit(
+            f"NaN/Inf first appeared in the gradients {when}: {scope}; "
+            f"{event.optimizer.label}.step() is about to write them into the weights.",
+            bad[0][0],
+            event.step,
+        )
 
     def _read_pending(self) -> Iterator[Finding]:
         """Read the device flags of the steps since the last full check (one host sync) and report the first
@@ -369,7 +407,7 @@ class NonfiniteValues(RuntimeCheck):
         values = torch.cat([f.to(flags[0].device) for f in flags]).tolist()
         for label, step, groups in pending:
             names = [n for ns, _ in groups for n in ns]
-            seen, values = values[:len(names)], values[len(names):]
+            seen, values = values[: len(names)], values[len(names) :]
             bad = [n for n, ok in zip(names, seen) if not ok]
             if bad:
                 self.step = step
@@ -377,7 +415,10 @@ class NonfiniteValues(RuntimeCheck):
                     f"NaN/Inf first appeared in the gradients at step {step}: {len(bad)} of {len(names)} small "
                     f"parameters (biases, norm weights) have non-finite gradients (first `{bad[0]}`, last "
                     f"`{bad[-1]}`); on a GPU these flags are read every {self.ctx.every} steps, so "
-                    f"{label}.step() has already written them into the weights.", bad[0], step)
+                    f"{label}.step() has already written them into the weights.",
+                    bad[0],
+                    step,
+                )
                 return
 
     def on_stop(self) -> Iterator[Finding]:
@@ -401,11 +442,16 @@ class NonfiniteValues(RuntimeCheck):
                 continue
             self.found = True
             label = self.ctx.last_forward.label if self.ctx.last_forward is not None else None
-            stopped = (f"the run stopped ({type(exc).__name__}) before any optimizer step could see it"
-                       if exc is not None else "the loop ended before an optimizer step saw it")
+            stopped = (
+                f"the run stopped ({type(exc).__name__}) before any optimizer step could see it"
+                if exc is not None
+                else "the loop ended before an optimizer step saw it"
+            )
             names = ", ".join(f"`{n}`" for n in bad[:4]) if bad else "the model's output"
             if data:
-                origin = f"the batch already holds NaN ({', '.join(f'`{n}`' for n in data[:3])}): the data is the source"
+                origin = (
+                    f"the batch already holds NaN ({', '.join(f'`{n}`' for n in data[:3])}): the data is the source"
+                )
             elif out_bad and label:
                 origin = f"{label}'s last output already held NaN, so the forward or its input is the source"
             elif label and output is not None:
@@ -414,9 +460,11 @@ class NonfiniteValues(RuntimeCheck):
                 origin = ""
             yield Finding(
                 f"NaN/Inf reached {names} in `{frame.f_code.co_name}` and {stopped}"
-                + (f"; {origin}" if origin else "") + ".",
-                fix=_FIX, location=Location(file=frame.f_code.co_filename, line=frame.f_lineno, module=label,
-                                            step=self.ctx.step))
+                + (f"; {origin}" if origin else "")
+                + ".",
+                fix=_FIX,
+                location=Location(file=frame.f_code.co_filename, line=frame.f_lineno, module=label, step=self.ctx.step),
+            )
             return
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
@@ -425,8 +473,12 @@ class NonfiniteValues(RuntimeCheck):
             return
         name = _first_nonfinite([(self.ctx.param_name(p) or "?", p) for p in params]) or "?"
         self.step = event.step
-        yield from self._hit(f"parameter `{name}` holds NaN/Inf at step {event.step} (seen before the step; "
-                             "the gradients of this step are finite).", name, event.step)
+        yield from self._hit(
+            f"parameter `{name}` holds NaN/Inf at step {event.step} (seen before the step; "
+            "the gradients of this step are finite).",
+            name,
+            event.step,
+        )
 
     def _hit(self, message: str, name: Optional[str], step: int) -> Iterator[Finding]:
         self.found = True
@@ -449,17 +501,26 @@ class NonfiniteValues(RuntimeCheck):
         self.probe = None
         if self.bad_input:
             where = f"the input batch of {event.model.label} already contains NaN/Inf: the data is the source"
-        elif self.first_module and not _all_finite([p for p in event.model.inner.parameters() if p.is_floating_point()]):
-            where = (f"step {self.step} already wrote NaN/Inf into the weights, so every forward is now non-finite "
-                     f"from `{self.first_module}` on; the origin is in that step's batch, forward or loss: replay it "
-                     "under torch.autograd.detect_anomaly()")
+        elif self.first_module and not _all_finite(
+            [p for p in event.model.inner.parameters() if p.is_floating_point()]
+        ):
+            where = (
+                f"step {self.step} already wrote NaN/Inf into the weights, so every forward is now non-finite "
+                f"from `{self.first_module}` on; the origin is in that step's batch, forward or loss: replay it "
+                "under torch.autograd.detect_anomaly()"
+            )
         elif self.first_module:
             where = f"on the next forward the first module with a NaN/Inf output was `{self.first_module}`"
         else:
-            where = ("the next forward produced finite outputs everywhere: the NaN/Inf came from that step's "
-                     "batch or from the loss (e.g. log(0), 0/0)")
-        yield Finding(f"NaN/Inf localisation: {where}.", fix=_FIX,
-                      location=Location(module=self.first_module or event.model.label, step=self.ctx.step))
+            where = (
+                "the next forward produced finite outputs everywhere: the NaN/Inf came from that step's "
+                "batch or from the loss (e.g. log(0), 0/0)"
+            )
+        yield Finding(
+            f"NaN/Inf localisation: {where}.",
+            fix=_FIX,
+            location=Location(module=self.first_module or event.model.label, step=self.ctx.step),
+        )
 
     def _arm_probe(self) -> None:
         """One forward with a finiteness check on every module output and on the root inputs."""
@@ -471,8 +532,13 @@ class NonfiniteValues(RuntimeCheck):
                 handles.append(self.ctx.hooks.add(module.register_forward_pre_hook(self._check_input)))
             for name, module in wm.inner.named_modules():
                 if name:
-                    handles.append(self.ctx.hooks.add(module.register_forward_hook(
-                        functools.partial(self._check_output, f"{name} ({type(module).__name__})"))))
+                    handles.append(
+                        self.ctx.hooks.add(
+                            module.register_forward_hook(
+                                functools.partial(self._check_output, f"{name} ({type(module).__name__})")
+                            )
+                        )
+                    )
         self.probe = handles
 
     def _check_input(self, module: Any, args: Any) -> None:

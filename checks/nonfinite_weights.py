@@ -1,4 +1,5 @@
 """nonfinite-weights: floating-point tensors hold NaN or Inf values (found by --scan-values)."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -64,10 +65,13 @@ def nonfinite_weights(info: CheckpointInfo) -> Iterator[Finding]:
             f"{show_path(n.path)} holds {' and '.join(p for p in parts if p)} of its {n.numel:,} values; a model "
             "loaded from it produces NaN outputs (training had already diverged when this was saved).",
             fix="Resume from an earlier checkpoint and find where the loss first became non-finite "
-                "(torch.autograd.set_detect_anomaly(True), a lower learning rate, gradient clipping, "
-                "or torchdoctor.watch).",
+            "(torch.autograd.set_detect_anomaly(True), a lower learning rate, gradient clipping, "
+            "or torchdoctor.watch).",
             location=Location(file=info.path, key=show_path(n.path)),
         )
     if len(bad) > MAX_LISTED:
-        yield Finding(f"{len(bad) - MAX_LISTED} more tensor(s) hold NaN/Inf values (see the values facts).",
-                      fix="As above.", location=Location(file=info.path))
+        yield Finding(
+            f"{len(bad) - MAX_LISTED} more tensor(s) hold NaN/Inf values (see the values facts).",
+            fix="As above.",
+            location=Location(file=info.path),
+        )

@@ -1,4 +1,5 @@
 """numpy-problem: NumPy missing, or a NumPy 1.x/2.x ABI mismatch with compiled packages."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -111,26 +112,30 @@ def numpy_problem(facts: EnvFacts) -> Iterator[Finding]:
         return
     abi_text = " ".join(facts.torch.stderr_tail)
     excluded = _excluding(facts, numpy)
-    if (facts.torch.numpy_error or "compiled using NumPy 1.x" in abi_text) and \
-            not absorbed_by_import_failure(facts, "numpy-problem"):  # that finding names it as its cause
+    if (facts.torch.numpy_error or "compiled using NumPy 1.x" in abi_text) and not absorbed_by_import_failure(
+        facts, "numpy-problem"
+    ):  # that finding names it as its cause
         detail = facts.torch.numpy_error or "a module compiled using NumPy 1.x cannot run in NumPy 2.x"
         yield Finding(
             f"torch cannot use NumPy {numpy}: {detail}.",
-            fix=f"{pip(facts)} install \"numpy<2\" {torch_pin(facts)} (or upgrade the packages compiled against "
-                "NumPy 1.x)",
+            fix=f'{pip(facts)} install "numpy<2" {torch_pin(facts)} (or upgrade the packages compiled against '
+            "NumPy 1.x)",
         )
     elif excluded:
         names = ", ".join(f"{name} (numpy{spec})" for name, spec in excluded)
         if numpy.split(".")[0] == "1":
-            symptom = ("they were built against NumPy 2 and fail to import with 'numpy.core.multiarray failed to "
-                       "import' or AttributeErrors on NumPy 1.x")
+            symptom = (
+                "they were built against NumPy 2 and fail to import with 'numpy.core.multiarray failed to "
+                "import' or AttributeErrors on NumPy 1.x"
+            )
             want = "numpy>=2"
         else:
-            symptom = ("importing them fails with 'A module that was compiled using NumPy 1.x cannot be run in "
-                       "NumPy 2.x'")
+            symptom = (
+                "importing them fails with 'A module that was compiled using NumPy 1.x cannot be run in NumPy 2.x'"
+            )
             want = "numpy<2"
         yield Finding(
             f"NumPy {numpy} is installed, but {names} exclude it: {symptom}.",
-            fix=f"{pip(facts)} install \"{want}\" {torch_pin(facts)}, or move {', '.join(n for n, _ in excluded)} to "
-                "releases that accept the NumPy you keep",
+            fix=f'{pip(facts)} install "{want}" {torch_pin(facts)}, or move {", ".join(n for n, _ in excluded)} to '
+            "releases that accept the NumPy you keep",
         )

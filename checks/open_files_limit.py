@@ -1,4 +1,5 @@
 """open-files-limit: the open-files limit (`ulimit -n`) is too low for DataLoader workers."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -74,12 +75,15 @@ def open_files_limit(facts: EnvFacts) -> Iterator[Finding]:
     raise_to = min(hard, 65536) if hard else 65536
     if soft >= LOW_NOFILE and (hard is not None and hard <= soft):
         return  # nothing this user can raise it to
-    fix = (f"`ulimit -n {raise_to}` in the shell or job script that starts training"
-           if hard is None or hard > soft else "Ask for a higher hard limit (limits.conf / the container's --ulimit)")
+    fix = (
+        f"`ulimit -n {raise_to}` in the shell or job script that starts training"
+        if hard is None or hard > soft
+        else "Ask for a higher hard limit (limits.conf / the container's --ulimit)"
+    )
     yield Finding(
         f"The open-files limit is {soft} (hard limit {hard if hard is not None else 'unlimited'}): DataLoader "
         "workers passing many tensors per batch run out of descriptors ('received 0 items of ancdata', "
         "'Too many open files').",
-        fix=fix + ", or `torch.multiprocessing.set_sharing_strategy(\"file_system\")`.",
+        fix=fix + ', or `torch.multiprocessing.set_sharing_strategy("file_system")`.',
         severity=Severity.WARNING if soft < LOW_NOFILE else Severity.INFO,
     )

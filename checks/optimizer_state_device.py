@@ -1,4 +1,5 @@
 """optimizer-state-device: optimizer state lives on another device or dtype than its parameter."""
+
 from __future__ import annotations
 
 import ast
@@ -53,14 +54,12 @@ OPTIMIZER_STATE_DEVICE = Pitfall(
     """,
     bad=Example(
         'optimizer.load_state_dict(torch.load("last.pt")["optimizer"])\n'
-        'model.to(torch.bfloat16)  # after the load: the momentum buffers stay float32 (same with .to("cuda"))'
-        + _LOOP,
+        'model.to(torch.bfloat16)  # after the load: the momentum buffers stay float32 (same with .to("cuda"))' + _LOOP,
         setup=_RESUME,
     ),
     good=Example(
-        'model.to(torch.bfloat16)  # move or cast the model first,\n'
-        'optimizer.load_state_dict(torch.load("last.pt")["optimizer"])  # then load: the state follows it'
-        + _LOOP,
+        "model.to(torch.bfloat16)  # move or cast the model first,\n"
+        'optimizer.load_state_dict(torch.load("last.pt")["optimizer"])  # then load: the state follows it' + _LOOP,
         setup=_RESUME,
         recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
@@ -103,8 +102,9 @@ class OptimizerStateDevice(RuntimeCheck):
             for key, value in wo.optimizer.state.get(p, {}).items():
                 if getattr(value, "shape", None) != p.shape or value.dim() == 0:
                     continue  # scalars such as Adam's `step` live on the CPU on purpose
-                if value.device != p.device or (builtin and value.is_floating_point() and p.is_floating_point()
-                                                and value.dtype != p.dtype):
+                if value.device != p.device or (
+                    builtin and value.is_floating_point() and p.is_floating_point() and value.dtype != p.dtype
+                ):
                     bad.append((p, key, value))
         if not bad:
             return
@@ -121,10 +121,11 @@ class OptimizerStateDevice(RuntimeCheck):
             f"({len(bad)} state tensor(s) affected): the state was loaded or created before the model was moved "
             "or cast, and step() will fail or mix precisions.",
             fix="Move the model first, then build the optimizer and load its state:\n"
-                "model.to(device)\n"
-                "optimizer = torch.optim.Adam(model.parameters())\n"
-                "optimizer.load_state_dict(ckpt['optimizer'])  # casts the state to each parameter's device and dtype",
-            location=Location(param=name, key=str(key), device=str(p.device), step=self.ctx.step))
+            "model.to(device)\n"
+            "optimizer = torch.optim.Adam(model.parameters())\n"
+            "optimizer.load_state_dict(ckpt['optimizer'])  # casts the state to each parameter's device and dtype",
+            location=Location(param=name, key=str(key), device=str(p.device), step=self.ctx.step),
+        )
 
 
 def _moves_off_cpu(call: ast.Call) -> bool:
@@ -140,9 +141,15 @@ def _moves_off_cpu(call: ast.Call) -> bool:
 
 def _moved_before(scope: FunctionScope, model: str, pos: tuple) -> bool:
     """The model was moved before `pos` (`model = Net().to(device)`, `model.cuda()`): a later move may be a no-op."""
-    return any(c.pos < pos and c.attr in ("to", "cuda") and (c.receiver == model or any(
-        b.target == model and b.value is not None and c.node in ast.walk(b.value) for b in scope.bindings))
-        for c in scope.calls)
+    return any(
+        c.pos < pos
+        and c.attr in ("to", "cuda")
+        and (
+            c.receiver == model
+            or any(b.target == model and b.value is not None and c.node in ast.walk(b.value) for b in scope.bindings)
+        )
+        for c in scope.calls
+    )
 
 
 @OPTIMIZER_STATE_DEVICE.source
@@ -152,15 +159,31 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
     index = src.index
     for scope in index.scopes:
         for built in optimizers_built(scope, index):
-            loads = [c for c in scope.calls if c.receiver == built.optimizer and c.attr == "load_state_dict"
-                     and c.pos > built.binding.pos]
+            loads = [
+                c
+                for c in scope.calls
+                if c.receiver == built.optimizer and c.attr == "load_state_dict" and c.pos > built.binding.pos
+            ]
             for load in loads[:1]:
-                move = next((c for c in scope.calls if c.pos > load.pos and c.receiver == built.model
-                             and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))), None)
-                if move is None or _moved_before(scope, built.model, load.pos) \
-                        or rebuilt_after(scope, built, move.pos) \
-                        or any(c.receiver == built.optimizer and c.attr == "load_state_dict" and c.pos > move.pos
-                               for c in scope.calls):
+                move = next(
+                    (
+                        c
+                        for c in scope.calls
+                        if c.pos > load.pos
+                        and c.receiver == built.model
+                        and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
+                    ),
+                    None,
+                )
+                if (
+                    move is None
+                    or _moved_before(scope, built.model, load.pos)
+                    or rebuilt_after(scope, built, move.pos)
+                    or any(
+                        c.receiver == built.optimizer and c.attr == "load_state_dict" and c.pos > move.pos
+                        for c in scope.calls
+                    )
+                ):
                     continue
                 yield Finding(
                     f"`{src.snippet(load.node)}` (line {load.pos[0]}) runs before `{src.snippet(move.node)}` "
@@ -168,6 +191,6 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
                     "have at that moment, so it stays behind when the model is moved or cast, and `step()` fails "
                     "with 'Expected all tensors to be on the same device' (or mixes precisions).",
                     fix=f"Move or cast the model first, then load the state: put line {move.pos[0]} before line "
-                        f"{load.pos[0]}:\n{src.segment(move.node)}\n{src.segment(load.node)}",
+                    f"{load.pos[0]}:\n{src.segment(move.node)}\n{src.segment(load.node)}",
                     location=src.location(load.node),
                 )

@@ -1,4 +1,5 @@
 """out-of-memory: the program died of an out-of-memory error; what held the memory, and what would free it."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional
@@ -21,7 +22,7 @@ OUT_OF_MEMORY = Pitfall(
     name="out-of-memory",
     severity="error",
     summary="The program ran out of memory: what held it (parameters, gradients, optimizer state, activations) "
-            "and the fixes ranked by what they would save.",
+    "and the fixes ranked by what they would save.",
     why="""
         "CUDA out of memory. Tried to allocate 2.00 GiB" says which allocation failed, not what filled the
         device. The memory of a training step goes to four places: the parameters, their gradients, the
@@ -82,10 +83,15 @@ def _ranked(saves: list[tuple[int, str, str]]) -> tuple[str, str]:
     """The title (the fixes ranked by bytes saved) and the code of the best one."""
     saves = sorted([s for s in saves if s[0] > 0], key=lambda s: -s[0])[:_SAVINGS_LIMIT]
     if not saves:
-        return "Lower the batch size, or run the forward under torch.autocast:", \
-               "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = criterion(model(x), y)"
-    title = "Ranked by what they would save: " + "; ".join(
-        f"{i + 1}) {what} (~{byte_size(n)})" for i, (n, what, _) in enumerate(saves)) + ". The first:"
+        return (
+            "Lower the batch size, or run the forward under torch.autocast:",
+            "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = criterion(model(x), y)",
+        )
+    title = (
+        "Ranked by what they would save: "
+        + "; ".join(f"{i + 1}) {what} (~{byte_size(n)})" for i, (n, what, _) in enumerate(saves))
+        + ". The first:"
+    )
     return title, saves[0][2]
 
 
@@ -110,8 +116,11 @@ class OutOfMemory(RuntimeCheck):
         biggest = ", ".join(f"{list(shape)} {dtype} {byte_size(n)}" for shape, dtype, n in largest)
         ours = held.params + held.grads + held.optimizer_state
         optimizers = "/".join(dict.fromkeys(held.optimizer_kinds)) or "none watched"
-        parts = [f"parameters {byte_size(held.params)}", f"gradients {byte_size(held.grads)}",
-                 f"optimizer state ({optimizers}) {byte_size(held.optimizer_state)}"]
+        parts = [
+            f"parameters {byte_size(held.params)}",
+            f"gradients {byte_size(held.grads)}",
+            f"optimizer state ({optimizers}) {byte_size(held.optimizer_state)}",
+        ]
         import torch
 
         if not isinstance(exc, torch.OutOfMemoryError):  # the CPU allocator's error
@@ -119,72 +128,125 @@ class OutOfMemory(RuntimeCheck):
         mem = evidence.cuda_memory(device)
         others = evidence.other_gpu_processes(device)
         rest = max(0, (mem.allocated or 0) - ours)
-        parts.append(f"the rest (activations and temporaries) {byte_size(rest)}" if mem.allocated is not None
-                     else "the rest unknown (CUDA statistics unavailable)")
-        text = (f"{device} ran out of memory at step {self.ctx.step}"
-                + (f" allocating {byte_size(requested)}" if requested else "")
-                + (f" (device total {byte_size(mem.total)}, free {byte_size(mem.free)})" if mem.total else "")
-                + ". Held by this process: " + ", ".join(parts) + ".")
+        parts.append(
+            f"the rest (activations and temporaries) {byte_size(rest)}"
+            if mem.allocated is not None
+            else "the rest unknown (CUDA statistics unavailable)"
+        )
+        text = (
+            f"{device} ran out of memory at step {self.ctx.step}"
+            + (f" allocating {byte_size(requested)}" if requested else "")
+            + (f" (device total {byte_size(mem.total)}, free {byte_size(mem.free)})" if mem.total else "")
+            + ". Held by this process: "
+            + ", ".join(parts)
+            + "."
+        )
         saves: list[tuple[int, str, str]] = [
-            (rest // 2, "halve the batch size (or keep it and accumulate gradients over 2 steps)",
-             "batch_size = batch_size // 2  # and optimizer.step() every 2 batches to keep the effective size"),
-            (rest // 2, "bf16 autocast for the forward", "with torch.autocast('cuda', dtype=torch.bfloat16):\n"
-                                                        "    loss = criterion(model(x), y)"),
-            (rest * 2 // 3, "activation checkpointing of the large blocks",
-             "from torch.utils.checkpoint import checkpoint\nh = checkpoint(block, h, use_reentrant=False)"),
+            (
+                rest // 2,
+                "halve the batch size (or keep it and accumulate gradients over 2 steps)",
+                "batch_size = batch_size // 2  # and optimizer.step() every 2 batches to keep the effective size",
+            ),
+            (
+                rest // 2,
+                "bf16 autocast for the forward",
+                "with torch.autocast('cuda', dtype=torch.bfloat16):\n    loss = criterion(model(x), y)",
+            ),
+            (
+                rest * 2 // 3,
+                "activation checkpointing of the large blocks",
+                "from torch.utils.checkpoint import checkpoint\nh = checkpoint(block, h, use_reentrant=False)",
+            ),
         ]
         if held.grads:
-            saves.append((held.grads, "zero_grad(set_to_none=True) before the forward (the gradients are "
-                          "held through it now)", "optimizer.zero_grad(set_to_none=True)  # before the forward"))
+            saves.append(
+                (
+                    held.grads,
+                    "zero_grad(set_to_none=True) before the forward (the gradients are held through it now)",
+                    "optimizer.zero_grad(set_to_none=True)  # before the forward",
+                )
+            )
         if held.optimizer_state > held.params // 2:
-            saves.append((held.optimizer_state // 2, "a leaner optimizer (SGD with momentum keeps one tensor "
-                          "per parameter, Adam two; or 8-bit Adam)",
-                          "optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)"))
+            saves.append(
+                (
+                    held.optimizer_state // 2,
+                    "a leaner optimizer (SGD with momentum keeps one tensor per parameter, Adam two; or 8-bit Adam)",
+                    "optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)",
+                )
+            )
         if mem.reserved is not None and mem.allocated is not None:
             slack = mem.reserved - mem.allocated
             text += f" Reserved by PyTorch but unused by tensors: {byte_size(slack)}"
             if requested and slack >= requested:
-                text += (" — more than the failed allocation: the cache is fragmented, and expandable segments "
-                         "would let the allocator use it")
-                saves.append((slack, "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fragmentation)",
-                              "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py"))
+                text += (
+                    " — more than the failed allocation: the cache is fragmented, and expandable segments "
+                    "would let the allocator use it"
+                )
+                saves.append(
+                    (
+                        slack,
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (fragmentation)",
+                        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python train.py",
+                    )
+                )
             text += "."
         if others:
             used = sum(u or 0 for _, u in others)
-            text += (" Other processes on this GPU: " + ", ".join(
-                f"pid {pid} ({byte_size(u)})" for pid, u in others[:4]) + ".")
-            saves.append((used, "ending the other processes on this GPU",
-                          "nvidia-smi  # then stop " + ", ".join(str(pid) for pid, _ in others[:4])))
+            text += (
+                " Other processes on this GPU: "
+                + ", ".join(f"pid {pid} ({byte_size(u)})" for pid, u in others[:4])
+                + "."
+            )
+            saves.append(
+                (
+                    used,
+                    "ending the other processes on this GPU",
+                    "nvidia-smi  # then stop " + ", ".join(str(pid) for pid, _ in others[:4]),
+                )
+            )
         live = self.ctx.graphs.sentinels
         if live > 1:
-            text += (f" {live} autograd graphs of watched forwards were still alive, each holding its "
-                     "activations.")
-            saves.append((rest * (live - 1) // live, f"releasing the {live - 1} older graphs (keep `loss.item()`, "
-                          "not the loss; validate under torch.no_grad())",
-                          "running_loss += loss.item()  # not `+= loss`, which keeps every step's graph"))
+            text += f" {live} autograd graphs of watched forwards were still alive, each holding its activations."
+            saves.append(
+                (
+                    rest * (live - 1) // live,
+                    f"releasing the {live - 1} older graphs (keep `loss.item()`, "
+                    "not the loss; validate under torch.no_grad())",
+                    "running_loss += loss.item()  # not `+= loss`, which keeps every step's graph",
+                )
+            )
         if biggest:
             text += f" Largest tensors alive: {biggest}."
         title, code = _ranked(saves)
         return Finding(text, fix=f"{title}\n{code}", location=Location(device=str(device)))
 
-    def _cpu(self, device: Any, requested: Optional[int], parts: list[str], biggest: str,
-             largest: list[Any]) -> Finding:
+    def _cpu(
+        self, device: Any, requested: Optional[int], parts: list[str], biggest: str, largest: list[Any]
+    ) -> Finding:
         import psutil
 
         ram = psutil.virtual_memory()
-        text = (f"The CPU allocator could not allocate {byte_size(requested)} at step {self.ctx.step} "
-                f"(RAM {byte_size(ram.total)}, available {byte_size(ram.available)}). Held by the watched "
-                "models and optimizers: " + ", ".join(parts) + ".")
+        text = (
+            f"The CPU allocator could not allocate {byte_size(requested)} at step {self.ctx.step} "
+            f"(RAM {byte_size(ram.total)}, available {byte_size(ram.available)}). Held by the watched "
+            "models and optimizers: " + ", ".join(parts) + "."
+        )
         if biggest:
             text += f" Largest tensors alive: {biggest}."
         if self.ctx.graphs.sentinels > 1:
             text += f" {self.ctx.graphs.sentinels} autograd graphs of watched forwards were still alive."
         if requested and requested > ram.total:
-            text += (" One allocation larger than the machine's memory is nearly always a shape mistake: two "
-                     "operands that broadcast to a huge product, e.g. `(N, 1) - (N,)` giving `(N, N)`.")
-            fix = ("Make the shapes match before the elementwise operation (check the shapes on the failing "
-                   "line):\npred = model(x).squeeze(1)  # (N, 1) -> (N,), the shape of y")
+            text += (
+                " One allocation larger than the machine's memory is nearly always a shape mistake: two "
+                "operands that broadcast to a huge product, e.g. `(N, 1) - (N,)` giving `(N, N)`."
+            )
+            fix = (
+                "Make the shapes match before the elementwise operation (check the shapes on the failing "
+                "line):\npred = model(x).squeeze(1)  # (N, 1) -> (N,), the shape of y"
+            )
         else:
-            fix = ("Use smaller batches (or load the data lazily, batch by batch):\n"
-                   "loader = DataLoader(dataset, batch_size=64)")
+            fix = (
+                "Use smaller batches (or load the data lazily, batch by batch):\n"
+                "loader = DataLoader(dataset, batch_size=64)"
+            )
         return Finding(text, fix=fix, location=Location(device=str(device)))

@@ -1,4 +1,5 @@
 """param-not-in-optimizer: a trainable parameter gets gradients but no optimizer holds it, so it never changes."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -82,8 +83,10 @@ def _fix(missing: list[str], names: list[str]) -> str:
 
     own = [params(o) for o in owners]
     adds = "\n".join(f'optimizer.add_param_group({{"params": {params}}})' for params in own)
-    return ("Give them to the optimizer (or build the optimizer after adding the layers), or freeze them:\n"
-            f"{adds}\n# or: {_module_expr(owners[0] or missing[0])}.requires_grad_(False)")
+    return (
+        "Give them to the optimizer (or build the optimizer after adding the layers), or freeze them:\n"
+        f"{adds}\n# or: {_module_expr(owners[0] or missing[0])}.requires_grad_(False)"
+    )
 
 
 @PARAM_NOT_IN_OPTIMIZER.runtime
@@ -98,8 +101,13 @@ class ParamNotInOptimizer(RuntimeCheck):
         # a parameter with a same-shaped twin that an optimizer holds but the model lost was re-bound after the
         # optimizer was built: stale-optimizer-params reports that layer, with the cause
         in_models = self.ctx.model_param_ids()
-        replaced = Counter(tuple(p.shape) for wo in self.ctx.optimizers for group in wo.optimizer.param_groups
-                           for p in group["params"] if id(p) not in in_models)
+        replaced = Counter(
+            tuple(p.shape)
+            for wo in self.ctx.optimizers
+            for group in wo.optimizer.param_groups
+            for p in group["params"]
+            if id(p) not in in_models
+        )
         for wm in self.ctx.models:
             params = list(wm.named_parameters())
             if not any(id(p) in held for _, p in params):
@@ -120,4 +128,5 @@ class ParamNotInOptimizer(RuntimeCheck):
                 f"{len(missing)} parameter(s) of {wm.label} receive gradients but no optimizer given to watch() "
                 f"holds them, so they never change: {names}.",
                 fix=_fix(missing, [name for name, _ in params]),
-                location=Location(module=wm.label, param=missing[0], step=event.step))
+                location=Location(module=wm.label, param=missing[0], step=event.step),
+            )

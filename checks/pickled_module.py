@@ -1,4 +1,5 @@
 """pickled-module: a whole nn.Module or optimizer was pickled (torch.save(model)) instead of its state_dict()."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -61,15 +62,21 @@ def pickled_module(info: CheckpointInfo) -> Iterator[Finding]:
         short = cls.rpartition(".")[2]
         where = show_path(obj.path)
         if obj.kind == "module":
-            message = (f"{where} is a whole pickled `{cls}` module (torch.save(model)), not a state_dict. Loading "
-                       f"it needs `{cls}` importable under exactly that name (else \"Can't get attribute '{short}' "
-                       f"on <module '{cls.rpartition('.')[0]}'>\"), breaks when the code changes, and "
-                       "torch.load's weights_only default refuses it.")
-            fix = ("Save the weights instead: torch.save(model.state_dict(), 'weights.pt'), and rebuild with "
-                   f"model = {short}(); model.load_state_dict(torch.load('weights.pt')). "
-                   f"`torchdoctor check-ckpt {info.path} --fix weights.pt` extracts them without running this pickle.")
+            message = (
+                f"{where} is a whole pickled `{cls}` module (torch.save(model)), not a state_dict. Loading "
+                f"it needs `{cls}` importable under exactly that name (else \"Can't get attribute '{short}' "
+                f"on <module '{cls.rpartition('.')[0]}'>\"), breaks when the code changes, and "
+                "torch.load's weights_only default refuses it."
+            )
+            fix = (
+                "Save the weights instead: torch.save(model.state_dict(), 'weights.pt'), and rebuild with "
+                f"model = {short}(); model.load_state_dict(torch.load('weights.pt')). "
+                f"`torchdoctor check-ckpt {info.path} --fix weights.pt` extracts them without running this pickle."
+            )
         else:
-            message = (f"{where} is a whole pickled `{cls}` optimizer object, not optimizer.state_dict(); it "
-                       "carries references to parameters and needs code to load.")
+            message = (
+                f"{where} is a whole pickled `{cls}` optimizer object, not optimizer.state_dict(); it "
+                "carries references to parameters and needs code to load."
+            )
             fix = "Save optimizer.state_dict() and restore with optimizer.load_state_dict(...)."
         yield Finding(message, fix=fix, location=Location(file=info.path, key=where), key=cls)

@@ -1,4 +1,5 @@
 """prefix-strip-by-slicing: state-dict keys stripped with `k[7:]`, which mangles every key without the prefix."""
+
 from __future__ import annotations
 
 import ast
@@ -75,7 +76,12 @@ def _prefix(node: ast.Subscript, strings: dict[str, str]) -> Optional[str]:
     if not isinstance(s, ast.Slice) or s.upper is not None or s.step is not None:
         return None
     lower = s.lower
-    if isinstance(lower, ast.Call) and isinstance(lower.func, ast.Name) and lower.func.id == "len" and len(lower.args) == 1:
+    if (
+        isinstance(lower, ast.Call)
+        and isinstance(lower.func, ast.Name)
+        and lower.func.id == "len"
+        and len(lower.args) == 1
+    ):
         arg = lower.args[0]
         text = strings.get(arg.id) if isinstance(arg, ast.Name) else literal(arg)
         if isinstance(text, str):
@@ -87,15 +93,28 @@ def _prefix(node: ast.Subscript, strings: dict[str, str]) -> Optional[str]:
 def _key_loops(tree: ast.AST) -> Iterator[tuple[ast.AST, str, ast.expr]]:
     """(loop or comprehension, key name, the state dict) for iterations over `sd.items()` / `sd.keys()`."""
     for node in ast.walk(tree):
-        gens = node.generators if isinstance(node, (ast.DictComp, ast.ListComp, ast.SetComp, ast.GeneratorExp)) else None
-        pairs = [(g.target, g.iter) for g in gens] if gens else (
-            [(node.target, node.iter)] if isinstance(node, ast.For) else [])
+        gens = (
+            node.generators if isinstance(node, (ast.DictComp, ast.ListComp, ast.SetComp, ast.GeneratorExp)) else None
+        )
+        pairs = (
+            [(g.target, g.iter) for g in gens]
+            if gens
+            else ([(node.target, node.iter)] if isinstance(node, ast.For) else [])
+        )
         for target, iterable in pairs:
-            if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Name) and len(iterable.args) == 1 \
-                    and iterable.func.id in ("list", "tuple", "sorted"):
+            if (
+                isinstance(iterable, ast.Call)
+                and isinstance(iterable.func, ast.Name)
+                and len(iterable.args) == 1
+                and iterable.func.id in ("list", "tuple", "sorted")
+            ):
                 iterable = iterable.args[0]  # `for k, v in list(sd.items())` (a copy, to edit the dict)
-            if isinstance(iterable, ast.Call) and isinstance(iterable.func, ast.Attribute) \
-                    and iterable.func.attr in ("items", "keys") and not iterable.args:
+            if (
+                isinstance(iterable, ast.Call)
+                and isinstance(iterable.func, ast.Attribute)
+                and iterable.func.attr in ("items", "keys")
+                and not iterable.args
+            ):
                 key = target.elts[0] if isinstance(target, ast.Tuple) and target.elts else target
                 if isinstance(key, ast.Name):
                     yield node, key.id, iterable.func.value
@@ -121,20 +140,29 @@ def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
         if not _STATE_NAME.search(src.segment(state)):
             continue
         inside = list(ast.walk(loop))
-        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("startswith", "replace")
-               and ref(n.func.value) == key for n in inside):
+        if any(
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("startswith", "replace")
+            and ref(n.func.value) == key
+            for n in inside
+        ):
             continue  # guarded: only prefixed keys are cut
         for node in inside:
             if isinstance(node, ast.Subscript) and ref(node.value) == key and (prefix := _prefix(node, strings)):
                 edits = tuple(_prefix_edits(src, loop, key, state, node, prefix))
                 if edits:  # the rewrite `lint --fix` applies, to paste over those lines by hand
-                    lines = f"{edits[0].start[0]}" + (f"-{edits[0].end[0]}" if edits[0].end[0] > edits[0].start[0]
-                                                      else "")
-                    fix = (f"Strip the prefix only where it is present: replace line {lines} with\n"
-                           + "\n".join(line.strip() for line in edits[0].text.splitlines()))
+                    lines = f"{edits[0].start[0]}" + (
+                        f"-{edits[0].end[0]}" if edits[0].end[0] > edits[0].start[0] else ""
+                    )
+                    fix = f"Strip the prefix only where it is present: replace line {lines} with\n" + "\n".join(
+                        line.strip() for line in edits[0].text.splitlines()
+                    )
                 else:
-                    fix = (f"Strip the prefix only where it is present, in place:\n"
-                           f'{_CONSUME}({src.snippet(state)}, "{prefix}")')
+                    fix = (
+                        f"Strip the prefix only where it is present, in place:\n"
+                        f'{_CONSUME}({src.snippet(state)}, "{prefix}")'
+                    )
                 yield FixableFinding(
                     f"`{src.snippet(node)}` cuts {len(prefix)} characters off every key of `{src.snippet(state)}`, "
                     f"assuming each one starts with '{prefix}': a key without it loses real characters "
@@ -146,8 +174,9 @@ def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
                 break
 
 
-def _prefix_edits(src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut: ast.Subscript,
-                  prefix: str) -> Iterator[Edit]:
+def _prefix_edits(
+    src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut: ast.Subscript, prefix: str
+) -> Iterator[Edit]:
     """Rewrite the two canonical shapes, and only those, to `consume_prefix_in_state_dict_if_present`:
 
     `new = {k[7:]: v for k, v in sd.items()}`      -> `new = dict(sd)` + consume(new, 'module.')
@@ -158,25 +187,54 @@ def _prefix_edits(src: SourceFile, loop: ast.AST, key: str, state: ast.expr, cut
         return
     if isinstance(loop, ast.DictComp):
         gen = loop.generators[0]
-        if loop.key is not cut or len(loop.generators) != 1 or gen.ifs or gen.is_async \
-                or not _pair(gen.target) or ref(gen.target.elts[1]) != ref(loop.value):
+        if (
+            loop.key is not cut
+            or len(loop.generators) != 1
+            or gen.ifs
+            or gen.is_async
+            or not _pair(gen.target)
+            or ref(gen.target.elts[1]) != ref(loop.value)
+        ):
             return
-        stmt = next((s for s in ast.walk(src.tree) if isinstance(s, ast.Assign) and s.value is loop
-                     and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)), None)
+        stmt = next(
+            (
+                s
+                for s in ast.walk(src.tree)
+                if isinstance(s, ast.Assign)
+                and s.value is loop
+                and len(s.targets) == 1
+                and isinstance(s.targets[0], ast.Name)
+            ),
+            None,
+        )
         name = ref(stmt.targets[0]) if stmt is not None else None
         if stmt is not None and name is not None and _own_lines(src, stmt):
-            yield Edit(src.start(stmt), src.end(stmt), f'{name} = dict({src.segment(state)})\n'
-                       f'{_indent(src, stmt)}{_CONSUME}({name}, "{prefix}")')
+            yield Edit(
+                src.start(stmt),
+                src.end(stmt),
+                f'{name} = dict({src.segment(state)})\n{_indent(src, stmt)}{_CONSUME}({name}, "{prefix}")',
+            )
         return
     if not isinstance(loop, ast.For):
         return
     new = _loop_target_dict(loop, cut)
-    if new is None or not _own_lines(src, loop) or not _starts_empty(src.tree, loop, new) \
-            or _read_after(src.tree, loop, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-                           | {t.id for s in loop.body for t in getattr(s, "targets", []) if isinstance(t, ast.Name)}):
+    if (
+        new is None
+        or not _own_lines(src, loop)
+        or not _starts_empty(src.tree, loop, new)
+        or _read_after(
+            src.tree,
+            loop,
+            {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+            | {t.id for s in loop.body for t in getattr(s, "targets", []) if isinstance(t, ast.Name)},
+        )
+    ):
         return
-    yield Edit(src.start(loop), src.end(loop), f"{new}.update({src.segment(state)})\n"
-               f'{_indent(src, loop)}{_CONSUME}({new}, "{prefix}")')
+    yield Edit(
+        src.start(loop),
+        src.end(loop),
+        f'{new}.update({src.segment(state)})\n{_indent(src, loop)}{_CONSUME}({new}, "{prefix}")',
+    )
 
 
 def _pair(target: ast.expr) -> TypeGuard[ast.Tuple]:
@@ -198,8 +256,12 @@ def _loop_target_dict(loop: ast.For, cut: ast.Subscript) -> Optional[str]:
         return None
     if len(body) == 1 and store.slice is cut:
         return store.value.id
-    if len(body) == 2 and body[0].value is cut and isinstance(body[0].targets[0], ast.Name) \
-            and ref(store.slice) == body[0].targets[0].id:
+    if (
+        len(body) == 2
+        and body[0].value is cut
+        and isinstance(body[0].targets[0], ast.Name)
+        and ref(store.slice) == body[0].targets[0].id
+    ):
         return store.value.id
     return None
 
@@ -223,15 +285,21 @@ def _starts_empty(tree: ast.AST, loop: ast.For, new: str) -> bool:
     value = prev.value
     if isinstance(value, ast.Dict):
         return not value.keys
-    return isinstance(value, ast.Call) and not value.args and not value.keywords \
+    return (
+        isinstance(value, ast.Call)
+        and not value.args
+        and not value.keywords
         and (ref(value.func) or "").split(".")[-1] in ("OrderedDict", "dict")
+    )
 
 
 def _read_after(tree: ast.AST, loop: ast.For, names: set[str]) -> bool:
     """Whether the loop's own variables are read after it (the rewrite would leave them unbound)."""
     end = end_of(loop)[0]
-    return any(isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load)
-               and n.lineno > end for n in ast.walk(tree))
+    return any(
+        isinstance(n, ast.Name) and n.id in names and isinstance(n.ctx, ast.Load) and n.lineno > end
+        for n in ast.walk(tree)
+    )
 
 
 def _own_lines(src: SourceFile, stmt: ast.stmt) -> bool:

@@ -1,4 +1,5 @@
 """recompiling: torch.compile compiles the same code again and again, or the compiled step has graph breaks."""
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,7 @@ RECOMPILING = Pitfall(
     name="recompiling",
     severity="warning",
     summary="torch.compile recompiles the model again and again (a new shape or Python value each step), "
-            "or the compiled code breaks into several graphs.",
+    "or the compiled code breaks into several graphs.",
     why="""
         `torch.compile` specialises the code it compiles to what it saw: tensor shapes, dtypes, Python ints
         and flags, and guards that they stay so. When a guard fails it compiles again. Inputs whose shape
@@ -82,8 +83,9 @@ RECOMPILING = Pitfall(
 )
 
 _SIZE = re.compile(r"size mismatch|stride mismatch|dim\(\) mismatch|rank mismatch", re.I)
-_BREAK = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>.*?)(\nUser code|$)",
-                    re.S)
+_BREAK = re.compile(
+    r"in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>.*?)(\nUser code|$)", re.S
+)
 
 
 class _BreakLog(logging.Handler):
@@ -139,7 +141,7 @@ class Recompiling(RuntimeCheck):
     def _judge(self) -> Iterator[Finding]:
         if self.failures is not None:
             for code, reasons in list(self.failures.items()):
-                new = reasons[self.seen.get(code, 0):]
+                new = reasons[self.seen.get(code, 0) :]
                 recompiles = sum(1 for r in new if re.match(r"\d+/0:", str(r)))
                 where = self._name(code)
                 if recompiles >= RECOMPILES and where not in self.reported:
@@ -156,21 +158,31 @@ class Recompiling(RuntimeCheck):
         reason = re.sub(r"^\d+/\d+: ", "", last).split("\n")[0]
         config = torch._dynamo.config
         limit = getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", None) or 8
-        gave_up = (f"; it reached the recompile limit ({limit}), so dynamo runs it uncompiled from now on"
-                   if recompiles + 1 >= limit else "")
+        gave_up = (
+            f"; it reached the recompile limit ({limit}), so dynamo runs it uncompiled from now on"
+            if recompiles + 1 >= limit
+            else ""
+        )
         shapes = bool(_SIZE.search(reason))
-        cause = ("the input shapes change from step to step" if shapes
-                 else "a value it specialised on (a Python number or flag, a dtype) keeps changing")
+        cause = (
+            "the input shapes change from step to step"
+            if shapes
+            else "a value it specialised on (a Python number or flag, a dtype) keeps changing"
+        )
         return Finding(
             f"torch.compile had to compile {where} again {recompiles} times while watched{gave_up}: {cause} (the last "
             f"failed guard: {reason}). Each compilation costs seconds or more, and the steps run uncompiled "
             "meanwhile.",
-            fix=self._fix(shapes), location=self._location(where, code), key=where)
+            fix=self._fix(shapes),
+            location=self._location(where, code),
+            key=where,
+        )
 
     def _fix(self, shapes: bool) -> str:
         if not shapes:
-            return ("Pass the changing number as a tensor (or keep it constant), e.g.:\n"
-                    "out = model(x, torch.tensor(step))")
+            return (
+                "Pass the changing number as a tensor (or keep it constant), e.g.:\nout = model(x, torch.tensor(step))"
+            )
         backend = self._backend()
         extra = f'backend="{backend}", ' if backend and backend != "inductor" else ""
         return f"Compile with dynamic shapes:\ntorch.compile(model, {extra}dynamic=True)"
@@ -183,16 +195,21 @@ class Recompiling(RuntimeCheck):
             f"the compiled code breaks into separate graphs at {len(sites)} place(s), running Python between "
             f"them at every step: {shown}{more}.",
             fix="Move the breaking call out of the compiled code (log after the step, keep values as tensors), "
-                "or compile the parts around it:\n"
-                "torch._dynamo.config.capture_scalar_outputs = True  # for .item() calls",
-            location=Location(file=file, line=line), key=f"break:{file}:{line}")
+            "or compile the parts around it:\n"
+            "torch._dynamo.config.capture_scalar_outputs = True  # for .item() calls",
+            location=Location(file=file, line=line),
+            key=f"break:{file}:{line}",
+        )
 
     def _name(self, code: Any) -> str:
         """The watched model a compiled module's code belongs to, else the function's qualified name."""
         filename = getattr(code, "co_filename", "")
         if "torch" in filename.replace("\\", "/").split("/site-packages/")[-1].split("/")[:1]:
-            compiled = [wm.label for wm in self.ctx.models if any(type(w).__name__ == "OptimizedModule"
-                                                                  for w in _chain(wm.module))]
+            compiled = [
+                wm.label
+                for wm in self.ctx.models
+                if any(type(w).__name__ == "OptimizedModule" for w in _chain(wm.module))
+            ]
             if compiled or len(self.ctx.models) == 1:  # a module compiled after watch() was given it
                 return (compiled or [self.ctx.models[0].label])[0]
         return f"{getattr(code, 'co_name', '?')}() ({filename}:{getattr(code, 'co_firstlineno', 0)})"
@@ -207,8 +224,9 @@ class Recompiling(RuntimeCheck):
         for wm in self.ctx.models:
             for w in _chain(wm.module):
                 callback = getattr(getattr(w, "dynamo_ctx", None), "callback", None)
-                backend = getattr(getattr(callback, "_torchdynamo_orig_backend", None), "_torchdynamo_orig_backend",
-                                  None)
+                backend = getattr(
+                    getattr(callback, "_torchdynamo_orig_backend", None), "_torchdynamo_orig_backend", None
+                )
                 name = getattr(backend, "__name__", None)
                 if isinstance(name, str):
                     return name
@@ -219,8 +237,13 @@ def _reason(text: str) -> str:
     """The specific line of dynamo's graph-break reason (its first line is often a generic 'Encountered graph
     break when attempting to trace ...'), with the first hint."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    specific = [line for line in lines if not line.startswith(("Encountered graph break", "Explanation:", "Hint:",
-                                                                "Developer debug", "For more details"))]
+    specific = [
+        line
+        for line in lines
+        if not line.startswith(
+            ("Encountered graph break", "Explanation:", "Hint:", "Developer debug", "For more details")
+        )
+    ]
     hint = next((line for line in lines if line.startswith("Hint:")), "")
     reason = (specific or lines or ["unknown reason"])[0]
     return f"{reason} ({hint})" if hint else reason

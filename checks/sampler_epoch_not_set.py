@@ -1,4 +1,5 @@
 """sampler-epoch-not-set: a DistributedSampler reused for several epochs without set_epoch() repeats its order."""
+
 from __future__ import annotations
 
 import ast
@@ -27,7 +28,7 @@ SAMPLER_EPOCH_NOT_SET = Pitfall(
     name="sampler-epoch-not-set",
     severity="warning",
     summary="A DistributedSampler is used for several epochs without set_epoch(epoch): every epoch sees the same "
-            "order.",
+    "order.",
     why="""
         DistributedSampler seeds its shuffle with `seed + epoch`. Without `sampler.set_epoch(epoch)` at the start
         of each epoch the epoch stays 0, so every epoch repeats the same permutation and shuffling buys nothing.
@@ -160,13 +161,15 @@ class SamplerEpochNotSet(RuntimeCheck):
         self.reported.add(id(sampler))
         yield Finding(
             f"{type(sampler).__name__} of the DataLoader over {passes.dataset} started another pass "
-            f"with epoch still {passes.epoch}: set_epoch() was not called, so every epoch shuffles into the same order.",
+            f"with epoch still {passes.epoch}: set_epoch() was not called, "
+            "so every epoch shuffles into the same order.",
             fix="Advance the sampler's epoch before each pass:\n"
-                "for epoch in range(epochs):\n"
-                "    sampler.set_epoch(epoch)\n"
-                "    for x, y in loader:\n"
-                "        ...",
-            location=Location(key=type(sampler).__name__, step=self.ctx.step))
+            "for epoch in range(epochs):\n"
+            "    sampler.set_epoch(epoch)\n"
+            "    for x, y in loader:\n"
+            "        ...",
+            location=Location(key=type(sampler).__name__, step=self.ctx.step),
+        )
 
 
 class _Passes:
@@ -221,8 +224,15 @@ def _shuffling_samplers(index: ModuleIndex) -> Iterator[tuple[FunctionScope, Cal
     for scope in index.scopes:
         bound = {id(b.value): b.target for b in scope.bindings if isinstance(b.value, ast.Call)}
         # `sampler = DistributedSampler(ds) if args.distributed else None`, as torchvision's and pytorch/examples'
-        bound.update({id(branch): b.target for b in scope.bindings if isinstance(b.value, ast.IfExp)
-                      for branch in (b.value.body, b.value.orelse) if isinstance(branch, ast.Call)})
+        bound.update(
+            {
+                id(branch): b.target
+                for b in scope.bindings
+                if isinstance(b.value, ast.IfExp)
+                for branch in (b.value.body, b.value.orelse)
+                if isinstance(branch, ast.Call)
+            }
+        )
         for call in scope.calls:
             if last(call.qualname).endswith("DistributedSampler") and literal(call.kwarg("shuffle")) is not False:
                 yield scope, call, bound.get(id(call.node))
@@ -235,7 +245,8 @@ def _loaders_of(scope: FunctionScope, sampler: CallSite, name: Optional[str]) ->
         if isinstance(b.value, ast.Call) and last(ref(b.value.func) or "").endswith("DataLoader"):
             for kw in b.value.keywords:
                 if kw.arg in ("sampler", "batch_sampler") and (
-                        kw.value is sampler.node or name is not None and ref(kw.value) == name):
+                    kw.value is sampler.node or name is not None and ref(kw.value) == name
+                ):
                     out.append(b.target)
     return out
 
@@ -247,7 +258,10 @@ def _epoch_loop_line(scope: FunctionScope, loader: str) -> Optional[int]:
         if isinstance(node, (ast.For, ast.AsyncFor)) and loader in iter_names(node.iter) and loop.parent is not None:
             return loop.parent.node.lineno
     for call in scope.calls:
-        if call.loop is not None and any(ref(a) == loader for a in call.node.args) \
-                and not last(call.qualname).endswith("DataLoader"):
+        if (
+            call.loop is not None
+            and any(ref(a) == loader for a in call.node.args)
+            and not last(call.qualname).endswith("DataLoader")
+        ):
             return call.loop.node.lineno
     return None

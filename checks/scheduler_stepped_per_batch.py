@@ -1,5 +1,6 @@
 """scheduler-stepped-per-batch: a per-epoch learning-rate schedule stepped after every batch decays
 len(loader) times too fast."""
+
 from __future__ import annotations
 
 import weakref
@@ -64,9 +65,11 @@ SCHEDULER_STEPPED_PER_BATCH = Pitfall(
             While a session runs, every `LRScheduler.step()` of a scheduler that drives a watched optimizer is
             counted. When the DataLoader that drives training (one whose pass was under way, its iterator alive
             and not exhausted, when the scheduler stepped; an eval loader run mid-epoch never is) starts its
-            second pass (the first epoch is over) after at least 10 optimizer steps, a scheduler that was stepped about once per optimizer step during that epoch and
+            second pass (the first epoch is over) after at least 10 optimizer steps, a scheduler that was stepped about
+            once per optimizer step during that epoch and
             has already brought the learning rate below 1/100 of its initial value is reported, with the
-            numbers, at the line that calls `scheduler.step()`. Quiet: schedules stepped per epoch, per-iteration schedules whose horizon spans the run
+            numbers, at the line that calls `scheduler.step()`. Quiet: schedules stepped per epoch, per-iteration
+            schedules whose horizon spans the run
             (OneCycleLR, warm-up, cosine over all steps), the periodic families (cosine annealing, warm
             restarts, cyclic) whose low point each epoch is by design, `ReduceLROnPlateau`, and one-epoch runs.
         """,
@@ -167,14 +170,16 @@ class SchedulerSteppedPerBatch(RuntimeCheck):
             if c.base_lr > 0 and lr <= c.base_lr / 100:
                 name = type(scheduler).__name__
                 yield Finding(
-                    f"{name} was stepped {stepped} times during the first epoch ({epoch_steps} optimizer steps) and has "
+                    f"{name} was stepped {stepped} times during the first epoch ({epoch_steps} optimizer steps) and "
+                    f"has "
                     f"already cut {c.optimizer.label}'s learning rate from {c.base_lr:g} to {lr:g}: a per-epoch "
                     "schedule stepped after every batch.",
                     fix="Step the scheduler once per epoch, after the batch loop:\n"
-                        "for epoch in range(epochs):\n"
-                        "    for x, y in loader:\n"
-                        "        ...\n"
-                        "        optimizer.step()\n"
-                        "    scheduler.step()",
-                    location=Location(file=c.line[0], line=c.line[1], key=name, step=self.ctx.step))
+                    "for epoch in range(epochs):\n"
+                    "    for x, y in loader:\n"
+                    "        ...\n"
+                    "        optimizer.step()\n"
+                    "    scheduler.step()",
+                    location=Location(file=c.line[0], line=c.line[1], key=name, step=self.ctx.step),
+                )
                 return

@@ -1,4 +1,5 @@
 """shuffle-with-sampler: `DataLoader(shuffle=True, sampler=...)`, which PyTorch refuses at start-up."""
+
 from __future__ import annotations
 
 import ast
@@ -46,7 +47,7 @@ SHUFFLE_WITH_SAMPLER = Pitfall(
     ),
     details={
         "source": "Only a literal `shuffle=True` next to a sampler that is not a literal `None` is reported, whether "
-                  "they are passed by keyword or by position (`DataLoader(ds, 32, True, sampler)`).",
+        "they are passed by keyword or by position (`DataLoader(ds, 32, True, sampler)`).",
     },
 )
 
@@ -58,8 +59,11 @@ _POSITION = {"shuffle": 2, "sampler": 3, "batch_sampler": 4}
 def _argument(call: CallSite, name: str) -> Optional[ast.expr]:
     """A DataLoader argument, by keyword or by position."""
     value = call.kwarg(name)
-    if value is None and len(call.node.args) > _POSITION[name] \
-            and not any(isinstance(a, ast.Starred) for a in call.node.args[:_POSITION[name] + 1]):
+    if (
+        value is None
+        and len(call.node.args) > _POSITION[name]
+        and not any(isinstance(a, ast.Starred) for a in call.node.args[: _POSITION[name] + 1])
+    ):
         value = call.node.args[_POSITION[name]]
     return value
 
@@ -78,7 +82,7 @@ def shuffle_with_sampler(src: SourceFile) -> Iterator[Finding]:
                     f"`{src.snippet(call.node)}` passes shuffle=True together with {option}=: DataLoader raises "
                     f"'{option} option is mutually exclusive with shuffle'. The sampler decides the order.",
                     fix=f"Drop shuffle=True and let the sampler shuffle (DistributedSampler(dataset, shuffle=True)), "
-                        f"e.g. `DataLoader(dataset, {option}=..., shuffle=False)`.",
+                    f"e.g. `DataLoader(dataset, {option}=..., shuffle=False)`.",
                     location=src.location(call.node),
                 )
                 break

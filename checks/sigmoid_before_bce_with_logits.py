@@ -1,13 +1,16 @@
 """sigmoid-before-bce-with-logits: a sigmoid's output fed to BCEWithLogitsLoss, which applies the sigmoid itself."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator
 
-from ._activation_source import Activation, evidence, first_argument, fixed_line, loss_calls
-from ._losstap import activation_argument, fixed_line as fixed_user_line, produced_by, tap_losses, user_location
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 from torchdoctor.sdk.source import SourceFile
+
+from ._activation_source import Activation, evidence, first_argument, fixed_line, loss_calls
+from ._losstap import activation_argument, produced_by, tap_losses, user_location
+from ._losstap import fixed_line as fixed_user_line
 
 _SETUP = """
 import torch
@@ -27,7 +30,7 @@ SIGMOID_BEFORE_BCE_WITH_LOGITS = Pitfall(
     name="sigmoid-before-bce-with-logits",
     severity="error",
     summary="A sigmoid's output is fed to BCEWithLogitsLoss, which applies the sigmoid itself, so the model "
-            "learns slowly and can never be confident.",
+    "learns slowly and can never be confident.",
     why="""
         `nn.BCEWithLogitsLoss` / `F.binary_cross_entropy_with_logits` take raw scores (logits) and apply the
         sigmoid inside, in a numerically stable way. Given a sigmoid's output, they compute
@@ -94,13 +97,20 @@ class SigmoidBeforeBceWithLogits(RuntimeCheck):
             return
         self.reported = True
         where = user_location()
-        line = fixed_user_line(where, lambda call, text: activation_argument(call, text, ("sigmoid", "expit"), "Sigmoid"))
-        self.ctx.emit(self, Finding(
-            "binary_cross_entropy_with_logits was given a sigmoid's output: it applies the sigmoid itself, so "
-            "this is sigmoid(sigmoid(z)), which never drops below 0.5; the loss can't approach 0 and its "
-            "gradients shrink.",
-            fix="Pass the logits; drop the sigmoid in front of the loss:\n" + (line or "loss = criterion(logits, target)"),
-            location=where))
+        line = fixed_user_line(
+            where, lambda call, text: activation_argument(call, text, ("sigmoid", "expit"), "Sigmoid")
+        )
+        self.ctx.emit(
+            self,
+            Finding(
+                "binary_cross_entropy_with_logits was given a sigmoid's output: it applies the sigmoid itself, so "
+                "this is sigmoid(sigmoid(z)), which never drops below 0.5; the loss can't approach 0 and its "
+                "gradients shrink.",
+                fix="Pass the logits; drop the sigmoid in front of the loss:\n"
+                + (line or "loss = criterion(logits, target)"),
+                location=where,
+            ),
+        )
 
 
 _SIGMOID = Activation(frozenset({"sigmoid", "expit"}), "Sigmoid")
@@ -111,17 +121,23 @@ def sigmoid_before_bce_with_logits(src: SourceFile) -> Iterator[Finding]:
     """A binary_cross_entropy_with_logits call whose input the source shows to be a sigmoid's output."""
     if src.tree is None or ("with_logits" not in src.text and "BCEWithLogitsLoss" not in src.text):
         return
-    for scope, call, loss, inp in loss_calls(src, frozenset({"binary_cross_entropy_with_logits"}),
-                                             frozenset({"BCEWithLogitsLoss"})):
+    for scope, call, loss, inp in loss_calls(
+        src, frozenset({"binary_cross_entropy_with_logits"}), frozenset({"BCEWithLogitsLoss"})
+    ):
         found = evidence(src, scope, call, inp, _SIGMOID)
         if found is None:
             continue
         tensor = first_argument(src, found.node)
         line = fixed_line(src, call, found, tensor) if tensor else None
-        fix = (f"Pass the logits: {loss} applies the sigmoid itself:\n{line}" if line else
-               "Pass the logits: return them from the model (apply sigmoid only for probabilities at inference):\n"
-               "return self.head(features)  # logits; no sigmoid before BCEWithLogitsLoss")
+        fix = (
+            f"Pass the logits: {loss} applies the sigmoid itself:\n{line}"
+            if line
+            else "Pass the logits: return them from the model (apply sigmoid only for probabilities at inference):\n"
+            "return self.head(features)  # logits; no sigmoid before BCEWithLogitsLoss"
+        )
         yield Finding(
             f"`{src.snippet(call.node)}`: its input {found.how} a sigmoid, but {loss} applies the sigmoid itself: "
             "sigmoid(sigmoid(z)) never drops below 0.5 and the gradients shrink.",
-            fix=fix, location=src.location(call.node))
+            fix=fix,
+            location=src.location(call.node),
+        )

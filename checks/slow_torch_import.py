@@ -1,4 +1,5 @@
 """slow-torch-import: `import torch` succeeds but uses more than 10 s of CPU or waits more than 10 s for files."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -71,23 +72,37 @@ def slow_torch_import(facts: EnvFacts) -> Iterator[Finding]:
     cpu, wall = probe.cpu_seconds, probe.seconds
     wait = probe.cpu_wait_seconds
     blocked = probe.blocked_seconds
-    if blocked is None and wait is None and facts.system.load_average is not None and facts.system.cpu_logical \
-            and facts.system.load_average < facts.system.cpu_logical:
+    if (
+        blocked is None
+        and wait is None
+        and facts.system.load_average is not None
+        and facts.system.cpu_logical
+        and facts.system.load_average < facts.system.cpu_logical
+    ):
         blocked = max(0.0, wall - cpu)  # no per-thread accounting (not Linux): an idle machine's off-CPU time
     where = f" from {facts.torch_dist_location}" if facts.torch_dist_location else ""
-    split = f"{cpu:.1f} s on a CPU" + (f", {blocked:.1f} s waiting for files" if blocked is not None else "") + \
-        (f", {wait:.1f} s waiting for a CPU" if wait is not None else "")
+    split = (
+        f"{cpu:.1f} s on a CPU"
+        + (f", {blocked:.1f} s waiting for files" if blocked is not None else "")
+        + (f", {wait:.1f} s waiting for a CPU" if wait is not None else "")
+    )
     if blocked is not None and blocked > SLOW_IMPORT_S:
-        yield Finding(f"`import torch`{where} spent {blocked:.0f} s waiting for its files to be read ({split}; "
-                      f"a local disk needs well under a second).",
-                      fix="Move the environment to a local disk, or find the slow folder: `python -X importtime -c "
-                          "\"import torch\" 2>&1 | sort -t'|' -k2 -n | tail`.")
+        yield Finding(
+            f"`import torch`{where} spent {blocked:.0f} s waiting for its files to be read ({split}; "
+            f"a local disk needs well under a second).",
+            fix="Move the environment to a local disk, or find the slow folder: `python -X importtime -c "
+            "\"import torch\" 2>&1 | sort -t'|' -k2 -n | tail`.",
+        )
     elif cpu > SLOW_IMPORT_S:
-        yield Finding(f"`import torch`{where} used {cpu:.0f} s of CPU time ({split}; torch needs a few seconds).",
-                      fix="Find the modules that take the time: `python -X importtime -c \"import torch\" 2>&1 | "
-                          "sort -t'|' -k2 -n | tail` (a sitecustomize or a package torch imports doing heavy work).")
+        yield Finding(
+            f"`import torch`{where} used {cpu:.0f} s of CPU time ({split}; torch needs a few seconds).",
+            fix='Find the modules that take the time: `python -X importtime -c "import torch" 2>&1 | '
+            "sort -t'|' -k2 -n | tail` (a sitecustomize or a package torch imports doing heavy work).",
+        )
     elif wall > SLOW_IMPORT_S and wait is not None and wait > wall / 2:
-        yield Finding(f"`import torch` took {wall:.0f} s because the machine is loaded: it waited {wait:.0f} s for a "
-                      f"CPU ({split}); the install itself is fine.",
-                      fix="Nothing to fix in the install; timings taken now reflect the load.",
-                      severity=Severity.INFO)
+        yield Finding(
+            f"`import torch` took {wall:.0f} s because the machine is loaded: it waited {wait:.0f} s for a "
+            f"CPU ({split}); the install itself is fine.",
+            fix="Nothing to fix in the install; timings taken now reflect the load.",
+            severity=Severity.INFO,
+        )

@@ -1,15 +1,18 @@
 """softmax-before-cross-entropy: probabilities fed to cross_entropy (which applies log_softmax itself) or to
 nll_loss (which expects log-probabilities): the loss is computed on the wrong quantity and learning stalls."""
+
 from __future__ import annotations
 
 import ast
 from typing import Any, Iterator, Optional
 
-from ._activation_source import Activation, evidence, first_argument, fixed_line, loss_calls
-from ._losstap import activation_argument, fixed_line as fixed_user_line, produced_by, tap_losses, user_location
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 from torchdoctor.sdk.source import SourceFile
+
+from ._activation_source import Activation, evidence, first_argument, fixed_line, loss_calls
+from ._losstap import activation_argument, produced_by, tap_losses, user_location
+from ._losstap import fixed_line as fixed_user_line
 
 _SETUP = """
 import torch
@@ -29,7 +32,7 @@ SOFTMAX_BEFORE_CROSS_ENTROPY = Pitfall(
     name="softmax-before-cross-entropy",
     severity="error",
     summary="Probabilities (a softmax's output) are fed to cross_entropy or nll_loss, which expect logits or "
-            "log-probabilities, so the model learns slowly and badly.",
+    "log-probabilities, so the model learns slowly and badly.",
     why="""
         `nn.CrossEntropyLoss` / `F.cross_entropy` apply `log_softmax` to their input themselves: they expect raw
         scores (logits). Given probabilities, they compute a softmax of a softmax: every input lies in [0, 1],
@@ -123,16 +126,23 @@ class SoftmaxBeforeCrossEntropy(RuntimeCheck):
         where = user_location()
         how = "a softmax's output" if made_by else "probabilities (rows non-negative, summing to 1)"
         if name == "cross_entropy":
-            message = (f"cross_entropy was given {how}: it applies log_softmax itself and expects logits, so this "
-                       "is a softmax of a softmax; the loss can't approach 0 and its gradients shrink.")
+            message = (
+                f"cross_entropy was given {how}: it applies log_softmax itself and expects logits, so this "
+                "is a softmax of a softmax; the loss can't approach 0 and its gradients shrink."
+            )
             line = fixed_user_line(where, lambda call, text: activation_argument(call, text, ("softmax",), "Softmax"))
-            fix = "Pass the logits; drop the softmax in front of the loss:\n" + (line or "loss = criterion(logits, target)")
+            fix = "Pass the logits; drop the softmax in front of the loss:\n" + (
+                line or "loss = criterion(logits, target)"
+            )
         else:
-            message = (f"nll_loss was given {how}: it expects log-probabilities, so it minimises -p instead of "
-                       "-log p and barely punishes confident mistakes.")
+            message = (
+                f"nll_loss was given {how}: it expects log-probabilities, so it minimises -p instead of "
+                "-log p and barely punishes confident mistakes."
+            )
             line = fixed_user_line(where, _log_softmax)
-            fix = ("Use log_softmax in front of nll_loss (or cross_entropy on the logits):\n"
-                   + (line or "loss = F.nll_loss(F.log_softmax(logits, dim=1), target)"))
+            fix = "Use log_softmax in front of nll_loss (or cross_entropy on the logits):\n" + (
+                line or "loss = F.nll_loss(F.log_softmax(logits, dim=1), target)"
+            )
         self.ctx.emit(self, Finding(message, fix=fix, location=where))
 
 
@@ -141,8 +151,11 @@ def _log_softmax(call: ast.Call, text: str) -> Optional[str]:
     if activation_argument(call, text, ("softmax",), "Softmax") is None:
         return None
     source = ast.get_source_segment(text, call) or ""
-    return source.replace("softmax(", "log_softmax(", 1) if "softmax(" in source else \
-        source.replace("Softmax(", "LogSoftmax(", 1)
+    return (
+        source.replace("softmax(", "log_softmax(", 1)
+        if "softmax(" in source
+        else source.replace("Softmax(", "LogSoftmax(", 1)
+    )
 
 
 _SOFTMAX = Activation(frozenset({"softmax"}), "Softmax")
@@ -151,11 +164,13 @@ _SOFTMAX = Activation(frozenset({"softmax"}), "Softmax")
 @SOFTMAX_BEFORE_CROSS_ENTROPY.source
 def softmax_before_cross_entropy(src: SourceFile) -> Iterator[Finding]:
     """A cross_entropy/nll_loss call whose input the source shows to be a softmax's output."""
-    if src.tree is None or not any(name in src.text for name in ("cross_entropy", "CrossEntropyLoss", "nll_loss",
-                                                                 "NLLLoss")):
+    if src.tree is None or not any(
+        name in src.text for name in ("cross_entropy", "CrossEntropyLoss", "nll_loss", "NLLLoss")
+    ):
         return
-    for scope, call, loss, inp in loss_calls(src, frozenset({"cross_entropy", "nll_loss"}),
-                                             frozenset({"CrossEntropyLoss", "NLLLoss"})):
+    for scope, call, loss, inp in loss_calls(
+        src, frozenset({"cross_entropy", "nll_loss"}), frozenset({"CrossEntropyLoss", "NLLLoss"})
+    ):
         found = evidence(src, scope, call, inp, _SOFTMAX)
         if found is None:
             continue
@@ -163,18 +178,38 @@ def softmax_before_cross_entropy(src: SourceFile) -> Iterator[Finding]:
         tensor = first_argument(src, found.node)
         if cross:
             line = fixed_line(src, call, found, tensor) if tensor else None
-            fix = (f"Pass the logits: {loss} applies log_softmax itself:\n{line}" if line else
-                   "Pass the logits: return them from the model (apply softmax only for probabilities at inference):\n"
-                   "return self.classifier(features)  # logits; no softmax before CrossEntropyLoss")
+            fix = (
+                f"Pass the logits: {loss} applies log_softmax itself:\n{line}"
+                if line
+                else "Pass the logits: return them from the model (apply softmax only for probabilities at "
+                "inference):\n"
+                "return self.classifier(features)  # logits; no softmax before CrossEntropyLoss"
+            )
         else:
-            line = fixed_line(src, call, found, src.segment(found.node).replace("softmax", "log_softmax")
-                              .replace("Softmax", "LogSoftmax")) if found.node is not None else None
-            fix = (f"Give {loss} log-probabilities:\n{line}" if line else
-                   f"Give {loss} log-probabilities: use log_softmax instead of softmax:\n"
-                   "return F.log_softmax(self.classifier(features), dim=1)")
+            line = (
+                fixed_line(
+                    src,
+                    call,
+                    found,
+                    src.segment(found.node).replace("softmax", "log_softmax").replace("Softmax", "LogSoftmax"),
+                )
+                if found.node is not None
+                else None
+            )
+            fix = (
+                f"Give {loss} log-probabilities:\n{line}"
+                if line
+                else f"Give {loss} log-probabilities: use log_softmax instead of softmax:\n"
+                "return F.log_softmax(self.classifier(features), dim=1)"
+            )
         expects = "applies log_softmax itself and expects logits" if cross else "expects log-probabilities"
         yield Finding(
             f"`{src.snippet(call.node)}`: its input {found.how} a softmax, but {loss} {expects}"
-            + (": the softmax is applied twice and the gradients shrink." if cross else
-               ": it minimises -p instead of -log p."),
-            fix=fix, location=src.location(call.node))
+            + (
+                ": the softmax is applied twice and the gradients shrink."
+                if cross
+                else ": it minimises -p instead of -log p."
+            ),
+            fix=fix,
+            location=src.location(call.node),
+        )

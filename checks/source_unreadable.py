@@ -1,4 +1,5 @@
 """source-unreadable: a file that cannot be read, decoded or parsed is reported (and skipped), never a traceback."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -48,7 +49,8 @@ def source_unreadable(src: SourceFile) -> Iterator[Finding]:
     if src.problem is None:
         return
     yield Finding(
-        f"{src.path} was not checked: it is {src.problem}." if src.problem.startswith("not ")
+        f"{src.path} was not checked: it is {src.problem}."
+        if src.problem.startswith("not ")
         else f"{src.path} was not checked: it {src.problem}.",
         fix="Fix the file (it will not import either), or exclude it with --exclude or .gitignore.",
         location=Location(file=src.path, line=src.problem_line),

@@ -1,4 +1,5 @@
 """stale-optimizer-params: the optimizer updates Parameter objects the model replaced after it was built."""
+
 from __future__ import annotations
 
 import ast
@@ -43,8 +44,10 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
     code="TD302",
     name="stale-optimizer-params",
     severity="error",
-    summary=("The optimizer updates Parameter objects the model no longer uses (a module or parameter replaced "
-             "after it was built)."),
+    summary=(
+        "The optimizer updates Parameter objects the model no longer uses (a module or parameter replaced "
+        "after it was built)."
+    ),
     why="""
         An optimizer holds references to the Parameter objects it was given. Replacing `model.fc` with a new layer
         (or re-binding an attribute to a new `nn.Parameter`, or rebuilding the model) after building the optimizer
@@ -129,8 +132,12 @@ class StaleOptimizerParams(RuntimeCheck):
         held = self.ctx.optimizer_param_ids()
         lone = len(self.ctx.models) == 1 and len(self.ctx.optimizers) == 1
         for wo in self.ctx.optimizers:
-            foreign = [(g, i, p) for g, group in enumerate(wo.optimizer.param_groups)
-                       for i, p in enumerate(group["params"]) if id(p) not in model_ids]
+            foreign = [
+                (g, i, p)
+                for g, group in enumerate(wo.optimizer.param_groups)
+                for i, p in enumerate(group["params"])
+                if id(p) not in model_ids
+            ]
             if foreign and evidence:
                 foreign = [(g, i, p) for g, i, p in foreign if not _has_gradient(p)]
             if not foreign or frozenset(id(p) for _, _, p in foreign) in self.reported:
@@ -141,21 +148,33 @@ class StaleOptimizerParams(RuntimeCheck):
             yield self._finding(wo, foreign, held)
 
     def _finding(self, wo: Any, foreign: list[tuple[int, int, Any]], held: set[int]) -> Finding:
-        orphans = {tuple(p.shape): name for wm in self.ctx.models for name, p in wm.named_parameters()
-                   if p.requires_grad and id(p) not in held}
+        orphans = {
+            tuple(p.shape): name
+            for wm in self.ctx.models
+            for name, p in wm.named_parameters()
+            if p.requires_grad and id(p) not in held
+        }
         listed = ", ".join(f"param_groups[{g}]['params'][{i}] {tuple(p.shape)}" for g, i, p in foreign[:4])
         twins = [orphans[tuple(p.shape)] for _, _, p in foreign if tuple(p.shape) in orphans]
-        guess = (f" The model's `{'`, `'.join(twins[:4])}` (same shape, in no optimizer) were probably re-bound "
-                 "after the optimizer was built.") if twins else ""
+        guess = (
+            (
+                f" The model's `{'`, `'.join(twins[:4])}` (same shape, in no optimizer) were probably re-bound "
+                "after the optimizer was built."
+            )
+            if twins
+            else ""
+        )
         return Finding(
             f"{wo.label} updates {len(foreign)} of its {len(wo.params())} parameters that are not in the model "
             f"any more ({listed}{', ...' if len(foreign) > 4 else ''}) and get no gradient: its steps change "
             "nothing the model uses." + guess,
             fix="Build the optimizer after the last change to the model (re-assigning a layer, replacing or "
-                "re-wrapping the model), with the same settings:\n"
-                f"optimizer = {_qualname(wo.optimizer)}(model.parameters(), **optimizer.defaults)\n"
-                "or change weights in place: `with torch.no_grad(): model.fc.weight.copy_(w)`",
-            location=Location(param=twins[0] if twins else None, step=self.ctx.step), key=wo.label)
+            "re-wrapping the model), with the same settings:\n"
+            f"optimizer = {_qualname(wo.optimizer)}(model.parameters(), **optimizer.defaults)\n"
+            "or change weights in place: `with torch.no_grad(): model.fc.weight.copy_(w)`",
+            location=Location(param=twins[0] if twins else None, step=self.ctx.step),
+            key=wo.label,
+        )
 
 
 def _has_gradient(p: Any) -> bool:
@@ -199,8 +218,12 @@ def _exclusive(arms: dict[int, set[tuple[int, int]]], a: ast.AST, b: ast.AST) ->
 def _used_after(scope: FunctionScope, name: str, pos: tuple) -> bool:
     """`name` is read after `pos` in this function (the old optimizer still takes part in something)."""
     for node in ast.walk(scope.node):
-        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load) \
-                and (node.lineno, node.col_offset) > pos and ref(node) == name:
+        if (
+            isinstance(node, (ast.Name, ast.Attribute))
+            and isinstance(node.ctx, ast.Load)
+            and (node.lineno, node.col_offset) > pos
+            and ref(node) == name
+        ):
             return True
     return False
 
@@ -212,13 +235,17 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
     index = src.index
     overwrite = "set_overwrite_module_params_on_conversion" in src.text and any(
         c.attr == "set_overwrite_module_params_on_conversion" and c.node.args and literal(c.node.args[0]) is True
-        for c in index.all_calls())
+        for c in index.all_calls()
+    )
     for scope in index.scopes:
         arms: dict[int, set[tuple[int, int]]] = {}
         for built in optimizers_built(scope, index):
             for b in scope.bindings:
-                replaced = b.target == built.model or b.target.startswith(built.model + ".") \
+                replaced = (
+                    b.target == built.model
+                    or b.target.startswith(built.model + ".")
                     or built.model.startswith(b.target + ".")
+                )
                 if not replaced or b.pos <= built.binding.pos or b.augmented or rebuilt_after(scope, built, b.pos):
                     continue
                 arms = arms or _branch_arms(scope)  # built once per function, and only when needed
@@ -230,14 +257,18 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
                         f"`{built.optimizer}` was built from its parameters (line {built.binding.pos[0]}): the "
                         "optimizer keeps updating the old Parameter objects and never the new ones.",
                         fix=f"Build `{built.optimizer}` after the model is complete (or add the new parameters with "
-                            f"`{built.optimizer}.add_param_group(...)`).",
+                        f"`{built.optimizer}.add_param_group(...)`).",
                         location=src.location(b.node),
                     )
                     break
             if overwrite:
                 for c in scope.calls:
-                    if c.receiver == built.model and c.attr in ("to", "cuda") and c.pos > built.binding.pos \
-                            and not rebuilt_after(scope, built, c.pos):
+                    if (
+                        c.receiver == built.model
+                        and c.attr in ("to", "cuda")
+                        and c.pos > built.binding.pos
+                        and not rebuilt_after(scope, built, c.pos)
+                    ):
                         yield Finding(
                             f"`{src.snippet(c.node)}` runs after `{built.optimizer}` was built (line "
                             f"{built.binding.pos[0]}) while `set_overwrite_module_params_on_conversion(True)` is on: "

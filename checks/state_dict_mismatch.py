@@ -1,4 +1,5 @@
 """state-dict-mismatch: with --model, keys, shapes or dtypes of the file do not fit the model."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -38,8 +39,10 @@ STATE_DICT_MISMATCH = Pitfall(
             model.load_state_dict(torch.load("ckpt.pt"), strict=False)  # loads layer 0; the head silently stays random
         """,
         setup="import torch\nfrom torch import nn\n",
-        unseen={"runtime": "strict=False loads without an error; at run time the check explains a "
-                           "`load_state_dict` that raises"},
+        unseen={
+            "runtime": "strict=False loads without an error; at run time the check explains a "
+            "`load_state_dict` that raises"
+        },
     ),
     good=Example(
         """
@@ -87,28 +90,37 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
     spec = info.model.spec
     m = best_match(info.state_dicts, info.model)
     if m is None:
-        yield Finding(f"No state dict was found in the checkpoint to compare with the model {spec}.",
-                      fix="Save model.state_dict() (or a dict holding it) rather than other objects.",
-                      location=Location(file=info.path))
+        yield Finding(
+            f"No state dict was found in the checkpoint to compare with the model {spec}.",
+            fix="Save model.state_dict() (or a dict holding it) rather than other objects.",
+            location=Location(file=info.path),
+        )
         return
     where = show_path(m.state_dict.path)
     remap = _remap_snippet(m)
     prefix_noted = wrapper_prefix(m.state_dict.tensors) == m.strip and m.strip and not m.add
     head = f"State dict {where} vs model {spec}" + (
-        f" (after mapping keys: strip '{m.strip}'" + (f", add '{m.add}'" if m.add else "") + ")" if remap else "")
+        f" (after mapping keys: strip '{m.strip}'" + (f", add '{m.add}'" if m.add else "") + ")" if remap else ""
+    )
     load = load_line(info, m.state_dict)
     if m.missing or m.unexpected:
         parts = []
         if m.missing:
-            parts.append(f"{len(m.missing)} model key(s) are missing from the file and would keep their "
-                         f"initial values with strict=False: {_few(m.missing)}")
+            parts.append(
+                f"{len(m.missing)} model key(s) are missing from the file and would keep their "
+                f"initial values with strict=False: {_few(m.missing)}"
+            )
         if m.unexpected:
-            parts.append(f"{len(m.unexpected)} key(s) in the file are not in the model and would be silently "
-                         f"ignored with strict=False: {_few(m.unexpected)}")
+            parts.append(
+                f"{len(m.unexpected)} key(s) in the file are not in the model and would be silently "
+                f"ignored with strict=False: {_few(m.unexpected)}"
+            )
         yield Finding(
-            f"{head}: {'; '.join(parts)}. load_state_dict(strict=True) raises \"Error(s) in loading state_dict\".",
-            fix=(f"{load}\n{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
-                 "# check that only the layers you meant to re-initialise (e.g. a new head) are listed"),
+            f'{head}: {"; ".join(parts)}. load_state_dict(strict=True) raises "Error(s) in loading state_dict".',
+            fix=(
+                f"{load}\n{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
+                "# check that only the layers you meant to re-initialise (e.g. a new head) are listed"
+            ),
             location=Location(file=info.path, key=(m.missing or m.unexpected)[0]),
         )
     if m.shape:
@@ -116,9 +128,11 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
         names = ", ".join(repr(k) for k, _, _ in m.shape[:8])
         yield Finding(
             f"{head}: {len(m.shape)} shape mismatch(es), which load_state_dict rejects even with strict=False "
-            f"(\"size mismatch for …\"): {rows}.",
-            fix=(f"{load}\n{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n"
-                 "model.load_state_dict(sd, strict=False)"),
+            f'("size mismatch for …"): {rows}.',
+            fix=(
+                f"{load}\n{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n"
+                "model.load_state_dict(sd, strict=False)"
+            ),
             location=Location(file=info.path, key=m.shape[0][0]),
         )
     if m.dtype:
@@ -126,7 +140,7 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
         yield Finding(
             f"{head}: {len(m.dtype)} dtype difference(s); load_state_dict casts them silently: {rows}.",
             fix="Usually fine (e.g. fp16 weights into an fp32 model); convert the model (model.half()) if you "
-                "meant to keep the saved precision.",
+            "meant to keep the saved precision.",
             location=Location(file=info.path, key=m.dtype[0][0]),
             severity=Severity.INFO,
         )
@@ -147,15 +161,24 @@ class StateDictMismatchAtLoad(RuntimeCheck):
         from torchdoctor.sdk.checkpoint import ModelKeys, StateDict, TensorMeta
         from torchdoctor.sdk.runtime import evidence
 
-        load = next((f for f in reversed(evidence.frames(event.exception))
-                     if f.f_code.co_name == "load_state_dict" and isinstance(f.f_locals.get("state_dict"), dict)
-                     and hasattr(f.f_locals.get("self"), "state_dict")), None)
+        load = next(
+            (
+                f
+                for f in reversed(evidence.frames(event.exception))
+                if f.f_code.co_name == "load_state_dict"
+                and isinstance(f.f_locals.get("state_dict"), dict)
+                and hasattr(f.f_locals.get("self"), "state_dict")
+            ),
+            None,
+        )
         if load is None:
             return
         model, given = load.f_locals["self"], load.f_locals["state_dict"]
         model_entries = {k: _meta(v) for k, v in model.state_dict().items()}
-        tensors = {k: TensorMeta(dtype, shape, (), None) for k, (shape, dtype) in
-                   ((k, _meta(v)) for k, v in given.items() if hasattr(v, "shape"))}
+        tensors = {
+            k: TensorMeta(dtype, shape, (), None)
+            for k, (shape, dtype) in ((k, _meta(v)) for k, v in given.items() if hasattr(v, "shape"))
+        }
         m = best_match([StateDict((), tensors)], ModelKeys(type(model).__name__, model_entries))
         remap = _remap_snippet(m) if m is not None else ""
         if m is None or (m.clean and not remap):
@@ -163,8 +186,11 @@ class StateDictMismatchAtLoad(RuntimeCheck):
         parts = []
         if m.strip and not m.add:
             who = WRAPPER_PREFIXES.get(m.strip)
-            parts.append(f"every key of the dict carries the prefix '{m.strip}'"
-                         + (f" (added by {who})" if who else "") + " that the model's keys lack")
+            parts.append(
+                f"every key of the dict carries the prefix '{m.strip}'"
+                + (f" (added by {who})" if who else "")
+                + " that the model's keys lack"
+            )
         elif m.add and not m.strip:
             parts.append(f"the model's keys carry the prefix '{m.add}' that the dict's keys lack")
         if m.missing:
@@ -172,21 +198,32 @@ class StateDictMismatchAtLoad(RuntimeCheck):
         if m.unexpected:
             parts.append(f"{len(m.unexpected)} key(s) of the dict not in the model: {_few(m.unexpected)}")
         if m.shape:
-            parts.append(f"{len(m.shape)} shape mismatch(es): " + "; ".join(
-                f"{k}: dict {list(a)} vs model {list(b)}" for k, a, b in m.shape[:4]))
-        mapped = f" after mapping keys (strip '{m.strip}'" + (f", add '{m.add}'" if m.add else "") + ")" if remap else ""
+            parts.append(
+                f"{len(m.shape)} shape mismatch(es): "
+                + "; ".join(f"{k}: dict {list(a)} vs model {list(b)}" for k, a, b in m.shape[:4])
+            )
+        mapped = (
+            f" after mapping keys (strip '{m.strip}'" + (f", add '{m.add}'" if m.add else "") + ")" if remap else ""
+        )
         name = evidence.module_path(self.ctx, model) if self.ctx.models else None
-        fix = (f"Rename the keys as shown, then load:\n{remap}model.load_state_dict(sd)" if remap and not m.missing
-               and not m.unexpected and not m.shape else
-               f"{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
-               "# check that only the layers you meant to re-initialise (e.g. a new head) are listed")
+        fix = (
+            f"Rename the keys as shown, then load:\n{remap}model.load_state_dict(sd)"
+            if remap and not m.missing and not m.unexpected and not m.shape
+            else f"{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
+            "# check that only the layers you meant to re-initialise (e.g. a new head) are listed"
+        )
         if m.shape:
             names = ", ".join(repr(k) for k, _, _ in m.shape[:8])
-            fix = f"{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n" \
-                  "model.load_state_dict(sd, strict=False)"
+            fix = (
+                f"{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n"
+                "model.load_state_dict(sd, strict=False)"
+            )
         first = next(iter(m.missing or m.unexpected or [k for k, _, _ in m.shape] or m.matched), None)
-        yield Finding(f"load_state_dict into {type(model).__name__} failed{mapped}: " + "; ".join(parts) + ".",
-                      fix=fix, location=Location(module=name, key=first))
+        yield Finding(
+            f"load_state_dict into {type(model).__name__} failed{mapped}: " + "; ".join(parts) + ".",
+            fix=fix,
+            location=Location(module=name, key=first),
+        )
 
 
 def _meta(value: object) -> tuple[tuple[int, ...], str]:

@@ -1,11 +1,13 @@
 """step-time-drift: each step takes longer than the one before; the run slows down as it goes."""
+
 from __future__ import annotations
 
 import statistics
 from typing import TYPE_CHECKING, Iterator
 
-from ._perf import ClockCheck, ms
 from torchdoctor.sdk import Example, Finding, Pitfall
+
+from ._perf import ClockCheck, ms
 
 if TYPE_CHECKING:
     from torchdoctor.watch.timing import StepClock
@@ -98,24 +100,34 @@ class StepTimeDrift(ClockCheck):
         if len(blocks) < MIN_BLOCKS:
             return
         third = len(blocks) // 3
-        early, middle, late = (statistics.median(blocks[:third]), statistics.median(blocks[third:-third]),
-                               statistics.median(blocks[-third:]))
-        cpu_early, cpu_middle, cpu_late = (statistics.median(cpu[:third]), statistics.median(cpu[third:-third]),
-                                           statistics.median(cpu[-third:]))
+        early, late = statistics.median(blocks[:third]), statistics.median(blocks[-third:])
+        cpu_early, cpu_middle, cpu_late = (
+            statistics.median(cpu[:third]),
+            statistics.median(cpu[third:-third]),
+            statistics.median(cpu[-third:]),
+        )
         # judged on the CPU time the process spends per step: a machine that gets busier stretches the wall
         # time of every step (unevenly) but not the work the loop does; a wait that grows (a sleep, I/O) adds
         # wall time with hardly any CPU time, so the CPU time added must be a fair part of the time added
-        if not (early > 0 and cpu_early > 0 and cpu_late >= GROWTH * cpu_early and cpu_early < cpu_middle < cpu_late
-                and late > early and cpu_late - cpu_early >= WORK_SHARE * (late - early)):
+        if not (
+            early > 0
+            and cpu_early > 0
+            and cpu_late >= GROWTH * cpu_early
+            and cpu_early < cpu_middle < cpu_late
+            and late > early
+            and cpu_late - cpu_early >= WORK_SHARE * (late - early)
+        ):
             return
         size, start = clock.block_size, clock.steps - len(blocks) * clock.block_size - len(clock.block)
         since = next(i for i, b in enumerate(cpu) if b >= 1.25 * cpu_early)
         yield Finding(
-            f"steps keep getting slower: the median step took {ms(early)} over steps {start + 1}-{start + third * size} "
+            f"steps keep getting slower: the median step took {ms(early)} over steps "
+            f"{start + 1}-{start + third * size} "
             f"and {ms(late)} over steps {start + (len(blocks) - third) * size + 1}-{start + len(blocks) * size} "
             f"({late / early:.1f}x), rising since about step {start + since * size + 1}; the CPU time the process "
             f"spends per step grew as much ({cpu_late / cpu_early:.1f}x), so it is the loop's own work that grows, "
             "not a busier machine. Something grows with the step count: a list appended every step and then "
             "concatenated or summed every step, tensors kept with their graphs, a cache never cleared.",
             fix="Keep numbers, not tensors, in what the loop accumulates every step (or a running total):\n"
-                "losses.append(loss.item())")
+            "losses.append(loss.item())",
+        )

@@ -1,4 +1,5 @@
 """storage-bloat: a tensor was saved as a view of a much larger storage, so the file is far larger."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -61,14 +62,17 @@ def _covered(spans: list[tuple[int, int]]) -> int:
 
 def _fix(info: CheckpointInfo, paths: list[tuple[str, ...]]) -> str:
     """Clone the listed views in a copy of the file: load it, clone each, save it again (or --fix)."""
+
     def access(path: tuple[str, ...]) -> str:
         return "ckpt" + "".join(f"[{int(p)}]" if p.isdigit() else f"[{p!r}]" for p in path)
 
     clones = "\n".join(f"{access(p)} = {access(p)}.clone()" for p in paths)
-    return ("Clone views before saving (`torch.save(view.clone(), ...)`) so each tensor owns a storage of its own "
-            "size; to shrink this file:\n"
-            f"ckpt = torch.load({info.path!r}, map_location='cpu')\n{clones}\ntorch.save(ckpt, {info.path!r})\n"
-            f"or write a compact copy: torchdoctor check-ckpt {info.path} --fix compact.pt")
+    return (
+        "Clone views before saving (`torch.save(view.clone(), ...)`) so each tensor owns a storage of its own "
+        "size; to shrink this file:\n"
+        f"ckpt = torch.load({info.path!r}, map_location='cpu')\n{clones}\ntorch.save(ckpt, {info.path!r})\n"
+        f"or write a compact copy: torchdoctor check-ckpt {info.path} --fix compact.pt"
+    )
 
 
 @STORAGE_BLOAT.checkpoint
@@ -90,8 +94,10 @@ def storage_bloat(info: CheckpointInfo) -> Iterator[Finding]:
         return
     bloated.sort(key=lambda b: -b[0])
     total = sum(b[0] for b in bloated)
-    rows = "; ".join(f"{show_path(table.path(i))} {list(table.meta(i).shape)} uses {byte_size(used)} of a "
-                     f"{byte_size(size)} storage" for _, size, used, i in bloated[:MAX_LISTED])
+    rows = "; ".join(
+        f"{show_path(table.path(i))} {list(table.meta(i).shape)} uses {byte_size(used)} of a {byte_size(size)} storage"
+        for _, size, used, i in bloated[:MAX_LISTED]
+    )
     yield Finding(
         f"{len(bloated)} tensor(s) were saved as views of larger tensors, and torch.save writes the whole "
         f"underlying storage: {byte_size(total)} of the file's {byte_size(info.archive.file_size)} hold data no tensor "

@@ -1,13 +1,15 @@
 """straggler-rank: under DDP one rank is consistently slower and every other rank waits for it each step."""
+
 from __future__ import annotations
 
 import statistics
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from ._ddp_examples import DDP_SETUP, UNSEEN
-from ._perf import MIN_STEPS, ms
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+
+from ._ddp_examples import DDP_SETUP, UNSEEN
+from ._perf import MIN_STEPS, ms
 
 if TYPE_CHECKING:
     from torchdoctor.sdk.runtime import RankExchange
@@ -132,5 +134,7 @@ class StragglerRank(RuntimeCheck):
             f"{ms(own - others)} of its {ms(step)} step ({100 * (own - others) / step:.0f}%) in the all-reduce "
             "for it.",
             fix=f"Give rank {slow} the same work as the others: move rank-only work out of the step, e.g.:\n"
-                "if dist.get_rank() == 0 and step % 100 == 0:",
-            location=Location(rank=slow), key="straggler")
+            "if dist.get_rank() == 0 and step % 100 == 0:",
+            location=Location(rank=slow),
+            key="straggler",
+        )

@@ -1,4 +1,5 @@
 """syncbn-missing: BatchNorm under DDP normalises each rank's small batch on its own (no SyncBatchNorm)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -86,8 +87,9 @@ class SyncBNMissing(RuntimeCheck):
             for name, m in wm.inner.named_modules():
                 if isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm):
                     self.layers[id(m)] = (f"{wm.label}.{name}" if len(self.ctx.models) > 1 else name, type(m).__name__)
-            self.counts[wm.label] = sum(isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm)
-                                        for m in wm.inner.modules())
+            self.counts[wm.label] = sum(
+                isinstance(m, _BatchNorm) and not isinstance(m, SyncBatchNorm) for m in wm.inner.modules()
+            )
         if self.layers:
             self.handle = self.ctx.hooks.add(register_module_forward_pre_hook(self._pre_forward))
 
@@ -105,16 +107,24 @@ class SyncBNMissing(RuntimeCheck):
                 return
             name, kind = layer
             total = sum(self.counts.values())
-            layers = f"The BatchNorm layer {name} ({kind})" if total == 1 else \
-                f"{total} BatchNorm layers ({kind} {name} first)"
-            self.ctx.emit(self, Finding(
-                f"{layers} normalise{'s' if total == 1 else ''} each rank's batch of {x.shape[0]} samples on its own "
-                "under DistributedDataParallel: with so few samples per "
-                f"rank the batch statistics are noisy, while {self.ctx.world_size} ranks together see "
-                f"{x.shape[0] * self.ctx.world_size}.",
-                fix="Compute BatchNorm statistics over all ranks (convert before wrapping in DDP):\n"
+            layers = (
+                f"The BatchNorm layer {name} ({kind})"
+                if total == 1
+                else f"{total} BatchNorm layers ({kind} {name} first)"
+            )
+            self.ctx.emit(
+                self,
+                Finding(
+                    f"{layers} normalise{'s' if total == 1 else ''} each rank's batch of {x.shape[0]} samples on its "
+                    f"own "
+                    "under DistributedDataParallel: with so few samples per "
+                    f"rank the batch statistics are noisy, while {self.ctx.world_size} ranks together see "
+                    f"{x.shape[0] * self.ctx.world_size}.",
+                    fix="Compute BatchNorm statistics over all ranks (convert before wrapping in DDP):\n"
                     "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
                     "model = DDP(model.to(device), device_ids=[local_rank])",
-                location=Location(module=name, step=self.ctx.step)))
+                    location=Location(module=name, step=self.ctx.step),
+                ),
+            )
         except Exception as exc:  # never break the user's forward
             self.ctx.fault(self, exc)

@@ -1,4 +1,5 @@
 """tensor-cores-idle: float32 matmuls on a GPU with tensor cores, TF32 off and no autocast."""
+
 from __future__ import annotations
 
 from typing import Any, Iterator, Optional
@@ -7,8 +8,17 @@ from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 
 FORWARDS = 3  # training forwards seen, all without autocast, before a verdict
-MATMUL_LAYERS = ("Linear", "Bilinear", "MultiheadAttention", "LSTM", "GRU", "RNN", "TransformerEncoderLayer",
-                 "TransformerDecoderLayer", "Transformer")
+MATMUL_LAYERS = (
+    "Linear",
+    "Bilinear",
+    "MultiheadAttention",
+    "LSTM",
+    "GRU",
+    "RNN",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "Transformer",
+)
 
 _NEEDS_GPU = "it takes an NVIDIA GPU with tensor cores (Ampere or newer); the examples run on the CPU."
 
@@ -17,7 +27,7 @@ TENSOR_CORES_IDLE = Pitfall(
     name="tensor-cores-idle",
     severity="info",
     summary="float32 matrix multiplications on a GPU with tensor cores, with TF32 off and no autocast: the "
-            "tensor cores stay idle.",
+    "tensor cores stay idle.",
     why="""
         Since Ampere (A100, RTX 30xx) NVIDIA GPUs multiply float32 matrices on their tensor cores in TF32, several
         times faster than on the ordinary float32 units, and in float16/bfloat16 faster still. PyTorch keeps TF32
@@ -115,9 +125,10 @@ class TensorCoresIdle(RuntimeCheck):
                 self.reported = True
                 yield Finding(
                     f"{label} trains in float32 on a GPU with tensor cores, but TF32 is off for matmuls "
-                    f"(float32 matmul precision \"highest\") and its {count} training forwards so far ran "
+                    f'(float32 matmul precision "highest") and its {count} training forwards so far ran '
                     "without autocast: its Linear/attention matmuls run on the slower float32 units.",
                     fix="Allow TF32 for float32 matmuls once, before training:\n"
-                        "torch.set_float32_matmul_precision(\"high\")",
-                    location=Location(module=label))
+                    'torch.set_float32_matmul_precision("high")',
+                    location=Location(module=label),
+                )
                 return

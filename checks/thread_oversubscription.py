@@ -1,4 +1,5 @@
 """thread-oversubscription: more compute threads than usable cores, or OMP threads unset under torchrun."""
+
 from __future__ import annotations
 
 import math
@@ -102,7 +103,9 @@ def thread_oversubscription(facts: EnvFacts) -> Iterator[Finding]:
         except (KeyError, ValueError):
             threads = None
     if cpus and threads and threads * procs > cpus:
-        limit = f" (a container quota of {facts.system.cgroup_cpu_limit:g} CPUs)" if facts.system.cgroup_cpu_limit else ""
+        limit = (
+            f" (a container quota of {facts.system.cgroup_cpu_limit:g} CPUs)" if facts.system.cgroup_cpu_limit else ""
+        )
         per = max(1, cpus // procs)
         yield Finding(
             f"torch will run {threads} threads × {procs} local process(es) = {threads * procs} threads on "

@@ -1,4 +1,5 @@
 """to-result-discarded: `tensor.to(device)` as a statement; tensors are not moved in place, so the result is lost."""
+
 from __future__ import annotations
 
 import ast
@@ -7,7 +8,15 @@ from typing import Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Pitfall
 from torchdoctor.sdk.source import (
-    TENSOR_FACTORIES, Binding, FunctionScope, ModuleIndex, SourceFile, iter_names, last, qualname, ref,
+    TENSOR_FACTORIES,
+    Binding,
+    FunctionScope,
+    ModuleIndex,
+    SourceFile,
+    iter_names,
+    last,
+    qualname,
+    ref,
 )
 
 _SETUP = """
@@ -57,13 +66,15 @@ TO_RESULT_DISCARDED = Pitfall(
             a data loader — a name containing "loader" or one bound to `DataLoader(...)` in the same function —,
             unpacked from one batch of such a loader (`x, y = next(iter(loader))`) or from a project function whose
             every `return` gives torch tensors at that position (`x, y = get_batch(...)`), or annotated `Tensor`);
-            `model.to(device)`, whole batches and unknown objects (which may move in place) are quiet. This check has no run-time counterpart.
+            `model.to(device)`, whole batches and unknown objects (which may move in place) are quiet. This check has
+            no run-time counterpart.
         """,
     },
 )
 
-_MOVES = frozenset({"to", "cuda", "cpu", "float", "half", "double", "long", "int", "bfloat16", "bool",
-                    "contiguous", "pin_memory"})
+_MOVES = frozenset(
+    {"to", "cuda", "cpu", "float", "half", "double", "long", "int", "bfloat16", "bool", "contiguous", "pin_memory"}
+)
 _MOVE_CALL = re.compile(rf"\.(?:{'|'.join(sorted(_MOVES))})\(")
 _LINE_START_NAME = re.compile(r"[ \t]*[A-Za-z_]\w*")
 
@@ -82,8 +93,10 @@ def _is_loader(name: str, scope: FunctionScope, index: ModuleIndex) -> bool:
     """Named like a loader, or bound in this function to a `DataLoader(...)` (whatever its name)."""
     if "loader" in name.lower():
         return True
-    return any(isinstance(b.value, ast.Call) and last(qualname(b.value.func, index)).endswith("DataLoader")
-               for b in scope.bindings_of(name))
+    return any(
+        isinstance(b.value, ast.Call) and last(qualname(b.value.func, index)).endswith("DataLoader")
+        for b in scope.bindings_of(name)
+    )
 
 
 def _is_tensor(binding: Binding, index: ModuleIndex, scope: FunctionScope, src: Optional[SourceFile] = None) -> bool:
@@ -111,8 +124,9 @@ def _is_tensor(binding: Binding, index: ModuleIndex, scope: FunctionScope, src: 
     return False
 
 
-def _unpacked_tensor(binding: Binding, node: ast.Assign, index: ModuleIndex, scope: FunctionScope,
-                     src: SourceFile) -> bool:
+def _unpacked_tensor(
+    binding: Binding, node: ast.Assign, index: ModuleIndex, scope: FunctionScope, src: SourceFile
+) -> bool:
     """A part of a tuple unpacked from one batch of a loader (`x, y = next(iter(loader))`) or from a project
     function whose every `return` gives torch tensors at that position (`x, y = get_batch(...)`)."""
     if len(node.targets) != 1 or not isinstance(node.targets[0], ast.Tuple) or not isinstance(node.value, ast.Call):
@@ -121,8 +135,13 @@ def _unpacked_tensor(binding: Binding, node: ast.Assign, index: ModuleIndex, sco
     if binding.target not in names:
         return False
     position, call = names.index(binding.target), node.value
-    if last(ref(call.func) or "") == "next" and len(call.args) == 1 and isinstance(call.args[0], ast.Call) \
-            and last(ref(call.args[0].func) or "") == "iter" and call.args[0].args:
+    if (
+        last(ref(call.func) or "") == "next"
+        and len(call.args) == 1
+        and isinstance(call.args[0], ast.Call)
+        and last(ref(call.args[0].func) or "") == "iter"
+        and call.args[0].args
+    ):
         loader = ref(call.args[0].args[0])
         return loader is not None and _is_loader(loader, scope, index)
     site = next((c for c in scope.calls if c.node is call), None)
@@ -134,10 +153,17 @@ def _unpacked_tensor(binding: Binding, node: ast.Assign, index: ModuleIndex, sco
         if not isinstance(ret.value, ast.Tuple) or len(ret.value.elts) != len(names):
             return False
         part = ret.value.elts[position]
-        values = [part] if isinstance(part, ast.Call) else [
-            b.value for b in callee.bindings_of(ref(part) or "") if b.value is not None]
-        if not values or not all(isinstance(v, ast.Call) and qualname(v.func, index).startswith("torch.")
-                                 and last(qualname(v.func, index)) in TENSOR_FACTORIES for v in values):
+        values = (
+            [part]
+            if isinstance(part, ast.Call)
+            else [b.value for b in callee.bindings_of(ref(part) or "") if b.value is not None]
+        )
+        if not values or not all(
+            isinstance(v, ast.Call)
+            and qualname(v.func, index).startswith("torch.")
+            and last(qualname(v.func, index)) in TENSOR_FACTORIES
+            for v in values
+        ):
             return False
     return True
 

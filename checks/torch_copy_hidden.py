@@ -1,4 +1,5 @@
 """torch-copy-hidden: two torch installs on sys.path; the one Python imports depends on how it is started."""
+
 from __future__ import annotations
 
 import os
@@ -85,10 +86,12 @@ def torch_copy_hidden(facts: EnvFacts) -> Iterator[Finding]:
 
     if not (probe.user_site and _under(winner, probe.user_site)):
         return  # an order every way of starting this Python keeps (a venv's torch over the system's): one torch
-    yield Finding(f"Python imports torch from {named(winner)}, which hides {', '.join(named(h) for h in hidden)}: "
-                  f"it is in the user site, which Python searches before the environment's site-packages; "
-                  f"`python -s`, `python -I`, PYTHONNOUSERSITE=1 and venvs skip it and import the other one.",
-                  fix=f"Keep one: skip the user site (this shell; add it to the environment's activation): "
-                      f"`export PYTHONNOUSERSITE=1`, or remove that copy: "
-                      f"`rm -rf {shlex.quote(winner)} {shlex.quote(os.path.dirname(winner))}/torch-*.dist-info`",
-                  location=Location(file=winner))
+    yield Finding(
+        f"Python imports torch from {named(winner)}, which hides {', '.join(named(h) for h in hidden)}: "
+        f"it is in the user site, which Python searches before the environment's site-packages; "
+        f"`python -s`, `python -I`, PYTHONNOUSERSITE=1 and venvs skip it and import the other one.",
+        fix=f"Keep one: skip the user site (this shell; add it to the environment's activation): "
+        f"`export PYTHONNOUSERSITE=1`, or remove that copy: "
+        f"`rm -rf {shlex.quote(winner)} {shlex.quote(os.path.dirname(winner))}/torch-*.dist-info`",
+        location=Location(file=winner),
+    )

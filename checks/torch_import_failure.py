@@ -1,4 +1,5 @@
 """torch-import-failure: `import torch` fails or hangs; names the likely cause."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -89,7 +90,8 @@ TORCH_IMPORT_FAILURE = Pitfall(
             was); a library copy from LD_PRELOAD / LD_LIBRARY_PATH (named in the error, broken while the loader
             failed or the process died of SIGBUS/SIGSEGV, or the library that should define a missing symbol);
             torch imported from the user site while the environment has its own; a `torch` found outside the
-            installed package; a shadowing file the error names; a resource limit (RLIMIT_AS/DATA, NOFILE, NPROC; a container's memory limit for a SIGKILL); an
+            installed package; a shadowing file the error names; a resource limit (RLIMIT_AS/DATA, NOFILE, NPROC; a
+            container's memory limit for a SIGKILL); an
             errno (EACCES, ENOSPC, EROFS, EPERM) on a named file, with the variable that put it there; pip listing
             torch without its files (an editable install whose source folder is gone); an unmet requirement of
             torch's that the error names; a module the error names from a PYTHONPATH folder, the working
@@ -118,8 +120,12 @@ def torch_import_failure(facts: EnvFacts) -> Iterator[Finding]:
     cause = diagnose(facts)
     error = f"{probe.error_type}: {probe.error}" if probe.error_type else (probe.error or "unknown error")
     file = cause.file or probe.torch_file
-    head = f"`import torch` hangs: {cause.cause}." if probe.timed_out else \
-        f"`import torch` fails: {error}. Cause: {cause.cause}."
+    head = (
+        f"`import torch` hangs: {cause.cause}."
+        if probe.timed_out
+        else f"`import torch` fails: {error}. Cause: {cause.cause}."
+    )
     # ranks fold by key: the same error on several ranks is one finding, a hang and a failure are two
-    yield Finding(head, fix=cause.fix, location=Location(file=file) if file else None,
-                  key="hang" if probe.timed_out else error)
+    yield Finding(
+        head, fix=cause.fix, location=Location(file=file) if file else None, key="hang" if probe.timed_out else error
+    )

@@ -1,4 +1,5 @@
 """train-mode-in-eval: validation under no_grad that forgot model.eval(): Dropout and BatchNorm act as in training."""
+
 from __future__ import annotations
 
 import weakref
@@ -76,8 +77,8 @@ TRAIN_MODE_IN_EVAL = Pitfall(
 
 class _ModeStreak:
     def __init__(self) -> None:
-        self.trained = False   # the model ran a train()-mode forward with gradients in this session
-        self.streak = 0        # consecutive train()-mode forwards without gradients
+        self.trained = False  # the model ran a train()-mode forward with gradients in this session
+        self.streak = 0  # consecutive train()-mode forwards without gradients
         self.last_input: Optional["weakref.ReferenceType[Any]"] = None  # of the last such forward
         self.last_version: Optional[int] = None  # that input's version counter (bumped by in-place writes)
         self.sampling = False  # the streak fed one input twice: MC-dropout sampling
@@ -115,8 +116,13 @@ class TrainModeInEval(RuntimeCheck):
     def _gradient_free(self, event: ForwardEvent, st: _ModeStreak) -> Iterator[Finding]:
         fed = event.input_ref() if event.input_ref is not None else None
         version = getattr(fed, "_version", None)
-        st.sampling = st.sampling or (st.streak > 0 and fed is not None and st.last_input is not None
-                                      and st.last_input() is fed and version == st.last_version)
+        st.sampling = st.sampling or (
+            st.streak > 0
+            and fed is not None
+            and st.last_input is not None
+            and st.last_input() is fed
+            and version == st.last_version
+        )
         st.streak, st.last_input, st.last_version = st.streak + 1, event.input_ref, version
         del fed
         label = event.model.label
@@ -131,9 +137,6 @@ class TrainModeInEval(RuntimeCheck):
             f"{label} ran {st.streak} forwards under {mode} while in train() mode: this looks like validation "
             f"without model.eval(), so its {', '.join(layers)} layers behave as in training (Dropout drops, "
             "BatchNorm normalises with batch statistics and overwrites its running statistics with validation data).",
-            fix="Switch modes around validation:\n"
-                "model.eval()\n"
-                "with torch.no_grad():\n"
-                "    ...\n"
-                "model.train()",
-            location=Location(module=label, step=self.ctx.step))
+            fix="Switch modes around validation:\nmodel.eval()\nwith torch.no_grad():\n    ...\nmodel.train()",
+            location=Location(module=label, step=self.ctx.step),
+        )

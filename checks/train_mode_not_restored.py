@@ -1,4 +1,5 @@
 """train-mode-not-restored: training steps run with the model still in eval() after validation."""
+
 from __future__ import annotations
 
 import ast
@@ -7,7 +8,16 @@ from typing import Any, Iterator, Optional
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
-    BACKWARD_METHODS, CallSite, FunctionScope, Loop, ModuleIndex, SourceFile, calls_in, is_backward, qualname, ref,
+    BACKWARD_METHODS,
+    CallSite,
+    FunctionScope,
+    Loop,
+    ModuleIndex,
+    SourceFile,
+    calls_in,
+    is_backward,
+    qualname,
+    ref,
 )
 
 _SETUP = """
@@ -95,8 +105,10 @@ TRAIN_MODE_NOT_RESTORED = Pitfall(
 )
 
 
-_EFFECTS = {"Dropout": "Dropout drops nothing",
-            "Norm": "BatchNorm normalises with its frozen running statistics and stops updating them"}
+_EFFECTS = {
+    "Dropout": "Dropout drops nothing",
+    "Norm": "BatchNorm normalises with its frozen running statistics and stops updating them",
+}
 
 
 class _Mode:
@@ -129,9 +141,11 @@ class TrainModeNotRestored(RuntimeCheck):
             mode.trained = mode.trained or not mode.last_eval
 
     def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
-        suspects = [wm for wm in self.ctx.models
-                    if (mode := self.modes.get(wm.label)) is not None and mode.last_eval
-                    and (mode.trained or mode.validated)]
+        suspects = [
+            wm
+            for wm in self.ctx.models
+            if (mode := self.modes.get(wm.label)) is not None and mode.last_eval and (mode.trained or mode.validated)
+        ]
         if not suspects:
             return None  # the every-step path: no parameter is looked at
         return self._eval_steps(event, suspects)
@@ -145,21 +159,25 @@ class TrainModeNotRestored(RuntimeCheck):
             if not layers:
                 continue
             effects = [text for kind, text in _EFFECTS.items() if any(kind in layer for layer in layers)]
-            since = ("earlier steps trained it in train() mode" if self.modes[wm.label].trained else
-                     "it was in train() mode when the session started and was validated in eval() mode since")
+            since = (
+                "earlier steps trained it in train() mode"
+                if self.modes[wm.label].trained
+                else "it was in train() mode when the session started and was validated in eval() mode since"
+            )
             yield Finding(
                 f"{event.optimizer.label}.step() applied gradients from a forward of {wm.label} in eval() mode, "
                 f"although {since}: its {', '.join(layers)} layers run as in "
                 f"inference ({'; '.join(effects)}). model.train() was probably not called again after validation.",
                 fix="Switch back to training mode at the start of every epoch:\n"
-                    "for epoch in range(epochs):\n"
-                    "    model.train()\n"
-                    "    for x, y in loader:\n"
-                    "        ...\n"
-                    "    model.eval()\n"
-                    "    with torch.no_grad():\n"
-                    "        val_loss = sum(criterion(model(x), y).item() for x, y in val_loader)",
-                location=Location(module=wm.label, step=event.step))
+                "for epoch in range(epochs):\n"
+                "    model.train()\n"
+                "    for x, y in loader:\n"
+                "        ...\n"
+                "    model.eval()\n"
+                "    with torch.no_grad():\n"
+                "        val_loss = sum(criterion(model(x), y).item() for x, y in val_loader)",
+                location=Location(module=wm.label, step=event.step),
+            )
 
 
 def _layers_in_eval(model: Any) -> list[str]:
@@ -198,19 +216,73 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
                     f"nothing in that loop calls `{model}.train()`: from its second iteration on, every training "
                     "step runs with Dropout off and BatchNorm frozen.",
                     fix=f"Switch back to training mode at the top of the loop:\n{model}.train()",
-                    location=src.location(call.node))
+                    location=src.location(call.node),
+                )
 
 
 # Layers of torch.nn whose behaviour eval() changes (LayerNorm and GroupNorm keep no running statistics).
-_MODE_LAYERS = ("Dropout", "BatchNorm", "InstanceNorm", "AlphaDropout", "RReLU", "Transformer", "MultiheadAttention",
-                "LSTM", "GRU", "RNN")
-_MODE_FREE = frozenset({"Module", "Sequential", "ModuleList", "ModuleDict", "Parameter", "ParameterList", "Identity",
-                        "Flatten", "Unflatten", "LayerNorm", "GroupNorm", "Embedding", "Linear", "Bilinear",
-                        "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d",
-                        "MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
-                        "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "Upsample", "PixelShuffle",
-                        "ReLU", "LeakyReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "Softmax", "LogSoftmax", "ELU",
-                        "Mish", "Hardswish", "Softplus", "PReLU", "ZeroPad2d", "ReflectionPad2d"})
+_MODE_LAYERS = (
+    "Dropout",
+    "BatchNorm",
+    "InstanceNorm",
+    "AlphaDropout",
+    "RReLU",
+    "Transformer",
+    "MultiheadAttention",
+    "LSTM",
+    "GRU",
+    "RNN",
+)
+_MODE_FREE = frozenset(
+    {
+        "Module",
+        "Sequential",
+        "ModuleList",
+        "ModuleDict",
+        "Parameter",
+        "ParameterList",
+        "Identity",
+        "Flatten",
+        "Unflatten",
+        "LayerNorm",
+        "GroupNorm",
+        "Embedding",
+        "Linear",
+        "Bilinear",
+        "Conv1d",
+        "Conv2d",
+        "Conv3d",
+        "ConvTranspose1d",
+        "ConvTranspose2d",
+        "ConvTranspose3d",
+        "MaxPool1d",
+        "MaxPool2d",
+        "MaxPool3d",
+        "AvgPool1d",
+        "AvgPool2d",
+        "AvgPool3d",
+        "AdaptiveAvgPool1d",
+        "AdaptiveAvgPool2d",
+        "AdaptiveMaxPool2d",
+        "Upsample",
+        "PixelShuffle",
+        "ReLU",
+        "LeakyReLU",
+        "GELU",
+        "SiLU",
+        "Sigmoid",
+        "Tanh",
+        "Softmax",
+        "LogSoftmax",
+        "ELU",
+        "Mish",
+        "Hardswish",
+        "Softplus",
+        "PReLU",
+        "ZeroPad2d",
+        "ReflectionPad2d",
+    }
+)
 
 
 def _without_mode_layers(src: SourceFile, scope: FunctionScope, model: str) -> bool:
@@ -262,8 +334,11 @@ def _local(call: CallSite, index: ModuleIndex) -> list[FunctionScope]:
 
 def _trains_before(calls: list[CallSite], switch: CallSite, index: ModuleIndex) -> bool:
     """Whether the loop trains (a backward, a step, or a local function doing both) before `switch` in its body."""
-    return any(c.pos < switch.pos and (c.attr == "step" or is_backward(c) or _trains(
-        [c, *(i for f in _local(c, index) for i in f.calls)])) for c in calls)
+    return any(
+        c.pos < switch.pos
+        and (c.attr == "step" or is_backward(c) or _trains([c, *(i for f in _local(c, index) for i in f.calls)]))
+        for c in calls
+    )
 
 
 def _trains(reach: list[CallSite]) -> bool:
@@ -298,7 +373,8 @@ def _may_restore(calls: list[CallSite], model: str, index: ModuleIndex) -> bool:
         if any(_switches_to_train(c) for f in functions for c in f.calls):
             return True
         passes_model = any(ref(a) == model for a in call.node.args) or any(
-            ref(k.value) == model for k in call.node.keywords)
+            ref(k.value) == model for k in call.node.keywords
+        )
         if passes_model and not functions and call.attr not in _HARMLESS:
             return True
     return False
@@ -307,8 +383,12 @@ def _may_restore(calls: list[CallSite], model: str, index: ModuleIndex) -> bool:
 def _called_as_model(calls: list[CallSite], model: str) -> bool:
     """The receiver of eval() is run as a model (`model(x)`) or handed to a function, in the loop or in the
     functions of this file it calls."""
-    return any((c.receiver is None and ref(c.node.func) == model) or (c.attr == "forward" and c.receiver == model)
-               or (c.attr not in _HARMLESS and any(ref(a) == model for a in c.node.args)) for c in calls)
+    return any(
+        (c.receiver is None and ref(c.node.func) == model)
+        or (c.attr == "forward" and c.receiver == model)
+        or (c.attr not in _HARMLESS and any(ref(a) == model for a in c.node.args))
+        for c in calls
+    )
 
 
 def _params(function: FunctionScope) -> list[str]:
@@ -327,7 +407,8 @@ def _argument(call: CallSite, position: int) -> Optional[str]:
 def _switches_to_eval(call: CallSite) -> bool:
     """`x.eval()` or `x.train(False)`."""
     return call.receiver is not None and (
-        (call.attr == "eval" and not call.node.args) or (call.attr == "train" and _is_false(call)))
+        (call.attr == "eval" and not call.node.args) or (call.attr == "train" and _is_false(call))
+    )
 
 
 def _switches_to_train(call: CallSite) -> bool:

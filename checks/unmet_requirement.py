@@ -1,4 +1,5 @@
 """unmet-requirement: an installed package requires a version of another that is not installed (`pip check`)."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -80,9 +81,11 @@ def unmet_requirement(facts: EnvFacts) -> Iterator[Finding]:
     unmet = [u for u in facts.unmet_requirements if canonicalize_name(u.requirement_name) not in merged]
     if not unmet:
         return
-    lines = [f"{u.dist} {u.version} requires {u.requirement}, but "
-             + (f"{u.requirement_name} {u.installed} is installed" if u.installed else "it is not installed")
-             for u in unmet]
+    lines = [
+        f"{u.dist} {u.version} requires {u.requirement}, but "
+        + (f"{u.requirement_name} {u.installed} is installed" if u.installed else "it is not installed")
+        for u in unmet
+    ]
     wanted = " ".join(sorted({f'"{u.requirement}"' for u in unmet}))
     yield Finding(
         f"{len(unmet)} declared requirement(s) not met: " + "; ".join(lines) + ".",

@@ -1,4 +1,5 @@
 """unsafe-pickle: the pickle names or calls code that runs commands, evaluates code or touches files."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -12,8 +13,9 @@ UNSAFE_PICKLE = Pitfall(
     code="TD201",
     name="unsafe-pickle",
     severity="error",
-    summary=("The pickle calls or names code outside the allowlist that runs commands, evaluates code or "
-             "writes files."),
+    summary=(
+        "The pickle calls or names code outside the allowlist that runs commands, evaluates code or writes files."
+    ),
     why="""
         The checkpoint's pickle calls or names code that runs commands, evaluates code, imports modules or
         touches files when the file is loaded. torchdoctor decides by an exact allowlist, never by a module
@@ -72,8 +74,12 @@ def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
             continue
         where = ", ".join(g.pickles)
         shown = f"`{g.module}` attribute `{g.name}`" if "." in g.name else f"`{g.qualname}`"
-        runs = "; ".join(dict.fromkeys(f"{g.qualname}({show_args(args)})" + (f" {how}" if how.startswith("via") else "")
-                                       for how, args in g.calls))
+        runs = "; ".join(
+            dict.fromkeys(
+                f"{g.qualname}({show_args(args)})" + (f" {how}" if how.startswith("via") else "")
+                for how, args in g.calls
+            )
+        )
         if g.use is Use.CALLED:
             what = f"calls `{runs}`"
         elif g.use is Use.NEW:
@@ -81,11 +87,12 @@ def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
         else:
             what = "imports it (the payload may call it through another object)"
         yield Finding(
-            f"{where} names {shown} and {what}: {g.reason or dangerous_reason(g.module, g.name, g.use)}. Loading this file with "
+            f"{where} names {shown} and {what}: {g.reason or dangerous_reason(g.module, g.name, g.use)}. Loading this "
+            f"file with "
             "`torch.load(..., weights_only=False)` or `pickle.load` executes that; torchdoctor only read it.",
             fix="Do not load this file. If you trust its source anyway, know that loading runs exactly: "
-                + (runs if g.calls else f"an import of {g.qualname}")
-                + ". Ask for a safetensors or plain state_dict copy instead.",
+            + (runs if g.calls else f"an import of {g.qualname}")
+            + ". Ask for a safetensors or plain state_dict copy instead.",
             location=Location(file=info.path, key=where),
             key=g.qualname,
         )
@@ -94,5 +101,6 @@ def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
             f"{where}, byte {event.pos}: {event.what}. A data-only checkpoint never does this; it is how "
             "pickle payloads hide the code they run from scanners.",
             fix="Do not load this file with torch.load(weights_only=False) or pickle.load.",
-            location=Location(file=info.path, key=where), key=f"byte {event.pos}",
+            location=Location(file=info.path, key=where),
+            key=f"byte {event.pos}",
         )

@@ -1,11 +1,22 @@
 """unsafe-torch-load: `torch.load` without `weights_only=True` can run arbitrary code from the file."""
+
 from __future__ import annotations
 
 import ast
 from typing import Iterator
 
 from torchdoctor.sdk import Example, Finding, Pitfall, Severity
-from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, FunctionScope, SourceFile, Spanned, end_of, literal, ref
+from torchdoctor.sdk.source import (
+    CallSite,
+    Edit,
+    FixableFinding,
+    FunctionScope,
+    SourceFile,
+    Spanned,
+    end_of,
+    literal,
+    ref,
+)
 
 _SETUP = """
 import torch
@@ -66,9 +77,14 @@ def _only_a_state_dict(load: CallSite, scope: FunctionScope) -> bool:
         return False
     name = names[0]
     allowed = {id(a) for a in state_args if isinstance(a, ast.Name) and a.id == name}
-    allowed |= {id(a.value) for a in state_args
-                if isinstance(a, ast.Subscript) and isinstance(a.value, ast.Name) and a.value.id == name
-                and isinstance(a.slice, ast.Constant)}
+    allowed |= {
+        id(a.value)
+        for a in state_args
+        if isinstance(a, ast.Subscript)
+        and isinstance(a.value, ast.Name)
+        and a.value.id == name
+        and isinstance(a.slice, ast.Constant)
+    }
     uses = [n for n in ast.walk(scope.node) if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load)]
     return bool(uses) and all(id(n) in allowed for n in uses) and len(scope.bindings_of(name)) == 1
 
@@ -82,7 +98,11 @@ def _downloaded(scope: FunctionScope, load: CallSite) -> bool:
         values += [b.value for b in scope.bindings_of(arg.id) if b.value is not None and b.pos < load.pos]
     for value in values:
         for node in ast.walk(value):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("http://", "https://")):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith(("http://", "https://"))
+            ):
                 return True
             if isinstance(node, ast.Call):
                 name = (ref(node.func) or "").rsplit(".", 1)[-1].lower()
@@ -107,7 +127,7 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
                     "code its pickle names, so a checkpoint from elsewhere can take over the machine"
                     + (" (and this one is downloaded)." if downloaded else "; fine for files you made yourself."),
                     fix="Load with weights_only=True (allow your own classes with "
-                        "torch.serialization.add_safe_globals([...])), or only load files you made.",
+                    "torch.serialization.add_safe_globals([...])), or only load files you made.",
                     location=src.location(call.node),
                     severity=Severity.WARNING if downloaded else None,
                 )
@@ -122,7 +142,7 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
                     "arbitrary objects (running any code the file names), and from 2.6 on it refuses files with "
                     "anything but tensors and plain containers, so the behaviour depends on the installed torch.",
                     fix="Say what you mean: `torch.load(..., weights_only=True)` for a state dict or checkpoint of "
-                        "tensors; weights_only=False only for files you made yourself.",
+                    "tensors; weights_only=False only for files you made yourself.",
                     location=src.location(call.node),
                     edits=edits,
                 )

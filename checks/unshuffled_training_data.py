@@ -1,5 +1,6 @@
 """unshuffled-training-data: a map-style training loader without shuffling whose batches come in an order
 that follows the labels (each batch one class), so every epoch ends on one class and the model forgets the rest."""
+
 from __future__ import annotations
 
 import weakref
@@ -36,7 +37,7 @@ UNSHUFFLED_TRAINING_DATA = Pitfall(
     name="unshuffled-training-data",
     severity="warning",
     summary="The training loader does not shuffle and its batches follow the labels (each batch one class), so "
-            "every epoch ends on one class and the model forgets the others.",
+    "every epoch ends on one class and the model forgets the others.",
     why="""
         A `DataLoader` without `shuffle=True` serves the dataset in its stored order, every epoch the same. Data
         stored class by class (folders read in order, a CSV sorted by label, datasets concatenated per class)
@@ -88,8 +89,9 @@ def _labels(dataset: Any, depth: int = 0) -> Optional[Any]:
     if isinstance(dataset, TensorDataset):
         labels = dataset.tensors[-1] if len(dataset.tensors) > 1 else None
     else:
-        labels = next((getattr(dataset, a) for a in ("targets", "labels") if getattr(dataset, a, None) is not None),
-                      None)
+        labels = next(
+            (getattr(dataset, a) for a in ("targets", "labels") if getattr(dataset, a, None) is not None), None
+        )
     try:
         labels = torch.as_tensor(labels) if labels is not None and not isinstance(labels, torch.Tensor) else labels
     except (TypeError, ValueError, RuntimeError):
@@ -192,13 +194,15 @@ class UnshuffledTrainingData(RuntimeCheck):
             if suspect.in_a_row >= _STEPS_IN_A_ROW and loader is not None:
                 self.reported.add(key)
                 yield Finding(
-                    f"The training DataLoader (batch_size={loader.batch_size}) reads its {type(loader.dataset).__name__} "
+                    f"The training DataLoader (batch_size={loader.batch_size}) reads its "
+                    f"{type(loader.dataset).__name__} "
                     f"in a fixed order that follows the labels: its batches are {suspect.served:.0%} one class "
                     f"(shuffled they would be {suspect.shuffled:.0%}; {suspect.classes} classes), the same every "
                     "epoch, so each stretch of steps trains on one class and the epoch ends on the last one.",
                     fix=f"Shuffle the training data:\nloader = DataLoader(dataset, batch_size={loader.batch_size}, "
-                        "shuffle=True)",
-                    location=Location(key=type(loader.dataset).__name__))
+                    "shuffle=True)",
+                    location=Location(key=type(loader.dataset).__name__),
+                )
 
 
 def _weak(iterator: Any) -> Optional["weakref.ReferenceType[Any]"]:

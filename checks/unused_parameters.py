@@ -1,4 +1,5 @@
 """unused-parameters: parameters the optimizer holds never receive a gradient over several checked steps."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -120,7 +121,10 @@ class UnusedParameters(RuntimeCheck):
             "loss leaves out what they compute"
             + (" (DDP needs find_unused_parameters=True for that)." if ddp else "."),
             fix="Put their output into the loss, remove them, or freeze them so that nobody expects them to learn:\n"
-                + "\n".join(f"{_owner_expr(n)}.requires_grad_(False)" for n in dict.fromkeys(
-                    n.rpartition(".")[0] or n for n in unused[:6] if n != "?")),
+            + "\n".join(
+                f"{_owner_expr(n)}.requires_grad_(False)"
+                for n in dict.fromkeys(n.rpartition(".")[0] or n for n in unused[:6] if n != "?")
+            ),
             location=Location(param=unused[0], step=event.step),
-            severity=Severity.WARNING if ddp else None)
+            severity=Severity.WARNING if ddp else None,
+        )

@@ -1,5 +1,6 @@
 """update-underflow: parameters that receive gradients but never change: bf16/fp16 weights whose updates
 round away (below half their precision), or a learning rate of 0."""
+
 from __future__ import annotations
 
 import statistics
@@ -35,7 +36,7 @@ UPDATE_UNDERFLOW = Pitfall(
     name="update-underflow",
     severity="warning",
     summary="Parameters receive gradients but the optimizer's steps leave them unchanged: bf16/fp16 weights whose "
-            "updates are below half their precision, or a learning rate of 0.",
+    "updates are below half their precision, or a learning rate of 0.",
     why="""
         A step adds `-lr * update` to each weight and rounds the result to the weight's dtype. bfloat16 keeps 8
         significant bits: near a weight of 0.05 its numbers are 0.0002 apart, so any update smaller than 0.0001
@@ -120,8 +121,15 @@ class UpdateUnderflow(RuntimeCheck):
                 lr = float(lr) if not isinstance(lr, torch.Tensor) else float(lr.item())
                 for p in group["params"]:
                     grad = p.grad
-                    if not isinstance(p, torch.Tensor) or grad is None or grad.is_sparse \
-                            or not p.is_floating_point() or p.numel() == 0 or grad.shape != p.shape or p.is_meta:
+                    if (
+                        not isinstance(p, torch.Tensor)
+                        or grad is None
+                        or grad.is_sparse
+                        or not p.is_floating_point()
+                        or p.numel() == 0
+                        or grad.shape != p.shape
+                        or p.is_meta
+                    ):
                         continue
                     values, grads = _flat(p), _flat(grad)
                     if values.numel() == 0 or values.shape != grads.shape:
@@ -152,10 +160,15 @@ class UpdateUnderflow(RuntimeCheck):
                 after = _sample(_flat(p), stride)
                 if after.shape != before.shape:
                     continue
-                counts.setdefault(p.device, []).append(torch.stack([((after != before) & moved).sum().float(), moved.sum().float(), scale]))
+                counts.setdefault(p.device, []).append(
+                    torch.stack([((after != before) & moved).sum().float(), moved.sum().float(), scale])
+                )
                 kept.setdefault(p.device, []).append((p, lr))
-        judged = [(param, numbers) for device, rows in counts.items()
-                  for param, numbers in zip(kept[device], torch.stack(rows).tolist())]
+        judged = [
+            (param, numbers)
+            for device, rows in counts.items()
+            for param, numbers in zip(kept[device], torch.stack(rows).tolist())
+        ]
         if not judged:
             return
         typical = statistics.median(numbers[2] for _, numbers in judged)
@@ -187,19 +200,27 @@ class UpdateUnderflow(RuntimeCheck):
         label = event.optimizer.label
         if not low:
             cause = f"the learning rate of {label} is 0"
-            fix = ("Check the scheduler and the parameter groups: the learning rate must be above 0 after warm-up:\n"
-                   "print([g['lr'] for g in optimizer.param_groups])")
+            fix = (
+                "Check the scheduler and the parameter groups: the learning rate must be above 0 after warm-up:\n"
+                "print([g['lr'] for g in optimizer.param_groups])"
+            )
         else:
             q, lr = low[0]
             with torch.no_grad():
                 scale = float(q.detach().abs().float().mean())
             spacing = torch.finfo(q.dtype).eps * scale
-            cause = (f"they are stored in {str(q.dtype).replace('torch.', '')}, whose numbers near their size "
-                     f"(mean |w| {scale:.2g}) are {spacing:.2g} apart: the updates "
-                     f"(lr {lr:g}) fall below half of that and round away")
-            fix = ("Keep fp32 master weights and compute in bf16 with autocast:\n"
-                   "model.float()  # fp32 master weights (compute in bf16 under torch.autocast for speed)")
+            cause = (
+                f"they are stored in {str(q.dtype).replace('torch.', '')}, whose numbers near their size "
+                f"(mean |w| {scale:.2g}) are {spacing:.2g} apart: the updates "
+                f"(lr {lr:g}) fall below half of that and round away"
+            )
+            fix = (
+                "Keep fp32 master weights and compute in bf16 with autocast:\n"
+                "model.float()  # fp32 master weights (compute in bf16 under torch.autocast for speed)"
+            )
         yield Finding(
             f"{len(stuck)} parameter(s) held by {label} have received gradients since step {since}, but its "
             f"steps leave them unchanged: {cause}. Stuck: {listed}.",
-            fix=fix, location=Location(key=label, step=event.step))
+            fix=fix,
+            location=Location(key=label, step=event.step),
+        )

@@ -1,4 +1,5 @@
 """wrapper-prefix: every state-dict key carries a wrapper prefix such as 'module.' or '_orig_mod.'."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -88,13 +89,14 @@ def prefixed_keys(info: CheckpointInfo) -> Iterator[Finding]:
         count = "every key" if n == len(keys) else f"{n} of {len(keys)} keys"
         yield Finding(
             f"In state dict {where}, {count} starts with '{prefix}' (added by {whom}), e.g. '{example}'. "
-            f"Loading it into the unwrapped model fails with \"Missing key(s) … Unexpected key(s) in state_dict: "
-            f"\"{example}\"\".",
-            fix=(f"{load_line(info, sd)}\n"
-                 "from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present\n"
-                 + "".join(f"consume_prefix_in_state_dict_if_present(sd, {p + '.'!r})\n"
-                           for p in prefix.split(".") if p)
-                 + "model.load_state_dict(sd)\n"
-                 f"or write a fixed copy: torchdoctor check-ckpt {info.path} --fix fixed.pt"),
+            f'Loading it into the unwrapped model fails with "Missing key(s) … Unexpected key(s) in state_dict: '
+            f'"{example}"".',
+            fix=(
+                f"{load_line(info, sd)}\n"
+                "from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present\n"
+                + "".join(f"consume_prefix_in_state_dict_if_present(sd, {p + '.'!r})\n" for p in prefix.split(".") if p)
+                + "model.load_state_dict(sd)\n"
+                f"or write a fixed copy: torchdoctor check-ckpt {info.path} --fix fixed.pt"
+            ),
             location=Location(file=info.path, key=example),
         )

@@ -7,6 +7,7 @@ does), in process and without the cache, and print the findings that only one of
 Exits 1 when any differ. Answers about other files come from the program model reading the project on disk,
 so the two must agree.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ def main() -> int:
     for folder in args.paths:
         tree, alone = compare(folder)
         differing += len(tree ^ alone)
-        print(f"{folder}: {len(tree)} findings in the tree run, {len(alone)} file by file, "
-              f"{len(tree ^ alone)} differing")
+        print(
+            f"{folder}: {len(tree)} findings in the tree run, {len(alone)} file by file, {len(tree ^ alone)} differing"
+        )
         for key in sorted(tree - alone):
             print(f"  only in the tree run: {key}")
         for key in sorted(alone - tree):

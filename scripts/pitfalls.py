@@ -9,6 +9,7 @@ distributed, TD5xx source; ``--family`` overrides) and writes ``checks/<name>.py
 ``tests/pitfalls/test_<name>.py``; fill in the documentation fields, the detector and the tests, then run
 ``docs``.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,19 +22,27 @@ ROOT = Path(__file__).resolve().parent.parent
 FAMILY = {"env": 1, "checkpoint": 2, "runtime": 3, "distributed": 4, "source": 5}
 
 DETECTOR = {
-    "env": ("from torchdoctor.sdk.env import EnvFacts\n",
-            "@{const}.env\ndef {func}(facts: EnvFacts) -> Iterator[Finding]:\n"
-            "    \"\"\"What in the facts shows the pitfall.\"\"\"\n    return iter(())\n"),
-    "checkpoint": ("from torchdoctor.sdk.checkpoint import CheckpointInfo\n",
-                   "@{const}.checkpoint\ndef {func}(info: CheckpointInfo) -> Iterator[Finding]:\n"
-                   "    \"\"\"What in the checkpoint shows the pitfall.\"\"\"\n    return iter(())\n"),
-    "runtime": ("from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent\n",
-                "@{const}.runtime\nclass {cls}(RuntimeCheck):\n"
-                "    \"\"\"What the check watches, and when it reports.\"\"\"\n\n"
-                "    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:\n        return iter(())\n"),
-    "source": ("from torchdoctor.sdk.source import SourceFile\n",
-               "@{const}.source\ndef {func}(src: SourceFile) -> Iterator[Finding]:\n"
-               "    \"\"\"What in the source shows the pitfall.\"\"\"\n    return iter(())\n"),
+    "env": (
+        "from torchdoctor.sdk.env import EnvFacts\n",
+        "@{const}.env\ndef {func}(facts: EnvFacts) -> Iterator[Finding]:\n"
+        '    """What in the facts shows the pitfall."""\n    return iter(())\n',
+    ),
+    "checkpoint": (
+        "from torchdoctor.sdk.checkpoint import CheckpointInfo\n",
+        "@{const}.checkpoint\ndef {func}(info: CheckpointInfo) -> Iterator[Finding]:\n"
+        '    """What in the checkpoint shows the pitfall."""\n    return iter(())\n',
+    ),
+    "runtime": (
+        "from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent\n",
+        "@{const}.runtime\nclass {cls}(RuntimeCheck):\n"
+        '    """What the check watches, and when it reports."""\n\n'
+        "    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:\n        return iter(())\n",
+    ),
+    "source": (
+        "from torchdoctor.sdk.source import SourceFile\n",
+        "@{const}.source\ndef {func}(src: SourceFile) -> Iterator[Finding]:\n"
+        '    """What in the source shows the pitfall."""\n    return iter(())\n',
+    ),
 }
 
 DEFINITION = '''"""{name}: ONE LINE ON WHAT GOES WRONG."""
@@ -102,6 +111,7 @@ def main() -> None:
 def docs() -> None:
     """Regenerate docs/checks/ and the checks' scope index (checks/_scopes.py) from the pitfall definitions."""
     from torchdoctor.docs import pages
+
     from torchdoctor.registry import scope_index
 
     index = ROOT / "checks" / "_scopes.py"
@@ -124,11 +134,22 @@ def docs() -> None:
 
 @main.command()
 @click.argument("name")
-@click.option("--door", "doors", multiple=True, required=True, type=click.Choice(sorted(DETECTOR)),
-              help="A front door that detects it (repeatable).")
+@click.option(
+    "--door",
+    "doors",
+    multiple=True,
+    required=True,
+    type=click.Choice(sorted(DETECTOR)),
+    help="A front door that detects it (repeatable).",
+)
 @click.option("--family", type=click.IntRange(1, 9), default=None, help="Code family (the first digit).")
-@click.option("--root", type=click.Path(file_okay=False, path_type=Path), default=ROOT, show_default=True,
-              help="The repository to write into.")
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=ROOT,
+    show_default=True,
+    help="The repository to write into.",
+)
 def new(name: str, doors: tuple[str, ...], family: "int | None", root: Path) -> None:
     """Allocate the next code and write the definition and test stubs for pitfall NAME."""
     from torchdoctor import __version__, registry
@@ -149,14 +170,22 @@ def new(name: str, doors: tuple[str, ...], family: "int | None", root: Path) -> 
         if path.exists():
             raise click.UsageError(f"{path} already exists")
         path.parent.mkdir(parents=True, exist_ok=True)
-    definition.write_text(DEFINITION.format(
-        name=name, code=code, const=const, since=__version__,
-        imports="".join(DETECTOR[d][0] for d in doors),
-        details="\n" + "\n".join(DETAIL.format(door=d) for d in doors) + "\n    ",
-        detectors="\n\n".join(DETECTOR[d][1].format(const=const, func=module, cls=cls) for d in doors)),
-        encoding="utf-8")
-    test.write_text(TEST.format(name=name, code=code, module=module, const=const, doors=", ".join(f'"{d}"' for d in doors)),
-                    encoding="utf-8")
+    definition.write_text(
+        DEFINITION.format(
+            name=name,
+            code=code,
+            const=const,
+            since=__version__,
+            imports="".join(DETECTOR[d][0] for d in doors),
+            details="\n" + "\n".join(DETAIL.format(door=d) for d in doors) + "\n    ",
+            detectors="\n\n".join(DETECTOR[d][1].format(const=const, func=module, cls=cls) for d in doors),
+        ),
+        encoding="utf-8",
+    )
+    test.write_text(
+        TEST.format(name=name, code=code, module=module, const=const, doors=", ".join(f'"{d}"' for d in doors)),
+        encoding="utf-8",
+    )
     click.echo(f"{code} {name}: wrote {definition} and {test}")
 
 

@@ -7,6 +7,7 @@ source of rare "terminate called ..." crashes in the child, so every test that f
 Isolation: every test gets its own lint results cache, so no test reads another's results or the user's,
 and no TORCHDOCTOR_SELECT/_IGNORE/_FAIL_ON setting of the user's shell reaches a test.
 """
+
 import pytest
 
 from torchdoctor.settings import ENV_FAIL_ON, ENV_IGNORE, ENV_SELECT

@@ -2,6 +2,7 @@
 
 `python tests/door_imports.py env --select module-shadowing` (tests/test_door_imports.py runs it per door).
 """
+
 import json
 import sys
 from pathlib import Path
@@ -12,18 +13,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main(argv: list[str]) -> None:
+    from env_stub import collection_of
+
     from torchdoctor.cli import cli
     from torchdoctor.env import doctor
     from torchdoctor.env.facts import EnvFacts
-
-    from env_stub import collection_of
 
     doctor.FactCollection = collection_of(EnvFacts)  # env runs on empty facts: no probe subprocess
     before = {m for m in sys.modules if m.startswith("torchdoctor")}
     result = CliRunner().invoke(cli, argv)
     imported = sorted(m for m in sys.modules if m.startswith("torchdoctor") and m not in before)
-    print(json.dumps({"exit_code": result.exit_code, "output": result.output, "imported": imported,
-                      "torch": "torch" in sys.modules}))
+    print(
+        json.dumps(
+            {
+                "exit_code": result.exit_code,
+                "output": result.output,
+                "imported": imported,
+                "torch": "torch" in sys.modules,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """A stand-in for env's FactCollection that starts no probe: `torchdoctor env` runs on given facts."""
+
 from typing import Callable
 
 from torchdoctor.env.facts import EnvFacts

@@ -1,4 +1,5 @@
 """The MkDocs site builds with --strict, and a broken link or a stale generated check page fails the build."""
+
 from __future__ import annotations
 
 import logging
@@ -32,8 +33,20 @@ def _build(site: Path, docs_dir: "Path | None" = None) -> None:
 def test_the_site_builds_strictly_with_every_page(tmp_path: Path) -> None:
     _build(tmp_path / "site")
     site = tmp_path / "site"
-    for page in ("env", "check-ckpt", "watch", "lint", "pytest", "pre-commit", "notebooks", "schema", "benchmarks",
-                 "writing-checks", "gpu", "torchrun"):
+    for page in (
+        "env",
+        "check-ckpt",
+        "watch",
+        "lint",
+        "pytest",
+        "pre-commit",
+        "notebooks",
+        "schema",
+        "benchmarks",
+        "writing-checks",
+        "gpu",
+        "torchrun",
+    ):
         assert (site / page / "index.html").is_file(), page
     assert "TD301" in (site / "checks" / "missing-zero-grad" / "index.html").read_text(encoding="utf-8")
     home = (site / "index.html").read_text(encoding="utf-8")  # every check page is in the site's navigation
@@ -50,7 +63,7 @@ def test_the_install_step_says_where_torchdoctor_comes_from() -> None:
     """`pip install .` only works in a copy of the source: the home page says how to get one first."""
     for page in (ROOT / "docs" / "index.md", ROOT / "README.md"):
         text = page.read_text(encoding="utf-8")
-        step = text[text.index("pip install torch==2.13.0 && pip install . ") - 600:]
+        step = text[text.index("pip install torch==2.13.0 && pip install . ") - 600 :]
         assert "git clone" in step[:600] and "not published on PyPI" in step[:600], page.name
 
 

@@ -2,6 +2,7 @@
 every public function and method there (names not starting with `_`, methods of private classes and the
 unpickler's `op_<OPCODE>` handlers included) says what it does and why, and keeps saying it.
 """
+
 import ast
 from pathlib import Path
 
@@ -40,8 +41,9 @@ def test_every_public_function_and_method_of_ckpt_has_a_docstring() -> None:
 
 
 def test_every_ckpt_module_has_a_docstring() -> None:
-    bare = [p.name for p in sorted(CKPT.glob("*.py"))
-            if not ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))]
+    bare = [
+        p.name for p in sorted(CKPT.glob("*.py")) if not ast.get_docstring(ast.parse(p.read_text(encoding="utf-8")))
+    ]
     assert bare == []
 
 

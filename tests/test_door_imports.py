@@ -3,6 +3,7 @@
 Each case runs the door in a fresh interpreter (tests/door_imports.py), since an import is only seen the
 first time a process makes it.
 """
+
 import json
 import pickle
 import subprocess
@@ -25,8 +26,13 @@ def imported(args: list[str], cwd: Path) -> list[str]:
 
 # what `torchdoctor.sdk.runtime` loads: a check with a runtime detector besides its own door imports it, and it
 # stays torch-free (never the session, its hooks or its torch-backed services)
-WATCH_CONTRACT = {"torchdoctor.watch", "torchdoctor.watch.contract", "torchdoctor.watch.handles",
-                  "torchdoctor.watch.patches", "torchdoctor.watch.userframe"}
+WATCH_CONTRACT = {
+    "torchdoctor.watch",
+    "torchdoctor.watch.contract",
+    "torchdoctor.watch.handles",
+    "torchdoctor.watch.patches",
+    "torchdoctor.watch.userframe",
+}
 
 
 def under(modules: list[str], *packages: str) -> list[str]:

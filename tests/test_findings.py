@@ -1,5 +1,7 @@
 """Findings: structured fixes (also from the free text checks write), JSON round trips, and fold keys."""
+
 import sys
+
 import pytest
 
 from torchdoctor.findings import Finding, Fix, Location, Severity, fold, merge_ranks
@@ -7,31 +9,52 @@ from torchdoctor.findings import Finding, Fix, Location, Severity, fold, merge_r
 LOOP = "for x, y in loader:\n    optimizer.zero_grad()\n    loss.backward()\n    optimizer.step()"
 
 
-@pytest.mark.parametrize("text, title, code", [
-    # the common shape: one lead-in line ending in ":", then the code
-    ("Clear the gradients once per optimizer step:\n" + LOOP, "Clear the gradients once per optimizer step:", LOOP),
-    ("Clear the gradients once per optimizer step, e.g.\n" + LOOP, "Clear the gradients once per optimizer step, e.g.",
-     LOOP),
-    # a lead-in over two lines
-    ("Change parameters identically on every rank,\nor copy rank 0's values to all ranks:\n"
-     "with torch.no_grad():\n    p.copy_(q)",
-     "Change parameters identically on every rank, or copy rank 0's values to all ranks:",
-     "with torch.no_grad():\n    p.copy_(q)"),
-    # code from the first line (a block header ending in ":" is code, not a lead-in)
-    ("sd = torch.load('a.pt')\nfor k in ['fc.weight']:\n    sd.pop(k)", "",
-     "sd = torch.load('a.pt')\nfor k in ['fc.weight']:\n    sd.pop(k)"),
-    ("images = images.to(device)", "", "images = images.to(device)"),
-    # one line of prose stays whole, inline code and a colon inside it included
-    ("Give the container more shared memory: `docker run --shm-size=8g ...` (or `--ipc=host`).",
-     "Give the container more shared memory: `docker run --shm-size=8g ...` (or `--ipc=host`).", ""),
-    ("pip install numpy", "pip install numpy", ""),
-    # prose after the code becomes a comment, so that the snippet pastes
-    ("Clone views before saving:\ntorch.save(sd, path)\nor write a compact copy: torchdoctor check-ckpt F --fix c.pt",
-     "Clone views before saving:", "torch.save(sd, path)\n# or write a compact copy: torchdoctor check-ckpt F --fix c.pt"),
-    # a statement over two lines is kept as it is
-    ('Accept both spellings:\nparser.add_argument("--local_rank", type=int,\n    default=0)',
-     "Accept both spellings:", 'parser.add_argument("--local_rank", type=int,\n    default=0)'),
-])
+@pytest.mark.parametrize(
+    "text, title, code",
+    [
+        # the common shape: one lead-in line ending in ":", then the code
+        ("Clear the gradients once per optimizer step:\n" + LOOP, "Clear the gradients once per optimizer step:", LOOP),
+        (
+            "Clear the gradients once per optimizer step, e.g.\n" + LOOP,
+            "Clear the gradients once per optimizer step, e.g.",
+            LOOP,
+        ),
+        # a lead-in over two lines
+        (
+            "Change parameters identically on every rank,\nor copy rank 0's values to all ranks:\n"
+            "with torch.no_grad():\n    p.copy_(q)",
+            "Change parameters identically on every rank, or copy rank 0's values to all ranks:",
+            "with torch.no_grad():\n    p.copy_(q)",
+        ),
+        # code from the first line (a block header ending in ":" is code, not a lead-in)
+        (
+            "sd = torch.load('a.pt')\nfor k in ['fc.weight']:\n    sd.pop(k)",
+            "",
+            "sd = torch.load('a.pt')\nfor k in ['fc.weight']:\n    sd.pop(k)",
+        ),
+        ("images = images.to(device)", "", "images = images.to(device)"),
+        # one line of prose stays whole, inline code and a colon inside it included
+        (
+            "Give the container more shared memory: `docker run --shm-size=8g ...` (or `--ipc=host`).",
+            "Give the container more shared memory: `docker run --shm-size=8g ...` (or `--ipc=host`).",
+            "",
+        ),
+        ("pip install numpy", "pip install numpy", ""),
+        # prose after the code becomes a comment, so that the snippet pastes
+        (
+            "Clone views before saving:\ntorch.save(sd, path)\nor write a compact copy: torchdoctor check-ckpt F --fix "
+            "c.pt",
+            "Clone views before saving:",
+            "torch.save(sd, path)\n# or write a compact copy: torchdoctor check-ckpt F --fix c.pt",
+        ),
+        # a statement over two lines is kept as it is
+        (
+            'Accept both spellings:\nparser.add_argument("--local_rank", type=int,\n    default=0)',
+            "Accept both spellings:",
+            'parser.add_argument("--local_rank", type=int,\n    default=0)',
+        ),
+    ],
+)
 def test_free_text_fixes_split_into_title_and_code(text, title, code):
     assert Fix.parse(text) == Fix(title, code)
 
@@ -46,8 +69,15 @@ def test_a_finding_takes_a_fix_or_free_text_and_no_fix_is_none():
 
 
 def test_json_round_trip_and_the_older_string_form():
-    f = Finding("m", fix="Do this:\nx = 1", code="TD1", name="x", severity=Severity.WARNING,
-                location=Location(file="a.py", line=3), key="a")
+    f = Finding(
+        "m",
+        fix="Do this:\nx = 1",
+        code="TD1",
+        name="x",
+        severity=Severity.WARNING,
+        location=Location(file="a.py", line=3),
+        key="a",
+    )
     d = f.to_dict()
     assert d["fix"] == {"title": "Do this:", "code": "x = 1"} and d["key"] == "a"
     assert Finding.from_dict(d) == f
@@ -58,8 +88,14 @@ def test_json_round_trip_and_the_older_string_form():
 
 
 def _f(message, step=None, rank=None, key="", **loc):
-    return Finding(message, code="TD9", name="x", severity=Severity.WARNING, key=key,
-                   location=Location(step=step, rank=rank, **loc))
+    return Finding(
+        message,
+        code="TD9",
+        name="x",
+        severity=Severity.WARNING,
+        key=key,
+        location=Location(step=step, rank=rank, **loc),
+    )
 
 
 def test_fold_keys_ignore_numbers_steps_and_ranks_but_not_places_or_check_keys():
@@ -73,8 +109,12 @@ def test_fold_keys_ignore_numbers_steps_and_ranks_but_not_places_or_check_keys()
 
 
 def test_ranks_whose_messages_differ_only_in_numbers_merge_into_one_finding():
-    merged = merge_ranks({0: [_f("leaks 3 graphs per step", step=3, module="m")],
-                          1: [_f("leaks 4 graphs per step", step=4, module="m"), _f("other", module="m", key="other")]})
+    merged = merge_ranks(
+        {
+            0: [_f("leaks 3 graphs per step", step=3, module="m")],
+            1: [_f("leaks 4 graphs per step", step=4, module="m"), _f("other", module="m", key="other")],
+        }
+    )
     assert sorted(f.message for f in merged) == ["[all 2 ranks] leaks 3 graphs per step", "[rank 1] other"]
     seen_twice = merge_ranks({0: [_f("a 1", module="m")], 1: [_f("a 2", module="m"), _f("a 3", module="m")]})
     assert [f.message for f in seen_twice] == ["[all 2 ranks] a 1"]  # rank 1 is named once

@@ -1,4 +1,5 @@
 """The module graph: nothing imports the command line, and no two modules import each other (even lazily)."""
+
 import ast
 from pathlib import Path
 
@@ -37,7 +38,9 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names)
     return {m for m in found if m in known and m != name}
@@ -49,8 +52,11 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_nothing_outside_the_cli_imports_it():
-    importers = {name for name, deps in graph().items()
-                 if not name.startswith("torchdoctor.cli") and any(d.startswith("torchdoctor.cli") for d in deps)}
+    importers = {
+        name
+        for name, deps in graph().items()
+        if not name.startswith("torchdoctor.cli") and any(d.startswith("torchdoctor.cli") for d in deps)
+    }
     assert importers == {"torchdoctor.__main__"}  # `python -m torchdoctor` is the command line too
 
 
@@ -63,7 +69,7 @@ def test_no_import_cycles():
         state[node] = "open"
         for dep in sorted(edges[node]):
             if state.get(dep) == "open":
-                cycles.append(trail[trail.index(dep):] + [dep])
+                cycles.append(trail[trail.index(dep) :] + [dep])
             elif dep not in state:
                 visit(dep, trail + [dep])
         state[node] = "done"
@@ -76,8 +82,11 @@ def test_no_import_cycles():
 
 
 def test_checks_import_only_the_sdk():
-    outside = {name: sorted(d for d in deps if not d.startswith(("torchdoctor.sdk", "torchdoctor.checks")))
-               for name, deps in graph().items() if name.startswith("torchdoctor.checks")}
+    outside = {
+        name: sorted(d for d in deps if not d.startswith(("torchdoctor.sdk", "torchdoctor.checks")))
+        for name, deps in graph().items()
+        if name.startswith("torchdoctor.checks")
+    }
     assert {name: deps for name, deps in outside.items() if deps} == {}
 
 
@@ -96,8 +105,12 @@ def test_private_modules_are_imported_only_inside_their_package():
     assert crossing == READ_ACROSS
 
 
-DOORS = {"torchdoctor.sdk.env": "torchdoctor.env", "torchdoctor.sdk.checkpoint": "torchdoctor.ckpt",
-         "torchdoctor.sdk.runtime": "torchdoctor.watch", "torchdoctor.sdk.source": "torchdoctor.lint"}
+DOORS = {
+    "torchdoctor.sdk.env": "torchdoctor.env",
+    "torchdoctor.sdk.checkpoint": "torchdoctor.ckpt",
+    "torchdoctor.sdk.runtime": "torchdoctor.watch",
+    "torchdoctor.sdk.source": "torchdoctor.lint",
+}
 SHARED = ("torchdoctor.findings", "torchdoctor.pitfall", "torchdoctor.units", "torchdoctor.wrappers")
 
 

@@ -1,4 +1,5 @@
 """A wheel install and the editable install both find every built-in check and ship its docs page."""
+
 import json
 import re
 import subprocess
@@ -10,11 +11,13 @@ import pytest
 import torchdoctor
 
 ROOT = Path(__file__).resolve().parents[1]
-LIST = ("import json, torchdoctor, torchdoctor.checks; from torchdoctor import registry; "
-        "cs = registry.all_checks(); "
-        "print(json.dumps({'file': torchdoctor.checks.__file__, "
-        "'checks': sorted(c.name for c in cs if c.origin == 'built-in'), "
-        "'docs': all('## How to fix' in c.page() for c in cs if c.origin == 'built-in')}))")
+LIST = (
+    "import json, torchdoctor, torchdoctor.checks; from torchdoctor import registry; "
+    "cs = registry.all_checks(); "
+    "print(json.dumps({'file': torchdoctor.checks.__file__, "
+    "'checks': sorted(c.name for c in cs if c.origin == 'built-in'), "
+    "'docs': all('## How to fix' in c.page() for c in cs if c.origin == 'built-in')}))"
+)
 
 
 def declared_checks() -> list[str]:
@@ -32,8 +35,9 @@ def listing(python_path=None, cwd=None) -> dict:
         import os
 
         env = {**os.environ, "PYTHONPATH": python_path}
-    out = subprocess.run([sys.executable, "-c", LIST], capture_output=True, text=True, timeout=120,
-                         env=env, cwd=cwd, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", LIST], capture_output=True, text=True, timeout=120, env=env, cwd=cwd, check=True
+    ).stdout
     return json.loads(out)
 
 
@@ -59,15 +63,40 @@ def test_a_source_checkout_run_from_its_folder_finds_its_own_checks(tmp_path):
 
 @pytest.mark.slow
 def test_wheel_install_finds_every_check(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     [wheel] = (tmp_path / "dist").glob("torchdoctor-*.whl")
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     result = listing(python_path=str(target), cwd=tmp_path)
     assert Path(result["file"]).resolve() == (target / "torchdoctor" / "checks" / "__init__.py").resolve()
     assert result["checks"] == declared_checks() and result["docs"]
-    explain = subprocess.run([sys.executable, "-m", "torchdoctor", "explain", "TD111"], capture_output=True,
-                             text=True, timeout=60, cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": ""})
+    explain = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "explain", "TD111"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target), "PATH": ""},
+    )
     assert explain.returncode == 0 and explain.stdout.startswith("# shm-too-small (TD111)")

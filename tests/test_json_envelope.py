@@ -1,4 +1,5 @@
 """Every command's `--format json` (and a watch session's report) is one envelope: torchdoctor/report.schema.json."""
+
 import json
 import struct
 import textwrap
@@ -6,12 +7,11 @@ from importlib import resources
 
 import pytest
 from click.testing import CliRunner
+from env_stub import collection_of
 
 from torchdoctor.cli import cli
 from torchdoctor.env import doctor
 from torchdoctor.env.facts import EnvFacts
-
-from env_stub import collection_of
 
 SCHEMA = json.loads(resources.files("torchdoctor").joinpath("report.schema.json").read_text(encoding="utf-8"))
 _TYPES = {"object": dict, "array": list, "string": str, "integer": int, "null": type(None)}
@@ -98,9 +98,15 @@ def test_every_command_prints_the_one_envelope(command_documents):
         counts = {s: sum(f["severity"] == s for f in doc["findings"]) for s in ("error", "warning", "info")}
         assert doc["counts"] == counts
     assert {scope: code for scope, (_, code) in command_documents.items()} == {
-        "env": 1, "checkpoint": 1, "source": 1, "checks": 0}  # the checkpoint's warning fails under --fail-on warning
+        "env": 1,
+        "checkpoint": 1,
+        "source": 1,
+        "checks": 0,
+    }  # the checkpoint's warning fails under --fail-on warning
     checks = command_documents["checks"][0]
-    assert checks["subject"] == "source checks" and "missing-zero-grad" in {c["name"] for c in checks["facts"]["checks"]}
+    assert checks["subject"] == "source checks" and "missing-zero-grad" in {
+        c["name"] for c in checks["facts"]["checks"]
+    }
 
 
 def test_a_watch_report_is_the_same_envelope():
@@ -125,11 +131,16 @@ def test_the_validator_rejects_what_breaks_the_schema(command_documents):
     broken = {**doc, "exit_code": 3, "extra": 1, "counts": {"error": -1, "warning": 0}}
     del broken["subject"]
     broken["findings"] = [{**doc["findings"][0], "severity": "fatal", "count": True}]
-    assert sorted(violations(broken, SCHEMA)) == sorted([
-        "$: missing 'subject'", "$: unexpected 'extra'", "$.exit_code: 3 is not one of [0, 1, 2]",
-        "$.counts: missing 'info'", "$.counts.error: -1 < 0",
-        "$.findings[0].severity: 'fatal' is not one of ['error', 'warning', 'info']",
-        "$.findings[0].count: True is not of type integer",
-    ])
+    assert sorted(violations(broken, SCHEMA)) == sorted(
+        [
+            "$: missing 'subject'",
+            "$: unexpected 'extra'",
+            "$.exit_code: 3 is not one of [0, 1, 2]",
+            "$.counts: missing 'info'",
+            "$.counts.error: -1 < 0",
+            "$.findings[0].severity: 'fatal' is not one of ['error', 'warning', 'info']",
+            "$.findings[0].count: True is not of type integer",
+        ]
+    )
     listing, _ = command_documents["checks"]
     assert violations({**listing, "findings": doc["findings"]}, SCHEMA) == ["$.findings: more than 0 items"]

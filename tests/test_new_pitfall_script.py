@@ -1,4 +1,5 @@
 """scripts/pitfalls.py new: allocates the next code of the family and writes a definition that loads."""
+
 import importlib.util
 import inspect
 import subprocess
@@ -12,8 +13,23 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "pitfalls.py"
 
 
 def test_new_writes_a_loadable_definition_with_the_next_code(tmp_path):
-    out = subprocess.run([sys.executable, str(SCRIPT), "new", "forgot-something", "--door", "runtime",
-                          "--door", "source", "--root", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "new",
+            "forgot-something",
+            "--door",
+            "runtime",
+            "--door",
+            "source",
+            "--root",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     last = max(int(p.code[2:]) for p in registry.all_checks() if p.code.startswith("TD3"))
     assert out.stdout.startswith(f"TD{last + 1} forgot-something")
@@ -29,6 +45,10 @@ def test_new_writes_a_loadable_definition_with_the_next_code(tmp_path):
     stub = (tmp_path / "tests" / "pitfalls" / "test_forgot_something.py").read_text()
     assert "run_example(FORGOT_SOMETHING, FORGOT_SOMETHING.bad, door)" in stub and "PITFALLS.md" not in stub
     compile(stub, "test_forgot_something.py", "exec")
-    again = subprocess.run([sys.executable, str(SCRIPT), "new", "forgot-something", "--door", "env",
-                            "--root", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    again = subprocess.run(
+        [sys.executable, str(SCRIPT), "new", "forgot-something", "--door", "env", "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert again.returncode == 2 and "already exists" in again.stderr

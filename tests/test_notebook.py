@@ -1,4 +1,5 @@
 """Notebook use through IPython's own shell, in this process: warnings once per cell run, reports as HTML."""
+
 from __future__ import annotations
 
 import os
@@ -53,7 +54,9 @@ def test_watch_warns_once_per_cell_run_not_per_step(shell: InteractiveShell) -> 
     assert _cell(shell, SETUP) == []
     assert _cell(shell, TRAIN) == ["TD301 missing-zero-grad"]  # 4 steps without zero_grad, one warning
     assert _cell(shell, TRAIN) == ["TD301 missing-zero-grad"]  # the cell run again: said again, once
-    assert _cell(shell, "opt.zero_grad()\n" + TRAIN.replace("    opt.step()", "    opt.step()\n    opt.zero_grad()")) == []
+    assert (
+        _cell(shell, "opt.zero_grad()\n" + TRAIN.replace("    opt.step()", "    opt.step()\n    opt.zero_grad()")) == []
+    )
     [finding] = shell.user_ns["session"].findings
     assert finding.count == 9  # every repeat is counted for the report: 4, then 5 (the first step adds to cell 2's)
 
@@ -63,7 +66,7 @@ def test_reports_render_as_rich_notebook_output(shell: InteractiveShell, tmp_pat
     _cell(shell, TRAIN)
     data, _ = shell.display_formatter.format(shell.user_ns["session"])  # what a cell ending in `session` shows
     html = data["text/html"]
-    assert html.startswith("<pre style=\"white-space:pre;overflow-x:auto") and 'style="color:' in html
+    assert html.startswith('<pre style="white-space:pre;overflow-x:auto') and 'style="color:' in html
     assert "TD301" in html and "missing-zero-grad" in html and "optimizer" in html  # findings and the facts view
     assert "TD301 missing-zero-grad" in data["text/plain"] and "<" not in data["text/plain"].split("\n")[0]
 

@@ -1,4 +1,5 @@
 """Output a person can paste: no wrap or padding off a terminal, fix code never wrapped, ASCII where needed."""
+
 import json
 import os
 import subprocess
@@ -25,10 +26,21 @@ CODE_LINE = "             optimizer.zero_grad(set_to_none=True)"  # the fix's co
 
 
 def _report() -> Report:
-    long_code = "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank], find_unused_parameters=True)"
-    return Report(scope="runtime", findings=[Finding(
-        "A message long enough to need several lines on a narrow terminal, which the console wraps there " * 2,
-        fix="Wrap the model:\n" + long_code, code="TD9", name="long-one", severity=Severity.ERROR)])
+    long_code = (
+        "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank], find_unused_parameters=True)"
+    )
+    return Report(
+        scope="runtime",
+        findings=[
+            Finding(
+                "A message long enough to need several lines on a narrow terminal, which the console wraps there " * 2,
+                fix="Wrap the model:\n" + long_code,
+                code="TD9",
+                name="long-one",
+                severity=Severity.ERROR,
+            )
+        ],
+    )
 
 
 def test_piped_lint_output_is_neither_wrapped_nor_padded(tmp_path, monkeypatch):
@@ -47,7 +59,9 @@ def test_on_a_terminal_prose_wraps_and_fix_code_is_neither_wrapped_nor_cut():
     with console.capture() as captured:
         render_console(_report(), console)
     lines = captured.get().splitlines()
-    long_code = "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank], find_unused_parameters=True)"
+    long_code = (
+        "model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank], find_unused_parameters=True)"
+    )
     assert "         " + long_code in lines  # 114 columns on a 60-column terminal, whole
     prose = [line for line in lines if "narrow terminal" in line or "wraps there" in line]
     assert len(prose) > 2 and all(len(line) <= 60 for line in prose)
@@ -55,8 +69,9 @@ def test_on_a_terminal_prose_wraps_and_fix_code_is_neither_wrapped_nor_cut():
 
 def _run_cli(args, cwd, encoding):
     env = {**os.environ, "PYTHONIOENCODING": encoding, "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "torchdoctor", *args], cwd=cwd, env=env, capture_output=True,
-                           timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "torchdoctor", *args], cwd=cwd, env=env, capture_output=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("encoding", ["ascii", "cp1252"])
@@ -75,10 +90,14 @@ def test_a_stream_without_the_symbols_gets_ascii_stand_ins_not_a_crash(tmp_path,
 
 def test_text_and_json_on_a_cp1252_stream(tmp_path):
     """The formats click writes get stand-ins too (on an ASCII stream click writes UTF-8 by itself)."""
-    (tmp_path / "train.py").write_text('import torch\nstate = torch.load("caf\u00e9 \u2265 \u2713.pt")\n', encoding="utf-8")
+    (tmp_path / "train.py").write_text(
+        'import torch\nstate = torch.load("caf\u00e9 \u2265 \u2713.pt")\n', encoding="utf-8"
+    )
     text = _run_cli(["lint", "--no-cache", "--format", "text", "train.py"], tmp_path, "cp1252")
     assert text.returncode == 0 and text.stderr == b""
-    assert text.stdout.decode("cp1252").startswith('train.py:2:9: TD503 unsafe-torch-load `torch.load("caf\u00e9 >= OK.pt")`')
+    assert text.stdout.decode("cp1252").startswith(
+        'train.py:2:9: TD503 unsafe-torch-load `torch.load("caf\u00e9 >= OK.pt")`'
+    )
     doc = _run_cli(["lint", "--no-cache", "--format", "json", "train.py"], tmp_path, "cp1252")
     [finding] = json.loads(doc.stdout.decode("cp1252"))["findings"]
     assert doc.returncode == 0 and 'torch.load("caf\u00e9 >= OK.pt")' in finding["message"]

@@ -1,13 +1,14 @@
 """The contract every pitfall keeps: a complete definition, a fresh generated page, and examples that its
 own detectors judge right (Bad fires, Good stays quiet) in every door that can see them."""
+
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from torchdoctor.docs import pages
 
 from torchdoctor import registry
 from torchdoctor.cli import cli
-from torchdoctor.docs import pages
 from torchdoctor.sdk import Scope
 from torchdoctor.sdk.testing import paste_problems, run_example
 
@@ -18,8 +19,11 @@ RUNNABLE = [(p, scope) for p in BUILTINS for scope in p.scopes]
 
 def test_generated_pages_are_fresh():
     wanted = pages()
-    stale = sorted(rel for rel, text in wanted.items()
-                   if not (DOCS / rel).is_file() or (DOCS / rel).read_text(encoding="utf-8") != text)
+    stale = sorted(
+        rel
+        for rel, text in wanted.items()
+        if not (DOCS / rel).is_file() or (DOCS / rel).read_text(encoding="utf-8") != text
+    )
     orphans = sorted(f"checks/{p.name}" for p in (DOCS / "checks").glob("*.md") if f"checks/{p.name}" not in wanted)
     assert (stale, orphans) == ([], []), "run `python scripts/pitfalls.py docs` and commit the result"
 
@@ -27,7 +31,8 @@ def test_generated_pages_are_fresh():
 def test_scope_index_is_fresh():
     index = Path(__file__).resolve().parents[1] / "checks" / "_scopes.py"
     assert index.read_text(encoding="utf-8") == registry.scope_index(), (
-        "run `python scripts/pitfalls.py docs` and commit the result")
+        "run `python scripts/pitfalls.py docs` and commit the result"
+    )
 
 
 @pytest.mark.parametrize("pitfall", BUILTINS, ids=lambda p: p.name)
@@ -36,7 +41,8 @@ def test_every_door_either_sees_the_examples_or_says_why(pitfall):
         for scope in pitfall.scopes:
             assert example.runnable(scope) or example.unseen.get(str(scope), "").strip(), (
                 f"{pitfall.name}: the {scope} detector can't run this {example.language} example; "
-                f"say why in Example(unseen={{'{scope}': ...}})")
+                f"say why in Example(unseen={{'{scope}': ...}})"
+            )
         assert set(example.unseen) <= {str(s) for s in pitfall.scopes}
 
 
@@ -49,8 +55,11 @@ def test_bad_example_fires_and_good_example_is_quiet(pitfall, scope):
         assert found == [], f"{pitfall.name}: the Good example is flagged in {scope}: {found[0].message}"
 
 
-@pytest.mark.parametrize(("pitfall", "scope"), [(p, s) for p, s in RUNNABLE if p.bad.runnable(s)],
-                         ids=lambda v: v.name if hasattr(v, "name") else str(v))
+@pytest.mark.parametrize(
+    ("pitfall", "scope"),
+    [(p, s) for p, s in RUNNABLE if p.bad.runnable(s)],
+    ids=lambda v: v.name if hasattr(v, "name") else str(v),
+)
 def test_the_fix_works_when_pasted_into_the_bad_example(pitfall, scope):
     """Good example = Bad example with the fix's code pasted in (so the test above proves that the pasted fix
     runs and silences the finding); a checkpoint fix runs when pasted after the Bad example."""

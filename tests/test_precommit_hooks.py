@@ -1,4 +1,5 @@
 """The hooks of .pre-commit-hooks.yaml, run by pre-commit itself (`try-repo` on this checkout) in a new git repo."""
+
 from __future__ import annotations
 
 import os
@@ -22,11 +23,20 @@ class _RunsACommand:
 
 
 def _try_repo(repo: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
-           # the hooks run the torchdoctor installed beside this python, as in a user's environment
-           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
-    return subprocess.run([sys.executable, "-m", "pre_commit", "try-repo", str(ROOT), *args], cwd=repo, env=env,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home"),
+        # the hooks run the torchdoctor installed beside this python, as in a user's environment
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "pre_commit", "try-repo", str(ROOT), *args],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_hooks_block_an_unsafe_pickle_and_a_lint_error_and_pass_clean_files(tmp_path: Path) -> None:

@@ -1,17 +1,18 @@
 """The registry: metadata rules, selection by name or code, and discovery of plug-ins by entry point."""
+
 import os
 import sys
 import textwrap
 
 import pytest
+from pitfall_factory import make_pitfall
 
 from torchdoctor import registry
 from torchdoctor.findings import Finding, Severity
 from torchdoctor.pitfall import PitfallError
 from torchdoctor.watch.contract import RuntimeCheck
-from pitfall_factory import make_pitfall
 
-PLUGIN = '''
+PLUGIN = """
 from torchdoctor.sdk import Example, Finding, Pitfall
 
 PLUGIN_CHECK = Pitfall(code="XP901", name="plugin-check", severity="warning", summary="A third-party check.",
@@ -21,7 +22,7 @@ PLUGIN_CHECK = Pitfall(code="XP901", name="plugin-check", severity="warning", su
 @PLUGIN_CHECK.env
 def plugin_check(facts):
     yield Finding("seen by a plug-in", fix="nothing")
-'''
+"""
 
 
 def make_distribution(root, name, entry_points, modules):
@@ -44,8 +45,12 @@ def fresh_registry(monkeypatch):
 
 def test_plugins_are_discovered_with_their_origin(tmp_path, monkeypatch, fresh_registry):
     make_distribution(tmp_path, "myplug", "mine = myplug_checks\n", {"myplug_checks": PLUGIN})
-    make_distribution(tmp_path, "brokenplug", "bad = brokenplug_checks\n",
-                      {"brokenplug_checks": "raise RuntimeError('plug-in bug')\n"})
+    make_distribution(
+        tmp_path,
+        "brokenplug",
+        "bad = brokenplug_checks\n",
+        {"brokenplug_checks": "raise RuntimeError('plug-in bug')\n"},
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     info = registry.get("plugin-check")
     assert info.origin == "myplug" and info.code == "XP901" and info.scopes == [registry.Scope.ENV]
@@ -131,8 +136,9 @@ def test_a_check_may_override_its_default_severity():
 def test_listing_checks_does_not_import_torch():
     import subprocess
 
-    code = ("import sys; from torchdoctor import registry; n = len(registry.all_checks()); "
-            "print(n, 'torch' in sys.modules)")
+    code = (
+        "import sys; from torchdoctor import registry; n = len(registry.all_checks()); print(n, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout.split()
     assert int(out[0]) >= 16 and out[1] == "False"
 

@@ -1,4 +1,5 @@
 """The shared report (JSON schema, exit codes, console layout) and the `checks` command."""
+
 import json
 from dataclasses import replace
 
@@ -11,20 +12,46 @@ from torchdoctor.report import Report, exit_code, make_console, render_console, 
 
 
 def sample() -> Report:
-    return Report(scope="env", facts={"answer": 42}, subject="box", findings=[
-        Finding("shm is 64 MiB", fix="--shm-size=8g", code="TD111", name="shm-too-small",
-                severity=Severity.WARNING, location=Location(file="/dev/shm")),
-        Finding("CPU build", fix="pip install ...", code="TD102", name="cpu-only-build", severity=Severity.ERROR),
-        Finding("just so you know", code="TD116", name="determinism-settings", severity=Severity.INFO),
-    ])
+    return Report(
+        scope="env",
+        facts={"answer": 42},
+        subject="box",
+        findings=[
+            Finding(
+                "shm is 64 MiB",
+                fix="--shm-size=8g",
+                code="TD111",
+                name="shm-too-small",
+                severity=Severity.WARNING,
+                location=Location(file="/dev/shm"),
+            ),
+            Finding("CPU build", fix="pip install ...", code="TD102", name="cpu-only-build", severity=Severity.ERROR),
+            Finding("just so you know", code="TD116", name="determinism-settings", severity=Severity.INFO),
+        ],
+    )
 
 
 def test_json_document_follows_the_design_schema():
     doc = json.loads(to_json(sample()))
-    assert list(doc) == ["schema_version", "tool", "version", "scope", "subject", "counts", "exit_code", "facts",
-                         "findings"]
+    assert list(doc) == [
+        "schema_version",
+        "tool",
+        "version",
+        "scope",
+        "subject",
+        "counts",
+        "exit_code",
+        "facts",
+        "findings",
+    ]
     assert (doc["schema_version"], doc["tool"], doc["version"], doc["scope"], doc["subject"], doc["facts"]) == (
-        1, "torchdoctor", __version__, "env", "box", {"answer": 42})
+        1,
+        "torchdoctor",
+        __version__,
+        "env",
+        "box",
+        {"answer": 42},
+    )
     assert doc["counts"] == {"error": 1, "warning": 1, "info": 1} and doc["exit_code"] == 1
     assert json.loads(to_json(replace(sample(), fail_on="never")))["exit_code"] == 0
     first = doc["findings"][0]  # errors first
@@ -67,8 +94,14 @@ def test_checks_command_lists_every_check_with_its_origin():
     rows = doc["facts"]["checks"]
     assert [r["name"] for r in rows] == [c.name for c in registry.all_checks()]
     env_row = next(r for r in rows if r["name"] == "shm-too-small")
-    assert env_row == {"code": "TD111", "name": "shm-too-small", "scopes": ["env"], "severity": "warning",
-                       "origin": "built-in", "summary": registry.get("TD111").summary}
+    assert env_row == {
+        "code": "TD111",
+        "name": "shm-too-small",
+        "scopes": ["env"],
+        "severity": "warning",
+        "origin": "built-in",
+        "summary": registry.get("TD111").summary,
+    }
     piped = CliRunner().invoke(cli, ["checks", "--scope", "env"], env={"COLUMNS": "40"})
     lines = piped.output.splitlines()  # off a terminal: one tab-separated line each, never wrapped or padded
     assert lines[0] == "code\tname\tscope\tseverity\torigin\tsummary" and "TD201" not in piped.output

@@ -1,4 +1,5 @@
 """The SDK's shared services: one wrapper walker, one batch fingerprint, one table of wrapper prefixes."""
+
 import subprocess
 import sys
 
@@ -42,7 +43,9 @@ def test_fingerprint_tells_batches_apart_and_equal_batches_equal():
 
 
 def test_importing_the_sdk_does_not_import_torch():
-    code = ("import sys, torchdoctor.sdk, torchdoctor.sdk.runtime, torchdoctor.sdk.source, "
-            "torchdoctor.sdk.env, torchdoctor.sdk.checkpoint; print('torch' in sys.modules)")
+    code = (
+        "import sys, torchdoctor.sdk, torchdoctor.sdk.runtime, torchdoctor.sdk.source, "
+        "torchdoctor.sdk.env, torchdoctor.sdk.checkpoint; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

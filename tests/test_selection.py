@@ -1,7 +1,9 @@
 """Selection: names and codes per front door, did-you-mean usage errors, and shared settings skipping other doors."""
+
 import textwrap
 
 import pytest
+from env_stub import collection_of
 
 from torchdoctor import registry, selection
 from torchdoctor.cli import main
@@ -9,8 +11,6 @@ from torchdoctor.env import doctor
 from torchdoctor.env.facts import EnvFacts
 from torchdoctor.selection import SelectionError, select_checks
 from torchdoctor.settings import load_settings
-
-from env_stub import collection_of
 
 
 def names(door, **options):
@@ -45,27 +45,42 @@ def usage_error(capsys, *args):
     return err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["env", "--select", "missing-zero-grad"],
-     "missing-zero-grad (TD301) is not checked by torchdoctor env, only by torchdoctor.watch() and torchdoctor lint"),
-    (["lint", "--select", "cpu-only-build"], "cpu-only-build (TD102) is not checked by torchdoctor lint, "
-                                              "only by torchdoctor env"),
-    (["check-ckpt", "--ignore", "graph-retention-leak", "x.pt"], "graph-retention-leak (TD308) is not checked by "
-                                                                  "torchdoctor check-ckpt"),
-    (["lint", "--select", "missing-zero-grd"], "unknown check 'missing-zero-grd'; did you mean 'missing-zero-grad'?"),
-    (["env", "--ignore", "TD1111"], "unknown check 'TD1111'; did you mean TD111 (shm-too-small)?"),
-    (["explain", "cpu-only-buld"], "unknown check 'cpu-only-buld'; did you mean 'cpu-only-build'?"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["env", "--select", "missing-zero-grad"],
+            "missing-zero-grad (TD301) is not checked by torchdoctor env, only by torchdoctor.watch() and torchdoctor "
+            "lint",
+        ),
+        (
+            ["lint", "--select", "cpu-only-build"],
+            "cpu-only-build (TD102) is not checked by torchdoctor lint, only by torchdoctor env",
+        ),
+        (
+            ["check-ckpt", "--ignore", "graph-retention-leak", "x.pt"],
+            "graph-retention-leak (TD308) is not checked by torchdoctor check-ckpt",
+        ),
+        (
+            ["lint", "--select", "missing-zero-grd"],
+            "unknown check 'missing-zero-grd'; did you mean 'missing-zero-grad'?",
+        ),
+        (["env", "--ignore", "TD1111"], "unknown check 'TD1111'; did you mean TD111 (shm-too-small)?"),
+        (["explain", "cpu-only-buld"], "unknown check 'cpu-only-buld'; did you mean 'cpu-only-build'?"),
+    ],
+)
 def test_another_doors_check_or_an_unknown_name_is_a_usage_error(capsys, args, message):
     assert message in usage_error(capsys, *args)
 
 
 def test_shared_settings_skip_other_doors_but_their_typos_are_errors(tmp_path, monkeypatch, capsys):
-    (tmp_path / "pyproject.toml").write_text(textwrap.dedent("""
+    (tmp_path / "pyproject.toml").write_text(
+        textwrap.dedent("""
         [tool.torchdoctor]
         select = ["shm-too-small", "missing-zero-grad"]
         ignore = ["wrapper-prefix"]
-    """))
+    """)
+    )
     assert names(selection.ENV) == ["shm-too-small"]
     assert names(selection.LINT) == ["missing-zero-grad", "source-unreadable"]  # lint always reads files honestly
     assert "wrapper-prefix" not in names(selection.CHECKPOINT)
@@ -75,7 +90,9 @@ def test_shared_settings_skip_other_doors_but_their_typos_are_errors(tmp_path, m
     assert names(selection.ENV) == ["shm-too-small"]
     # the caller's own select wins over both, and their ignores add up
     assert names(selection.LINT, select=["TD301", "TD308"], ignore=["graph-retention-leak"]) == [
-        "missing-zero-grad", "source-unreadable"]
+        "missing-zero-grad",
+        "source-unreadable",
+    ]
     monkeypatch.setenv("TORCHDOCTOR_SELECT", "graph-retention-lek")
     message = usage_error(capsys, "env")
     assert "unknown check 'graph-retention-lek' in TORCHDOCTOR_SELECT; did you mean 'graph-retention-leak'?" in message

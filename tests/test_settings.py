@@ -1,4 +1,5 @@
 """Settings: `[tool.torchdoctor]` found from the target's folder, then TORCHDOCTOR_* variables, then options."""
+
 import json
 import struct
 import textwrap
@@ -38,14 +39,17 @@ def checkpoint(path):
 @pytest.fixture
 def tree(tmp_path, monkeypatch):
     """repo/ has the table; repo/sub/ a pyproject.toml without one; elsewhere/ is where commands are run."""
-    write(tmp_path / "repo" / "pyproject.toml", """
+    write(
+        tmp_path / "repo" / "pyproject.toml",
+        """
         [project]
         name = "repo"
 
         [tool.torchdoctor]
         ignore = ["graph-retention-leak", "wrapper-prefix"]
         fail-on = "warning"
-    """)
+    """,
+    )
     write(tmp_path / "repo" / "sub" / "pyproject.toml", '[project]\nname = "sub"\n')
     write(tmp_path / "repo" / "sub" / "train.py", LEAKY)
     (tmp_path / "elsewhere").mkdir()
@@ -97,20 +101,25 @@ def test_later_layers_win_and_ignores_add_up(tree, monkeypatch):
     settings = load_settings(target, select=["TD301"], ignore="a,b", fail_on="never", exclude=["gen/"])
     assert settings.fail_on == "never"
     assert [(layer.select, layer.ignore) for layer in settings.layers] == [
-        ((), ("graph-retention-leak", "wrapper-prefix")), (("missing-zero-grad", "TD308"), ("TD306",)),
-        (("TD301",), ("a", "b"))]
+        ((), ("graph-retention-leak", "wrapper-prefix")),
+        (("missing-zero-grad", "TD308"), ("TD306",)),
+        (("TD301",), ("a", "b")),
+    ]
     assert settings.exclude == [("gen/", None)]
     assert load_settings(target).fail_on == "info"
     monkeypatch.delenv("TORCHDOCTOR_FAIL_ON")
     assert load_settings(None).fail_on == "error"  # elsewhere/ has no table
 
 
-@pytest.mark.parametrize("table, words", [
-    ('fail-on = "sometimes"', "[tool.torchdoctor] fail-on must be one of error, warning, info, never"),
-    ("select = 3", "[tool.torchdoctor] select must be a list of strings"),
-    ('colour = "red"', "unknown key 'colour' in [tool.torchdoctor]"),
-    ("select = [", "cannot read"),
-])
+@pytest.mark.parametrize(
+    "table, words",
+    [
+        ('fail-on = "sometimes"', "[tool.torchdoctor] fail-on must be one of error, warning, info, never"),
+        ("select = 3", "[tool.torchdoctor] select must be a list of strings"),
+        ('colour = "red"', "unknown key 'colour' in [tool.torchdoctor]"),
+        ("select = [", "cannot read"),
+    ],
+)
 def test_a_malformed_table_is_a_one_line_input_error(tmp_path, monkeypatch, table, words):
     write(tmp_path / "pyproject.toml", f"[tool.torchdoctor]\n{table}\n")
     monkeypatch.chdir(tmp_path)

@@ -2,6 +2,7 @@
 
 Importing this package does not import torch; the front doors that need it import it lazily.
 """
+
 from __future__ import annotations
 
 import os as _os
@@ -26,8 +27,19 @@ _LAZY = {
     "watch": "torchdoctor.watch",
 }
 
-__all__ = ["Finding", "Fix", "Location", "Severity", "TorchDoctorError", "TorchDoctorWarning", "Scope", "Pitfall", "Example",
-           "__version__", *_LAZY]
+__all__ = [
+    "Finding",
+    "Fix",
+    "Location",
+    "Severity",
+    "TorchDoctorError",
+    "TorchDoctorWarning",
+    "Scope",
+    "Pitfall",
+    "Example",
+    "__version__",
+    *_LAZY,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,5 @@
 """Warning and exception types of the public API, torch-free so `import torchdoctor` stays light."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional

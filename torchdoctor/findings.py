@@ -1,4 +1,5 @@
 """What a check reports: `Severity`, `Location`, `Fix` and `Finding`, shared by every front door."""
+
 from __future__ import annotations
 
 import ast
@@ -28,9 +29,7 @@ class Severity(enum.IntEnum):
         try:
             return cls[str(text).strip().upper()]
         except KeyError:
-            raise ValueError(
-                f"unknown severity {text!r} (expected one of: info, warning, error)"
-            ) from None
+            raise ValueError(f"unknown severity {text!r} (expected one of: info, warning, error)") from None
 
 
 @dataclass(frozen=True)
@@ -203,9 +202,16 @@ class Finding:
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
         """The inverse of `to_dict` (findings travel between ranks as JSON)."""
         loc = d.get("location")
-        return cls(message=d["message"], fix=Fix.from_json(d.get("fix")), code=d.get("code", ""),
-                   name=d.get("name", ""), severity=Severity.parse(d["severity"]) if d.get("severity") else None,
-                   count=d.get("count", 1), location=Location(**loc) if loc else None, key=d.get("key", ""))
+        return cls(
+            message=d["message"],
+            fix=Fix.from_json(d.get("fix")),
+            code=d.get("code", ""),
+            name=d.get("name", ""),
+            severity=Severity.parse(d["severity"]) if d.get("severity") else None,
+            count=d.get("count", 1),
+            location=Location(**loc) if loc else None,
+            key=d.get("key", ""),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = {

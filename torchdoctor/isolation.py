@@ -10,6 +10,7 @@ as `python -c BOOT` with the folder off `sys.path` and PYTHONPATH kept aside (pu
 runs). Only `sys` and `os` are used here: they are loaded before Python reads the search path, so
 nothing here can be shadowed.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,10 +21,12 @@ _IMPORTABLE = (".py", ".pyc", ".pyw", ".so", ".pyd")
 # Runs first in the re-executed process: drops '' (the working directory) from sys.path before any import,
 # appends torchdoctor's own folder when it was only found through a dropped one, restores the user's environment,
 # then runs the command line.
-BOOT = ("import sys; sys.path[:1] = [] if sys.path[:1] == [''] else sys.path[:1]; "
-        "root = sys.argv.pop(1); sys.path.extend([root] if root else []); "
-        "from torchdoctor.isolation import restore_environment; restore_environment(); "
-        "from torchdoctor.cli import main; main()")
+BOOT = (
+    "import sys; sys.path[:1] = [] if sys.path[:1] == [''] else sys.path[:1]; "
+    "root = sys.argv.pop(1); sys.path.extend([root] if root else []); "
+    "from torchdoctor.isolation import restore_environment; restore_environment(); "
+    "from torchdoctor.cli import main; main()"
+)
 
 
 def checkout_root(package_dir: str) -> str:
@@ -44,7 +47,7 @@ def is_cli_launch(argv: list[str], orig_argv: "list[str] | None", main_file: "st
             return True
         for i, arg in enumerate(orig_argv):
             if arg == "-m":
-                return orig_argv[i + 1: i + 2] == ["torchdoctor"]
+                return orig_argv[i + 1 : i + 2] == ["torchdoctor"]
             if arg.startswith("-m"):
                 return arg[2:] == "torchdoctor"
         return False
@@ -97,15 +100,18 @@ def interpreter_options() -> list[str]:
 def isolate_cli() -> None:
     """Take the user's folders that hold modules off `sys.path` for this command-line process (re-executing it
     when one of their modules is already loaded)."""
-    if not is_cli_launch(sys.argv, getattr(sys, "orig_argv", None),
-                         getattr(sys.modules.get("__main__"), "__file__", None)):
+    if not is_cli_launch(
+        sys.argv, getattr(sys, "orig_argv", None), getattr(sys.modules.get("__main__"), "__file__", None)
+    ):
         return
     dirs = [d for d in unsafe_dirs(sys.path, os.environ) if holds_modules(d)]
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     real_dirs = {os.path.realpath(d) for d in dirs}
     root = package_root if os.path.realpath(package_root) in real_dirs else ""
     if dirs:
-        if loaded_from(real_dirs, {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())}):
+        if loaded_from(
+            real_dirs, {name: getattr(module, "__file__", None) for name, module in list(sys.modules.items())}
+        ):
             _reexec(root)
         kept = [p for p in sys.path if os.path.realpath(p or os.getcwd()) not in real_dirs]
         sys.path[:] = kept + ([root] if root else [])
@@ -115,8 +121,13 @@ def isolate_cli() -> None:
 def loaded_from(real_dirs: set[str], files: dict[str, object]) -> list[str]:
     """Modules other than torchdoctor's own already imported (`files`: module name -> its `__file__`) from one
     of `real_dirs` (realpaths)."""
-    return [name for name, origin in files.items()
-            if isinstance(origin, str) and name.partition(".")[0] != "torchdoctor" and any(os.path.realpath(origin).startswith(d + os.sep) for d in real_dirs)]
+    return [
+        name
+        for name, origin in files.items()
+        if isinstance(origin, str)
+        and name.partition(".")[0] != "torchdoctor"
+        and any(os.path.realpath(origin).startswith(d + os.sep) for d in real_dirs)
+    ]
 
 
 def _reexec(root: str) -> None:

@@ -3,6 +3,7 @@
 `watch` says a problem once per cell run (a loop re-run in a later cell warns again, once); reports render
 as notebook output through `Report._repr_mimebundle_`.
 """
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """Output a person can paste: ASCII stand-ins for what a stream can't encode, and no padding at line ends."""
+
 from __future__ import annotations
 
 import codecs
@@ -6,15 +7,32 @@ import io
 from typing import IO
 
 STAND_INS = "torchdoctor-ascii"  # the codecs error handler registered below
-_ASCII = {"✓": "OK", "✗": "X", "×": "x", "·": "-", "…": "...", "≥": ">=", "≤": "<=", "→": "->", "←": "<-", "—": "--",
-          "–": "-", "‘": "'", "’": "'", "“": '"', "”": '"', "°": " deg", "\u00a0": " "}
+_ASCII = {
+    "✓": "OK",
+    "✗": "X",
+    "×": "x",
+    "·": "-",
+    "…": "...",
+    "≥": ">=",
+    "≤": "<=",
+    "→": "->",
+    "←": "<-",
+    "—": "--",
+    "–": "-",
+    "‘": "'",
+    "’": "'",
+    "“": '"',
+    "”": '"',
+    "°": " deg",
+    "\u00a0": " ",
+}
 
 
 def _stand_ins(exc: UnicodeError) -> tuple[str, int]:
     """For `str.encode(errors=STAND_INS)`: an ASCII look-alike for each character, else its backslash escape."""
     if not isinstance(exc, UnicodeEncodeError):
         raise exc
-    text = exc.object[exc.start:exc.end]
+    text = exc.object[exc.start : exc.end]
     return "".join(_ASCII.get(ch) or ch.encode("ascii", "backslashreplace").decode("ascii") for ch in text), exc.end
 
 
@@ -56,7 +74,7 @@ class PasteableStream:
         if not self._terminal:
             *ended, last = (self._spaces + out).split("\n")
             kept = last.rstrip(" ")
-            self._spaces = last[len(kept):]
+            self._spaces = last[len(kept) :]
             out = "\n".join([*(line.rstrip(" ") for line in ended), kept])
         self._stream.write(out)
         return len(text)

@@ -18,6 +18,7 @@ and ``torchdoctor explain`` are rendered from these fields by `page`. Each detec
 is attached, so a malformed plug-in fails at load time instead of inside the user's training loop.
 This module is torch-free.
 """
+
 from __future__ import annotations
 
 import enum
@@ -50,18 +51,30 @@ class Scope(str, enum.Enum):
 
 # How a finding of each scope is silenced, and the heading of the scope's section on a docs page.
 _DOORS: dict[Scope, tuple[str, str]] = {
-    Scope.ENV: ("`torchdoctor env`", "`torchdoctor env --ignore {name}`, or `ignore = [\"{name}\"]` under "
-                "`[tool.torchdoctor]` in pyproject.toml"),
-    Scope.CHECKPOINT: ("`torchdoctor check-ckpt`", "`torchdoctor check-ckpt --ignore {name} FILE`, "
-                       "`check_checkpoint(path, ignore=[\"{name}\"])`, or `ignore = [\"{name}\"]` under "
-                       "`[tool.torchdoctor]`"),
-    Scope.RUNTIME: ("`torchdoctor.watch`", "`torchdoctor.watch(model, optimizer, ignore=[\"{name}\"])`, or "
-                    "`ignore = [\"{name}\"]` under `[tool.torchdoctor]`"),
-    Scope.DISTRIBUTED: ("`torchdoctor.watch` under torch.distributed",
-                        "`torchdoctor.watch(model, optimizer, ignore=[\"{name}\"])` on every rank, or "
-                        "`ignore = [\"{name}\"]` under `[tool.torchdoctor]`"),
-    Scope.SOURCE: ("`torchdoctor lint`", "`# torchdoctor: ignore[{name}]` at the end of the reported line, "
-                   "`torchdoctor lint --ignore {name}`, or `ignore = [\"{name}\"]` under `[tool.torchdoctor]`"),
+    Scope.ENV: (
+        "`torchdoctor env`",
+        '`torchdoctor env --ignore {name}`, or `ignore = ["{name}"]` under `[tool.torchdoctor]` in pyproject.toml',
+    ),
+    Scope.CHECKPOINT: (
+        "`torchdoctor check-ckpt`",
+        "`torchdoctor check-ckpt --ignore {name} FILE`, "
+        '`check_checkpoint(path, ignore=["{name}"])`, or `ignore = ["{name}"]` under '
+        "`[tool.torchdoctor]`",
+    ),
+    Scope.RUNTIME: (
+        "`torchdoctor.watch`",
+        '`torchdoctor.watch(model, optimizer, ignore=["{name}"])`, or `ignore = ["{name}"]` under `[tool.torchdoctor]`',
+    ),
+    Scope.DISTRIBUTED: (
+        "`torchdoctor.watch` under torch.distributed",
+        '`torchdoctor.watch(model, optimizer, ignore=["{name}"])` on every rank, or '
+        '`ignore = ["{name}"]` under `[tool.torchdoctor]`',
+    ),
+    Scope.SOURCE: (
+        "`torchdoctor lint`",
+        "`# torchdoctor: ignore[{name}]` at the end of the reported line, "
+        '`torchdoctor lint --ignore {name}`, or `ignore = ["{name}"]` under `[tool.torchdoctor]`',
+    ),
 }
 
 
@@ -107,14 +120,25 @@ class Pitfall:
     is Markdown). `severity` is the default of its findings; a detector may set another on one finding.
     """
 
-    def __init__(self, *, code: str, name: str, severity: "Severity | str", summary: str, why: str, fix: str,
-                 bad: Example, good: Example, since: str = "0.1.0", details: Optional[Mapping[str, str]] = None,
-                 silence: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        code: str,
+        name: str,
+        severity: "Severity | str",
+        summary: str,
+        why: str,
+        fix: str,
+        bad: Example,
+        good: Example,
+        since: str = "0.1.0",
+        details: Optional[Mapping[str, str]] = None,
+        silence: str = "",
+    ) -> None:
         self.code = code
         self.name = name
         self.severity: Severity = Severity.parse(severity)
-        self.summary, self.why, self.fix, self.silence = (
-            inspect.cleandoc(t) for t in (summary, why, fix, silence))
+        self.summary, self.why, self.fix, self.silence = (inspect.cleandoc(t) for t in (summary, why, fix, silence))
         self.bad, self.good = bad, good
         self.since = since
         self.details = {k: inspect.cleandoc(v) for k, v in (details or {}).items()}  # scope -> how it is found
@@ -196,10 +220,14 @@ class Pitfall:
             self.summary,
             f"Severity: **{self.severity}** · Found by: {doors} · Since: {self.since}"
             + ("" if self.origin == "built-in" else f" · From: {self.origin}"),
-            "## Why it matters", self.why.strip(),
-            "## How to fix", self.fix.strip(),
-            "## Bad", *_example_blocks(self.bad, self.scopes, fires=True),
-            "## Good", *_example_blocks(self.good, self.scopes, fires=False),
+            "## Why it matters",
+            self.why.strip(),
+            "## How to fix",
+            self.fix.strip(),
+            "## Bad",
+            *_example_blocks(self.bad, self.scopes, fires=True),
+            "## Good",
+            *_example_blocks(self.good, self.scopes, fires=False),
         ]
         details = [(Scope(k), v) for k, v in self.details.items()]
         if details:
@@ -227,8 +255,9 @@ def _scope(value: "Scope | str", name: str) -> Scope:
     try:
         return Scope(value)
     except ValueError:
-        raise PitfallError(f"pitfall {name}: unknown scope {value!r} "
-                           f"(one of {', '.join(s.value for s in Scope)})") from None
+        raise PitfallError(
+            f"pitfall {name}: unknown scope {value!r} (one of {', '.join(s.value for s in Scope)})"
+        ) from None
 
 
 def _validate_handler(name: str, impl: type, attr: str, base: Callable[..., Any]) -> None:
@@ -241,8 +270,10 @@ def _validate_handler(name: str, impl: type, attr: str, base: Callable[..., Any]
     try:
         inspect.signature(handler).bind(*range(expected))
     except TypeError:
-        raise PitfallError(f"pitfall {name}: {impl.__name__}.{attr}{inspect.signature(handler)} must accept the "
-                           f"arguments the session passes: {attr}{inspect.signature(base)}") from None
+        raise PitfallError(
+            f"pitfall {name}: {impl.__name__}.{attr}{inspect.signature(handler)} must accept the "
+            f"arguments the session passes: {attr}{inspect.signature(base)}"
+        ) from None
     except ValueError:
         return  # a builtin or C callable: its signature can't be read, so it is trusted
 
@@ -253,8 +284,7 @@ def _validate(name: str, scope: Scope, impl: Any) -> None:
         from torchdoctor.watch.contract import RuntimeCheck, handler_names
 
         if not (isinstance(impl, type) and issubclass(impl, RuntimeCheck)):
-            raise PitfallError(f"pitfall {name}: the {scope} detector must be a RuntimeCheck subclass, "
-                               f"not {impl!r}")
+            raise PitfallError(f"pitfall {name}: the {scope} detector must be a RuntimeCheck subclass, not {impl!r}")
         known = handler_names()
         for attr in dir(impl):
             if attr.startswith("on_") and attr not in known:
@@ -275,5 +305,7 @@ def _validate(name: str, scope: Scope, impl: Any) -> None:
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required = [p for p in positional if p.default is p.empty]
     if len(required) > 1 or (not positional and not any(p.kind == p.VAR_POSITIONAL for p in params)):
-        raise PitfallError(f"pitfall {name}: the {scope} detector {getattr(impl, '__name__', impl)} must take "
-                           "exactly one argument (the facts it inspects)")
+        raise PitfallError(
+            f"pitfall {name}: the {scope} detector {getattr(impl, '__name__', impl)} must take "
+            "exactly one argument (the facts it inspects)"
+        )

@@ -7,6 +7,7 @@ everything it depends on: the search path, and the modification time of each dis
 search paths keep their answer (the console script and `python -m` from a project each see another). A cache
 that cannot be read or written only means asking `importlib.metadata` again.
 """
+
 from __future__ import annotations
 
 import importlib

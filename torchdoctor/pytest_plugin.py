@@ -10,6 +10,7 @@
 `[tool.torchdoctor]` select/ignore apply, since the sessions read them. Inert unless used: loading the plugin
 imports neither torch nor the watch session, and a test that starts no session is not touched.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Generator
@@ -31,11 +32,17 @@ _UNSUBSCRIBE = pytest.StashKey[Callable[[], None]]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("torchdoctor", "torchdoctor: fail tests whose training loops make a known PyTorch mistake")
-    group.addoption("--torchdoctor", nargs="?", const=_DEFAULT, default=None, choices=_CHOICES,
-                    metavar="SEVERITY",
-                    help="fail a test when a torchdoctor.watch session it starts finds a problem at or above "
-                         "SEVERITY (error, warning, info; default: [tool.torchdoctor] fail-on, else error); "
-                         "write --torchdoctor=SEVERITY, or put --torchdoctor after the test paths; 'off' disables")
+    group.addoption(
+        "--torchdoctor",
+        nargs="?",
+        const=_DEFAULT,
+        default=None,
+        choices=_CHOICES,
+        metavar="SEVERITY",
+        help="fail a test when a torchdoctor.watch session it starts finds a problem at or above "
+        "SEVERITY (error, warning, info; default: [tool.torchdoctor] fail-on, else error); "
+        "write --torchdoctor=SEVERITY, or put --torchdoctor after the test paths; 'off' disables",
+    )
     parser.addini("torchdoctor", "like --torchdoctor=SEVERITY for every run (error, warning, info, off)", default="")
 
 

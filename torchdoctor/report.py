@@ -1,4 +1,5 @@
 """A diagnosis and its output: the JSON envelope (report.schema.json), the exit code, the rich console report."""
+
 from __future__ import annotations
 
 import io
@@ -52,8 +53,15 @@ class Report:
         """Jupyter and IPython show a report as its console report: rich's notebook HTML, and plain text."""
         from rich.console import Console
 
-        console = Console(record=True, file=io.StringIO(), width=_NOTEBOOK_WIDTH, force_terminal=True,
-                          force_jupyter=False, color_system="truecolor", highlight=False)
+        console = Console(
+            record=True,
+            file=io.StringIO(),
+            width=_NOTEBOOK_WIDTH,
+            force_terminal=True,
+            force_jupyter=False,
+            color_system="truecolor",
+            highlight=False,
+        )
         render_console(self, console, fail_on=self.fail_on, facts_view=_facts_view(self.scope))
         text = console.export_text(clear=False)
         return {"text/plain": text, "text/html": console.export_html(inline_styles=True, code_format=_NOTEBOOK_PRE)}
@@ -75,10 +83,16 @@ class Report:
 
 _NOTEBOOK_WIDTH = 115  # rich's width in a notebook
 # the <pre> rich wraps its notebook output in (rich.jupyter), so a report looks as rich's own cell output does
-_NOTEBOOK_PRE = ('<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
-                 'font-family:Menlo,\'DejaVu Sans Mono\',consolas,\'Courier New\',monospace">{code}</pre>')
-_FACTS_VIEWS = {"env": "torchdoctor.env.view", "checkpoint": "torchdoctor.ckpt.view", "runtime": "torchdoctor.watch.view",
-                "run": "torchdoctor.run.view"}
+_NOTEBOOK_PRE = (
+    '<pre style="white-space:pre;overflow-x:auto;line-height:normal;'
+    "font-family:Menlo,'DejaVu Sans Mono',consolas,'Courier New',monospace\">{code}</pre>"
+)
+_FACTS_VIEWS = {
+    "env": "torchdoctor.env.view",
+    "checkpoint": "torchdoctor.ckpt.view",
+    "runtime": "torchdoctor.watch.view",
+    "run": "torchdoctor.run.view",
+}
 
 
 def _facts_view(scope: str) -> Optional[Callable[[dict[str, Any]], "RenderableType"]]:
@@ -123,8 +137,12 @@ def make_console(stderr: bool = False) -> "Console":
     if terminal and can_encode(console.file, _SYMBOLS):
         return console
     # rich only writes to and flushes its file, and asks its isatty() and encoding: a PasteableStream will do
-    return Console(file=PasteableStream(console.file), width=None if terminal else _UNWRAPPED,  # type: ignore[arg-type]
-                   highlight=False, soft_wrap=not terminal)
+    return Console(
+        file=PasteableStream(console.file),  # type: ignore[arg-type]
+        width=None if terminal else _UNWRAPPED,
+        highlight=False,
+        soft_wrap=not terminal,
+    )
 
 
 class _Indented:
@@ -176,8 +194,9 @@ def summary_line(report: Report, fail_on: str) -> "Text":
     if not report.findings:
         unseen = sum(len(g.get("checks", [])) for g in report.facts.get("not_run", []) if g.get("applies", True))
         if unseen:  # a watch session whose checks saw nothing to judge: not a clean bill of health
-            return Text(f"No problems found by the checks that ran; {unseen} could not run (see above).",
-                        style="bold yellow")
+            return Text(
+                f"No problems found by the checks that ran; {unseen} could not run (see above).", style="bold yellow"
+            )
         return Text("✓ No problems found.", style="bold green")
     bits = []
     for sev in (Severity.ERROR, Severity.WARNING, Severity.INFO):

@@ -1,11 +1,13 @@
 """Which checks a front door runs: the settings' `select`/`ignore` resolved against the registry.
 
 Names and codes are resolved from the generated index of built-in checks (and the plug-ins), so selecting
-imports only the modules of the checks selected. A name the registry does not know, or (from the caller) a check that another front door runs, is a
+imports only the modules of the checks selected. A name the registry does not know, or (from the caller) a check that
+another front door runs, is a
 `SelectionError`: one line with a did-you-mean, shown as a usage error. The project table and the
 environment are shared by every door, so there a name of another door is skipped, and a `select` list
 that names none of a door's checks leaves that door's selection as the earlier layers made it.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,8 +38,12 @@ class Door:
 ENV = Door("torchdoctor env", (Scope.ENV,))
 CHECKPOINT = Door("torchdoctor check-ckpt", (Scope.CHECKPOINT,))
 WATCH = Door("torchdoctor.watch()", (Scope.RUNTIME, Scope.DISTRIBUTED))
-LINT = Door("torchdoctor lint", (Scope.SOURCE,), required=("source-unreadable",),
-            why_required="a file that cannot be read is never reported clean; exclude the file instead")
+LINT = Door(
+    "torchdoctor lint",
+    (Scope.SOURCE,),
+    required=("source-unreadable",),
+    why_required="a file that cannot be read is never reported clean; exclude the file instead",
+)
 DOORS = (ENV, CHECKPOINT, WATCH, LINT)
 
 
@@ -72,15 +78,19 @@ def select_checks(door: Door, settings: Settings) -> list[registry.Pitfall]:
         ignored = _resolve(door, layer, "ignore", layer.ignore)
         blocked = sorted(ignored.intersection(door.required))
         if blocked:
-            raise SelectionError(f"{blocked[0]} cannot be ignored in {door.label}{_in(layer, 'ignore')}: "
-                                 f"{door.why_required}")
+            raise SelectionError(
+                f"{blocked[0]} cannot be ignored in {door.label}{_in(layer, 'ignore')}: {door.why_required}"
+            )
         dropped |= ignored
     if chosen is None:  # the whole door: every module of its scopes
         candidates = {c for scope in door.scopes for c in registry.all_checks(scope)}
     else:  # only the modules of the checks named (`env --select module-shadowing` imports one check)
         candidates = set(registry.load_names(sorted(chosen | set(door.required))))
-    return [c for c in sorted(candidates, key=lambda c: c.code) if
-            c.name in door.required or ((chosen is None or c.name in chosen) and c.name not in dropped)]
+    return [
+        c
+        for c in sorted(candidates, key=lambda c: c.code)
+        if c.name in door.required or ((chosen is None or c.name in chosen) and c.name not in dropped)
+    ]
 
 
 def find(name_or_code: str, door: Optional[Door] = None, where: str = "") -> registry.Pitfall:

@@ -21,6 +21,7 @@ The project and environment layers are shared by every front door, so each door 
 belong to another door; the caller's own names must all fit the door (see `torchdoctor.selection`).
 `cache_dir()` is where the lint results and the plug-in list are cached (`TORCHDOCTOR_CACHE_DIR` moves it).
 """
+
 from __future__ import annotations
 
 import os
@@ -88,14 +89,16 @@ class Settings:
     @property
     def exclude(self) -> list[tuple[str, Optional[str]]]:
         """Every `exclude` pattern with the folder it is relative to (None: the working directory)."""
-        return [(pattern, self.root if layer.shared else None)
-                for layer in self.layers for pattern in layer.exclude]
+        return [(pattern, self.root if layer.shared else None) for layer in self.layers for pattern in layer.exclude]
 
     @property
     def per_file_ignores(self) -> list[tuple[str, tuple[str, ...], str]]:
         """`per-file-ignores` of the project table: (pattern, names or codes, where it was set)."""
-        return [(pattern, names, layer.where("per-file-ignores"))
-                for layer in self.layers for pattern, names in layer.per_file_ignores]
+        return [
+            (pattern, names, layer.where("per-file-ignores"))
+            for layer in self.layers
+            for pattern, names in layer.per_file_ignores
+        ]
 
 
 def load_settings(
@@ -115,9 +118,14 @@ def load_settings(
     if found is not None:
         layers.append(_table_layer(*found))
     layers.append(_environment_layer(os.environ))
-    layers.append(Layer(select=split_names(select or ()), ignore=split_names(ignore or ()),
-                        fail_on=_fail_on(fail_on, "fail-on") if fail_on is not None else None,
-                        exclude=tuple(exclude)))
+    layers.append(
+        Layer(
+            select=split_names(select or ()),
+            ignore=split_names(ignore or ()),
+            fail_on=_fail_on(fail_on, "fail-on") if fail_on is not None else None,
+            exclude=tuple(exclude),
+        )
+    )
     return Settings(tuple(layers), found[0] if found is not None else None)
 
 
@@ -127,7 +135,9 @@ def find_project(targets: "str | os.PathLike[str] | Sequence[str | os.PathLike[s
     return found[0] if found is not None else None
 
 
-def _nearest_table(targets: "str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None") -> Optional[tuple[str, Any]]:
+def _nearest_table(
+    targets: "str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None",
+) -> Optional[tuple[str, Any]]:
     """The nearest pyproject.toml that has the table (default: from the working directory), and the table."""
     if targets is None or isinstance(targets, (str, os.PathLike)):
         targets = [targets] if targets is not None else []
@@ -173,7 +183,9 @@ def _table_layer(path: str, table: Any) -> Layer:
         raise SettingsError(f"{path}: [tool.torchdoctor] must be a table")
     unknown = [key for key in table if key not in _TABLE_KEYS]
     if unknown:
-        raise SettingsError(f"{path}: unknown key {unknown[0]!r} in [tool.torchdoctor] (known: {', '.join(_TABLE_KEYS)})")
+        raise SettingsError(
+            f"{path}: unknown key {unknown[0]!r} in [tool.torchdoctor] (known: {', '.join(_TABLE_KEYS)})"
+        )
     where = f"{path} [tool.torchdoctor]"
     return Layer(
         select=_string_list(table.get("select", ()), f"{where} select"),

@@ -1,4 +1,5 @@
 """Byte counts as people read them: one format for every front door's messages and reports."""
+
 from __future__ import annotations
 
 from typing import Optional

@@ -3,6 +3,7 @@ see through them at run time, and the state-dict key prefix each one adds.
 
 Torch-free at import; the walkers take live modules.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -55,13 +56,22 @@ def unwrap_optimizer(optimizer: Any) -> tuple[Any, list[str]]:
 
     names: list[str] = []
     for _ in range(4):
-        inner = next((v for a in _OPTIMIZER_ATTRS
-                      if isinstance(v := getattr(optimizer, a, None), torch.optim.Optimizer) and v is not optimizer), None)
+        inner = next(
+            (
+                v
+                for a in _OPTIMIZER_ATTRS
+                if isinstance(v := getattr(optimizer, a, None), torch.optim.Optimizer) and v is not optimizer
+            ),
+            None,
+        )
         if inner is None:
             break
         own_groups = getattr(optimizer, "param_groups", None)
-        if own_groups is not None and own_groups is not inner.param_groups \
-                and "_optimizer_step_pre_hooks" in getattr(optimizer, "__dict__", {}):
+        if (
+            own_groups is not None
+            and own_groups is not inner.param_groups
+            and "_optimizer_step_pre_hooks" in getattr(optimizer, "__dict__", {})
+        ):
             break  # a real optimizer of its own that merely holds another one
         names.append(type(optimizer).__name__)
         optimizer = inner

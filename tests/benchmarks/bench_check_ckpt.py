@@ -11,6 +11,7 @@ With --many it times instead the per-entry cost on two many-entry files (issue 1
 whose header has 300,000 entries (against json.loads of that header alone) and a torch zip of 50,000
 tiny tensors (against torch.load(weights_only=True)); target <= 1 s of check-ckpt work for each.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,10 @@ def build(path: str, mib: int) -> int:
 
 def build_many_safetensors(path: str, entries: int = 300_000) -> int:
     """A safetensors file of `entries` one-element fp32 tensors (written directly: no torch needed)."""
-    header: dict[str, object] = {f"model.layers.{i}.weight": {"dtype": "F32", "shape": [1],
-                                                              "data_offsets": [4 * i, 4 * i + 4]}
-                                 for i in range(entries)}
+    header: dict[str, object] = {
+        f"model.layers.{i}.weight": {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+        for i in range(entries)
+    }
     header["__metadata__"] = {"format": "pt"}
     blob = json.dumps(header).encode()
     with open(path, "wb") as f:
@@ -50,8 +52,10 @@ def build_many_safetensors(path: str, entries: int = 300_000) -> int:
 
 def build_many_zip(path: str, tensors: int = 50_000) -> int:
     """A torch.save zip of `tensors` two-element fp32 tensors (in a child process)."""
-    code = ("import sys, torch\n"
-            "torch.save({f'layers.{i}.weight': torch.zeros(2) for i in range(int(sys.argv[2]))}, sys.argv[1])\n")
+    code = (
+        "import sys, torch\n"
+        "torch.save({f'layers.{i}.weight': torch.zeros(2) for i in range(int(sys.argv[2]))}, sys.argv[1])\n"
+    )
     subprocess.run([sys.executable, "-c", code, path, str(tensors)], check=True, timeout=600)
     return os.path.getsize(path)
 
@@ -61,7 +65,8 @@ JSON_HEADER_SCRIPT = (  # the floor for a safetensors reader: decoding the heade
     "t = time.perf_counter()\n"
     "with open(sys.argv[1], 'rb') as f:\n"
     "    json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))\n"
-    "print(time.perf_counter() - t)\n")
+    "print(time.perf_counter() - t)\n"
+)
 
 
 def many_entries(rounds: int) -> None:
@@ -69,10 +74,20 @@ def many_entries(rounds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env = child_env(os.path.join(tmp, "pycache"))
         cases = [
-            ("safetensors, 300,000 header entries", os.path.join(tmp, "many.safetensors"), build_many_safetensors,
-             "json.loads(header)", JSON_HEADER_SCRIPT),
-            ("torch zip, 50,000 tiny tensors", os.path.join(tmp, "many.pt"), build_many_zip,
-             "torch.load(weights_only=True)", OP_SCRIPTS["torch.load (in-process)"]),
+            (
+                "safetensors, 300,000 header entries",
+                os.path.join(tmp, "many.safetensors"),
+                build_many_safetensors,
+                "json.loads(header)",
+                JSON_HEADER_SCRIPT,
+            ),
+            (
+                "torch zip, 50,000 tiny tensors",
+                os.path.join(tmp, "many.pt"),
+                build_many_zip,
+                "torch.load(weights_only=True)",
+                OP_SCRIPTS["torch.load (in-process)"],
+            ),
         ]
         for title, path, build_file, base_name, base_script in cases:
             size = build_file(path)
@@ -114,14 +129,17 @@ OP_SCRIPTS = {
         "checks = registry.all_checks('checkpoint')\n"
         "t = time.perf_counter(); r = diagnose_checkpoints([sys.argv[1]], checks); print(time.perf_counter() - t)\n"
         "facts = r.facts['checkpoints'][0]  # a failed read must never be timed as a result\n"
-        "assert r.exit_code() == 0 and facts['format'] != 'unreadable' and facts['tensors']['count'] > 0, r.findings\n"),
+        "assert r.exit_code() == 0 and facts['format'] != 'unreadable' and facts['tensors']['count'] > 0, r.findings\n"
+    ),
     "torch.load (in-process)": (
         "import sys, time, torch\n"
-        "t = time.perf_counter(); torch.load(sys.argv[1], weights_only=True); print(time.perf_counter() - t)\n"),
+        "t = time.perf_counter(); torch.load(sys.argv[1], weights_only=True); print(time.perf_counter() - t)\n"
+    ),
     "torch.load mmap (in-process)": (
         "import sys, time, torch\n"
         "t = time.perf_counter(); torch.load(sys.argv[1], weights_only=True, mmap=True)\n"
-        "print(time.perf_counter() - t)\n"),
+        "print(time.perf_counter() - t)\n"
+    ),
 }
 
 
@@ -135,13 +153,16 @@ def verified(cmd: list[str], env: dict[str, str], tensors: int) -> None:
         raise SystemExit(f"{' '.join(cmd[2:4])} failed (exit {proc.returncode}): {proc.stderr.strip()[:500]}") from None
     [facts] = doc["facts"]["checkpoints"]
     if proc.returncode != 0 or doc["findings"] or facts["tensors"]["count"] != tensors:
-        raise SystemExit(f"{' '.join(cmd[2:4])}: exit {proc.returncode}, {facts['tensors']['count']} of {tensors} "
-                         f"tensors read, findings {[f['message'][:200] for f in doc['findings']]}")
+        raise SystemExit(
+            f"{' '.join(cmd[2:4])}: exit {proc.returncode}, {facts['tensors']['count']} of {tensors} "
+            f"tensors read, findings {[f['message'][:200] for f in doc['findings']]}"
+        )
 
 
 def op_time(script: str, path: str, env: dict[str, str]) -> float:
-    out = subprocess.run([sys.executable, "-c", script, path], capture_output=True, text=True, check=True,
-                         timeout=600, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", script, path], capture_output=True, text=True, check=True, timeout=600, env=env
+    )
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -150,8 +171,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--mib", type=int, default=1024, help="size of the state_dict in MiB")
     parser.add_argument("--scan-values", action="store_true", help="also time check-ckpt --scan-values")
-    parser.add_argument("--many", action="store_true",
-                        help="time the many-entry files (300k-entry safetensors header, 50k tiny tensors) instead")
+    parser.add_argument(
+        "--many",
+        action="store_true",
+        help="time the many-entry files (300k-entry safetensors header, 50k tiny tensors) instead",
+    )
     args = parser.parse_args()
     if args.many:
         many_entries(args.rounds)
@@ -161,10 +185,12 @@ def main() -> None:
         size = build(path, args.mib)
         commands = {
             "check-ckpt": [sys.executable, "-m", "torchdoctor", "check-ckpt", "--format", "json", path],
-            "torch.load": [sys.executable, "-c",
-                           f"import torch; torch.load({path!r}, weights_only=True)"],
-            "torch.load mmap": [sys.executable, "-c",
-                                f"import torch; torch.load({path!r}, weights_only=True, mmap=True)"],
+            "torch.load": [sys.executable, "-c", f"import torch; torch.load({path!r}, weights_only=True)"],
+            "torch.load mmap": [
+                sys.executable,
+                "-c",
+                f"import torch; torch.load({path!r}, weights_only=True, mmap=True)",
+            ],
         }
         if args.scan_values:
             commands["check-ckpt --scan-values"] = [*commands["check-ckpt"], "--scan-values"]
@@ -186,12 +212,16 @@ def main() -> None:
                 rss[name].append(peak)
             for name, script in OP_SCRIPTS.items():
                 ops[name].append(op_time(script, path, env))
-    print(f"file: {size / 2**30:.2f} GiB state_dict ({args.mib // 4} fp32 tensors), {args.rounds} rounds, "
-          f"python {sys.version.split()[0]}")
+    print(
+        f"file: {size / 2**30:.2f} GiB state_dict ({args.mib // 4} fp32 tensors), {args.rounds} rounds, "
+        f"python {sys.version.split()[0]}"
+    )
     med = {k: statistics.median(v) for k, v in walls.items()}
     for name in commands:
-        print(f"{name:26s} wall median {med[name]:.3f} s (min {min(walls[name]):.3f}, max {max(walls[name]):.3f})"
-              f"  peak RSS {max(rss[name]):.1f} MiB")
+        print(
+            f"{name:26s} wall median {med[name]:.3f} s (min {min(walls[name]):.3f}, max {max(walls[name]):.3f})"
+            f"  peak RSS {max(rss[name]):.1f} MiB"
+        )
     op_med = {k: statistics.median(v) for k, v in ops.items()}
     for name, value in op_med.items():
         print(f"{name:26s} median {value * 1000:.1f} ms (imports excluded)")
@@ -200,10 +230,14 @@ def main() -> None:
     mmap_ratio = med["check-ckpt"] / med["torch.load mmap"]
     print(f"check-ckpt / torch.load(mmap=True) wall = {mmap_ratio:.3f}x  (target <= 1x)")
     inproc = op_med["check-ckpt (in-process)"]
-    print(f"in-process ratio = {inproc / op_med['torch.load (in-process)']:.4f}x; "
-          f"vs mmap {inproc / op_med['torch.load mmap (in-process)']:.3f}x")
-    print(f"check-ckpt peak RSS = {max(rss['check-ckpt']):.1f} MiB  (target <= 50 MB); "
-          f"torch.load {max(rss['torch.load']):.1f} MiB")
+    print(
+        f"in-process ratio = {inproc / op_med['torch.load (in-process)']:.4f}x; "
+        f"vs mmap {inproc / op_med['torch.load mmap (in-process)']:.3f}x"
+    )
+    print(
+        f"check-ckpt peak RSS = {max(rss['check-ckpt']):.1f} MiB  (target <= 50 MB); "
+        f"torch.load {max(rss['torch.load']):.1f} MiB"
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ The three commands are interleaved round by round in one run, so they share the 
 medians and the ratios against both baselines are printed. Targets: env <= 0.8x collect_env and
 <= 1.1x the bare import, and `--format markdown` (the collect_env replacement) no slower than the default.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,9 @@ def verified(name: str, cmd: list[str], cwd: str) -> None:
     ok = proc.returncode == 0 or (name.startswith(("torchdoctor", "env")) and proc.returncode == 1)  # 1: findings
     if name == "torchdoctor env" and ok:
         doc = json.loads(proc.stdout)
-        ok = doc["facts"]["torch"]["ok"] is True and not any("failed internally" in f["message"] for f in doc["findings"])
+        ok = doc["facts"]["torch"]["ok"] is True and not any(
+            "failed internally" in f["message"] for f in doc["findings"]
+        )
     elif name == "env markdown" and ok:
         ok = "failed internally" not in proc.stdout and "torch" in proc.stdout
     if not ok:
@@ -72,14 +75,18 @@ def main() -> None:
     med = {name: statistics.median(v) for name, v in samples.items()}
     cpu = {name: statistics.median(CPU[" ".join(cmd[1:])][1:]) for name, cmd in COMMANDS.items()}
     for name, values in samples.items():
-        print(f"{name:16s} median {med[name]:.3f} s  (min {min(values):.3f}, max {max(values):.3f}, n={len(values)})"
-              f"  CPU {cpu[name]:.2f} s")
+        print(
+            f"{name:16s} median {med[name]:.3f} s  (min {min(values):.3f}, max {max(values):.3f}, n={len(values)})"
+            f"  CPU {cpu[name]:.2f} s"
+        )
     env = med["torchdoctor env"]
     print(f"env / collect_env  = {env / med['collect_env']:.2f}x  (target <= 0.80x)")
     print(f"env / import torch = {env / med['import torch']:.2f}x  (target <= 1.10x)")
     print(f"markdown / env     = {med['env markdown'] / env:.2f}x  (target <= 1.00x, within noise)")
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall ratios need an idle machine; "
-          f"CPU env / import torch = {cpu['torchdoctor env'] / cpu['import torch']:.2f}x)")
+    print(
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (wall ratios need an idle machine; "
+        f"CPU env / import torch = {cpu['torchdoctor env'] / cpu['import torch']:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

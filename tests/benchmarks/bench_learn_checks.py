@@ -6,8 +6,10 @@ runs on every step). Blocks interleave in one process: baseline, and a watch ses
 softmax-before-cross-entropy, sigmoid-before-bce-with-logits, loss-shape-broadcast, unshuffled-training-data
 and update-underflow enabled (every=10). Prints, per model, the median over rounds of the ratio of each
 block's median CPU time per step (the stepping thread's) to the baseline block of the same round, with its
-quartiles, and the same for the blocks' mean step (which includes the periodic steps, 2 of every 20). Target: <= 1.03x (watch's per-step budget, which these checks share with the others).
+quartiles, and the same for the blocks' mean step (which includes the periodic steps, 2 of every 20). Target: <= 1.03x
+(watch's per-step budget, which these checks share with the others).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,13 +18,18 @@ import statistics
 from typing import Iterator
 
 import torch
+from bench_watch import CPU_MODELS, block
 from torch import nn
 
 import torchdoctor
-from bench_watch import CPU_MODELS, block
 
-CHECKS = ["softmax-before-cross-entropy", "sigmoid-before-bce-with-logits", "loss-shape-broadcast",
-          "unshuffled-training-data", "update-underflow"]
+CHECKS = [
+    "softmax-before-cross-entropy",
+    "sigmoid-before-bce-with-logits",
+    "loss-shape-broadcast",
+    "unshuffled-training-data",
+    "update-underflow",
+]
 
 
 @contextlib.contextmanager
@@ -41,8 +48,8 @@ def bench(name: str, rounds: int, steps: int) -> tuple[float, tuple[float, float
     ratios, mean_ratios = [], []
     for r in range(rounds):
         medians, means = {}, {}
-        for config in (["baseline", "watch"] if r % 2 == 0 else ["watch", "baseline"]):
-            with (learn_checks(model, opt) if config == "watch" else contextlib.nullcontext()):
+        for config in ["baseline", "watch"] if r % 2 == 0 else ["watch", "baseline"]:
+            with learn_checks(model, opt) if config == "watch" else contextlib.nullcontext():
                 cpu, _ = block(model, opt, x, y, steps)
             medians[config], means[config] = statistics.median(cpu), statistics.fmean(cpu)
         ratios.append(medians["watch"] / medians["baseline"])
@@ -60,8 +67,10 @@ def main() -> None:
     torch.set_num_threads(1)
     for name in args.models.split(","):
         ratio, (lo, hi), mean = bench(name, args.rounds, args.steps)
-        print(f"{name:4s} issue-26 checks / baseline, CPU per step: median {ratio:.3f}x (quartiles {lo:.3f}-{hi:.3f}); "
-              f"mean, periodic steps included: {mean:.3f}x")
+        print(
+            f"{name:4s} issue-26 checks / baseline, CPU per step: median {ratio:.3f}x (quartiles {lo:.3f}-{hi:.3f}); "
+            f"mean, periodic steps included: {mean:.3f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ needs minutes for the whole of it. Also printed: in-process throughput and what 
 the ceiling of any ast-based linter on this machine, and the cold cost as a multiple of that bare parse.
 Targets: cold <= 2x a bare `ast.parse`, warm >= 3,000 files/s on 1,200 files, >= 50x TorchFix.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -137,7 +138,7 @@ def train_gan(netG, netD, loader, epochs={e}, nz={nz}):
             lossG = bce(netD(fake), torch.ones(real.size(0), 1))
             lossG.backward()
             optG.step()
-"""
+"""  # noqa: E501 - the fixture's own line
 
 LIGHTNING = """
 
@@ -190,22 +191,48 @@ def script(rng: random.Random, i: int) -> str:
     """One realistic training script; about one in five carries a planted pitfall."""
     cls = rng.choice(["Net", "MLP", "Classifier", "TabularNet", "Encoder"]) + str(i)
     planted = rng.random() < 0.2
-    parts = [HEADER, MODEL.format(cls=cls, d=rng.choice([32, 64, 784]), h=rng.choice([128, 256]), c=10,
-                                  p=rng.choice([0.1, 0.2, 0.5])),
-             DATASET.format(cls=cls, n=rng.choice([512, 1024]), d=rng.choice([32, 64, 784]), c=10)]
-    parts.append(TRAIN.format(k=rng.choice([10, 50]), clip=rng.choice([1.0, 5.0]),
-                              zero="" if planted and rng.random() < 0.5 else "optimizer.zero_grad(set_to_none=True)",
-                              acc="loss" if planted and rng.random() < 0.5 else "loss.item()"))
+    parts = [
+        HEADER,
+        MODEL.format(
+            cls=cls, d=rng.choice([32, 64, 784]), h=rng.choice([128, 256]), c=10, p=rng.choice([0.1, 0.2, 0.5])
+        ),
+        DATASET.format(cls=cls, n=rng.choice([512, 1024]), d=rng.choice([32, 64, 784]), c=10),
+    ]
+    parts.append(
+        TRAIN.format(
+            k=rng.choice([10, 50]),
+            clip=rng.choice([1.0, 5.0]),
+            zero="" if planted and rng.random() < 0.5 else "optimizer.zero_grad(set_to_none=True)",
+            acc="loss" if planted and rng.random() < 0.5 else "loss.item()",
+        )
+    )
     parts.append(EVALUATE.format(deco="" if planted else "@torch.no_grad()\n"))
     for extra in rng.sample([ACCUM, GAN, LIGHTNING], k=rng.randint(0, 2)):
-        parts.append(extra.format(k=rng.choice([2, 4, 8]), e=rng.choice([5, 25]), nz=rng.choice([64, 100]),
-                                  gzero="optG.zero_grad()" if not planted else "", cls=cls, lr=1e-3,
-                                  acc="loss.detach()" if not planted else "loss"))
-    parts.append(MAIN.format(desc=f"train {cls}", e=rng.choice([10, 30]), lr=rng.choice([1e-3, 3e-4]),
-                             bs=rng.choice([32, 64, 128]), seed=i, cls=cls, w=rng.choice([0, 2, 4]),
-                             opt=rng.choice(["SGD", "Adam", "AdamW"]),
-                             rank='parser.add_argument("--local_rank", type=int, default=0)' if planted else "",
-                             resume='optimizer.load_state_dict(torch.load("opt.pt"))' if rng.random() < 0.3 else ""))
+        parts.append(
+            extra.format(
+                k=rng.choice([2, 4, 8]),
+                e=rng.choice([5, 25]),
+                nz=rng.choice([64, 100]),
+                gzero="optG.zero_grad()" if not planted else "",
+                cls=cls,
+                lr=1e-3,
+                acc="loss.detach()" if not planted else "loss",
+            )
+        )
+    parts.append(
+        MAIN.format(
+            desc=f"train {cls}",
+            e=rng.choice([10, 30]),
+            lr=rng.choice([1e-3, 3e-4]),
+            bs=rng.choice([32, 64, 128]),
+            seed=i,
+            cls=cls,
+            w=rng.choice([0, 2, 4]),
+            opt=rng.choice(["SGD", "Adam", "AdamW"]),
+            rank='parser.add_argument("--local_rank", type=int, default=0)' if planted else "",
+            resume='optimizer.load_state_dict(torch.load("opt.pt"))' if rng.random() < 0.3 else "",
+        )
+    )
     return "".join(parts)
 
 
@@ -230,7 +257,9 @@ def run_cli(cmd: list[str], env: dict[str, str]) -> tuple[float, float, subproce
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc
 
 
-def best_cli(cmd: list[str], env: dict[str, str], rounds: int = 3, before=None) -> tuple[float, float, subprocess.CompletedProcess]:
+def best_cli(
+    cmd: list[str], env: dict[str, str], rounds: int = 3, before=None
+) -> tuple[float, float, subprocess.CompletedProcess]:
     """The fastest of `rounds` runs of `cmd` (calling `before()` ahead of each)."""
     runs = []
     for _ in range(rounds):
@@ -262,8 +291,10 @@ def check_found(found: dict[str, set[str]], paths: list[Path], texts: list[str],
     planted = {p.name for p, t in zip(paths, texts) if '"--local_rank"' in t}
     flagged = {name for name, names in found.items() if "local-rank-argument" in names}
     if flagged != planted:
-        raise SystemExit(f"{what}: local-rank-argument on {len(flagged)} files, planted in {len(planted)} "
-                         f"(missed {sorted(planted - flagged)[:3]}, extra {sorted(flagged - planted)[:3]})")
+        raise SystemExit(
+            f"{what}: local-rank-argument on {len(flagged)} files, planted in {len(planted)} "
+            f"(missed {sorted(planted - flagged)[:3]}, extra {sorted(flagged - planted)[:3]})"
+        )
     return sum(len(names) for names in found.values())
 
 
@@ -303,8 +334,10 @@ def main() -> None:
         wall, cpu, proc = best_cli(lint_cmd + ["--no-cache"] + corpus, env)
         ours_cli = n / wall
         found = check_found(findings_of(proc, "cold lint"), paths, texts, "cold lint")
-        print(f"torchdoctor lint CLI, cold (--no-cache; start-up included): {wall:.2f} s wall = {ours_cli:.0f} files/s; "
-              f"{n / cpu:.0f} files per CPU-second; {found} findings (the planted ones found)")
+        print(
+            f"torchdoctor lint CLI, cold (--no-cache; start-up included): {wall:.2f} s wall = {ours_cli:.0f} files/s; "
+            f"{n / cpu:.0f} files per CPU-second; {found} findings (the planted ones found)"
+        )
         cold_output = proc.stdout
         run_cli(lint_cmd + corpus, env)  # fills the cache
         wall, _, proc = best_cli(lint_cmd + corpus, env)
@@ -313,8 +346,11 @@ def main() -> None:
         print(f"torchdoctor lint CLI, warm (re-run, nothing changed): {wall:.2f} s wall = {n / wall:.0f} files/s")
         edited, original = paths[len(paths) // 2], texts[len(paths) // 2]
         edits = iter(range(1_000_000))
-        wall, _, proc = best_cli(lint_cmd + corpus, env,
-                                 before=lambda: edited.write_text(original + f"# edit {next(edits)}\n", encoding="utf-8"))
+        wall, _, proc = best_cli(
+            lint_cmd + corpus,
+            env,
+            before=lambda: edited.write_text(original + f"# edit {next(edits)}\n", encoding="utf-8"),
+        )
         edited.write_text(original, encoding="utf-8")
         check_found(findings_of(proc, "warm lint after an edit"), paths, texts, "warm lint after an edit")
         print(f"torchdoctor lint CLI, warm (re-run after editing one file): {wall:.2f} s wall = {n / wall:.0f} files/s")
@@ -327,8 +363,10 @@ def main() -> None:
             in_process.setdefault(os.path.basename(f.location.file), set()).add(f.name)
         check_found(in_process, paths, texts, "in-process lint")
         wall, _ = measured(lambda: lint_paths(corpus, checks))
-        print(f"torchdoctor lint in-process, no cache, {usable_cpus()} workers: {n / wall:.0f} files/s, "
-              f"{lines / wall:.0f} lines/s")
+        print(
+            f"torchdoctor lint in-process, no cache, {usable_cpus()} workers: {n / wall:.0f} files/s, "
+            f"{lines / wall:.0f} lines/s"
+        )
         ratios, lint_cpu, parse_cpu = [], [], []
         for _ in range(5):  # back to back in each round, so a change in the machine's speed hits both alike
             lint_cpu.append(measured(lambda: lint_paths(corpus, checks, jobs=1), runs=1)[1])
@@ -336,11 +374,15 @@ def main() -> None:
             ratios.append(lint_cpu[-1] / parse_cpu[-1])
         ours_cpu = n / min(lint_cpu)
         print(f"torchdoctor lint in-process, no cache, one process: {ours_cpu:.0f} files per CPU-second (best of 5)")
-        print(f"ast.parse alone: {n / min(parse_cpu):.0f} files per CPU-second (best of 5; x {usable_cpus()} CPUs: the "
-              "cold ceiling of any ast-based linter here)")
-        print(f"cold cost / bare ast.parse of the same files: {statistics.median(ratios):.2f}x median of 5 rounds "
-              f"(range {min(ratios):.2f}-{max(ratios):.2f}; target <= 2; CPU time, one process, reading, parsing, "
-              "indexing and every check, each round's lint and parse back to back)")
+        print(
+            f"ast.parse alone: {n / min(parse_cpu):.0f} files per CPU-second (best of 5; x {usable_cpus()} CPUs: the "
+            "cold ceiling of any ast-based linter here)"
+        )
+        print(
+            f"cold cost / bare ast.parse of the same files: {statistics.median(ratios):.2f}x median of 5 rounds "
+            f"(range {min(ratios):.2f}-{max(ratios):.2f}; target <= 2; CPU time, one process, reading, parsing, "
+            "indexing and every check, each round's lint and parse back to back)"
+        )
 
         torchfix = shutil.which("torchfix")
         if torchfix is None:
@@ -355,14 +397,20 @@ def main() -> None:
         tf_wall, tf_cpu, tf_proc = run_cli([torchfix, "--select", "ALL", str(sample_dir)], env)
         tf_findings = sum(1 for line in tf_proc.stdout.splitlines() if ": TOR" in line)
         theirs, theirs_cpu = len(sample) / tf_wall, len(sample) / tf_cpu
-        print(f"torchfix --select ALL CLI on a {len(sample)}-file sample: {tf_wall:.1f} s wall = {theirs:.2f} files/s; "
-              f"{theirs_cpu:.2f} files per CPU-second; {tf_findings} findings")
+        print(
+            f"torchfix --select ALL CLI on a {len(sample)}-file sample: {tf_wall:.1f} s wall = {theirs:.2f} files/s; "
+            f"{theirs_cpu:.2f} files per CPU-second; {tf_findings} findings"
+        )
         wall, cpu, proc = run_cli(lint_cmd + ["--no-cache", str(sample_dir)], env)
         findings_of(proc, "cold lint of the sample")
-        print(f"torchdoctor lint CLI, cold, on the same sample: {wall:.2f} s wall, {cpu:.2f} CPU-s "
-              f"({tf_wall / wall:.0f}x faster wall, {tf_cpu / cpu:.0f}x less CPU, start-up included)")
-        print(f"throughput ratio, cold: {ours_cli / theirs:.0f}x TorchFix (files/s, CLI, wall); "
-              f"{ours_cpu / theirs_cpu:.0f}x (files per CPU-second)")
+        print(
+            f"torchdoctor lint CLI, cold, on the same sample: {wall:.2f} s wall, {cpu:.2f} CPU-s "
+            f"({tf_wall / wall:.0f}x faster wall, {tf_cpu / cpu:.0f}x less CPU, start-up included)"
+        )
+        print(
+            f"throughput ratio, cold: {ours_cli / theirs:.0f}x TorchFix (files/s, CLI, wall); "
+            f"{ours_cpu / theirs_cpu:.0f}x (files per CPU-second)"
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -13,6 +13,7 @@ Run: python tests/benchmarks/bench_run.py [--rounds N] [--steps N] [--models mlp
    a millisecond: the fixed per-step cost of watch dominates it. Target: what watch itself costs
    (tests/benchmarks/bench_watch.py), i.e. <= 1.03x on the CNN.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,9 +98,11 @@ def startup(folder: Path, rounds: int, env: dict[str, str]) -> None:
         doctor.append(child_cpu([sys.executable, "-m", "torchdoctor", "run", str(script)], env))
     added = [d - p for p, d in zip(plain, doctor)]
     ratios = [d / p for p, d in zip(plain, doctor)]
-    print(f"start-up CPU time, median of {rounds} rounds: python {statistics.median(plain):.3f} s, "
-          f"torchdoctor run {statistics.median(doctor):.3f} s; added {statistics.median(added):+.3f} s"
-          f"{quartiles(added)}, ratio {statistics.median(ratios):.3f}x (target: <= 0.3 s added)")
+    print(
+        f"start-up CPU time, median of {rounds} rounds: python {statistics.median(plain):.3f} s, "
+        f"torchdoctor run {statistics.median(doctor):.3f} s; added {statistics.median(added):+.3f} s"
+        f"{quartiles(added)}, ratio {statistics.median(ratios):.3f}x (target: <= 0.3 s added)"
+    )
 
 
 def per_step(folder: Path, kinds: list[str], rounds: int, steps: int, env: dict[str, str]) -> None:
@@ -108,8 +111,13 @@ def per_step(folder: Path, kinds: list[str], rounds: int, steps: int, env: dict[
     out = folder / "result.json"
 
     def one(prefix: list[str], kind: str) -> float:
-        subprocess.run([*prefix, str(script), kind, str(steps), str(out)], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        subprocess.run(
+            [*prefix, str(script), kind, str(steps), str(out)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         return float(json.loads(out.read_text())["cpu_ms_per_step"])
 
     for kind in kinds:
@@ -118,9 +126,11 @@ def per_step(folder: Path, kinds: list[str], rounds: int, steps: int, env: dict[
             plain.append(one([sys.executable], kind))
             doctor.append(one([sys.executable, "-m", "torchdoctor", "run"], kind))
         ratios = [d / p for p, d in zip(plain, doctor)]
-        print(f"{kind}: per-step CPU time, median of {rounds} rounds of {steps} steps: python "
-              f"{statistics.median(plain):.3f} ms, torchdoctor run {statistics.median(doctor):.3f} ms; "
-              f"ratio {statistics.median(ratios):.3f}x{quartiles(ratios)}")
+        print(
+            f"{kind}: per-step CPU time, median of {rounds} rounds of {steps} steps: python "
+            f"{statistics.median(plain):.3f} ms, torchdoctor run {statistics.median(doctor):.3f} ms; "
+            f"ratio {statistics.median(ratios):.3f}x{quartiles(ratios)}"
+        )
 
 
 def main() -> None:

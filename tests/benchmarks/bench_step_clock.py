@@ -10,6 +10,7 @@ over rounds of each block's ratio to the baseline block of the same round, and t
 to the one without the performance checks, and the difference of their median CPU time per step in microseconds:
 the cost they add. Target: <= 1.03x per step (on the tiny model, the microseconds are what to read).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,11 +20,12 @@ import time
 from typing import Callable, Iterator
 
 import torch
+from bench_watch import CPU_MODELS
 from torch import nn
 from torch.utils.data import DataLoader
 
 import torchdoctor
-from bench_watch import CPU_MODELS
+
 
 def tiny() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """Linear(32, 32) on batch 8: a step of a few hundred microseconds, where the added cost shows in microseconds."""
@@ -53,7 +55,10 @@ def with_perf(model: nn.Module, opt: torch.optim.Optimizer) -> Iterator[None]:
 
 
 CONFIGS: dict[str, Callable[..., contextlib.AbstractContextManager]] = {
-    "baseline": baseline, "watch-no-perf": without_perf, "watch": with_perf}
+    "baseline": baseline,
+    "watch-no-perf": without_perf,
+    "watch": with_perf,
+}
 
 
 def block(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, steps: int) -> list[float]:
@@ -86,7 +91,7 @@ def bench(name: str, rounds: int, steps: int) -> dict[str, dict[str, float]]:
     added: list[float] = []
     for r in range(rounds):
         medians = {}
-        for config in (list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS))):
+        for config in list(CONFIGS) if r % 2 == 0 else list(reversed(CONFIGS)):
             with CONFIGS[config](model, opt):
                 c = block(model, opt, loader, steps)
             cpu[config] += c
@@ -95,9 +100,12 @@ def bench(name: str, rounds: int, steps: int) -> dict[str, dict[str, float]]:
             ratios[config].append(medians[config] / medians["baseline"])
         added.append(medians["watch"] / medians["watch-no-perf"])
     out = {c: {"cpu_ms": statistics.median(cpu[c]) * 1e3, "ratio": statistics.median(ratios[c])} for c in CONFIGS}
-    out["added"] = {"ratio": statistics.median(added),
-                    "us": (statistics.median(cpu["watch"]) - statistics.median(cpu["watch-no-perf"])) * 1e6, "q1": statistics.quantiles(added, n=4)[0],
-                    "q3": statistics.quantiles(added, n=4)[2]}
+    out["added"] = {
+        "ratio": statistics.median(added),
+        "us": (statistics.median(cpu["watch"]) - statistics.median(cpu["watch-no-perf"])) * 1e6,
+        "q1": statistics.quantiles(added, n=4)[0],
+        "q3": statistics.quantiles(added, n=4)[2],
+    }
     return out
 
 
@@ -109,14 +117,18 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, {args.rounds} rounds x {args.steps} steps; batches from a DataLoader")
-    print(f"{'model':<8}{'baseline ms':>12}{'no-perf':>10}{'watch':>10}{'watch/no-perf (quartiles)':>32}"
-          f"{'added us/step':>15}   target")
+    print(
+        f"{'model':<8}{'baseline ms':>12}{'no-perf':>10}{'watch':>10}{'watch/no-perf (quartiles)':>32}"
+        f"{'added us/step':>15}   target"
+    )
     for name in args.models.split(","):
         r = bench(name, args.rounds, args.steps)
         a = r["added"]
-        print(f"{name:<8}{r['baseline']['cpu_ms']:>12.2f}{r['watch-no-perf']['ratio']:>9.3f}x{r['watch']['ratio']:>9.3f}x"
-              f"{a['ratio']:>14.3f}x ({a['q1']:.3f}-{a['q3']:.3f}){a['us']:>15.1f}   "
-              f"<= 1.03x {'ok' if a['ratio'] <= 1.03 else 'MISSED'}")
+        print(
+            f"{name:<8}{r['baseline']['cpu_ms']:>12.2f}{r['watch-no-perf']['ratio']:>9.3f}x{r['watch']['ratio']:>9.3f}x"
+            f"{a['ratio']:>14.3f}x ({a['q1']:.3f}-{a['q3']:.3f}){a['us']:>15.1f}   "
+            f"<= 1.03x {'ok' if a['ratio'] <= 1.03 else 'MISSED'}"
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ quartiles to show the noise of the shared machine; and CPU time of the stepping 
 other processes but also the time spent waiting for the other rank); and what one session costs once
 beyond its steps (start, stop with the gathering of findings, connecting). Target: watch <= 1.05x.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,16 @@ def mlp() -> nn.Module:
 def cnn() -> nn.Module:
     """2 x (Conv + BatchNorm + ReLU) 3 -> 32 -> 64, pooling, Linear; batch 32 x 3 x 32 x 32 per rank."""
     return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-        nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(64 * 16, 10))
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 10),
+    )
 
 
 def batches(name: str, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -57,7 +65,9 @@ def batches(name: str, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(torch.randn(*shape, generator=g), torch.randint(0, 10, (shape[0],), generator=g)) for _ in range(4)]
 
 
-def block(model: nn.Module, opt: torch.optim.Optimizer, data: list, steps: int) -> tuple[list[float], list[float], float]:
+def block(
+    model: nn.Module, opt: torch.optim.Optimizer, data: list, steps: int
+) -> tuple[list[float], list[float], float]:
     """Wall and CPU time (of the stepping thread) of each timed step, and wall time of the two untimed
     steps before them together."""
     wall, cpu, untimed = [], [], 0.0
@@ -91,12 +101,13 @@ def bench(name: str, rank: int, rounds: int, steps: int, every: int) -> dict[str
     ratios: dict[str, dict[str, list[float]]] = {c: {"wall": [], "cpu": [], "session": []} for c in CONFIGS}
     for r in range(rounds):
         means, untimed, edges = {}, {}, {}
-        for config in list(CONFIGS)[r % 3:] + list(CONFIGS)[:r % 3]:  # rotate the order
+        for config in list(CONFIGS)[r % 3 :] + list(CONFIGS)[: r % 3]:  # rotate the order
             if CONFIGS[config] is None:
                 wall, cpu, untimed[config] = block(model, opt, data, steps)
             else:
-                session = torchdoctor.watch(model, opt, every=every, on_finding=lambda f: None, report=False,
-                                            ignore=CONFIGS[config])
+                session = torchdoctor.watch(
+                    model, opt, every=every, on_finding=lambda f: None, report=False, ignore=CONFIGS[config]
+                )
                 start = time.perf_counter()
                 session.start()
                 entered = time.perf_counter() - start
@@ -106,8 +117,10 @@ def bench(name: str, rank: int, rounds: int, steps: int, every: int) -> dict[str
                 edges[config] = entered + time.perf_counter() - start
                 watched_steps = session.facts["optimizers"][0]["steps"]  # a loop it did not watch is no result
                 if session.findings or session.facts["ranks"]["missing"] or watched_steps != steps + 2:
-                    raise SystemExit(f"rank {rank}: the benchmark loop is not clean: "
-                                     f"{[f.message for f in session.findings]} {session.facts['ranks']}")
+                    raise SystemExit(
+                        f"rank {rank}: the benchmark loop is not clean: "
+                        f"{[f.message for f in session.findings]} {session.facts['ranks']}"
+                    )
             walls[config] += wall
             means[config] = (statistics.mean(wall), statistics.mean(cpu))
         for config in CONFIGS:
@@ -118,9 +131,14 @@ def bench(name: str, rank: int, rounds: int, steps: int, every: int) -> dict[str
     out = {}
     for config in CONFIGS:
         q1, _, q3 = statistics.quantiles(ratios[config]["wall"], n=4)
-        out[config] = {"ms": statistics.mean(walls[config]) * 1e3, "ratio": statistics.median(ratios[config]["wall"]),
-                       "q1": q1, "q3": q3, "cpu_ratio": statistics.median(ratios[config]["cpu"]),
-                       "session_ms": statistics.median(ratios[config]["session"]) * 1e3 if edges.get(config) else None}
+        out[config] = {
+            "ms": statistics.mean(walls[config]) * 1e3,
+            "ratio": statistics.median(ratios[config]["wall"]),
+            "q1": q1,
+            "q3": q3,
+            "cpu_ratio": statistics.median(ratios[config]["cpu"]),
+            "session_ms": statistics.median(ratios[config]["session"]) * 1e3 if edges.get(config) else None,
+        }
     return out
 
 
@@ -132,17 +150,23 @@ def rank_main(args: argparse.Namespace) -> None:
     results = {name: bench(name, rank, args.rounds, args.steps, args.every) for name in args.models.split(",")}
     dist.barrier()
     if rank == 0:
-        print(f"torch {torch.__version__}, 2 ranks (gloo, 127.0.0.1), 1 thread each, {args.rounds} rounds x "
-              f"{args.steps} steps, every={args.every}")
-        print(f"{'model':<6}{'configuration':<22}{'ms/step':>9}{'ratio':>8}{'(quartiles)':>16}{'cpu ratio':>10}"
-              f"{'session ms':>12}   target (wall per step)")
+        print(
+            f"torch {torch.__version__}, 2 ranks (gloo, 127.0.0.1), 1 thread each, {args.rounds} rounds x "
+            f"{args.steps} steps, every={args.every}"
+        )
+        print(
+            f"{'model':<6}{'configuration':<22}{'ms/step':>9}{'ratio':>8}{'(quartiles)':>16}{'cpu ratio':>10}"
+            f"{'session ms':>12}   target (wall per step)"
+        )
         for name, configs in results.items():
             for config, r in configs.items():
                 quartiles = f"({r['q1']:.3f}-{r['q3']:.3f})"
                 session = f"{r['session_ms']:.1f}" if r["session_ms"] is not None else ""
                 target = f"<= {TARGET:.2f}x {'ok' if r['ratio'] <= TARGET else 'MISSED'}" if config == "watch" else ""
-                print(f"{name:<6}{config:<22}{r['ms']:>9.2f}{r['ratio']:>7.3f}x{quartiles:>16}{r['cpu_ratio']:>9.3f}x"
-                      f"{session:>12}   {target}")
+                print(
+                    f"{name:<6}{config:<22}{r['ms']:>9.2f}{r['ratio']:>7.3f}x{quartiles:>16}{r['cpu_ratio']:>9.3f}x"
+                    f"{session:>12}   {target}"
+                )
     dist.destroy_process_group()
 
 
@@ -161,8 +185,7 @@ def main() -> None:
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DISTRIBUTED_DEBUG"}
     env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env={**env, "RANK": str(r)})
-             for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env={**env, "RANK": str(r)}) for r in range(2)]
     sys.exit(max(p.wait() for p in procs))
 
 

@@ -4,6 +4,7 @@
 `build(outdir)` with whatever is installed (torch and numpy always). None of these may be `unsafe-pickle`,
 and `needs-code-to-load` must fire exactly where `torch.load(weights_only=True)` refuses the file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,24 +39,52 @@ def _torch_files(out: str) -> dict[str, str]:
     scaler = torch.amp.GradScaler("cpu")
     files = {
         "state_dict": model.state_dict(),
-        "training": {"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                     "scaler": scaler.state_dict(), "epoch": 3, "rng": torch.get_rng_state()},
-        "data_types": {"args": argparse.Namespace(lr=0.1, out=pathlib.PurePosixPath("runs/a")),
-                       "when": datetime.datetime(2024, 1, 2, 3, 4, 5), "delta": datetime.timedelta(days=1),
-                       "d": decimal.Decimal("1.5"), "f": fractions.Fraction(1, 3), "id": uuid.UUID(int=7),
-                       "c": Counter("aab"), "dd": defaultdict(list, {"a": [1]}), "q": deque([1, 2]),
-                       "s": slice(1, 5, 2), "r": range(3), "fs": frozenset({1, 2}), "ns": types.SimpleNamespace(a=1),
-                       "od": OrderedDict(a=1), "path": pathlib.Path("ckpt/last.pt")},
-        "numpy": {"arr": np.arange(6, dtype=np.float32).reshape(2, 3), "scalar": np.float64(0.5),
-                  "i": np.int64(3), "rng": np.random.get_state(), "gen": np.random.default_rng(0)},
-        "quantized": {"q": torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8),
-                      "qc": torch.quantize_per_channel(torch.randn(2, 3), torch.tensor([0.1, 0.2]),
-                                                       torch.tensor([0, 0]), 0, torch.quint8)},
-        "sparse_nested_meta_f8": {"coo": torch.randn(3, 3).to_sparse(), "csr": torch.randn(3, 3).to_sparse_csr(),
-                                  "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
-                                  "meta": torch.empty(3, 4, device="meta"),
-                                  "f8": torch.ones(4).to(torch.float8_e4m3fn),
-                                  "bf16": torch.ones(2, dtype=torch.bfloat16)},
+        "training": {
+            "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "scaler": scaler.state_dict(),
+            "epoch": 3,
+            "rng": torch.get_rng_state(),
+        },
+        "data_types": {
+            "args": argparse.Namespace(lr=0.1, out=pathlib.PurePosixPath("runs/a")),
+            "when": datetime.datetime(2024, 1, 2, 3, 4, 5),
+            "delta": datetime.timedelta(days=1),
+            "d": decimal.Decimal("1.5"),
+            "f": fractions.Fraction(1, 3),
+            "id": uuid.UUID(int=7),
+            "c": Counter("aab"),
+            "dd": defaultdict(list, {"a": [1]}),
+            "q": deque([1, 2]),
+            "s": slice(1, 5, 2),
+            "r": range(3),
+            "fs": frozenset({1, 2}),
+            "ns": types.SimpleNamespace(a=1),
+            "od": OrderedDict(a=1),
+            "path": pathlib.Path("ckpt/last.pt"),
+        },
+        "numpy": {
+            "arr": np.arange(6, dtype=np.float32).reshape(2, 3),
+            "scalar": np.float64(0.5),
+            "i": np.int64(3),
+            "rng": np.random.get_state(),
+            "gen": np.random.default_rng(0),
+        },
+        "quantized": {
+            "q": torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8),
+            "qc": torch.quantize_per_channel(
+                torch.randn(2, 3), torch.tensor([0.1, 0.2]), torch.tensor([0, 0]), 0, torch.quint8
+            ),
+        },
+        "sparse_nested_meta_f8": {
+            "coo": torch.randn(3, 3).to_sparse(),
+            "csr": torch.randn(3, 3).to_sparse_csr(),
+            "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+            "meta": torch.empty(3, 4, device="meta"),
+            "f8": torch.ones(4).to(torch.float8_e4m3fn),
+            "bf16": torch.ones(2, dtype=torch.bfloat16),
+        },
         "whole_module": model,
         "protocol4": model.state_dict(),
     }
@@ -88,10 +117,13 @@ def _dtensor(out: str) -> dict[str, str]:
         import torch.distributed.checkpoint as dcp
 
         dcp_dir = os.path.join(out, "dcp")
-        dcp.save({"w": torch.ones(3), "b": torch.zeros(2, 2), "step": 5, "extra": {"lr": 0.1, "names": ["a"]}},
-                 checkpoint_id=dcp_dir)
-        shards = {f"dcp_shard_{n}": os.path.join(dcp_dir, n) for n in sorted(os.listdir(dcp_dir))
-                  if n.endswith(".distcp")}
+        dcp.save(
+            {"w": torch.ones(3), "b": torch.zeros(2, 2), "step": 5, "extra": {"lr": 0.1, "names": ["a"]}},
+            checkpoint_id=dcp_dir,
+        )
+        shards = {
+            f"dcp_shard_{n}": os.path.join(dcp_dir, n) for n in sorted(os.listdir(dcp_dir)) if n.endswith(".distcp")
+        }
         return {"dtensor": path, "dcp_metadata": os.path.join(dcp_dir, ".metadata"), **shards}
     finally:
         dist.destroy_process_group()
@@ -101,8 +133,13 @@ def _libraries(out: str) -> dict[str, str]:
     """Files written by transformers, timm, Lightning, accelerate, omegaconf, joblib (those installed)."""
     files: dict[str, str] = {}
     builders: list[tuple[str, Callable[[str], dict[str, str]]]] = [
-        ("transformers", _transformers), ("timm", _timm), ("lightning", _lightning), ("accelerate", _accelerate),
-        ("omegaconf", _omegaconf), ("joblib", _joblib)]
+        ("transformers", _transformers),
+        ("timm", _timm),
+        ("lightning", _lightning),
+        ("accelerate", _accelerate),
+        ("omegaconf", _omegaconf),
+        ("joblib", _joblib),
+    ]
     for module, build_one in builders:
         try:
             __import__(module)
@@ -115,18 +152,35 @@ def _libraries(out: str) -> dict[str, str]:
 def _transformers(out: str) -> dict[str, str]:
     from transformers import BertConfig, BertModel, TrainingArguments
 
-    model = BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8,
-                                 vocab_size=20, max_position_embeddings=16))
+    model = BertModel(
+        BertConfig(
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=8,
+            vocab_size=20,
+            max_position_embeddings=16,
+        )
+    )
     model.save_pretrained(os.path.join(out, "hf"), safe_serialization=False)
     args = TrainingArguments(output_dir=os.path.join(out, "hf_run"), report_to=[])
     torch.save(args, os.path.join(out, "training_args.bin"))
     opt = torch.optim.AdamW(model.parameters())
     torch.save(opt.state_dict(), os.path.join(out, "hf_optimizer.pt"))
-    torch.save({"python": __import__("random").getstate(), "numpy": np.random.get_state(),
-                "cpu": torch.random.get_rng_state()}, os.path.join(out, "rng_state.pth"))
-    return {"hf_weights": os.path.join(out, "hf", "pytorch_model.bin"),
-            "hf_training_args": os.path.join(out, "training_args.bin"),
-            "hf_optimizer": os.path.join(out, "hf_optimizer.pt"), "hf_rng_state": os.path.join(out, "rng_state.pth")}
+    torch.save(
+        {
+            "python": __import__("random").getstate(),
+            "numpy": np.random.get_state(),
+            "cpu": torch.random.get_rng_state(),
+        },
+        os.path.join(out, "rng_state.pth"),
+    )
+    return {
+        "hf_weights": os.path.join(out, "hf", "pytorch_model.bin"),
+        "hf_training_args": os.path.join(out, "training_args.bin"),
+        "hf_optimizer": os.path.join(out, "hf_optimizer.pt"),
+        "hf_rng_state": os.path.join(out, "rng_state.pth"),
+    }
 
 
 def _timm(out: str) -> dict[str, str]:
@@ -138,9 +192,20 @@ def _timm(out: str) -> dict[str, str]:
     sched = CosineLRScheduler(opt, t_initial=10)
     path = os.path.join(out, "timm.pth.tar")
     args = argparse.Namespace(model="resnet10t", lr=0.1, epochs=10)
-    torch.save({"epoch": 1, "arch": "resnet10t", "state_dict": model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(), "amp_scaler": torch.amp.GradScaler("cpu").state_dict(),
-                "args": args, "version": 2, "metric": np.float64(0.5)}, path)
+    torch.save(
+        {
+            "epoch": 1,
+            "arch": "resnet10t",
+            "state_dict": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "scheduler": sched.state_dict(),
+            "amp_scaler": torch.amp.GradScaler("cpu").state_dict(),
+            "args": args,
+            "version": 2,
+            "metric": np.float64(0.5),
+        },
+        path,
+    )
     return {"timm": path}
 
 
@@ -160,8 +225,14 @@ def _lightning(out: str) -> dict[str, str]:
             return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=4)
-    trainer = L.Trainer(max_epochs=1, default_root_dir=os.path.join(out, "pl"), logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer = L.Trainer(
+        max_epochs=1,
+        default_root_dir=os.path.join(out, "pl"),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(Tiny(), data)
     path = os.path.join(out, "lightning.ckpt")
     trainer.save_checkpoint(path)
@@ -175,8 +246,11 @@ def _accelerate(out: str) -> dict[str, str]:
     model, opt = acc.prepare(_tiny(), torch.optim.Adam(_tiny().parameters()))
     state_dir = os.path.join(out, "acc_state")
     acc.save_state(state_dir, safe_serialization=False)
-    return {f"accelerate_{n}": os.path.join(state_dir, n) for n in sorted(os.listdir(state_dir))
-            if n.endswith((".bin", ".pkl", ".pt", ".pth"))}
+    return {
+        f"accelerate_{n}": os.path.join(state_dir, n)
+        for n in sorted(os.listdir(state_dir))
+        if n.endswith((".bin", ".pkl", ".pt", ".pth"))
+    }
 
 
 def _omegaconf(out: str) -> dict[str, str]:
@@ -211,11 +285,23 @@ def _compressed(out: str) -> dict[str, str]:
     import lzma
     import zlib
 
-    data = pickle.dumps({"coef": np.arange(6.0).reshape(2, 3), "classes": np.array([0, 1]), "n_iter": 7,
-                         "params": {"C": 1.0, "penalty": "l2"}}, protocol=4)
+    data = pickle.dumps(
+        {
+            "coef": np.arange(6.0).reshape(2, 3),
+            "classes": np.array([0, 1]),
+            "n_iter": 7,
+            "params": {"C": 1.0, "penalty": "l2"},
+        },
+        protocol=4,
+    )
     files = {}
-    for name, compress in (("zlib", zlib.compress), ("gzip", gzip.compress), ("bz2", bz2.compress),
-                           ("xz", lzma.compress), ("lzma", lambda d: lzma.compress(d, format=lzma.FORMAT_ALONE))):
+    for name, compress in (
+        ("zlib", zlib.compress),
+        ("gzip", gzip.compress),
+        ("bz2", bz2.compress),
+        ("xz", lzma.compress),
+        ("lzma", lambda d: lzma.compress(d, format=lzma.FORMAT_ALONE)),
+    ):
         files[f"compressed_{name}"] = os.path.join(out, f"model_{name}.joblib")
         with open(files[f"compressed_{name}"], "wb") as f:
             f.write(compress(data))
@@ -247,18 +333,27 @@ def _library_objects(out: str) -> dict[str, str]:
     never unsafe-pickle."""
     objects: dict[str, object] = {}
     for module, build_one in (
-            ("transformers", lambda: {"strategy": __import__("transformers.trainer_utils").trainer_utils
-                                      .IntervalStrategy.STEPS,
-                                      "scheduler": __import__("transformers.trainer_utils").trainer_utils
-                                      .SchedulerType.COSINE,
-                                      "config": __import__("transformers").BertConfig(hidden_size=8)}),
-            ("accelerate", lambda: {"dist": __import__("accelerate.utils").utils.DistributedType.NO,
-                                    "precision": __import__("accelerate.utils").utils.PrecisionType.BF16}),
-            ("sympy", lambda: {"expr": __import__("sympy").Symbol("x") * 2 + 1}),
-            ("networkx", lambda: {"graph": __import__("networkx").path_graph(3)}),
-            ("yaml", lambda: {"mark": __import__("yaml").Mark("f", 0, 1, 2, None, None)}),
-            ("click", lambda: {"choice": __import__("click").Choice(["a", "b"])}),
-            ("pygments", lambda: {"token": __import__("pygments.token").token.Keyword})):
+        (
+            "transformers",
+            lambda: {
+                "strategy": __import__("transformers.trainer_utils").trainer_utils.IntervalStrategy.STEPS,
+                "scheduler": __import__("transformers.trainer_utils").trainer_utils.SchedulerType.COSINE,
+                "config": __import__("transformers").BertConfig(hidden_size=8),
+            },
+        ),
+        (
+            "accelerate",
+            lambda: {
+                "dist": __import__("accelerate.utils").utils.DistributedType.NO,
+                "precision": __import__("accelerate.utils").utils.PrecisionType.BF16,
+            },
+        ),
+        ("sympy", lambda: {"expr": __import__("sympy").Symbol("x") * 2 + 1}),
+        ("networkx", lambda: {"graph": __import__("networkx").path_graph(3)}),
+        ("yaml", lambda: {"mark": __import__("yaml").Mark("f", 0, 1, 2, None, None)}),
+        ("click", lambda: {"choice": __import__("click").Choice(["a", "b"])}),
+        ("pygments", lambda: {"token": __import__("pygments.token").token.Keyword}),
+    ):
         try:
             objects.update(build_one())
         except Exception as exc:  # a library that is missing in this environment adds nothing

@@ -1,4 +1,5 @@
 """Builders of real checkpoints (with torch) and hostile payloads (by __reduce__ and by hand-written opcodes)."""
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,7 @@ def write_safetensors(path, tensors: dict[str, torch.Tensor], metadata: dict | N
     return str(path)
 
 
-def replace_data_pkl(src: str, dst: str, payload: bytes | None = None,
-                     compression: int = zipfile.ZIP_STORED) -> str:
+def replace_data_pkl(src: str, dst: str, payload: bytes | None = None, compression: int = zipfile.ZIP_STORED) -> str:
     """Copy a torch zip, swapping its data.pkl for `payload` (how payloads are injected into real files),
     optionally recompressing every record."""
     with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", compression) as zout:
@@ -148,14 +148,22 @@ def opcode_payloads(canary: str) -> dict[str, bytes]:
         # getattr(__import__('os'), 'system')('touch …'): a dynamic call through a getattr chain
         "getattr-chain": b"cbuiltins\ngetattr\n(cbuiltins\n__import__\n(S'os'\ntRS'system'\ntR(S'" + cmd + b"'\ntR.",
         # STACK_GLOBAL with the names placed in the memo first (protocol 4)
-        "stack-global-memo": (b"\x80\x04" + su(b"posix") + b"\x94" + su(b"system") + b"\x94" + b"h\x00h\x01\x93"
-                              + su(cmd) + b"\x85R."),
+        "stack-global-memo": (
+            b"\x80\x04" + su(b"posix") + b"\x94" + su(b"system") + b"\x94" + b"h\x00h\x01\x93" + su(cmd) + b"\x85R."
+        ),
         # INST and OBJ opcodes of protocol 0/1
         "inst": b"(S'" + cmd + b"'\nios\nsystem\n.",
         "obj": b"(cos\nsystem\nS'" + cmd + b"'\no.",
         # importlib.import_module('os').system via a computed STACK_GLOBAL
-        "importlib": (b"\x80\x04cimportlib\nimport_module\n" + su(b"os") + b"\x85R" + su(b"system") + b"\x93"
-                      + su(cmd) + b"\x85R."),
+        "importlib": (
+            b"\x80\x04cimportlib\nimport_module\n"
+            + su(b"os")
+            + b"\x85R"
+            + su(b"system")
+            + b"\x93"
+            + su(cmd)
+            + b"\x85R."
+        ),
         # builtins.exec with Python source
         "exec": b"\x80\x02cbuiltins\nexec\nX" + struct.pack("<I", len(code)) + code + b"\x85R.",
     }
@@ -189,8 +197,12 @@ def canary_runs(payload: bytes, canary: str) -> bool:
     import subprocess
     import sys
 
-    subprocess.run([sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
-                   input=payload, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", "import pickle,sys; pickle.loads(sys.stdin.buffer.read())"],
+        input=payload,
+        capture_output=True,
+        timeout=60,
+    )
     ran = os.path.exists(canary)
     if ran:
         os.remove(canary)

@@ -1,14 +1,14 @@
 """Real checkpoints for the checkpoint tests, built once per session with torch in a temp dir."""
+
 from __future__ import annotations
 
 import copy
 import zipfile
 
+import ckpt_builders as b
 import pytest
 import torch
 from torch import nn
-
-import ckpt_builders as b
 
 
 @pytest.fixture(scope="session")
@@ -37,10 +37,15 @@ def files(tmp_path_factory):
     bad["fc.weight"][0, 0] = float("nan")
     bad["conv.bias"][1] = float("inf")
     out["nan"] = b.save(bad, d / "nan.pt")
-    out["bf16-inf"] = b.save({"w": torch.tensor([1.0, float("inf"), 2.0], dtype=torch.bfloat16),
-                              "h": torch.tensor([float("nan"), 1.0], dtype=torch.float16),
-                              "t": torch.full((3, 4), float("nan"))[:, 1:3].t(),
-                              "ok": torch.ones(4, dtype=torch.float64)}, d / "bf16.pt")
+    out["bf16-inf"] = b.save(
+        {
+            "w": torch.tensor([1.0, float("inf"), 2.0], dtype=torch.bfloat16),
+            "h": torch.tensor([float("nan"), 1.0], dtype=torch.float16),
+            "t": torch.full((3, 4), float("nan"))[:, 1:3].t(),
+            "ok": torch.ones(4, dtype=torch.float64),
+        },
+        d / "bf16.pt",
+    )
     out["deflated-nan"] = b.replace_data_pkl(out["nan"], str(d / "deflated.pt"), compression=zipfile.ZIP_DEFLATED)
     out["legacy-nan"] = b.save(bad, d / "legacy_nan.pt", _use_new_zipfile_serialization=False)
     out["torchscript"] = str(d / "script.pt")

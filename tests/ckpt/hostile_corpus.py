@@ -6,6 +6,7 @@ torch.load(weights_only=False); `numpy`: np.load(allow_pickle=True); `jit`: torc
 pickle.loads of the `blob` field). `run_all` (used in a subprocess) loads each and reports which canaries
 appeared, so a sample that does not really run its payload fails the test instead of passing silently.
 """
+
 from __future__ import annotations
 
 import io
@@ -49,33 +50,72 @@ def pickles(canary: str) -> dict[str, tuple[bytes, str]]:
         "stdlib-io-fileio": p2 + _g("io", "FileIO") + _s(canary) + _s("w") + b"\x86R.",
         "torch-save-called": p2 + _g("torch", "save") + b"K\x01" + _s(canary) + b"\x86R.",
         "numpy-savetxt-called": p2 + _g("numpy", "savetxt") + _s(canary) + b"]K\x01a\x86R.",
-        "attr-pathlib-touch": p4 + _sg("pathlib", "Path.touch") + _sg("pathlib", "PosixPath") + _s(canary)
+        "attr-pathlib-touch": p4
+        + _sg("pathlib", "Path.touch")
+        + _sg("pathlib", "PosixPath")
+        + _s(canary)
         + b"\x85R\x85R.",
         "attr-pathlib-os-system": p4 + _sg("pathlib", "os.system") + _s(f"touch {canary}") + b"\x85R.",
         "attr-enum-bltns-exec": p4 + _sg("enum", "bltns.exec") + _s(code) + b"\x85R.",
-        "attr-torch-module-torch-save": p4 + _sg("torch.nn.modules.module", "torch.save") + b"K\x01" + _s(canary)
+        "attr-torch-module-torch-save": p4
+        + _sg("torch.nn.modules.module", "torch.save")
+        + b"K\x01"
+        + _s(canary)
         + b"\x86R.",
-        "attr-sampler-serialization-os": p4 + _sg("torch.utils.data.sampler", "torch.serialization.os.system")
-        + _s(f"touch {canary}") + b"\x85R.",
+        "attr-sampler-serialization-os": p4
+        + _sg("torch.utils.data.sampler", "torch.serialization.os.system")
+        + _s(f"touch {canary}")
+        + b"\x85R.",
         "attr-numpy-ma-eval": p4 + _sg("numpy.ma.core", "builtins.eval") + _s(code) + b"\x85R.",
         "inst-protocol0": b"(S" + repr(code).encode() + b"\nibuiltins\nexec\n.",
         "obj-opcode": p2 + b"(" + _g("builtins", "exec") + _s(code) + b"o.",
-        "newobj-build-setstate-dunder": p2 + _g("argparse", "Namespace") + b")\x81}" + _s("__setstate__")
-        + _g("builtins", "exec") + b"sb" + _s(code) + b"b.",
+        "newobj-build-setstate-dunder": p2
+        + _g("argparse", "Namespace")
+        + b")\x81}"
+        + _s("__setstate__")
+        + _g("builtins", "exec")
+        + b"sb"
+        + _s(code)
+        + b"b.",
         "protocol0-text": b"cposix\nsystem\n(S'touch " + canary.encode() + b"'\ntR.",
         "no-proto-binary": _g("builtins", "exec") + b"(" + _s(code) + b"tR.",
         "frame-straddling": p4 + b"\x95" + struct.pack("<Q", 5) + _sg("builtins", "exec") + _s(code) + b"\x85R.",
         # the FRAME's declared length ends inside the harmless BINBYTES: parsers that honour frames differ
-        "frame-cuts-binbytes": p4 + b"\x95" + struct.pack("<Q", 12) + b"B" + struct.pack("<I", 20) + b"N" * 20
-        + b"0" + _sg("builtins", "exec") + _s(code) + b"\x85R.",
+        "frame-cuts-binbytes": p4
+        + b"\x95"
+        + struct.pack("<Q", 12)
+        + b"B"
+        + struct.pack("<I", 20)
+        + b"N" * 20
+        + b"0"
+        + _sg("builtins", "exec")
+        + _s(code)
+        + b"\x85R.",
         "py2-name-mapping": p2 + _g("__builtin__", "exec") + _s(code) + b"\x85R.",
         "py2-commands-getoutput": b"ccommands\ngetoutput\n(S'touch " + canary.encode() + b"'\ntR.",
-        "smuggled-rebuild-from-type": p2 + _g("torch._tensor", "_rebuild_from_type_v2") + b"(" + _g("io", "FileIO")
-        + _g("torch", "Tensor") + _s(canary) + _s("w") + b"\x86}tR.",
-        "smuggled-copyreg-reconstructor": p2 + _g("copyreg", "_reconstructor") + _g("logging", "FileHandler")
-        + _g("logging", "FileHandler") + _s(canary) + b"\x87R.",
-        "getattr-import-chain": p2 + _g("builtins", "getattr") + _g("builtins", "__import__") + _s("os") + b"\x85R"
-        + _s("system") + b"\x86R" + _s(f"touch {canary}") + b"\x85R.",
+        "smuggled-rebuild-from-type": p2
+        + _g("torch._tensor", "_rebuild_from_type_v2")
+        + b"("
+        + _g("io", "FileIO")
+        + _g("torch", "Tensor")
+        + _s(canary)
+        + _s("w")
+        + b"\x86}tR.",
+        "smuggled-copyreg-reconstructor": p2
+        + _g("copyreg", "_reconstructor")
+        + _g("logging", "FileHandler")
+        + _g("logging", "FileHandler")
+        + _s(canary)
+        + b"\x87R.",
+        "getattr-import-chain": p2
+        + _g("builtins", "getattr")
+        + _g("builtins", "__import__")
+        + _s("os")
+        + b"\x85R"
+        + _s("system")
+        + b"\x86R"
+        + _s(f"touch {canary}")
+        + b"\x85R.",
     }
     loaders = {name: (data, "pickle") for name, data in out.items()}
     stacked = pickle.dumps({"ok": 1}, protocol=2) + b"cposix\nsystem\n(S'touch " + canary.encode() + b"'\ntR."
@@ -127,12 +167,18 @@ def _write_text(path: str, text: str, encoding: str = "utf-8") -> bytes:
 # dependencies, click, pygments, psutil, accelerate), each verified to create its canary under pickle.load.
 # name -> the global the finding must name.
 THIRD_PARTY = {
-    "tp-sympy-sympify": "sympy.sympify", "tp-sympy-parse-expr": "sympy.parsing.sympy_parser.parse_expr",
-    "tp-sympy-eval-expr": "sympy.parsing.sympy_parser.eval_expr", "tp-sympy-S-instance": "sympy.S",
-    "tp-yaml-unsafe-load": "yaml.unsafe_load", "tp-yaml-load-unsafe-loader": "yaml.load",
-    "tp-psutil-popen": "psutil.Popen", "tp-hf-run-subprocess": "huggingface_hub.utils._subprocess.run_subprocess",
-    "tp-click-edit": "click.edit", "tp-click-open-file": "click.utils.open_file",
-    "tp-pygments-cmdline": "pygments.cmdline.main", "tp-pygments-lexer-file": "pygments.lexers.load_lexer_from_file",
+    "tp-sympy-sympify": "sympy.sympify",
+    "tp-sympy-parse-expr": "sympy.parsing.sympy_parser.parse_expr",
+    "tp-sympy-eval-expr": "sympy.parsing.sympy_parser.eval_expr",
+    "tp-sympy-S-instance": "sympy.S",
+    "tp-yaml-unsafe-load": "yaml.unsafe_load",
+    "tp-yaml-load-unsafe-loader": "yaml.load",
+    "tp-psutil-popen": "psutil.Popen",
+    "tp-hf-run-subprocess": "huggingface_hub.utils._subprocess.run_subprocess",
+    "tp-click-edit": "click.edit",
+    "tp-click-open-file": "click.utils.open_file",
+    "tp-pygments-cmdline": "pygments.cmdline.main",
+    "tp-pygments-lexer-file": "pygments.lexers.load_lexer_from_file",
     "tp-pygments-formatter-file": "pygments.formatters.load_formatter_from_file",
     "tp-lightning-cloud-io-load": "lightning.fabric.utilities.cloud_io._load",
     "tp-lightning-atomic-save": "lightning.fabric.utilities.cloud_io._atomic_save",
@@ -140,11 +186,13 @@ THIRD_PARTY = {
     "tp-jinja2-import-string": "jinja2.utils.import_string",
     "tp-safetensors-torch-save-file": "safetensors.torch.save_file",
     "tp-safetensors-numpy-save-file": "safetensors.numpy.save_file",
-    "tp-accelerate-write-config": "accelerate.utils.write_basic_config", "tp-accelerate-save": "accelerate.utils.save",
+    "tp-accelerate-write-config": "accelerate.utils.write_basic_config",
+    "tp-accelerate-save": "accelerate.utils.save",
     "tp-hf-create-symlink": "huggingface_hub.file_download._create_symlink",
     "tp-transformers-direct-import": "transformers.utils.import_utils.direct_transformers_import",
     "tp-tqdm-manpath": "tqdm.cli.main",
-    "numpy-memmap-newobj": "numpy.memmap", "numpy-memmap-newobj-ex": "numpy.memmap",
+    "numpy-memmap-newobj": "numpy.memmap",
+    "numpy-memmap-newobj-ex": "numpy.memmap",
     "numpy-memmap-copyreg-newobj": "numpy.memmap",
 }
 # samples whose payload writes a file of a fixed name (in the canary folder) instead of the canary path
@@ -164,24 +212,31 @@ def third_party(canary: str) -> dict[str, tuple[bytes, str]]:
         "tp-sympy-eval-expr": _run(_call("sympy.parsing.sympy_parser.eval_expr", shell, {}, {})),
         "tp-sympy-S-instance": _run(_call("sympy.S", shell)),
         "tp-yaml-unsafe-load": _run(_call("yaml.unsafe_load", f"!!python/object/apply:os.system [{touch!r}]")),
-        "tp-yaml-load-unsafe-loader": _run(_call("yaml.load", f"!!python/object/apply:os.system [{touch!r}]",
-                                                 ("global", "yaml", "Loader"))),
+        "tp-yaml-load-unsafe-loader": _run(
+            _call("yaml.load", f"!!python/object/apply:os.system [{touch!r}]", ("global", "yaml", "Loader"))
+        ),
         "tp-psutil-popen": _run(_call("psutil.Popen", ["touch", canary])),
         "tp-hf-run-subprocess": _run(_call("huggingface_hub.utils._subprocess.run_subprocess", touch)),
         "tp-click-edit": _run(_call("click.edit", None, touch, None, True, ".txt", canary + ".txt")),
         "tp-click-open-file": _run(_call("click.utils.open_file", canary, "w")),
-        "tp-pygments-cmdline": _run(_call("pygments.cmdline.main", ["pygmentize", "-l", "text", "-f", "html", "-o",
-                                                                     canary, "/dev/null"])),
-        "tp-pygments-lexer-file": _run(_write_text(canary + ".py", code),
-                                       _call("pygments.lexers.load_lexer_from_file", canary + ".py")),
-        "tp-pygments-formatter-file": _run(_write_text(canary + ".py", code),
-                                           _call("pygments.formatters.load_formatter_from_file", canary + ".py")),
-        "tp-lightning-cloud-io-load": _run(_write_text(canary + ".pkl", nested.decode("latin1"), "latin1"),
-                                           _call("lightning.fabric.utilities.cloud_io._load", canary + ".pkl", None,
-                                                 False)),
+        "tp-pygments-cmdline": _run(
+            _call("pygments.cmdline.main", ["pygmentize", "-l", "text", "-f", "html", "-o", canary, "/dev/null"])
+        ),
+        "tp-pygments-lexer-file": _run(
+            _write_text(canary + ".py", code), _call("pygments.lexers.load_lexer_from_file", canary + ".py")
+        ),
+        "tp-pygments-formatter-file": _run(
+            _write_text(canary + ".py", code), _call("pygments.formatters.load_formatter_from_file", canary + ".py")
+        ),
+        "tp-lightning-cloud-io-load": _run(
+            _write_text(canary + ".pkl", nested.decode("latin1"), "latin1"),
+            _call("lightning.fabric.utilities.cloud_io._load", canary + ".pkl", None, False),
+        ),
         "tp-lightning-atomic-save": _run(_call("lightning.fabric.utilities.cloud_io._atomic_save", {}, canary)),
         "tp-lightning-hparams-yaml": _run(_call("lightning.pytorch.core.saving.save_hparams_to_yaml", canary, {})),
-        "tp-jinja2-import-string": b"\x80\x02" + _call("jinja2.utils.import_string", "os.system") + _v((touch,))
+        "tp-jinja2-import-string": b"\x80\x02"
+        + _call("jinja2.utils.import_string", "os.system")
+        + _v((touch,))
         + b"R.",
         "tp-safetensors-torch-save-file": _run(_call("safetensors.torch.save_file", {}, canary)),
         "tp-safetensors-numpy-save-file": _run(_call("safetensors.numpy.save_file", {}, canary)),
@@ -190,14 +245,22 @@ def third_party(canary: str) -> dict[str, tuple[bytes, str]]:
         "tp-hf-create-symlink": _run(_call("huggingface_hub.file_download._create_symlink", "/", canary)),
         "tp-transformers-direct-import": _run(
             _write_text(canary + ".py", code),
-            _call("transformers.utils.import_utils.direct_transformers_import", os.path.dirname(canary),
-                  os.path.basename(canary) + ".py")),
+            _call(
+                "transformers.utils.import_utils.direct_transformers_import",
+                os.path.dirname(canary),
+                os.path.basename(canary) + ".py",
+            ),
+        ),
         "tp-tqdm-manpath": _run(_call("tqdm.cli.main", None, ["--manpath", os.path.dirname(canary)])),
         # numpy.memmap.__new__ creates the file: only instantiated (NEWOBJ), never called
         "numpy-memmap-newobj": b"\x80\x02" + _g("numpy", "memmap") + _v(memmap_args) + b"\x81.",
         "numpy-memmap-newobj-ex": b"\x80\x04" + _g("numpy", "memmap") + _v(memmap_args) + b"}\x92.",
-        "numpy-memmap-copyreg-newobj": b"\x80\x02" + _g("copyreg", "__newobj__") + b"(" + _g("numpy", "memmap")
-        + b"".join(map(_v, memmap_args)) + b"tR.",
+        "numpy-memmap-copyreg-newobj": b"\x80\x02"
+        + _g("copyreg", "__newobj__")
+        + b"("
+        + _g("numpy", "memmap")
+        + b"".join(map(_v, memmap_args))
+        + b"tR.",
     }
     return {name: (data, "pickle") for name, data in out.items()}
 
@@ -228,14 +291,36 @@ def _stored_zip(entries: list[tuple[str, bytes]], base: int) -> tuple[bytes, byt
         offset = base + len(local)
         local += struct.pack("<4s5H3L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, crc, len(data), len(data), len(raw), 0)
         local += raw + data
-        central += struct.pack("<4s6H3L5H2L", b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, len(data), len(data),
-                               len(raw), 0, 0, 0, 0, 0, offset) + raw
+        central += (
+            struct.pack(
+                "<4s6H3L5H2L",
+                b"PK\x01\x02",
+                20,
+                20,
+                0,
+                0,
+                0,
+                0,
+                crc,
+                len(data),
+                len(data),
+                len(raw),
+                0,
+                0,
+                0,
+                0,
+                0,
+                offset,
+            )
+            + raw
+        )
     return local, central
 
 
 def two_directories(benign: bytes, evil: bytes) -> bytes:
     """One zip, two central directories: zipfile takes the zip64 end record right before the locator (the
     benign data.pkl), torch's reader the one at the offset the locator gives (the evil data.pkl)."""
+
     def records(pkl: bytes) -> list[tuple[str, bytes]]:
         return [("archive/data.pkl", pkl), ("archive/byteorder", b"little"), ("archive/version", b"3\n")]
 
@@ -290,16 +375,22 @@ def containers(canary: str) -> dict[str, tuple[bytes, str]]:
     out["safetensors-sniffing-pickle"] = (poly + b" " * (0x743 + 8 - len(poly)), "torch")
     npy_header = "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
     npy_header += " " * (63 - len(npy_header) - 10) + "\n"
-    out["npy-object-array"] = (b"\x93NUMPY\x01\x00" + struct.pack("<H", len(npy_header)) + npy_header.encode()
-                               + evil, "numpy")
+    out["npy-object-array"] = (
+        b"\x93NUMPY\x01\x00" + struct.pack("<H", len(npy_header)) + npy_header.encode() + evil,
+        "numpy",
+    )
     import bz2
     import gzip
     import lzma
     import zlib
 
-    for name, compress in (("zlib", zlib.compress), ("gzip", gzip.compress), ("bz2", bz2.compress),
-                           ("xz", lzma.compress),
-                           ("lzma", lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE))):
+    for name, compress in (
+        ("zlib", zlib.compress),
+        ("gzip", gzip.compress),
+        ("bz2", bz2.compress),
+        ("xz", lzma.compress),
+        ("lzma", lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE)),
+    ):
         out[f"joblib-{name}-compressed"] = (compress(evil), "compressed")
     nested = b"\x80\x02}" + _s("blob") + b"C" + bytes([len(evil)]) + evil + b"s."
     out["nested-pickle-in-field"] = (nested, "field")
@@ -359,7 +450,14 @@ def pt2(canary: str, path: str) -> None:
             out.writestr(info.filename, data)
 
 
-_EXTENSIONS = {"compressed": ".joblib", "pickle": ".pkl", "pickle-all": ".pkl", "field": ".pkl", "torch": ".pt", "numpy": ".npy"}
+_EXTENSIONS = {
+    "compressed": ".joblib",
+    "pickle": ".pkl",
+    "pickle-all": ".pkl",
+    "field": ".pkl",
+    "torch": ".pt",
+    "numpy": ".npy",
+}
 
 
 def build(outdir: str, canaries: str) -> dict[str, tuple[str, str, str]]:
@@ -415,7 +513,7 @@ def run_all(samples: dict[str, tuple[str, str, str]]) -> dict[str, bool]:
     import torch
 
     ran = {}
-    for name, (path, loader, canary) in samples.items():
+    for path, loader, _ in samples.values():
         try:
             if loader == "pickle":
                 with open(path, "rb") as f:

@@ -1,4 +1,5 @@
 """needs-code-to-load's fix, pasted into a fresh namespace, loads the file with weights_only=True."""
+
 import argparse
 import sys
 

@@ -1,4 +1,5 @@
 """Each checkpoint check fires on the real file it is about and stays quiet on clean ones."""
+
 from __future__ import annotations
 
 import pytest
@@ -48,9 +49,8 @@ def test_wrapper_prefix_dataparallel_and_lightning(files):
 
 
 def test_wrapper_prefix_torch_compile(tmp_path):
-    import torch
-
     import ckpt_builders as b
+    import torch
 
     compiled = torch.compile(b.net())  # building the wrapper does not compile anything yet
     path = b.save(compiled.state_dict(), tmp_path / "compiled.pt")
@@ -59,9 +59,8 @@ def test_wrapper_prefix_torch_compile(tmp_path):
 
 
 def test_model_prefix_alone_is_not_flagged_without_evidence(tmp_path):
-    import torch
-
     import ckpt_builders as b
+    import torch
 
     path = b.save({"model.weight": torch.ones(2), "model.bias": torch.ones(2)}, tmp_path / "m.pt")
     assert "wrapper-prefix" not in codes(path)
@@ -88,8 +87,12 @@ def test_nonfinite_weights_need_scan_values(files):
 
 
 def test_serialization_format(files):
-    for name, words in (("legacy", "legacy"), ("torchscript", "TorchScript"), ("safetensors", "safetensors"),
-                        ("plain-pickle", "Plain pickle")):
+    for name, words in (
+        ("legacy", "legacy"),
+        ("torchscript", "TorchScript"),
+        ("safetensors", "safetensors"),
+        ("plain-pickle", "Plain pickle"),
+    ):
         assert words in codes(files[name])["serialization-format"].message, name
     assert "serialization-format" not in codes(files["plain"])
 
@@ -105,9 +108,8 @@ def test_checkpoint_unreadable_on_a_truncated_record(files, tmp_path):
 
 @pytest.mark.gpu
 def test_cuda_tensors_on_a_real_gpu(tmp_path):
-    import torch
-
     import ckpt_builders as b
+    import torch
 
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")

@@ -1,4 +1,5 @@
 """`torchdoctor check-ckpt`: report, JSON, exit codes, bad input, and no torch import without --model/--fix."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ import subprocess
 import sys
 import zipfile
 
+import ckpt_builders as b
 import pytest
 
-import ckpt_builders as b
 from torchdoctor.cli import main
 
 
@@ -23,8 +24,15 @@ def run(capsys, *args):
 def test_console_report_shows_structure_and_findings(capsys, files):
     code, out, err = run(capsys, files["training"])
     assert code == 0 and err == ""
-    for text in ("training checkpoint", "epoch=7", "float32", "Tensors by location", "optimizer",
-                 "needs-code-to-load", "argparse.Namespace"):
+    for text in (
+        "training checkpoint",
+        "epoch=7",
+        "float32",
+        "Tensors by location",
+        "optimizer",
+        "needs-code-to-load",
+        "argparse.Namespace",
+    ):
         assert text in out, text
 
 
@@ -55,9 +63,14 @@ def _bad_inputs(tmp_path, files):
     (tmp_path / "random.bin").write_bytes(random.Random(0).randbytes(4096))
     data = open(files["plain"], "rb").read()
     (tmp_path / "truncated.pt").write_bytes(data[: len(data) // 2])
-    return {"missing": str(tmp_path / "nope.pt"), "directory": str(tmp_path), "empty": str(tmp_path / "empty.pt"),
-            "text": str(tmp_path / "text.pt"), "random": str(tmp_path / "random.bin"),
-            "truncated zip": str(tmp_path / "truncated.pt")}
+    return {
+        "missing": str(tmp_path / "nope.pt"),
+        "directory": str(tmp_path),
+        "empty": str(tmp_path / "empty.pt"),
+        "text": str(tmp_path / "text.pt"),
+        "random": str(tmp_path / "random.bin"),
+        "truncated zip": str(tmp_path / "truncated.pt"),
+    }
 
 
 def test_a_missing_path_is_exit_2_and_one_line(capsys, tmp_path, files):
@@ -157,7 +170,7 @@ def test_zip_with_crc_damage_still_reads(files, tmp_path):
     data = bytearray(open(files["plain"], "rb").read())
     name = next(n for n in zipfile.ZipFile(files["plain"]).namelist() if n.endswith("data.pkl")).encode()
     central = data.index(b"PK\x01\x02")
-    while data[central + 46: central + 46 + len(name)] != name:
+    while data[central + 46 : central + 46 + len(name)] != name:
         central = data.index(b"PK\x01\x02", central + 4)
     data[central + 16] ^= 0xFF  # CRC-32 in the central directory
     damaged = tmp_path / "crc.pt"

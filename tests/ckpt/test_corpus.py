@@ -1,4 +1,5 @@
 """The generated hostile corpus (every family and opcode route) and the benign corpus, end to end."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,11 +10,11 @@ import subprocess
 import sys
 import warnings
 
+import benign_corpus
+import hostile_corpus
 import pytest
 import torch
 
-import benign_corpus
-import hostile_corpus
 from torchdoctor.ckpt.api import check_checkpoint
 
 
@@ -27,8 +28,11 @@ def hostile(tmp_path_factory):
 
 def test_every_hostile_sample_is_unsafe_pickle_and_no_canary_appears(hostile):
     samples, canaries = hostile
-    missed = [name for name, (path, _, _) in samples.items()
-              if "unsafe-pickle" not in {f.name for f in check_checkpoint(path).findings}]
+    missed = [
+        name
+        for name, (path, _, _) in samples.items()
+        if "unsafe-pickle" not in {f.name for f in check_checkpoint(path).findings}
+    ]
     assert missed == []
     assert os.listdir(canaries) == []
 
@@ -51,8 +55,13 @@ def test_every_hostile_sample_really_runs_its_payload(hostile, tmp_path):
     spec = tmp_path / "samples.json"
     spec.write_text(json.dumps(samples))
     here = os.path.dirname(__file__)
-    out = subprocess.run([sys.executable, "-W", "ignore", os.path.join(here, "hostile_corpus.py"), str(spec)],
-                         capture_output=True, text=True, timeout=120, cwd=here)
+    out = subprocess.run(
+        [sys.executable, "-W", "ignore", os.path.join(here, "hostile_corpus.py"), str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=here,
+    )
     ran = json.loads(out.stdout.strip().splitlines()[-1])
     assert [name for name, yes in ran.items() if not yes] == []
     assert len(ran) == len(samples) >= 35

@@ -4,25 +4,25 @@ A stream that yields one byte per read keeps the buffer too short for any inline
 through its method; the same pickle read in one buffer takes the inline paths. Both scans must agree on
 everything but which weights_only opcodes were recorded: value, globals, uses, calls, events, error.
 """
+
 from __future__ import annotations
 
 import io
 import zipfile
 
+import ckpt_builders as b
+import hostile_corpus
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import ckpt_builders as b
-import hostile_corpus
 from test_fuzz import mutate, mutation
-from torchdoctor.ckpt.objects import Blob, GlobalRef, Instance, Key, Opaque, PickledDict, StorageRef, TensorMeta
+
+from torchdoctor.ckpt.objects import Blob, GlobalRef, Instance, Key, Opaque, StorageRef, TensorMeta
 from torchdoctor.ckpt.reader import _storage_from_pid
 from torchdoctor.ckpt.unpickler import WEIGHTS_ONLY_OPCODES, Limits, PickleScan, Source, scan_pickle
 
-TIGHT = Limits(max_opcodes=400, opcodes_per_byte=0, max_memo=40, max_marks=6, max_inline_bytes=12,
-               max_total_inline=300)
+TIGHT = Limits(max_opcodes=400, opcodes_per_byte=0, max_memo=40, max_marks=6, max_inline_bytes=12, max_total_inline=300)
 
 
 class OneByte(io.RawIOBase):
@@ -35,7 +35,7 @@ class OneByte(io.RawIOBase):
         return True
 
     def read(self, n: int = -1) -> bytes:
-        chunk = self.data[self.pos:self.pos + 1]
+        chunk = self.data[self.pos : self.pos + 1]
         self.pos += len(chunk)
         return chunk
 
@@ -59,18 +59,38 @@ def canonical(scan: PickleScan) -> dict:
             return ("ref", seen[id(v)])
         seen[id(v)] = len(seen)
         if isinstance(v, TensorMeta):
-            return ("T", v.dtype, v.shape, v.stride, c(v.storage, depth + 1), v.storage_offset, v.requires_grad,
-                    v.is_parameter, v.kind)
+            return (
+                "T",
+                v.dtype,
+                v.shape,
+                v.stride,
+                c(v.storage, depth + 1),
+                v.storage_offset,
+                v.requires_grad,
+                v.is_parameter,
+                v.kind,
+            )
         if isinstance(v, StorageRef):
             return ("S", v.key, v.dtype, v.itemsize, v.location, v.numel)
         if isinstance(v, GlobalRef):
             return ("G", v.module, v.name)
         if isinstance(v, Instance):
-            return ("I", v.how, c(v.callable, depth + 1), c(v.args, depth + 1), c(v.state, depth + 1),
-                    [c(x, depth + 1) for x in v.items], [(c(k, depth + 1), c(x, depth + 1)) for k, x in v.setitems])
+            return (
+                "I",
+                v.how,
+                c(v.callable, depth + 1),
+                c(v.args, depth + 1),
+                c(v.state, depth + 1),
+                [c(x, depth + 1) for x in v.items],
+                [(c(k, depth + 1), c(x, depth + 1)) for k, x in v.setitems],
+            )
         if isinstance(v, dict):
-            return (type(v).__name__, getattr(v, "qualname", None), c(getattr(v, "state", None), depth + 1),
-                    [(c(k, depth + 1), c(x, depth + 1)) for k, x in v.items()])
+            return (
+                type(v).__name__,
+                getattr(v, "qualname", None),
+                c(getattr(v, "state", None), depth + 1),
+                [(c(k, depth + 1), c(x, depth + 1)) for k, x in v.items()],
+            )
         if isinstance(v, (list, tuple)):
             return (type(v).__name__, [c(x, depth + 1) for x in v])
         if isinstance(v, (set, frozenset)):
@@ -81,10 +101,17 @@ def canonical(scan: PickleScan) -> dict:
             return (type(v).__name__, repr(v))
         return ("?", type(v).__name__)
 
-    return {"value": c(scan.value), "error": scan.error, "protocol": scan.protocol, "globals": scan.globals,
-            "uses": scan.uses, "calls": {k: [(how, repr(c(a))) for how, a in v] for k, v in scan.calls.items()},
-            "events": [(e.what, e.pos) for e in scan.events], "nested": scan.nested,
-            "opcodes": scan.opcodes - WEIGHTS_ONLY_OPCODES}
+    return {
+        "value": c(scan.value),
+        "error": scan.error,
+        "protocol": scan.protocol,
+        "globals": scan.globals,
+        "uses": scan.uses,
+        "calls": {k: [(how, repr(c(a))) for how, a in v] for k, v in scan.calls.items()},
+        "events": [(e.what, e.pos) for e in scan.events],
+        "nested": scan.nested,
+        "opcodes": scan.opcodes - WEIGHTS_ONLY_OPCODES,
+    }
 
 
 def assert_same_as_methods(data: bytes, limits: Limits = Limits()) -> PickleScan:
@@ -106,9 +133,20 @@ def _data_pkl(obj, **kwargs) -> bytes:
 @pytest.fixture(scope="module")
 def pickles(files):
     """Real torch pickles (more than 256 memo entries among them), odd opcodes, hostile and bomb pickles."""
-    out = [_data_pkl({f"layers.{i}.weight": torch.zeros(2, 3)[:, :i % 3] for i in range(200)}),
-           _data_pkl({"w": torch.ones(2, 2, 2).requires_grad_(), "p": torch.nn.Parameter(torch.ones(3)),
-                      "big": list(range(70_000, 70_300)), "neg": -5, "i2": 40_000, "none": None, "t": True})]
+    out = [
+        _data_pkl({f"layers.{i}.weight": torch.zeros(2, 3)[:, : i % 3] for i in range(200)}),
+        _data_pkl(
+            {
+                "w": torch.ones(2, 2, 2).requires_grad_(),
+                "p": torch.nn.Parameter(torch.ones(3)),
+                "big": list(range(70_000, 70_300)),
+                "neg": -5,
+                "i2": 40_000,
+                "none": None,
+                "t": True,
+            }
+        ),
+    ]
     for name in ("plain", "training", "whole-module", "lightning", "list", "protocol4"):
         with zipfile.ZipFile(files[name]) as z:
             out.append(z.read(next(n for n in z.namelist() if n.endswith("/data.pkl"))))
@@ -134,11 +172,16 @@ def test_inline_opcodes_match_the_opcode_methods_on_real_and_hostile_pickles(pic
 
 def test_shared_objects_and_limits_inside_inline_opcodes():
     # LONG_BINGET of an unwritten entry, a memo put over the limit, SETITEMS on a list, a huge BINUNICODE length
-    cases = [b"\x80\x02]r\x05\x00\x00\x00j\x05\x00\x00\x00j\x06\x00\x00\x00.",
-             b"\x80\x02" + b"".join(b"N" + b"r" + i.to_bytes(4, "little") for i in range(60)) + b"N.",
-             b"\x80\x02](K\x01K\x02u.", b"\x80\x02X\xff\xff\xff\x7fabc.", b"\x80\x02(((((((N.",
-             b"\x80\x02}(X\x01\x00\x00\x00aK\x01X\x01\x00\x00\x00bu.", b"\x80\x02N\x85\x86\x87.",
-             b"\x80\x02(" + (b"X\x0b\x00\x00\x00" + b"a" * 11 + b"\x8c\x0b" + b"b" * 11) * 14 + b"l."]
+    cases = [
+        b"\x80\x02]r\x05\x00\x00\x00j\x05\x00\x00\x00j\x06\x00\x00\x00.",
+        b"\x80\x02" + b"".join(b"N" + b"r" + i.to_bytes(4, "little") for i in range(60)) + b"N.",
+        b"\x80\x02](K\x01K\x02u.",
+        b"\x80\x02X\xff\xff\xff\x7fabc.",
+        b"\x80\x02(((((((N.",
+        b"\x80\x02}(X\x01\x00\x00\x00aK\x01X\x01\x00\x00\x00bu.",
+        b"\x80\x02N\x85\x86\x87.",
+        b"\x80\x02(" + (b"X\x0b\x00\x00\x00" + b"a" * 11 + b"\x8c\x0b" + b"b" * 11) * 14 + b"l.",
+    ]
     for data in cases:
         assert_same_as_methods(data)
         assert_same_as_methods(data, TIGHT)
@@ -146,7 +189,6 @@ def test_shared_objects_and_limits_inside_inline_opcodes():
     assert "memo entries" in assert_same_as_methods(cases[1], TIGHT).error
     assert "more than 6 nested MARKs" in assert_same_as_methods(cases[4], TIGHT).error
     assert "more than 300 bytes of strings" in assert_same_as_methods(cases[-1], TIGHT).error
-
 
 
 def test_the_opcode_budget_holds_exactly_whether_or_not_opcodes_are_counted():

@@ -1,18 +1,28 @@
 """Mutated real checkpoints and pickles: the reader returns a result or raises its own error, nothing else."""
+
 from __future__ import annotations
 
+import ckpt_builders as b
+import hostile_corpus
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ckpt_builders as b
-import hostile_corpus
 from torchdoctor import registry
 from torchdoctor.ckpt import CheckpointError, read_checkpoint
 from torchdoctor.ckpt.values import scan_values
 
-SEEDS = ["plain", "legacy", "protocol4", "torchscript", "safetensors", "whole-module", "plain-pickle",
-         "deflated-nan", "legacy-nan"]
+SEEDS = [
+    "plain",
+    "legacy",
+    "protocol4",
+    "torchscript",
+    "safetensors",
+    "whole-module",
+    "plain-pickle",
+    "deflated-nan",
+    "legacy-nan",
+]
 
 
 class Corpus(list):
@@ -53,7 +63,7 @@ def mutate(data: bytes, steps) -> bytes:
         elif kind == "insert":
             buf[i:i] = arg
         else:
-            del buf[i:i + arg]
+            del buf[i : i + arg]
     return bytes(buf)
 
 
@@ -83,16 +93,20 @@ def _deflated_zip(member: bytes) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("name, data", [
-    ("zip-bomb-of-opcodes", lambda: _deflated_zip(b"\x80\x02" + b"N0" * (3 << 20) + b"N.")),
-    ("zip-bomb-of-zeros", lambda: _deflated_zip(b"\x00" * (64 << 20))),
-    ("huge-declared-binbytes", b"\x80\x04\x8e" + (1 << 62).to_bytes(8, "little") + b"."),
-    ("huge-frame", b"\x80\x04\x95" + (1 << 62).to_bytes(8, "little") + b"N."),
-    ("deep-lists", b"\x80\x02" + b"]" * 200_000 + b"a" * 199_999 + b"."),
-    ("deep-protocol0-text", b"(" * 90_000 + b"l" * 90_000 + b"."),
-    ("npy-huge-header", b"\x93NUMPY\x02\x00" + (1 << 31).to_bytes(4, "little") + b"{"),
-    ("stacked-truncated-second", b"\x80\x02K\x01.\x80\x02cposix\nsys"),
-], ids=lambda v: v if isinstance(v, str) else "data")
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("zip-bomb-of-opcodes", lambda: _deflated_zip(b"\x80\x02" + b"N0" * (3 << 20) + b"N.")),
+        ("zip-bomb-of-zeros", lambda: _deflated_zip(b"\x00" * (64 << 20))),
+        ("huge-declared-binbytes", b"\x80\x04\x8e" + (1 << 62).to_bytes(8, "little") + b"."),
+        ("huge-frame", b"\x80\x04\x95" + (1 << 62).to_bytes(8, "little") + b"N."),
+        ("deep-lists", b"\x80\x02" + b"]" * 200_000 + b"a" * 199_999 + b"."),
+        ("deep-protocol0-text", b"(" * 90_000 + b"l" * 90_000 + b"."),
+        ("npy-huge-header", b"\x93NUMPY\x02\x00" + (1 << 31).to_bytes(4, "little") + b"{"),
+        ("stacked-truncated-second", b"\x80\x02K\x01.\x80\x02cposix\nsys"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "data",
+)
 def test_bombs_and_huge_lengths_end_fast_with_a_finding_or_the_readers_error(tmp_path, name, data):
     import time
 

@@ -1,12 +1,13 @@
 """Hostile checkpoints: code-execution payloads are reported and never run; bombs end in bounded time."""
+
 from __future__ import annotations
 
 import time
 
+import ckpt_builders as b
 import pytest
 import torch
 
-import ckpt_builders as b
 from torchdoctor.ckpt import CheckpointError, read_checkpoint
 from torchdoctor.ckpt.api import check_checkpoint
 
@@ -99,15 +100,19 @@ def test_clean_files_have_no_unsafe_findings(files):
         assert unsafe(files[name])[0] == [], name
 
 
-@pytest.mark.parametrize("payload, expect", [
-    (b.billion_laughs(), None),
-    (b.deep_nesting(20_000), "nested more than"),
-    (b"\x80\x02" + b"(" * 150_000 + b".", "nested MARKs"),
-    (b"\x80\x02\x8d" + (1 << 60).to_bytes(8, "little") + b".", "truncated"),
-    (b"\x80\x02\x8b" + (1 << 30).to_bytes(4, "little") + b".", "implausible"),
-    (b"\x80\x02]r\xff\xff\xff\xff" + b"j\x00\x00\x00\x00.", "read before it is written"),
-    (b"\x80\x02" + b"N" * 10 + b"\xff.", "invalid pickle opcode"),
-], ids=["billion-laughs", "deep-nesting", "marks", "huge-length", "huge-long", "memo-miss", "bad-opcode"])
+@pytest.mark.parametrize(
+    "payload, expect",
+    [
+        (b.billion_laughs(), None),
+        (b.deep_nesting(20_000), "nested more than"),
+        (b"\x80\x02" + b"(" * 150_000 + b".", "nested MARKs"),
+        (b"\x80\x02\x8d" + (1 << 60).to_bytes(8, "little") + b".", "truncated"),
+        (b"\x80\x02\x8b" + (1 << 30).to_bytes(4, "little") + b".", "implausible"),
+        (b"\x80\x02]r\xff\xff\xff\xff" + b"j\x00\x00\x00\x00.", "read before it is written"),
+        (b"\x80\x02" + b"N" * 10 + b"\xff.", "invalid pickle opcode"),
+    ],
+    ids=["billion-laughs", "deep-nesting", "marks", "huge-length", "huge-long", "memo-miss", "bad-opcode"],
+)
 def test_bombs_and_garbage_end_quickly_with_the_readers_error_or_a_problem(tmp_path, payload, expect):
     path = tmp_path / "bomb.pkl"
     path.write_bytes(payload)

@@ -1,4 +1,5 @@
 """--model comparisons and --fix copies, checked by loading the results with real torch."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,11 @@ import subprocess
 import sys
 import textwrap
 
+import ckpt_builders as b
 import pytest
 import torch
 from torch import nn
 
-import ckpt_builders as b
 from torchdoctor.ckpt.api import check_checkpoint
 from torchdoctor.cli import main
 
@@ -81,8 +82,9 @@ def test_dtype_difference_is_info(files, spec):
     assert str(f.severity) == "info" and "float32 vs model float16" in f.message
 
 
-@pytest.mark.parametrize("factory, message", [("missing", "has no attribute"),
-                                              ("not_a_model", "not a torch.nn.Module")])
+@pytest.mark.parametrize(
+    "factory, message", [("missing", "has no attribute"), ("not_a_model", "not a torch.nn.Module")]
+)
 def test_bad_model_specs(capsys, files, spec, factory, message):
     with pytest.raises(SystemExit) as exc:
         main(["check-ckpt", "--model", spec(factory), files["plain"]])
@@ -95,8 +97,16 @@ def fixed(path, out, model=None):
     return report, torch.load(out, weights_only=True)
 
 
-@pytest.mark.parametrize("name, source", [("dataparallel", None), ("lightning", "state_dict"),
-                                          ("training", "model"), ("whole-module", None), ("legacy", None)])
+@pytest.mark.parametrize(
+    "name, source",
+    [
+        ("dataparallel", None),
+        ("lightning", "state_dict"),
+        ("training", "model"),
+        ("whole-module", None),
+        ("legacy", None),
+    ],
+)
 def test_fix_writes_a_weights_only_strict_loading_state_dict(files, tmp_path, name, source):
     out = str(tmp_path / "fixed.pt")
     report, sd = fixed(files[name], out, model=b.net())
@@ -188,8 +198,14 @@ def test_module_spec_imports_from_the_working_directory_and_pythonpath(files, tm
     (lib / "helpers.py").write_text(MODEL_FILE + "\ndef build():\n    return Net()\n")
     env = {**os.environ, "PYTHONPATH": str(lib), "NO_COLOR": "1"}
     script = os.path.join(os.path.dirname(sys.executable), "torchdoctor")
-    proc = subprocess.run([script, "check-ckpt", "--format", "json", "--model", "mymodels:build_model",
-                           files["dataparallel"]], cwd=project, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [script, "check-ckpt", "--format", "json", "--model", "mymodels:build_model", files["dataparallel"]],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["facts"]["checkpoints"][0]["model"] == {"spec": "mymodels:build_model", "keys": 9}

@@ -1,8 +1,10 @@
 """A state dict written with plain `pickle.dump` carries each storage as the bytes of a nested torch.save:
 its tensors are counted and described like any other (read from those bytes, never loaded)."""
+
 import pickle
 
 import ckpt_builders as b
+
 from torchdoctor.ckpt import read_checkpoint
 
 

@@ -1,4 +1,5 @@
 """Judging a callee by what its installed source reaches: a small library written for each test, never imported."""
+
 from __future__ import annotations
 
 import json
@@ -144,23 +145,26 @@ def lib(tmp_path, monkeypatch):
     reach._memory.clear()
 
 
-@pytest.mark.parametrize("name, use, what, via", [
-    ("Launcher", Use.CALLED, reach.PROCESS, "subprocess.Popen.__init__"),
-    ("evaluate", Use.CALLED, reach.EVAL, "gadgetlib.helper"),
-    ("plugin", Use.CALLED, reach.IMPORT, "importlib.import_module"),
-    ("save", Use.CALLED, reach.WRITE, "builtins.open"),
-    ("remove", Use.CALLED, reach.WRITE, "os.remove"),
-    ("connect", Use.CALLED, reach.NETWORK, "socket.socket"),
-    ("reload", Use.CALLED, reach.UNPICKLE, "pickle.loads"),
-    ("config", Use.CALLED, reach.UNPICKLE, "yaml.load"),
-    ("unsafe_config", Use.CALLED, reach.UNPICKLE, "yaml.load"),
-    ("arrays", Use.CALLED, reach.UNPICKLE, "numpy.load"),
-    ("checkpoint", Use.CALLED, reach.UNPICKLE, "torch.load"),
-    ("native", Use.CALLED, reach.NATIVE, "ctypes.CDLL"),
-    ("Restored", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
-    ("Child", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
-    ("Tool", Use.CALLED, reach.WRITE, "gadgetlib.Tool._write"),
-])
+@pytest.mark.parametrize(
+    "name, use, what, via",
+    [
+        ("Launcher", Use.CALLED, reach.PROCESS, "subprocess.Popen.__init__"),
+        ("evaluate", Use.CALLED, reach.EVAL, "gadgetlib.helper"),
+        ("plugin", Use.CALLED, reach.IMPORT, "importlib.import_module"),
+        ("save", Use.CALLED, reach.WRITE, "builtins.open"),
+        ("remove", Use.CALLED, reach.WRITE, "os.remove"),
+        ("connect", Use.CALLED, reach.NETWORK, "socket.socket"),
+        ("reload", Use.CALLED, reach.UNPICKLE, "pickle.loads"),
+        ("config", Use.CALLED, reach.UNPICKLE, "yaml.load"),
+        ("unsafe_config", Use.CALLED, reach.UNPICKLE, "yaml.load"),
+        ("arrays", Use.CALLED, reach.UNPICKLE, "numpy.load"),
+        ("checkpoint", Use.CALLED, reach.UNPICKLE, "torch.load"),
+        ("native", Use.CALLED, reach.NATIVE, "ctypes.CDLL"),
+        ("Restored", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
+        ("Child", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
+        ("Tool", Use.CALLED, reach.WRITE, "gadgetlib.Tool._write"),
+    ],
+)
 def test_each_sink_is_reached_and_the_path_is_named(lib, name, use, what, via):
     found = reach.judge_uncached("gadgetlib", name, use)
     assert found.what == what and via in found.path and found.path[0] == f"gadgetlib.{name}"
@@ -168,10 +172,19 @@ def test_each_sink_is_reached_and_the_path_is_named(lib, name, use, what, via):
     assert not lib.exists() and "gadgetlib" not in sys.modules  # read, never imported
 
 
-@pytest.mark.parametrize("name, use", [
-    ("read", Use.CALLED), ("fixed_plugin", Use.CALLED), ("safe_config", Use.CALLED), ("weights", Use.CALLED),
-    ("Plain", Use.CALLED), ("Plain", Use.NEW), ("Launcher", Use.NEW), ("Quiet", Use.NEW),
-])
+@pytest.mark.parametrize(
+    "name, use",
+    [
+        ("read", Use.CALLED),
+        ("fixed_plugin", Use.CALLED),
+        ("safe_config", Use.CALLED),
+        ("weights", Use.CALLED),
+        ("Plain", Use.CALLED),
+        ("Plain", Use.NEW),
+        ("Launcher", Use.NEW),
+        ("Quiet", Use.NEW),
+    ],
+)
 def test_harmless_callees_reach_nothing(lib, name, use):
     found = reach.judge_uncached("gadgetlib", name, use)
     assert not found.dangerous and found.inspected, found
@@ -251,11 +264,13 @@ def test_source_is_found_without_importing_parent_packages(tmp_path, monkeypatch
 
 
 def test_source_files_are_parsed_not_executed_even_when_hostile(tmp_path, monkeypatch):
-    (tmp_path / "weird.py").write_text(textwrap.dedent("""
+    (tmp_path / "weird.py").write_text(
+        textwrap.dedent("""
         def f(x):
             return g(x)
         g = f
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     assert not reach.judge_uncached("weird", "f", Use.CALLED).dangerous  # cycles end
 

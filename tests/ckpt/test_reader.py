@@ -1,13 +1,14 @@
 """The safe reader on real checkpoints: formats, tensor metadata, nesting, without executing anything."""
+
 from __future__ import annotations
 
 import io
 import tarfile
 
+import ckpt_builders as b
 import pytest
 import torch
 
-import ckpt_builders as b
 from torchdoctor.ckpt import CheckpointError, read_checkpoint
 from torchdoctor.ckpt.policy import Verdict
 
@@ -107,11 +108,17 @@ def test_views_and_shared_storages(files):
     assert tied["a"].storage is tied["b"].storage and tied["b"].storage_offset == 500_000
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no such file"), (b"", "empty file"), (b"just some text\n", "not a PyTorch checkpoint"),
-    (b"\x93NUMPY\x01\x00", "corrupt .npy header"), (b"PK\x03\x04garbage", "truncated or corrupt zip"),
-    (b"\x80\x02\x95garbage", "corrupt pickle"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such file"),
+        (b"", "empty file"),
+        (b"just some text\n", "not a PyTorch checkpoint"),
+        (b"\x93NUMPY\x01\x00", "corrupt .npy header"),
+        (b"PK\x03\x04garbage", "truncated or corrupt zip"),
+        (b"\x80\x02\x95garbage", "corrupt pickle"),
+    ],
+)
 def test_unreadable_files_raise_the_readers_error(tmp_path, content, message):
     path = tmp_path / "f.pt"
     if content is not None:

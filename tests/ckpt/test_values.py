@@ -1,11 +1,11 @@
 """--scan-values: NaN/Inf found in every floating dtype and layout, streamed in chunks."""
+
 from __future__ import annotations
 
+import ckpt_builders as b
 import torch
 
-import ckpt_builders as b
-from torchdoctor.ckpt import read_checkpoint
-from torchdoctor.ckpt import values
+from torchdoctor.ckpt import read_checkpoint, values
 from torchdoctor.ckpt.values import scan_values
 
 

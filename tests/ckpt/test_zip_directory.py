@@ -1,22 +1,44 @@
 """The reader's own central-directory parser lists exactly what zipfile lists, or leaves the archive to zipfile."""
+
 from __future__ import annotations
 
 import io
 import zipfile
 
+import hostile_corpus
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import hostile_corpus
 from test_fuzz import mutate, mutation
+
 from torchdoctor.ckpt.reader import _plain_central_directory, _zip_infos
 
-pytestmark = pytest.mark.skipif(zipfile.ZipInfo.__slots__ != ("orig_filename", "filename", "date_time",
-                                "compress_type", "_compresslevel", "comment", "extra", "create_system",
-                                "create_version", "extract_version", "reserved", "flag_bits", "volume",
-                                "internal_attr", "external_attr", "header_offset", "CRC", "compress_size",
-                                "file_size", "_raw_time"), reason="this Python's zipfile is used as it is")
+pytestmark = pytest.mark.skipif(
+    zipfile.ZipInfo.__slots__
+    != (
+        "orig_filename",
+        "filename",
+        "date_time",
+        "compress_type",
+        "_compresslevel",
+        "comment",
+        "extra",
+        "create_system",
+        "create_version",
+        "extract_version",
+        "reserved",
+        "flag_bits",
+        "volume",
+        "internal_attr",
+        "external_attr",
+        "header_offset",
+        "CRC",
+        "compress_size",
+        "file_size",
+        "_raw_time",
+    ),
+    reason="this Python's zipfile is used as it is",
+)
 
 
 def _fields(infos):
@@ -39,8 +61,10 @@ def assert_same_as_zipfile(data: bytes) -> bool:
 
 @pytest.fixture(scope="module")
 def zips(files):
-    out = [open(files[name], "rb").read() for name in ("plain", "training", "whole-module", "deflated-nan",
-                                                       "torchscript", "lightning")]
+    out = [
+        open(files[name], "rb").read()
+        for name in ("plain", "training", "whole-module", "deflated-nan", "torchscript", "lightning")
+    ]
     out += [data for data, _ in hostile_corpus.containers("/nonexistent/canary").values() if data[:2] == b"PK"]
     out.append(b"prepended" + out[0])  # offsets shift by the bytes before the archive
     buf = io.BytesIO()

@@ -1,5 +1,6 @@
 """`torchdoctor env` across ranks: the cross-rank checks on synthetic rank facts, the folding of every
 rank's findings, and real launches (torchrun, a missing rank, torch.distributed.launch's --local-rank)."""
+
 import json
 import os
 import socket
@@ -15,10 +16,19 @@ from torchdoctor.findings import Finding, Location, Severity
 
 
 def rank(r, **changes):
-    base = dict(rank=r, hostname="node0", local_rank=r, world_size=2, local_world_size=2, master_addr="node0",
-                master_port="29500", python="3.11.7",
-                torch={"version": "2.5.1+cu124", "cuda": "12.4", "cudnn": 90100, "nccl": "2.21.5"},
-                gpu="NVIDIA A100-SXM4-80GB", env_vars={"OMP_NUM_THREADS": "1"})
+    base = dict(
+        rank=r,
+        hostname="node0",
+        local_rank=r,
+        world_size=2,
+        local_world_size=2,
+        master_addr="node0",
+        master_port="29500",
+        python="3.11.7",
+        torch={"version": "2.5.1+cu124", "cuda": "12.4", "cudnn": 90100, "nccl": "2.21.5"},
+        gpu="NVIDIA A100-SXM4-80GB",
+        env_vars={"OMP_NUM_THREADS": "1"},
+    )
     base.update(changes)
     return RankFacts(**base)
 
@@ -33,9 +43,17 @@ def test_identical_ranks_are_quiet():
 
 
 def test_different_versions_gpus_and_settings_are_named_with_their_ranks():
-    findings = mismatch([rank(0), rank(1, torch={"version": "2.4.0+cu121", "cuda": "12.1", "cudnn": 90100,
-                                                 "nccl": "2.21.5"},
-                                  gpu="NVIDIA GeForce RTX 3090", env_vars={"OMP_NUM_THREADS": "8"})])
+    findings = mismatch(
+        [
+            rank(0),
+            rank(
+                1,
+                torch={"version": "2.4.0+cu121", "cuda": "12.1", "cudnn": 90100, "nccl": "2.21.5"},
+                gpu="NVIDIA GeForce RTX 3090",
+                env_vars={"OMP_NUM_THREADS": "8"},
+            ),
+        ]
+    )
     text = {f.message.split(":")[0]: f for f in findings}
     assert "2.5.1+cu124 on rank 0; 2.4.0+cu121 on rank 1" in text["Ranks run different torch versions"].message
     assert "Ranks run different CUDA versions" in text
@@ -62,8 +80,14 @@ def test_local_rank_argument_only_when_a_launcher_passed_it():
 def test_fold_ranks_says_which_ranks_saw_what():
     shared = Finding("shm small", fix="f", code="TD111", name="shm-too-small", severity=Severity.WARNING)
     own = [shared]
-    gpu = Finding("GPU1 hot", fix="f", code="TD114", name="gpu-health", severity=Severity.WARNING,
-                  location=Location(device="GPU1"))
+    gpu = Finding(
+        "GPU1 hot",
+        fix="f",
+        code="TD114",
+        name="gpu-health",
+        severity=Severity.WARNING,
+        location=Location(device="GPU1"),
+    )
     others = [rank(0), rank(1, findings=[shared.to_dict(), gpu.to_dict()])]
     folded = {f.name: f for f in dist.fold_ranks(own, others)}
     assert folded["shm-too-small"].message == "[all 2 ranks] shm small"
@@ -74,8 +98,9 @@ def test_launch_facts_and_why_ranks_cannot_be_compared():
     assert dist.launch_facts({}) is None
     launch = dist.launch_facts({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"})
     assert dist.multi_rank_problem(launch) is None
-    assert "MASTER_PORT" in dist.multi_rank_problem(dist.launch_facts({"RANK": "0", "WORLD_SIZE": "2",
-                                                                        "MASTER_ADDR": "h"}))
+    assert "MASTER_PORT" in dist.multi_rank_problem(
+        dist.launch_facts({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"})
+    )
     assert "torchrun" in dist.multi_rank_problem(None)
 
 
@@ -89,8 +114,20 @@ def run(cmd, env=None, timeout=120):
 
 @pytest.mark.slow
 def test_torchrun_two_ranks_report_once(tmp_path):
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                str(free_port()), "-m", "torchdoctor", "env", "--format", "json"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "torchdoctor",
+        "env",
+        "--format",
+        "json",
+    ]
     result = run(torchrun)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)  # exactly one JSON document: rank 1 stayed quiet
@@ -119,8 +156,22 @@ def test_ranks_whose_torch_import_fails_or_hangs_still_get_rank_0s_report(tmp_pa
     through the launcher's store in plain Python and exits 0, so torchrun lets rank 0 print the merged report,
     whose exit code is the error."""
     (tmp_path / "sitecustomize.py").write_text(BREAK_RANKS)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
-                str(free_port()), "-m", "torchdoctor", "env", "--format", "json", "--timeout", "8"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "3",
+        "--master-port",
+        str(free_port()),
+        "-m",
+        "torchdoctor",
+        "env",
+        "--format",
+        "json",
+        "--timeout",
+        "8",
+    ]
     result = run(torchrun, env={"PYTHONPATH": str(tmp_path)})
     report = json.loads(result.stdout)  # one JSON document: rank 0's
     assert sorted(r["rank"] for r in report["facts"]["ranks"]) == [0, 1, 2] and report["facts"]["missing_ranks"] == []
@@ -139,24 +190,40 @@ def free_port():
 
 @pytest.mark.slow
 def test_a_rank_that_never_comes_does_not_hang_rank_0():
-    env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port())}
-    result = run([sys.executable, "-m", "torchdoctor", "env", "--distributed", "--timeout", "4", "--format", "json"],
-                 env=env)
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
+    result = run(
+        [sys.executable, "-m", "torchdoctor", "env", "--distributed", "--timeout", "4", "--format", "json"], env=env
+    )
     assert result.returncode == 1, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["facts"]["missing_ranks"] == [1]
-    assert any(f["name"] == "rank-env-mismatch" and "Rank(s) 1 did not report" in f["message"]
-               and "rank 1 never reached the launcher's store" in f["message"] for f in report["findings"])
+    assert any(
+        f["name"] == "rank-env-mismatch"
+        and "Rank(s) 1 did not report" in f["message"]
+        and "rank 1 never reached the launcher's store" in f["message"]
+        for f in report["findings"]
+    )
 
 
 @pytest.mark.slow
 def test_a_rank_that_cannot_reach_rank_0_reports_locally():
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": "port"}  # fails at once (an unreachable address fails after TCPStore's retries)
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "port",
+    }  # fails at once (an unreachable address fails after TCPStore's retries)
     result = run([sys.executable, "-m", "torchdoctor", "env", "--distributed", "--format", "json"], env=env)
-    assert result.stderr.startswith("torchdoctor: rank 1 could not report to rank 0 (the launcher's store at "
-                                    "MASTER_ADDR:MASTER_PORT"), result.stderr[-2000:]
+    assert result.stderr.startswith(
+        "torchdoctor: rank 1 could not report to rank 0 (the launcher's store at MASTER_ADDR:MASTER_PORT"
+    ), result.stderr[-2000:]
     report = json.loads(result.stdout)  # its own report, printed where it ran
     assert report["facts"]["torch"]["ok"] is True and result.returncode == 0
 

@@ -1,6 +1,7 @@
 """`watch` under DistributedDataParallel: two real gloo ranks on 127.0.0.1 run every scenario of
 watch_ddp_worker.py in one launch; the in-process tests cover the exchange's chunking, the tolerance of
 the fingerprints and the merging of the ranks' findings."""
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,24 @@ def ranks(tmp_path_factory):
     """Both ranks' results per scenario: {scenario: [rank 0's, rank 1's]}."""
     out = tmp_path_factory.mktemp("ddp")
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DISTRIBUTED_DEBUG"}  # DETAIL segfaults DDP()
-    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), OUT_DIR=str(out),
-               TORCHDOCTOR_WATCH_TIMEOUT=str(TIMEOUT_S), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(WORKER)], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    env.update(
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        OUT_DIR=str(out),
+        TORCHDOCTOR_WATCH_TIMEOUT=str(TIMEOUT_S),
+        OMP_NUM_THREADS="1",
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER)],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     logs = []
     for p in procs:
         try:
@@ -55,12 +70,15 @@ def _named(result: dict, name: str) -> list[dict]:
 
 
 def _problems(result: dict) -> list[str]:
-    return [f["name"] for f in result["findings"] if f["severity"] in ("warning", "error")
-            or "failed internally" in f["message"]]
+    return [
+        f["name"]
+        for f in result["findings"]
+        if f["severity"] in ("warning", "error") or "failed internally" in f["message"]
+    ]
 
 
 def test_batchnorm_drift_under_broadcast_buffers_false(ranks):
-    for rank, result in enumerate(ranks["buffer_drift"]):
+    for result in ranks["buffer_drift"]:
         [f] = _named(result, "ddp-buffer-desync")
         assert f["severity"] == "warning" and f["location"] == {"key": "1.running_mean", "step": 2}
         assert "1.running_mean" in f["message"] and "1.running_var" in f["message"]
@@ -202,8 +220,12 @@ def test_merge_says_which_ranks_saw_what():
 
     desync = finding("ddp-param-desync", "1 parameter(s) differ", Severity.ERROR, param="w", step=4)
     local = finding("missing-zero-grad", "no zero_grad", step=1)
-    merged = {f.message: f for f in wd.merge_ranks({0: [desync], 1: [desync, local, finding("x", "both")],
-                                                    2: [desync, finding("x", "both")]})}
+    merged = {
+        f.message: f
+        for f in wd.merge_ranks(
+            {0: [desync], 1: [desync, local, finding("x", "both")], 2: [desync, finding("x", "both")]}
+        )
+    }
     assert "1 parameter(s) differ" in merged  # a cross-rank finding every rank made: as is
     assert merged["[rank 1] no zero_grad"].location.rank == 1
     assert "[ranks 1, 2] both" in merged

@@ -3,6 +3,7 @@ process pays for `import torch` once) and writes what each session found to OUT_
 
 Usage: RANK=r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=p OUT_DIR=d python watch_ddp_worker.py
 """
+
 from __future__ import annotations
 
 import json
@@ -176,8 +177,15 @@ SCENARIOS = [buffer_drift, same_data, param_changed, clean, tutorial, fsdp2, ear
 
 
 def summary(found: list) -> list[dict]:
-    return [{"name": f.name, "severity": str(f.severity), "message": f.message,
-             "location": f.location.to_dict() if f.location else None} for f in found]
+    return [
+        {
+            "name": f.name,
+            "severity": str(f.severity),
+            "message": f.message,
+            "location": f.location.to_dict() if f.location else None,
+        }
+        for f in found
+    ]
 
 
 def main() -> None:

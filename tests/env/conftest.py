@@ -1,7 +1,8 @@
 """Fixtures: fresh healthy fact sets for every test (see env_fixtures.py)."""
-import pytest
 
+import pytest
 from env_fixtures import healthy_cpu_facts, healthy_gpu_facts
+
 from torchdoctor.env.facts import EnvFacts
 
 

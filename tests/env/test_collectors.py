@@ -1,4 +1,5 @@
 """The torch-free collectors on this machine, and the probe's parsing of whatever a subprocess left."""
+
 import json
 import os
 import time
@@ -9,8 +10,10 @@ from torchdoctor.env.nvidia import collect_nvidia, describe_process
 
 
 def test_probe_payloads_with_build_and_cuda_facts():
-    payloads = [{"kind": "build", "ok": True, "version": "2.5.1+cu124", "cuda": "12.4", "unknown_key": 1},
-                {"kind": "cuda", "cuda_devices": [{"name": "A100", "capability": [8, 0]}]}]
+    payloads = [
+        {"kind": "build", "ok": True, "version": "2.5.1+cu124", "cuda": "12.4", "unknown_key": 1},
+        {"kind": "cuda", "cuda_devices": [{"name": "A100", "capability": [8, 0]}]},
+    ]
     p = probe.build_probe(payloads, [], timed_out=False, timeout=60, returncode=0)
     assert p.ok and p.version == "2.5.1+cu124" and p.cuda_devices[0]["capability"] == (8, 0)
 
@@ -28,11 +31,18 @@ def test_probe_that_died_without_output():
 
 
 def test_probe_that_crashed_keeps_faulthandlers_stack():
-    stderr = ["Fatal Python error: Bus error\n", "\n", "Current thread 0x00007f (most recent call first):\n",
-              '  File "/py/ctypes/__init__.py", line 376 in __init__\n',
-              '  File "/site/torch/__init__.py", line 380 in _load_global_deps\n']
+    stderr = [
+        "Fatal Python error: Bus error\n",
+        "\n",
+        "Current thread 0x00007f (most recent call first):\n",
+        '  File "/py/ctypes/__init__.py", line 376 in __init__\n',
+        '  File "/site/torch/__init__.py", line 380 in _load_global_deps\n',
+    ]
     p = probe.build_probe([], stderr, timed_out=False, timeout=60, returncode=-7)
-    assert p.crash_stack == ["/py/ctypes/__init__.py:376 in __init__", "/site/torch/__init__.py:380 in _load_global_deps"]
+    assert p.crash_stack == [
+        "/py/ctypes/__init__.py:376 in __init__",
+        "/site/torch/__init__.py:380 in _load_global_deps",
+    ]
     assert p.exit_signal == 7 and not p.timed_out and "Bus error" in p.error
 
 
@@ -90,8 +100,9 @@ def test_search_dirs_are_cwd_then_pythonpath(tmp_path):
 
 
 def test_relevant_env_keeps_only_what_matters():
-    env = system.relevant_env({"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "HOME": "/root",
-                               "OMP_NUM_THREADS": "4", "AWS_SECRET": "x"})
+    env = system.relevant_env(
+        {"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "HOME": "/root", "OMP_NUM_THREADS": "4", "AWS_SECRET": "x"}
+    )
     assert env == {"CUDA_VISIBLE_DEVICES": "0", "NCCL_DEBUG": "INFO", "OMP_NUM_THREADS": "4"}
 
 
@@ -136,18 +147,18 @@ def test_nvml_reports_gpus_or_says_why_there_are_none():
 def test_describe_process_for_a_live_and_a_dead_pid():
     me = describe_process(os.getpid(), 1024, same_pid_namespace=True)
     assert me.alive and "python" in (me.command or "") and me.user
-    dead = describe_process(2 ** 22 + 12345, 1024, same_pid_namespace=True)
+    dead = describe_process(2**22 + 12345, 1024, same_pid_namespace=True)
     assert dead.alive is False
-    unknown = describe_process(2 ** 22 + 12345, 1024, same_pid_namespace=False)
+    unknown = describe_process(2**22 + 12345, 1024, same_pid_namespace=False)
     assert unknown.alive is None
 
 
 def test_a_worker_whose_group_leader_died_is_orphaned():
     import subprocess
-    import time
 
-    leader = subprocess.Popen(["sh", "-c", "sleep 30 & echo $!"], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 30 & echo $!"], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     worker = int(leader.stdout.readline())
     leader.wait()
     try:
@@ -167,13 +178,17 @@ def test_a_worker_whose_group_leader_died_is_orphaned():
 def test_packages_pinned_to_another_torch_or_to_numpy_1(tmp_path, monkeypatch):
     info = tmp_path / "torchvision-0.29.2.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torchvision\nVersion: 0.29.2\n"
-                                   "Requires-Dist: numpy\nRequires-Dist: torch (>=2.14.0)\n"
-                                   "Requires-Dist: scipy ; extra == 'scipy'\n")
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: torchvision\nVersion: 0.29.2\n"
+        "Requires-Dist: numpy\nRequires-Dist: torch (>=2.14.0)\n"
+        "Requires-Dist: scipy ; extra == 'scipy'\n"
+    )
     old = tmp_path / "oldcv-4.0.dist-info"
     old.mkdir()
-    (old / "METADATA").write_text("Metadata-Version: 2.1\nName: OldCV\nVersion: 4.0\n"
-                                  "Requires-Dist: numpy<2,>=1.21\nRequires-Dist: torch; extra == 'torch'\n")
+    (old / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: OldCV\nVersion: 4.0\n"
+        "Requires-Dist: numpy<2,>=1.21\nRequires-Dist: torch; extra == 'torch'\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     facts = packages.collect_packages()
     assert facts.versions["torchvision"] == "0.29.2"
@@ -185,11 +200,17 @@ def test_packages_pinned_to_another_torch_or_to_numpy_1(tmp_path, monkeypatch):
 def test_unmet_requirements_like_pip_check(tmp_path, monkeypatch):
     """A real pass over this interpreter's packages plus two fake distributions, one requiring a missing
     package and one an installed package (click) in a version that is not installed."""
-    for name, requires in (("needsmissing", "no-such-dist-xyz>=1"), ("needsoldclick", "click<1"),
-                           ("happy", "click>=1"), ("onlyonwindows", "no-such-dist-xyz; sys_platform == 'win32'")):
+    for name, requires in (
+        ("needsmissing", "no-such-dist-xyz>=1"),
+        ("needsoldclick", "click<1"),
+        ("happy", "click>=1"),
+        ("onlyonwindows", "no-such-dist-xyz; sys_platform == 'win32'"),
+    ):
         info = tmp_path / f"{name}-1.0.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nRequires-Dist: {requires}\n")
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\nRequires-Dist: {requires}\n"
+        )
     monkeypatch.syspath_prepend(str(tmp_path))
     from importlib.metadata import version
 
@@ -219,7 +240,8 @@ def test_probe_imports_a_companion_built_for_another_variant(tmp_path, monkeypat
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     result = probe.RunningProbe(timeout=120, cwd=str(tmp_path)).result()
     assert result.ok and result.companion_errors == {
-        "torchvision": "RuntimeError: operator torchvision::nms does not exist"}
+        "torchvision": "RuntimeError: operator torchvision::nms does not exist"
+    }
 
 
 def write(path: Path, text: str) -> None:
@@ -229,22 +251,22 @@ def write(path: Path, text: str) -> None:
 
 def test_cgroup_v2_limits_of_this_process_and_its_ancestors(tmp_path):
     write(tmp_path / "memory.max", "max\n")
-    write(tmp_path / "job" / "memory.max", str(8 * 1024 ** 3))
-    write(tmp_path / "job" / "step" / "memory.max", str(2 * 1024 ** 3))  # the tightest wins
-    write(tmp_path / "job" / "step" / "memory.current", str(1024 ** 3))
+    write(tmp_path / "job" / "memory.max", str(8 * 1024**3))
+    write(tmp_path / "job" / "step" / "memory.max", str(2 * 1024**3))  # the tightest wins
+    write(tmp_path / "job" / "step" / "memory.current", str(1024**3))
     write(tmp_path / "job" / "cpu.max", "150000 100000\n")
     limits = system.read_cgroup(tmp_path, "0::/job/step\n")
-    assert (limits.cpus, limits.memory_limit, limits.memory_used) == (1.5, 2 * 1024 ** 3, 1024 ** 3)
+    assert (limits.cpus, limits.memory_limit, limits.memory_used) == (1.5, 2 * 1024**3, 1024**3)
 
 
 def test_cgroup_v1_limits_and_unlimited(tmp_path):
     proc = "5:memory:/docker/abc\n3:cpu,cpuacct:/docker/abc\n0::/\n"
-    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", str(2 * 1024 ** 3))
-    write(tmp_path / "memory" / "docker" / "abc" / "memory.usage_in_bytes", str(512 * 1024 ** 2))
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", str(2 * 1024**3))
+    write(tmp_path / "memory" / "docker" / "abc" / "memory.usage_in_bytes", str(512 * 1024**2))
     write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "200000")
     write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_period_us", "100000")
     limits = system.read_cgroup(tmp_path, proc)
-    assert (limits.cpus, limits.memory_limit, limits.memory_used) == (2.0, 2 * 1024 ** 3, 512 * 1024 ** 2)
+    assert (limits.cpus, limits.memory_limit, limits.memory_used) == (2.0, 2 * 1024**3, 512 * 1024**2)
     write(tmp_path / "memory" / "docker" / "abc" / "memory.limit_in_bytes", "9223372036854771712")
     write(tmp_path / "cpu,cpuacct" / "docker" / "abc" / "cpu.cfs_quota_us", "-1")
     assert system.read_cgroup(tmp_path, proc) == system.CgroupLimits()  # no limits: the host's figures stand
@@ -281,8 +303,10 @@ def test_probe_splits_import_time_into_cpu_and_blocked_time(tmp_path, monkeypatc
         pytest.skip("no per-thread scheduler statistics (not Linux)")
     fake = tmp_path / "torch"
     fake.mkdir()
-    (fake / "__init__.py").write_text("import time\nstart = time.process_time()\n"
-                                      "while time.process_time() - start < 0.5:\n    pass\ntime.sleep(0.5)\n")
+    (fake / "__init__.py").write_text(
+        "import time\nstart = time.process_time()\n"
+        "while time.process_time() - start < 0.5:\n    pass\ntime.sleep(0.5)\n"
+    )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     p = probe.RunningProbe(timeout=120, cwd=str(tmp_path)).result()
     assert not p.ok and p.error_type == "AttributeError"  # no __version__: not a working torch, but timed

@@ -1,14 +1,14 @@
 """Every env check fires on a synthetic fact set that has its problem, and stays quiet on healthy ones."""
+
 import dataclasses
 
 import pytest
-
 from env_fixtures import GiB, healthy_cpu_facts, healthy_gpu_facts, run_check
+
 from torchdoctor import registry
 from torchdoctor.env.facts import GpuFacts, GpuProcess, PathEntry
 from torchdoctor.findings import Severity
 
-GiB = 1024 ** 3
 ENV_CHECKS = [c.name for c in registry.all_checks(registry.Scope.ENV)]
 
 
@@ -31,10 +31,16 @@ def one(name, facts, severity=None):
 
 # torch-import-failure ---------------------------------------------------------------------------
 
+
 def test_import_failure_shadowed_by_a_folder(cpu_facts):
     cpu_facts.torch = dataclasses.replace(
-        cpu_facts.torch, ok=False, error_type="ImportError", error="fake torch: broken on purpose",
-        torch_file="/home/me/project/torch/__init__.py", version=None)
+        cpu_facts.torch,
+        ok=False,
+        error_type="ImportError",
+        error="fake torch: broken on purpose",
+        torch_file="/home/me/project/torch/__init__.py",
+        version=None,
+    )
     f = one("torch-import-failure", cpu_facts, Severity.ERROR)
     assert "/home/me/project/torch first" in f.message and "/site-packages/torch" in f.message
     assert "fake torch: broken on purpose" in f.message
@@ -42,25 +48,38 @@ def test_import_failure_shadowed_by_a_folder(cpu_facts):
 
 def test_import_failure_missing_cuda_library(gpu_facts):
     gpu_facts.torch = dataclasses.replace(
-        gpu_facts.torch, ok=False, error_type="ImportError",
-        error="libcudnn.so.9: cannot open shared object file: No such file or directory")
+        gpu_facts.torch,
+        ok=False,
+        error_type="ImportError",
+        error="libcudnn.so.9: cannot open shared object file: No such file or directory",
+    )
     f = one("torch-import-failure", gpu_facts)
     assert "libcudnn.so.9" in f.message
-    assert "pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124" in f.fix.title
+    assert (
+        "pip install --force-reinstall torch==2.5.1 --index-url https://download.pytorch.org/whl/cu124" in f.fix.title
+    )
 
 
 def test_import_failure_undefined_symbol(gpu_facts):
     gpu_facts.torch = dataclasses.replace(
-        gpu_facts.torch, ok=False, error_type="ImportError",
-        error="/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: ncclCommRegister")
+        gpu_facts.torch,
+        ok=False,
+        error_type="ImportError",
+        error="/site-packages/torch/lib/libtorch_cuda.so: undefined symbol: ncclCommRegister",
+    )
     assert "mixed" in one("torch-import-failure", gpu_facts).message
 
 
 def test_import_failure_hang(cpu_facts):
-    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, timed_out=True, error_type="Timeout",
-                                          error="`import torch` did not finish within 60 s", seconds=60.2,
-                                          hang_stack=["/nfs/site/torch/_C.py:3 in <module>",
-                                                      "/nfs/site/torch/__init__.py:40 in <module>"])
+    cpu_facts.torch = dataclasses.replace(
+        cpu_facts.torch,
+        ok=False,
+        timed_out=True,
+        error_type="Timeout",
+        error="`import torch` did not finish within 60 s",
+        seconds=60.2,
+        hang_stack=["/nfs/site/torch/_C.py:3 in <module>", "/nfs/site/torch/__init__.py:40 in <module>"],
+    )
     f = one("torch-import-failure", cpu_facts)
     assert "hangs" in f.message and "importtime" in f.fix.title and "after 60 s" in f.message
     assert "at /nfs/site/torch/_C.py:3 in <module> (called from /nfs/site/torch/__init__.py:40" in f.message
@@ -68,14 +87,21 @@ def test_import_failure_hang(cpu_facts):
 
 def test_import_failure_hang_inside_a_shadowing_file(cpu_facts):
     cpu_facts.shadowing = [PathEntry(name="socket", path="/work/socket.py", origin_dir="/work")]
-    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, timed_out=True, error_type="Timeout",
-                                          seconds=60.0, hang_stack=["/work/socket.py:2 in <module>"])
+    cpu_facts.torch = dataclasses.replace(
+        cpu_facts.torch,
+        ok=False,
+        timed_out=True,
+        error_type="Timeout",
+        seconds=60.0,
+        hang_stack=["/work/socket.py:2 in <module>"],
+    )
     f = one("torch-import-failure", cpu_facts)
     assert "hung in /work/socket.py" in f.message and f.fix.title.startswith("Rename /work/socket.py")
 
 
-@pytest.mark.parametrize("error", ["cannot import name 'deepcopy' from 'copy' (/work/copy.py)",
-                                   "module 'copy' has no attribute 'deepcopy'"])
+@pytest.mark.parametrize(
+    "error", ["cannot import name 'deepcopy' from 'copy' (/work/copy.py)", "module 'copy' has no attribute 'deepcopy'"]
+)
 def test_import_failure_explained_by_a_shadowing_file_carries_its_fix(cpu_facts, error):
     cpu_facts.shadowing = [PathEntry(name="copy", path="/work/copy.py", origin_dir="/work")]
     cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="ImportError", error=error)
@@ -90,7 +116,7 @@ def test_import_failure_without_a_known_cause_proposes_no_reinstall(cpu_facts):
     f = one("torch-import-failure", cpu_facts)
     assert "OSError: bad ELF" in f.message and "no known cause matched" in f.message
     assert "reinstall" not in f.fix.title.replace("a reinstall is no answer", "")
-    assert "/usr/bin/python3 -X faulthandler -c \"import torch\"" in f.fix.title
+    assert '/usr/bin/python3 -X faulthandler -c "import torch"' in f.fix.title
 
 
 def failed(facts, error_type, error, **probe):
@@ -100,33 +126,57 @@ def failed(facts, error_type, error, **probe):
 
 def test_import_failure_errno_names_the_file_system_and_the_variable(cpu_facts):
     cpu_facts.env_vars["TMPDIR"] = "/mnt/ro/tmp"
-    f = failed(cpu_facts, "OSError", "[Errno 30] Read-only file system: '/mnt/ro/tmp/torch_cache.lock'",
-               error_errno=30, error_filename="/mnt/ro/tmp/torch_cache.lock")
+    f = failed(
+        cpu_facts,
+        "OSError",
+        "[Errno 30] Read-only file system: '/mnt/ro/tmp/torch_cache.lock'",
+        error_errno=30,
+        error_filename="/mnt/ro/tmp/torch_cache.lock",
+    )
     assert "/mnt/ro/tmp is on a read-only file system (EROFS), set by TMPDIR" in f.message
     assert "`mkdir -p $HOME/tmpdir && export TMPDIR=$HOME/tmpdir`" in f.fix.title and "reinstall" not in f.fix.title
-    f = failed(healthy_cpu_facts(), "OSError", "[Errno 28] No space left on device: '/data/cache/x.bin'",
-               error_errno=28, error_filename="/data/cache/x.bin")
+    f = failed(
+        healthy_cpu_facts(),
+        "OSError",
+        "[Errno 28] No space left on device: '/data/cache/x.bin'",
+        error_errno=28,
+        error_filename="/data/cache/x.bin",
+    )
     assert "the file system holding /data/cache is full (ENOSPC)" in f.message and "df -h /data/cache" in f.fix.title
 
 
 def test_import_failure_permission_denied_inside_torchs_folder(cpu_facts):
-    f = failed(cpu_facts, "PermissionError", "[Errno 13] Permission denied: '/site-packages/torch/_C.so'",
-               error_errno=13, error_filename="/site-packages/torch/_C.so")
+    f = failed(
+        cpu_facts,
+        "PermissionError",
+        "[Errno 13] Permission denied: '/site-packages/torch/_C.so'",
+        error_errno=13,
+        error_filename="/site-packages/torch/_C.so",
+    )
     assert "this user may not access /site-packages/torch/_C.so (EACCES); it lives in torch's own folder" in f.message
     assert f.fix.title.endswith("`chmod -R a+rX /site-packages/torch`")
 
 
 def test_import_failure_killed_by_a_containers_memory_limit(cpu_facts):
     cpu_facts.system.cgroup_memory_limit, cpu_facts.system.cgroup_memory_used = 2 * GiB, 2 * GiB - 4096
-    f = failed(cpu_facts, "ProbeFailed", "the Python process that imported torch exited with status -9: no output",
-               exit_signal=9)
+    f = failed(
+        cpu_facts,
+        "ProbeFailed",
+        "the Python process that imported torch exited with status -9: no output",
+        exit_signal=9,
+    )
     assert "the container's memory limit (2 GiB" in f.message and "SIGKILL" in f.message
     assert "--memory" in f.fix.title
 
 
 def test_import_failure_open_files_limit_with_a_low_hard_limit(cpu_facts):
-    f = failed(cpu_facts, "OSError", "[Errno 24] Too many open files: '/site-packages/torch/lib'", error_errno=24,
-               limits={"Max open files": [64, 64]})
+    f = failed(
+        cpu_facts,
+        "OSError",
+        "[Errno 24] Too many open files: '/site-packages/torch/lib'",
+        error_errno=24,
+        limits={"Max open files": [64, 64]},
+    )
     assert "RLIMIT_NOFILE = 64 (`ulimit -n`)" in f.message and "hard limit is 64 too" in f.fix.title
 
 
@@ -134,10 +184,15 @@ def test_import_failure_from_a_library_on_ld_preload(cpu_facts):
     from torchdoctor.env.facts import LibraryCopy
 
     cpu_facts.env_vars["LD_PRELOAD"] = "/opt/tools/libjemalloc.so.2 /opt/old/libgomp.so.1"
-    cpu_facts.libraries = [LibraryCopy("/opt/tools/libjemalloc.so.2", "LD_PRELOAD", "/opt/tools/libjemalloc.so.2"),
-                           LibraryCopy("/opt/old/libgomp.so.1", "LD_PRELOAD", "/opt/old/libgomp.so.1")]
-    f = failed(cpu_facts, "OSError", "/site-packages/torch/lib/libtorch_cpu.so: undefined symbol: "
-                                     "omp_get_max_active_levels, version GOMP_4.5")
+    cpu_facts.libraries = [
+        LibraryCopy("/opt/tools/libjemalloc.so.2", "LD_PRELOAD", "/opt/tools/libjemalloc.so.2"),
+        LibraryCopy("/opt/old/libgomp.so.1", "LD_PRELOAD", "/opt/old/libgomp.so.1"),
+    ]
+    f = failed(
+        cpu_facts,
+        "OSError",
+        "/site-packages/torch/lib/libtorch_cpu.so: undefined symbol: omp_get_max_active_levels, version GOMP_4.5",
+    )
     assert "Cause: /opt/old/libgomp.so.1 (from LD_PRELOAD) lacks a symbol torch needs" in f.message
     assert f.fix.title.endswith("`export LD_PRELOAD=/opt/tools/libjemalloc.so.2`")
 
@@ -159,24 +214,39 @@ def test_import_failure_from_a_module_copy_on_pythonpath(cpu_facts):
     """Not a shadowing name torchdoctor lists, not in pip's metadata: the path in the error says where it lives."""
     cpu_facts.env_vars["PYTHONPATH"] = "/home/me/vendored:/home/me/lib"
     cpu_facts.torch_dist_requirements = {"typing-extensions": ">=4.10.0"}
-    f = failed(cpu_facts, "ImportError", "cannot import name 'deprecated' from 'typing_extensions' "
-                                         "(/home/me/vendored/typing_extensions.py)")
-    assert "Python finds typing_extensions at /home/me/vendored/typing_extensions.py, in the PYTHONPATH folder " \
-           "/home/me/vendored" in f.message and "(torch requires typing-extensions>=4.10.0)" in f.message
+    f = failed(
+        cpu_facts,
+        "ImportError",
+        "cannot import name 'deprecated' from 'typing_extensions' (/home/me/vendored/typing_extensions.py)",
+    )
+    assert (
+        "Python finds typing_extensions at /home/me/vendored/typing_extensions.py, in the PYTHONPATH folder "
+        "/home/me/vendored"
+        in f.message
+        and "(torch requires typing-extensions>=4.10.0)" in f.message
+    )
     assert f.fix.title.endswith("`export PYTHONPATH=/home/me/lib`")
 
 
 def test_import_failure_conda_environments_old_libstdcxx(cpu_facts):
     """The loader found the conda environment's libstdc++ (python's RPATH), older than torch's wheel needs."""
     cpu_facts.env_vars["CONDA_PREFIX"] = "/opt/conda/envs/train"
-    f = failed(cpu_facts, "ImportError", "/opt/conda/envs/train/lib/libstdc++.so.6: version `GLIBCXX_3.4.30' not "
-                                         "found (required by /site-packages/torch/lib/libtorch_cpu.so)")
-    assert "Cause: /opt/conda/envs/train/lib/libstdc++.so.6 is older than torch needs: it lacks GLIBCXX_3.4.30" \
-        in f.message and "it comes from the conda environment /opt/conda/envs/train" in f.message
+    f = failed(
+        cpu_facts,
+        "ImportError",
+        "/opt/conda/envs/train/lib/libstdc++.so.6: version `GLIBCXX_3.4.30' not "
+        "found (required by /site-packages/torch/lib/libtorch_cpu.so)",
+    )
+    assert (
+        "Cause: /opt/conda/envs/train/lib/libstdc++.so.6 is older than torch needs: it lacks GLIBCXX_3.4.30"
+        in f.message
+        and "it comes from the conda environment /opt/conda/envs/train" in f.message
+    )
     assert f.fix.title.endswith("`conda install -p /opt/conda/envs/train -c conda-forge libstdcxx-ng`")
 
 
 # slow-torch-import ------------------------------------------------------------------------------
+
 
 def test_slow_torch_import_judges_cpu_and_file_time_not_wall_time(cpu_facts):
     assert run_check("slow-torch-import", cpu_facts) == []  # 2 s
@@ -203,14 +273,21 @@ def test_slow_torch_import_without_scheduler_statistics_trusts_off_cpu_time_only
 
 
 def test_import_failure_not_installed(cpu_facts):
-    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="ModuleNotFoundError",
-                                          error="No module named 'torch'", torch_file=None, version=None)
+    cpu_facts.torch = dataclasses.replace(
+        cpu_facts.torch,
+        ok=False,
+        error_type="ModuleNotFoundError",
+        error="No module named 'torch'",
+        torch_file=None,
+        version=None,
+    )
     cpu_facts.torch_dist_version = cpu_facts.torch_dist_location = None
     f = one("torch-import-failure", cpu_facts)
     assert "not installed" in f.message and "/usr/bin/python3 -m pip install torch " in f.fix.title
 
 
 # cpu-only-build ---------------------------------------------------------------------------------
+
 
 def test_cpu_build_with_driver_present(gpu_facts):
     gpu_facts.torch = dataclasses.replace(gpu_facts.torch, version="2.5.1+cpu", cuda=None, arch_list=[])
@@ -227,6 +304,7 @@ def test_cpu_build_with_only_a_toolkit_is_info(cpu_facts):
 
 # gpu-arch-unsupported ---------------------------------------------------------------------------
 
+
 def test_blackwell_gpu_against_an_arch_list_without_it(gpu_facts):
     gpu_facts.nvidia.gpus = [GpuFacts(index=0, name="NVIDIA GeForce RTX 5090", capability=(12, 0))]
     gpu_facts.nvidia.driver_cuda = "12.8"
@@ -235,10 +313,13 @@ def test_blackwell_gpu_against_an_arch_list_without_it(gpu_facts):
     assert "CUDA ≥ 12.8" in f.fix.title and "whl/cu128" in f.fix.title
 
 
-@pytest.mark.parametrize("cc, archs", [
-    ((8, 6), ["sm_80"]),                 # same major, higher minor runs sm_80 SASS
-    ((12, 0), ["sm_90", "compute_90"]),  # PTX JIT from compute_90
-])
+@pytest.mark.parametrize(
+    "cc, archs",
+    [
+        ((8, 6), ["sm_80"]),  # same major, higher minor runs sm_80 SASS
+        ((12, 0), ["sm_90", "compute_90"]),  # PTX JIT from compute_90
+    ],
+)
 def test_covered_architectures_are_quiet(gpu_facts, cc, archs):
     gpu_facts.torch.arch_list = archs
     for gpu in gpu_facts.nvidia.gpus:
@@ -253,6 +334,7 @@ def test_arch_specific_sass_does_not_cover_newer_minor(gpu_facts):
 
 
 # driver-too-old ---------------------------------------------------------------------------------
+
 
 def test_470_driver_under_a_cuda_12_build(gpu_facts):
     gpu_facts.nvidia.driver_version, gpu_facts.nvidia.driver_cuda = "470.182.03", "11.4"
@@ -273,6 +355,7 @@ def test_minor_version_compatibility_is_fine(gpu_facts):
 
 # cuda-toolkit-mismatch --------------------------------------------------------------------------
 
+
 def test_toolkit_major_differs_is_info(gpu_facts):
     gpu_facts.toolkit.nvcc_version = "11.8"
     f = one("cuda-toolkit-mismatch", gpu_facts, Severity.INFO)
@@ -286,15 +369,21 @@ def test_toolkit_mismatch_is_a_warning_when_cuda_home_points_at_it(gpu_facts):
 
 # companion-version-mismatch ---------------------------------------------------------------------
 
+
 def test_torchvision_for_another_torch(cpu_facts):
     cpu_facts.packages["torchvision"] = "0.29.2"
     cpu_facts.torch_requirements["torchvision"] = ">=2.14.0"
     f = one("companion-version-mismatch", cpu_facts, Severity.ERROR)
-    assert "torchvision 0.29.2 does not go with torch 2.13.0+cpu: it requires torch>=2.14.0; it is the release" \
-        in f.message and " and " not in f.message.split(";")[0]  # one clause each, not four chained with "and"
+    assert (
+        "torchvision 0.29.2 does not go with torch 2.13.0+cpu: it requires torch>=2.14.0; it is the release"
+        in f.message
+        and " and " not in f.message.split(";")[0]
+    )  # one clause each, not four chained with "and"
     assert "torchvision::nms does not exist" in f.message
-    assert ('/usr/bin/python3 -m pip install "torch==2.13.0" "torchvision==0.28.*" '
-            '--index-url https://download.pytorch.org/whl/cpu') in f.fix.title
+    assert (
+        '/usr/bin/python3 -m pip install "torch==2.13.0" "torchvision==0.28.*" '
+        "--index-url https://download.pytorch.org/whl/cpu"
+    ) in f.fix.title
 
 
 def test_pypi_cuda_torchvision_on_a_cpu_torch(cpu_facts, monkeypatch):
@@ -345,13 +434,14 @@ def test_unmet_requirements(cpu_facts):
     from torchdoctor.env.facts import UnmetRequirement
 
     assert run_check("unmet-requirement", cpu_facts) == []
-    cpu_facts.unmet_requirements = [UnmetRequirement("transformers", "4.48.0", "tokenizers<0.22,>=0.21", "0.22.1"),
-                                    UnmetRequirement("timm", "1.0", "huggingface_hub", None)]
+    cpu_facts.unmet_requirements = [
+        UnmetRequirement("transformers", "4.48.0", "tokenizers<0.22,>=0.21", "0.22.1"),
+        UnmetRequirement("timm", "1.0", "huggingface_hub", None),
+    ]
     f = one("unmet-requirement", cpu_facts, Severity.WARNING)
     assert "transformers 4.48.0 requires tokenizers<0.22,>=0.21, but tokenizers 0.22.1 is installed" in f.message
     assert "timm 1.0 requires huggingface_hub, but it is not installed" in f.message
-    assert f.fix.title == ('/usr/bin/python3 -m pip install "huggingface_hub" "tokenizers<0.22,>=0.21" '
-                           '"torch==2.13.0"')
+    assert f.fix.title == ('/usr/bin/python3 -m pip install "huggingface_hub" "tokenizers<0.22,>=0.21" "torch==2.13.0"')
 
 
 def test_an_old_torchvision_is_one_finding_with_pip_checks_complaint_as_evidence(cpu_facts):
@@ -360,8 +450,10 @@ def test_an_old_torchvision_is_one_finding_with_pip_checks_complaint_as_evidence
     from torchdoctor.env.facts import UnmetRequirement
 
     cpu_facts.packages["torchvision"] = "0.20.1+cpu"
-    cpu_facts.unmet_requirements = [UnmetRequirement("lightning", "2.5.0", "torchvision>=0.21", "0.20.1+cpu"),
-                                    UnmetRequirement("timm", "1.0", "huggingface_hub", None)]
+    cpu_facts.unmet_requirements = [
+        UnmetRequirement("lightning", "2.5.0", "torchvision>=0.21", "0.20.1+cpu"),
+        UnmetRequirement("timm", "1.0", "huggingface_hub", None),
+    ]
     f = one("companion-version-mismatch", cpu_facts)
     assert "Also (pip check): lightning 2.5.0 requires torchvision>=0.21." in f.message
     unmet = one("unmet-requirement", cpu_facts)
@@ -377,6 +469,7 @@ def test_cuda_variant_mismatch(gpu_facts):
 
 
 # numpy-problem ----------------------------------------------------------------------------------
+
 
 def test_numpy_missing(cpu_facts):
     del cpu_facts.packages["numpy"]
@@ -411,8 +504,13 @@ def test_numpy_bridge_broken(cpu_facts):
 def test_a_numpy_abi_error_that_breaks_import_torch_is_one_finding(cpu_facts):
     """The ABI error is torch-import-failure's cause: numpy-problem does not repeat it with the same command."""
     abi = "A module that was compiled using NumPy 1.x cannot be run in NumPy 2.4.6 as it may crash."
-    cpu_facts.torch = dataclasses.replace(cpu_facts.torch, ok=False, error_type="ImportError",
-                                          error="numpy.core.multiarray failed to import", stderr_tail=[abi])
+    cpu_facts.torch = dataclasses.replace(
+        cpu_facts.torch,
+        ok=False,
+        error_type="ImportError",
+        error="numpy.core.multiarray failed to import",
+        stderr_tail=[abi],
+    )
     f = one("torch-import-failure", cpu_facts)
     assert "Cause: a NumPy ABI mismatch" in f.message and '"numpy<2"' in f.fix.title
     assert run_check("numpy-problem", cpu_facts) == []
@@ -422,6 +520,7 @@ def test_a_numpy_abi_error_that_breaks_import_torch_is_one_finding(cpu_facts):
 
 # module-shadowing -------------------------------------------------------------------------------
 
+
 def test_numpy_py_in_the_working_directory(cpu_facts):
     cpu_facts.shadowing = [PathEntry(name="numpy", path="/work/numpy.py", origin_dir="/work")]
     f = one("module-shadowing", cpu_facts, Severity.ERROR)
@@ -430,13 +529,17 @@ def test_numpy_py_in_the_working_directory(cpu_facts):
 
 # cuda-visible-devices ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, words", [
-    ("0,x,1", "invalid entry 'x'"),
-    ("GPU-00000001, GPU-00000000", "invalid entry ' GPU-00000000'"),
-    ("0,0", "twice"),
-    ("1,5", "names 5"),
-    ("GPU-ffffffff", "names GPU-ffffffff"),
-])
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("0,x,1", "invalid entry 'x'"),
+        ("GPU-00000001, GPU-00000000", "invalid entry ' GPU-00000000'"),
+        ("0,0", "twice"),
+        ("1,5", "names 5"),
+        ("GPU-ffffffff", "names GPU-ffffffff"),
+    ],
+)
 def test_bad_cuda_visible_devices(gpu_facts, value, words):
     gpu_facts.env_vars["CUDA_VISIBLE_DEVICES"] = value
     assert words in one("cuda-visible-devices", gpu_facts, Severity.WARNING).message
@@ -463,6 +566,7 @@ def test_mixed_gpu_models_without_pci_order(gpu_facts):
 
 # gpu-memory-held --------------------------------------------------------------------------------
 
+
 def test_dead_pid_holding_gpu_memory(gpu_facts):
     gpu_facts.nvidia.gpus[0].processes = [GpuProcess(pid=4242, used_bytes=3 * GiB, alive=False)]
     f = one("gpu-memory-held", gpu_facts, Severity.WARNING)
@@ -473,21 +577,41 @@ def test_dead_pid_holding_gpu_memory(gpu_facts):
 def test_zombie_and_orphan(gpu_facts):
     gpu_facts.nvidia.gpus[0].processes = [
         GpuProcess(pid=10, used_bytes=GiB, alive=False, status="zombie", parent_pid=9),
-        GpuProcess(pid=11, used_bytes=GiB, alive=True, status="sleeping", parent_pid=1, orphaned=True,
-                   command="/usr/bin/python train.py", user="me"),
-        GpuProcess(pid=12, used_bytes=GiB, alive=True, status="sleeping", parent_pid=1, orphaned=False,
-                   command="nohup python serve.py", user="me"),
+        GpuProcess(
+            pid=11,
+            used_bytes=GiB,
+            alive=True,
+            status="sleeping",
+            parent_pid=1,
+            orphaned=True,
+            command="/usr/bin/python train.py",
+            user="me",
+        ),
+        GpuProcess(
+            pid=12,
+            used_bytes=GiB,
+            alive=True,
+            status="sleeping",
+            parent_pid=1,
+            orphaned=False,
+            command="nohup python serve.py",
+            user="me",
+        ),
     ]
     findings = run_check("gpu-memory-held", gpu_facts)
     assert [("zombie" in f.message, "orphaned" in f.message) for f in findings] == [
-        (True, False), (False, True), (False, False)]  # the nohup job is only listed, as info
+        (True, False),
+        (False, True),
+        (False, False),
+    ]  # the nohup job is only listed, as info
     assert findings[2].severity == Severity.INFO and "pid 12" in findings[2].message
     assert "kill 9" in findings[0].fix.title and "kill 11" in findings[1].fix.title
 
 
 def test_other_live_processes_are_info(gpu_facts):
-    gpu_facts.nvidia.gpus[1].processes = [GpuProcess(pid=77, used_bytes=10 * GiB, alive=True, parent_pid=70,
-                                                     user="alice", command="python serve.py")]
+    gpu_facts.nvidia.gpus[1].processes = [
+        GpuProcess(pid=77, used_bytes=10 * GiB, alive=True, parent_pid=70, user="alice", command="python serve.py")
+    ]
     f = one("gpu-memory-held", gpu_facts, Severity.INFO)
     assert "alice" in f.message and "10 GiB" in f.message
 
@@ -499,13 +623,15 @@ def test_pids_of_another_namespace_are_not_called_dead(gpu_facts):
 
 # shm-too-small ----------------------------------------------------------------------------------
 
+
 def test_docker_default_64_mib_shm(cpu_facts):
-    cpu_facts.system.shm_total = 64 * 1024 ** 2
+    cpu_facts.system.shm_total = 64 * 1024**2
     f = one("shm-too-small", cpu_facts, Severity.WARNING)
     assert "64 MiB" in f.message and "Bus error" in f.message and "--shm-size" in f.fix.title
 
 
 # thread-oversubscription ------------------------------------------------------------------------
+
 
 def test_threads_times_local_processes_exceed_cores(cpu_facts):
     cpu_facts.torch.num_threads = 2
@@ -528,6 +654,7 @@ def test_omp_unset_with_several_local_processes(gpu_facts):
 
 # duplicate-openmp -------------------------------------------------------------------------------
 
+
 def test_two_openmp_runtimes(cpu_facts):
     cpu_facts.torch.openmp_runtimes = ["/site-packages/torch/lib/libgomp.so.1", "/conda/lib/libiomp5.so"]
     f = one("duplicate-openmp", cpu_facts, Severity.WARNING)
@@ -538,11 +665,14 @@ def test_two_openmp_runtimes_because_of_ld_preload(cpu_facts):
     cpu_facts.torch.openmp_runtimes = ["/site-packages/torch/lib/libgomp.so.1", "/opt/intel/lib/libiomp5.so"]
     cpu_facts.env_vars["LD_PRELOAD"] = "/usr/lib/libtcmalloc.so /opt/intel/lib/libiomp5.so"
     f = one("duplicate-openmp", cpu_facts)
-    assert "LD_PRELOAD=/usr/lib/libtcmalloc.so /opt/intel/lib/libiomp5.so forces /opt/intel/lib/libiomp5.so" in f.message
+    assert (
+        "LD_PRELOAD=/usr/lib/libtcmalloc.so /opt/intel/lib/libiomp5.so forces /opt/intel/lib/libiomp5.so" in f.message
+    )
     assert f.fix.title.startswith("Take /opt/intel/lib/libiomp5.so out of LD_PRELOAD")
 
 
 # gpu-health -------------------------------------------------------------------------------------
+
 
 def test_gpu_health_problems(gpu_facts):
     g0, g1 = gpu_facts.nvidia.gpus
@@ -560,15 +690,17 @@ def test_gpu_health_problems(gpu_facts):
 
 # low-resources ----------------------------------------------------------------------------------
 
+
 def test_little_ram_and_disk(cpu_facts):
-    cpu_facts.system.memory_available = 512 * 1024 ** 2
-    cpu_facts.system.disk_free = 287 * 1024 ** 2
+    cpu_facts.system.memory_available = 512 * 1024**2
+    cpu_facts.system.disk_free = 287 * 1024**2
     findings = run_check("low-resources", cpu_facts)
     assert len(findings) == 2
     assert "512 MiB" in findings[0].message and "287 MiB" in findings[1].message
 
 
 # determinism-settings ---------------------------------------------------------------------------
+
 
 def test_malformed_cublas_workspace_config(gpu_facts):
     gpu_facts.env_vars["CUBLAS_WORKSPACE_CONFIG"] = "4096:8"
@@ -590,42 +722,52 @@ def test_a_crashing_check_becomes_one_internal_error(cpu_facts):
 
 
 def test_a_stopped_process_is_named_stopped(gpu_facts):
-    gpu_facts.nvidia.gpus[1].processes = [GpuProcess(pid=78, used_bytes=2 * GiB, alive=True, status="stopped",
-                                                     parent_pid=70, command="python train.py")]
+    gpu_facts.nvidia.gpus[1].processes = [
+        GpuProcess(pid=78, used_bytes=2 * GiB, alive=True, status="stopped", parent_pid=70, command="python train.py")
+    ]
     assert "pid 78" in one("gpu-memory-held", gpu_facts, Severity.INFO).message
     assert "stopped (Ctrl-Z" in one("gpu-memory-held", gpu_facts, Severity.INFO).message
 
 
 # machine: cgroup memory, /dev/shm free, cache folders, open files, variables ------------------------
 
+
 def test_container_memory_limit_replaces_the_hosts(cpu_facts):
     cpu_facts.system.memory_total, cpu_facts.system.memory_available = 64 * GiB, 60 * GiB
     cpu_facts.system.cgroup_memory_limit, cpu_facts.system.cgroup_memory_used = 2 * GiB, int(1.7 * GiB)
     f = one("low-resources", cpu_facts)
-    assert "Only 307.2 MiB of the 2 GiB this container may use (its cgroup memory limit; the host has 64 GiB)" \
-        in f.message
+    assert (
+        "Only 307.2 MiB of the 2 GiB this container may use (its cgroup memory limit; the host has 64 GiB)" in f.message
+    )
     assert "--memory" in f.fix.title
     cpu_facts.system.cgroup_memory_used = GiB // 4  # 1.75 GiB left of 2: fine
     assert run_check("low-resources", cpu_facts) == []
 
 
 def test_cache_folder_nearly_full(cpu_facts):
-    cpu_facts.system.cache_free = {"HF_HOME": ("/home/me/.cache/huggingface", GiB // 2),
-                                   "TMPDIR": ("/tmp", 40 * GiB)}
+    cpu_facts.system.cache_free = {"HF_HOME": ("/home/me/.cache/huggingface", GiB // 2), "TMPDIR": ("/tmp", 40 * GiB)}
     f = one("low-resources", cpu_facts)
     assert "for HF_HOME (/home/me/.cache/huggingface)" in f.message and "export HF_HOME=" in f.fix.title
 
 
 def test_shm_large_but_nearly_full(cpu_facts):
-    cpu_facts.system.shm_free = 300 * 1024 ** 2
+    cpu_facts.system.shm_free = 300 * 1024**2
     f = one("shm-too-small", cpu_facts)
     assert "is 12 GiB but only 300 MiB is free" in f.message
     cpu_facts.system.shm_free = 11 * GiB
     assert run_check("shm-too-small", cpu_facts) == []
 
 
-@pytest.mark.parametrize("soft, hard, severity", [(256, 4096, Severity.WARNING), (1024, 1048576, Severity.INFO),
-                                                  (1024, 1024, None), (65536, 65536, None), (None, None, None)])
+@pytest.mark.parametrize(
+    "soft, hard, severity",
+    [
+        (256, 4096, Severity.WARNING),
+        (1024, 1048576, Severity.INFO),
+        (1024, 1024, None),
+        (65536, 65536, None),
+        (None, None, None),
+    ],
+)
 def test_open_files_limit(cpu_facts, soft, hard, severity):
     cpu_facts.system.open_files_soft, cpu_facts.system.open_files_hard = soft, hard
     findings = run_check("open-files-limit", cpu_facts)
@@ -634,20 +776,32 @@ def test_open_files_limit(cpu_facts, soft, hard, severity):
         assert "ulimit -n 4096" in findings[0].fix.title and "received 0 items of ancdata" in findings[0].message
 
 
-@pytest.mark.parametrize("variables, expected", [
-    ({"CUDA_LAUNCH_BLOCKING": "1"}, ["CUDA_LAUNCH_BLOCKING=1 is set"]),
-    ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:true"}, ["unknown option 'expandable_segment' (did you mean "
-                                                              "expandable_segments?)"]),
-    ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb=128"}, ["'max_split_size_mb=128' is not key:value"]),
-    ({"PYTORCH_ALLOC_CONF": "expandable_segments:yes"}, ["'yes' is not a valid value for expandable_segments"]),
-    ({"OMP_NUM_THREADS": "auto"}, ["OMP_NUM_THREADS='auto' is not a positive whole number"]),
-    ({"OMP_NUM_THREADS": ""}, ["OMP_NUM_THREADS='' is not"]),
-    # must NOT flag
-    ({"CUDA_LAUNCH_BLOCKING": "0", "OMP_NUM_THREADS": "8", "MKL_NUM_THREADS": "4,2",
-      "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128,"
-                                 "roundup_power2_divisions:[256:1,512:2,>:8],garbage_collection_threshold:0.6"}, []),
-    ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, []),
-])
+@pytest.mark.parametrize(
+    "variables, expected",
+    [
+        ({"CUDA_LAUNCH_BLOCKING": "1"}, ["CUDA_LAUNCH_BLOCKING=1 is set"]),
+        (
+            {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segment:true"},
+            ["unknown option 'expandable_segment' (did you mean expandable_segments?)"],
+        ),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb=128"}, ["'max_split_size_mb=128' is not key:value"]),
+        ({"PYTORCH_ALLOC_CONF": "expandable_segments:yes"}, ["'yes' is not a valid value for expandable_segments"]),
+        ({"OMP_NUM_THREADS": "auto"}, ["OMP_NUM_THREADS='auto' is not a positive whole number"]),
+        ({"OMP_NUM_THREADS": ""}, ["OMP_NUM_THREADS='' is not"]),
+        # must NOT flag
+        (
+            {
+                "CUDA_LAUNCH_BLOCKING": "0",
+                "OMP_NUM_THREADS": "8",
+                "MKL_NUM_THREADS": "4,2",
+                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128,"
+                "roundup_power2_divisions:[256:1,512:2,>:8],garbage_collection_threshold:0.6",
+            },
+            [],
+        ),
+        ({"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}, []),
+    ],
+)
 def test_env_var_misconfigured(cpu_facts, variables, expected):
     cpu_facts.env_vars.update(variables)
     findings = run_check("env-var-misconfigured", cpu_facts)

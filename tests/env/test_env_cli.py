@@ -1,4 +1,5 @@
 """`torchdoctor env` end to end: on this machine, with a broken torch, and with bad options."""
+
 import json
 import os
 import subprocess
@@ -6,22 +7,23 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from env_stub import collection_of
 
 from torchdoctor.cli import cli, main
 
-from env_stub import collection_of
-
-
 # Runs the CLI like the console script does, and tells on stderr whether torch ended up imported.
-ENTRY = ("import atexit, sys; "
-         "atexit.register(lambda: sys.stderr.write('torch-imported=%s' % ('torch' in sys.modules))); "
-         "from torchdoctor.cli import main; main()")
+ENTRY = (
+    "import atexit, sys; "
+    "atexit.register(lambda: sys.stderr.write('torch-imported=%s' % ('torch' in sys.modules))); "
+    "from torchdoctor.cli import main; main()"
+)
 
 
 def run_env(*args, cwd, extra_env=None):
     env = {**os.environ, **(extra_env or {}), "NO_COLOR": "1", "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-c", ENTRY, "env", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", ENTRY, "env", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_healthy_machine_exits_0_with_no_warning_or_error_even_while_every_core_is_busy(tmp_path):
@@ -58,12 +60,15 @@ def test_broken_torch_first_on_pythonpath(tmp_path):
     assert result.stderr == "torch-imported=False"
 
 
-@pytest.mark.parametrize("args, words", [
-    (["env", "--select", "no-such-check"], "unknown check 'no-such-check'"),
-    (["env", "--format", "xml"], "Invalid value for '--format'"),
-    (["env", "--fail-on", "sometimes"], "Invalid value for '--fail-on'"),
-    (["explain", "nope"], "unknown check 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["env", "--select", "no-such-check"], "unknown check 'no-such-check'"),
+        (["env", "--format", "xml"], "Invalid value for '--format'"),
+        (["env", "--fail-on", "sometimes"], "Invalid value for '--fail-on'"),
+        (["explain", "nope"], "unknown check 'nope'"),
+    ],
+)
 def test_bad_options_give_one_line_and_exit_2(args, words, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(args)
@@ -77,7 +82,7 @@ def test_select_and_fail_on_with_synthetic_facts(monkeypatch):
     from env_fixtures import healthy_gpu_facts
 
     facts = healthy_gpu_facts()
-    facts.system.shm_total = 64 * 1024 ** 2
+    facts.system.shm_total = 64 * 1024**2
     facts.nvidia.gpus[0].persistence_mode = False
     fake_collection(monkeypatch, facts)
     runner = CliRunner()
@@ -100,16 +105,30 @@ def fake_collection(monkeypatch, facts):
 
 # Every field `python -m torch.utils.collect_env` prints (torch 2.13), and the markdown row that covers it.
 COLLECT_ENV_FIELDS = {
-    "PyTorch version": "| PyTorch |", "Is debug build": "debug build:", "CUDA used to build PyTorch":
-    "| CUDA used to build PyTorch |", "ROCM used to build PyTorch": "| ROCm used to build PyTorch |", "OS": "| OS |",
-    "GCC version": "GCC:", "Clang version": "Clang:", "CMake version": "CMake:", "Libc version": "| Libc |",
-    "Python version": "| Python |", "Python platform": "| Python platform |", "Is CUDA available": "| CUDA available |",
-    "CUDA runtime version": "| CUDA toolkit (nvcc) |", "CUDA_MODULE_LOADING set to": "| CUDA_MODULE_LOADING |",
-    "GPU models and configuration": "| GPU models and configuration |", "Nvidia driver version": "| NVIDIA driver |",
-    "cuDNN version": "| cuDNN |", "Is XPU available": "| XPU available |", "HIP runtime version": "| HIP runtime |",
+    "PyTorch version": "| PyTorch |",
+    "Is debug build": "debug build:",
+    "CUDA used to build PyTorch": "| CUDA used to build PyTorch |",
+    "ROCM used to build PyTorch": "| ROCm used to build PyTorch |",
+    "OS": "| OS |",
+    "GCC version": "GCC:",
+    "Clang version": "Clang:",
+    "CMake version": "CMake:",
+    "Libc version": "| Libc |",
+    "Python version": "| Python |",
+    "Python platform": "| Python platform |",
+    "Is CUDA available": "| CUDA available |",
+    "CUDA runtime version": "| CUDA toolkit (nvcc) |",
+    "CUDA_MODULE_LOADING set to": "| CUDA_MODULE_LOADING |",
+    "GPU models and configuration": "| GPU models and configuration |",
+    "Nvidia driver version": "| NVIDIA driver |",
+    "cuDNN version": "| cuDNN |",
+    "Is XPU available": "| XPU available |",
+    "HIP runtime version": "| HIP runtime |",
     "MIOpen runtime version": "| cuDNN |",  # the same row, named MIOpen on ROCm builds
-    "Is XNNPACK available": "| XNNPACK available |", "Caching allocator config": "| Caching allocator config |",
-    "CPU": "CPU (lscpu)", "Versions of relevant libraries": "**Relevant packages (pip)**",
+    "Is XNNPACK available": "| XNNPACK available |",
+    "Caching allocator config": "| Caching allocator config |",
+    "CPU": "CPU (lscpu)",
+    "Versions of relevant libraries": "**Relevant packages (pip)**",
 }
 
 
@@ -118,7 +137,7 @@ def test_markdown_report_covers_collect_env(monkeypatch):
 
     facts = healthy_gpu_facts()
     facts.torch.xpu_available, facts.torch.xnnpack, facts.torch.debug = False, True, False
-    facts.system.shm_total = 64 * 1024 ** 2
+    facts.system.shm_total = 64 * 1024**2
     facts.env_vars["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
     fake_collection(monkeypatch, facts)
     result = CliRunner().invoke(cli, ["env", "--format", "markdown"])
@@ -138,7 +157,7 @@ def test_verbose_lists_the_checks_that_passed_by_area(monkeypatch):
     from env_fixtures import healthy_cpu_facts
 
     facts = healthy_cpu_facts()
-    facts.system.shm_total = 64 * 1024 ** 2
+    facts.system.shm_total = 64 * 1024**2
     fake_collection(monkeypatch, facts)
     out = CliRunner().invoke(cli, ["env", "-v"], env={"COLUMNS": "300"}).output
     machine = next(line for line in out.splitlines() if line.startswith("✓ machine"))

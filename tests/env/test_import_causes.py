@@ -3,6 +3,7 @@ pasted into a shell, makes `import torch` work (where the fix needs no network).
 
 Every setup's probe starts at once (one process each, all failing early), so the lot costs about one torch import.
 """
+
 import json
 import os
 import re
@@ -14,18 +15,21 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from env_fixtures import run_check
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from env_fixtures import run_check
 from torchdoctor.env.doctor import FactCollection
 
 TORCH_LIB = Path(__import__("importlib.util").util.find_spec("torch").origin).parent / "lib"
 TORCH_VERSION = metadata.version("torch")
 OURS = sysconfig.get_paths()["purelib"]
 # torch's own requirement on typing-extensions, as its metadata states it (e.g. "typing-extensions>=4.10.0")
-TE_REQUIREMENT = next(f"typing-extensions{r.specifier}" for r in map(Requirement, metadata.requires("torch") or [])
-                      if canonicalize_name(r.name) == "typing-extensions")  # this environment's site-packages: torch, and torchdoctor's dependencies
+TE_REQUIREMENT = next(
+    f"typing-extensions{r.specifier}"
+    for r in map(Requirement, metadata.requires("torch") or [])
+    if canonicalize_name(r.name) == "typing-extensions"
+)  # this environment's site-packages: torch, and torchdoctor's dependencies
 
 
 def venv(root: Path, *, ours: bool = True) -> Path:
@@ -57,7 +61,12 @@ def site_of(root: Path) -> Path:
 def dist_info(site: Path, name: str, version: str, requires=(), direct_url=None) -> None:
     info = site / f"{name}-{version}.dist-info"
     info.mkdir(parents=True)
-    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    lines = [
+        "Metadata-Version: 2.1",
+        f"Name: {name}",
+        f"Version: {version}",
+        *(f"Requires-Dist: {r}" for r in requires),
+    ]
     (info / "METADATA").write_text("\n".join(lines) + "\n\n")
     (info / "RECORD").write_text("")
     if direct_url:
@@ -65,8 +74,11 @@ def dist_info(site: Path, name: str, version: str, requires=(), direct_url=None)
 
 
 def clean_env(**changes):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONUSERBASE", "PYTHONNOUSERSITE")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONUSERBASE", "PYTHONNOUSERSITE")
+    }
     env.update(changes)
     return env
 
@@ -94,8 +106,18 @@ def setups(tmp_path_factory):
     if shutil.which("gcc"):
         (root / "stub").mkdir()
         (root / "stub" / "s.c").write_text("int unrelated(void) { return 0; }\n")
-        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libgomp.so.1", "-o", str(root / "stub" / "libgomp.so.1"),
-                        str(root / "stub" / "s.c")], check=True)
+        subprocess.run(
+            [
+                "gcc",
+                "-shared",
+                "-fPIC",
+                "-Wl,-soname,libgomp.so.1",
+                "-o",
+                str(root / "stub" / "libgomp.so.1"),
+                str(root / "stub" / "s.c"),
+            ],
+            check=True,
+        )
         built["stub_lib"] = (sys.executable, clean_env(LD_LIBRARY_PATH=str(root / "stub")))
     # a CUDA build of torch in the user site, ahead of the environment's own CPU torch, on a machine without CUDA;
     # the environment is a prefix of its own (as a conda env or a system Python: in a venv the user site is off)
@@ -106,18 +128,28 @@ def setups(tmp_path_factory):
     (user_site / "torch" / "__init__.py").write_text("import ctypes\nctypes.CDLL('libcudnn.so.9')\n")
     (user_site / "torch" / "version.py").write_text("__version__ = '2.13.0+cu130'\ncuda = '13.0'\n")
     dist_info(user_site, "torch", "2.13.0+cu130")
-    built["user_site"] = (os.path.realpath(sys.executable), clean_env(PYTHONHOME=str(prefix), PYTHONUSERBASE=str(userbase)))
+    built["user_site"] = (
+        os.path.realpath(sys.executable),
+        clean_env(PYTHONHOME=str(prefix), PYTHONUSERBASE=str(userbase)),
+    )
     # a working torch in the user site (the environment's own files, linked) ahead of the environment's: it imports
     okbase = root / "okbase"
     ok_site = okbase / user_site.relative_to(userbase)
     ok_site.mkdir(parents=True)
     (ok_site / "torch").symlink_to(TORCH_LIB.parent, target_is_directory=True)
-    built["user_site_works"] = (os.path.realpath(sys.executable),
-                                clean_env(PYTHONHOME=str(prefix), PYTHONUSERBASE=str(okbase)))
+    built["user_site_works"] = (
+        os.path.realpath(sys.executable),
+        clean_env(PYTHONHOME=str(prefix), PYTHONUSERBASE=str(okbase)),
+    )
     # an editable install of torch whose source folder was deleted (pip still lists it)
     gone = root / "pytorch-checkout"
     editable = venv(root / "editvenv", ours=False)
-    dist_info(site_of(editable), "torch", "2.13.0a0+git1234", direct_url={"url": gone.as_uri(), "dir_info": {"editable": True}})
+    dist_info(
+        site_of(editable),
+        "torch",
+        "2.13.0a0+git1234",
+        direct_url={"url": gone.as_uri(), "dir_info": {"editable": True}},
+    )
     (site_of(editable) / "__editable__.torch-2.13.0a0+git1234.pth").write_text(f"{gone}\n")
     built["deleted_editable"] = (str(editable / "bin" / "python"), clean_env())
     # torch's own install damaged: its libgomp.so.1 cut short (the rest of the package linked to the real one)
@@ -139,8 +171,10 @@ def setups(tmp_path_factory):
     dist_info(site_of(old), "typing_extensions", "4.0.0")
     built["old_requirement"] = (str(old / "bin" / "python"), clean_env())
 
-    collections = {name: (FactCollection(probe_timeout=120, cwd=str(work), python=python, environ=env), python, env)
-                   for name, (python, env) in built.items()}
+    collections = {
+        name: (FactCollection(probe_timeout=120, cwd=str(work), python=python, environ=env), python, env)
+        for name, (python, env) in built.items()
+    }
     return {name: (c.finish(), python, env) for name, (c, python, env) in collections.items()}
 
 
@@ -186,8 +220,10 @@ def test_a_library_without_the_symbols_torch_needs(setups):
     facts, python, env = setups["stub_lib"]
     f = finding(facts)
     assert "undefined symbol: omp_" in f.message
-    assert f"Cause: {env['LD_LIBRARY_PATH']}/libgomp.so.1 (from the LD_LIBRARY_PATH folder {env['LD_LIBRARY_PATH']}) " \
-           "lacks a symbol torch needs" in f.message
+    assert (
+        f"Cause: {env['LD_LIBRARY_PATH']}/libgomp.so.1 (from the LD_LIBRARY_PATH folder {env['LD_LIBRARY_PATH']}) "
+        "lacks a symbol torch needs" in f.message
+    )
     assert pasted(f.fix.title) == "unset LD_LIBRARY_PATH"
 
 
@@ -209,8 +245,10 @@ def test_torch_from_the_user_site_ahead_of_the_environments(setups):
     f = finding(facts)
     user_site = facts.torch.user_site
     assert user_site.startswith(env["PYTHONUSERBASE"]) and facts.torch.torch_copies[0] == f"{user_site}/torch"
-    assert f"torch comes from the user site {user_site}, which Python searches before the environment's " \
-           f"site-packages, ahead of the environment's own torch {TORCH_VERSION} in {TORCH_LIB.parent}" in f.message
+    assert (
+        f"torch comes from the user site {user_site}, which Python searches before the environment's "
+        f"site-packages, ahead of the environment's own torch {TORCH_VERSION} in {TORCH_LIB.parent}" in f.message
+    )
     assert "libcudnn.so.9: cannot open shared object file" in f.message  # the error, quoted
     assert "cu1" not in f.fix.title and "--index-url" not in f.fix.title  # never a CUDA build without a driver
     assert imports_after("true", python, env).returncode != 0  # the setup is broken without the fix
@@ -223,10 +261,14 @@ def test_an_editable_install_whose_source_was_deleted(setups):
     facts, python, env = setups["deleted_editable"]
     f = finding(facts)
     assert "No module named 'torch'" in f.message
-    assert f"torch 2.13.0a0+git1234 is an editable install whose source folder " \
-           f"{facts.torch_dist_editable} is gone" in f.message
-    assert f"{python} -m pip uninstall -y torch && {python} -m pip install torch==2.13.0 " \
-           "--index-url https://download.pytorch.org/whl/cpu" in f.fix.title
+    assert (
+        f"torch 2.13.0a0+git1234 is an editable install whose source folder "
+        f"{facts.torch_dist_editable} is gone" in f.message
+    )
+    assert (
+        f"{python} -m pip uninstall -y torch && {python} -m pip install torch==2.13.0 "
+        "--index-url https://download.pytorch.org/whl/cpu" in f.fix.title
+    )
     assert "cu1" not in f.fix.title
 
 
@@ -234,10 +276,14 @@ def test_a_damaged_install_is_the_one_case_for_a_reinstall(setups):
     facts, python, env = setups["damaged_install"]
     assert facts.torch.exit_signal == 7 and facts.torch_dist_location == str(site_of(Path(python).parents[1]) / "torch")
     f = finding(facts)
-    assert f"Cause: torch's own install is damaged: {facts.torch_dist_location}/lib/libgomp.so.1 is not a whole " \
-           "shared library (the process died of signal 7 loading it)" in f.message
-    assert f.fix.title == f"Reinstall it: {python} -m pip install --force-reinstall " \
-                          f"torch=={TORCH_VERSION.split('+')[0]} --index-url https://download.pytorch.org/whl/cpu"
+    assert (
+        f"Cause: torch's own install is damaged: {facts.torch_dist_location}/lib/libgomp.so.1 is not a whole "
+        "shared library (the process died of signal 7 loading it)" in f.message
+    )
+    assert (
+        f.fix.title == f"Reinstall it: {python} -m pip install --force-reinstall "
+        f"torch=={TORCH_VERSION.split('+')[0]} --index-url https://download.pytorch.org/whl/cpu"
+    )
 
 
 def test_an_unmet_requirement_of_torch_is_the_cause_and_reported_once(setups):
@@ -252,11 +298,19 @@ def test_an_unmet_requirement_of_torch_is_the_cause_and_reported_once(setups):
 
 def test_a_memory_limit_names_rlimit_as_and_the_ulimit_that_lifts_it(tmp_path):
     """`ulimit -v` (RLIMIT_AS) too small for torch's libraries: the whole `torchdoctor env` runs under it."""
-    limited = ("import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (500 << 20, resource.RLIM_INFINITY)); "
-               "os.execv(sys.executable, [sys.executable, '-m', 'torchdoctor', 'env', '--format', 'json', "
-               "'--select', 'torch-import-failure'])")
-    result = subprocess.run([sys.executable, "-c", limited], cwd=tmp_path, env=clean_env(NO_COLOR="1"),
-                            capture_output=True, text=True, timeout=300)
+    limited = (
+        "import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, (500 << 20, resource.RLIM_INFINITY)); "
+        "os.execv(sys.executable, [sys.executable, '-m', 'torchdoctor', 'env', '--format', 'json', "
+        "'--select', 'torch-import-failure'])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", limited],
+        cwd=tmp_path,
+        env=clean_env(NO_COLOR="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     report = json.loads(result.stdout)
     [f] = report["findings"]
     assert "Cause: the process runs under RLIMIT_AS = 500 MiB (`ulimit -v`)" in f["message"]
@@ -270,14 +324,18 @@ def test_a_working_torch_in_the_user_site_is_named_with_the_copy_it_hides(setups
     assert run_check("torch-import-failure", facts) == [] and facts.torch.ok
     [f] = run_check("torch-copy-hidden", facts)
     user_copy = f"{facts.torch.user_site}/torch"
-    assert f.message.startswith(f"Python imports torch from {user_copy} ({TORCH_VERSION}), which hides {TORCH_LIB.parent}")
+    assert f.message.startswith(
+        f"Python imports torch from {user_copy} ({TORCH_VERSION}), which hides {TORCH_LIB.parent}"
+    )
     assert "`export PYTHONNOUSERSITE=1`" in f.fix.title
     where = f"{python} -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec(\"torch\").origin))'"
-    after = subprocess.run(["bash", "-c", f"export PYTHONNOUSERSITE=1\n{where}"], env=env, capture_output=True,
-                           text=True)
+    after = subprocess.run(
+        ["bash", "-c", f"export PYTHONNOUSERSITE=1\n{where}"], env=env, capture_output=True, text=True
+    )
     assert after.stdout.strip() == str(TORCH_LIB.parent)  # the pasted fix: the environment's own torch again
     removal = pasted(f.fix.title)  # `rm -rf <the user-site link> ...`: removes the link, never what it points to
     assert removal.startswith(f"rm -rf {user_copy} ")
     subprocess.run(["bash", "-c", removal], env=env, check=True)
-    assert TORCH_LIB.is_dir() and [] == run_check("torch-copy-hidden", FactCollection(
-        probe_timeout=120, python=python, environ=env, cwd=facts.cwd).finish())
+    assert TORCH_LIB.is_dir() and [] == run_check(
+        "torch-copy-hidden", FactCollection(probe_timeout=120, python=python, environ=env, cwd=facts.cwd).finish()
+    )

@@ -4,6 +4,7 @@ Each shadowing module raises on import with its own name: if torchdoctor's own p
 them, the run would end in an internal error naming it. The torch probe must import them (it runs with
 the user's environment), so `import torch` fails and the report blames the shadowing file.
 """
+
 import json
 import os
 import shutil
@@ -40,8 +41,9 @@ def findings(report, name):
     return [f for f in report["findings"] if f["name"] == name]
 
 
-@pytest.mark.parametrize("form, place", [("-m", "cwd"), ("-m", "PYTHONPATH"), ("script", "script dir"),
-                                         ("script", "PYTHONPATH")])
+@pytest.mark.parametrize(
+    "form, place", [("-m", "cwd"), ("-m", "PYTHONPATH"), ("script", "script dir"), ("script", "PYTHONPATH")]
+)
 def test_shadowing_stdlib_names_in_both_launch_forms(tmp_path, form, place):
     project = shadow_dir(tmp_path)
     elsewhere = tmp_path / "elsewhere"
@@ -54,8 +56,9 @@ def test_shadowing_stdlib_names_in_both_launch_forms(tmp_path, form, place):
     else:
         cmd = [str(SCRIPT)]
     cwd = project if place == "cwd" else elsewhere
-    result, report = run([*cmd, "env", "--format", "json"], cwd=cwd,
-                         pythonpath=project if place == "PYTHONPATH" else None)
+    result, report = run(
+        [*cmd, "env", "--format", "json"], cwd=cwd, pythonpath=project if place == "PYTHONPATH" else None
+    )
     shadowed = {f["location"]["file"] for f in findings(report, "module-shadowing")}
     if place != "script dir":  # the probe imports from the working directory and PYTHONPATH, as `python -c` does
         assert result.returncode == 1
@@ -127,8 +130,9 @@ def test_a_sitecustomize_already_loaded_from_pythonpath_makes_it_re_execute(tmp_
     (project / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'a').write('x')\n")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result, report = run([sys.executable, "-m", "torchdoctor", "env", "--format", "json"], cwd=elsewhere,
-                         pythonpath=project)
+    result, report = run(
+        [sys.executable, "-m", "torchdoctor", "env", "--format", "json"], cwd=elsewhere, pythonpath=project
+    )
     (failure,) = findings(report, "torch-import-failure")  # the probe still sees PYTHONPATH
     named = {f["location"]["file"] for f in findings(report, "module-shadowing")} | {failure["location"]["file"]}
     assert result.returncode == 1 and named >= {str(project / "random.py")}

@@ -1,4 +1,5 @@
 """The NVML collector on a fake `pynvml` (two GPUs, a live and a dead process), and for real with -m gpu."""
+
 import os
 import types
 
@@ -6,7 +7,7 @@ import pytest
 
 from torchdoctor.env import nvidia
 
-GiB = 1024 ** 3
+GiB = 1024**3
 
 
 class NVMLError(Exception):
@@ -51,15 +52,20 @@ def fake_pynvml(dead_pid: int) -> types.ModuleType:
     m.nvmlDeviceGetEccMode = lambda h: (0, 0) if h else (1, 1)
     m.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: 2
     m.nvmlDeviceGetPersistenceMode = lambda h: 0 if h else 1
-    m.nvmlDeviceGetComputeRunningProcesses = lambda h: [
-        types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=GiB),
-        types.SimpleNamespace(pid=dead_pid, usedGpuMemory=3 * GiB)] if h == 0 else []
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: (
+        [
+            types.SimpleNamespace(pid=os.getpid(), usedGpuMemory=GiB),
+            types.SimpleNamespace(pid=dead_pid, usedGpuMemory=3 * GiB),
+        ]
+        if h == 0
+        else []
+    )
     m.nvmlDeviceGetGraphicsRunningProcesses = lambda h: []
     return m
 
 
 def test_collect_nvidia_reads_every_fact(monkeypatch):
-    dead = 2 ** 22 + 4321
+    dead = 2**22 + 4321
     monkeypatch.setitem(__import__("sys").modules, "pynvml", fake_pynvml(dead))
     monkeypatch.setattr(nvidia, "same_pid_namespace", lambda: True)
     facts = nvidia.collect_nvidia()

@@ -1,5 +1,6 @@
 """check-ckpt on checkpoints saved from CUDA tensors, and `--fix` writing a copy that a CPU-only machine
 loads with plain ``torch.load`` (run with ``pytest -m gpu``)."""
+
 from __future__ import annotations
 
 import os
@@ -38,8 +39,9 @@ def training_checkpoint(path) -> str:
 
 def load_without_cuda(path: str) -> str:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    done = subprocess.run([sys.executable, "-c", LOAD_ON_CPU_ONLY, path], env=env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_ON_CPU_ONLY, path], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
@@ -56,8 +58,12 @@ def test_cuda_checkpoint_is_flagged_and_the_message_is_what_a_cpu_machine_says(t
 def test_fix_writes_a_copy_that_a_cpu_only_machine_loads(tmp_path):
     path = training_checkpoint(tmp_path / "gpu.pt")
     out = tmp_path / "cpu.pt"
-    done = subprocess.run([sys.executable, "-m", "torchdoctor", "check-ckpt", path, "--fix", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "check-ckpt", path, "--fix", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode in (0, 1) and out.exists(), done.stderr
     assert load_without_cuda(str(out)) == "loaded 6 tensors"  # --fix extracts the model's state dict
     assert not [f for f in check_checkpoint(str(out)).findings if f.name == "cuda-tensors"]

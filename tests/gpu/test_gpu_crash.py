@@ -1,6 +1,7 @@
 """Crash explanations on a real CUDA GPU (run with ``pytest -m gpu``): an out-of-memory error with the
 allocator's statistics, a batch left on the CPU, and a device-side assert from a label out of range (in a
 subprocess: the assert leaves the CUDA context unusable)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -31,8 +32,9 @@ def test_a_cuda_oom_is_broken_down_with_the_allocators_numbers():
     def body():
         for _ in range(2):
             opt.zero_grad()
-            nn.functional.cross_entropy(model(torch.randn(64, 1024, device="cuda")),
-                                        torch.randint(0, 10, (64,), device="cuda")).backward()
+            nn.functional.cross_entropy(
+                model(torch.randn(64, 1024, device="cuda")), torch.randint(0, 10, (64,), device="cuda")
+            ).backward()
             opt.step()
         free, total = torch.cuda.mem_get_info()
         torch.empty(int(total * 2), dtype=torch.uint8, device="cuda")  # more than the whole device
@@ -55,7 +57,8 @@ def test_a_batch_left_on_the_cpu_is_named_with_the_layer():
 
 def test_a_label_out_of_range_after_a_device_side_assert(tmp_path):
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch
         from torch import nn
         from torch.utils.data import DataLoader, TensorDataset
@@ -67,8 +70,10 @@ def test_a_label_out_of_range_after_a_device_side_assert(tmp_path):
             nn.functional.cross_entropy(model(x.cuda()), y.cuda()).backward()
             opt.step()
         torch.cuda.synchronize()
-    """))
-    done = subprocess.run([sys.executable, "-m", "torchdoctor", "run", str(script)], capture_output=True, text=True,
-                          timeout=300)
+    """)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "run", str(script)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode != 0
     assert "TD333 cuda-device-assert" in done.stderr and "held values up to 10" in done.stderr

@@ -1,5 +1,6 @@
 """`torchdoctor env` on a real NVIDIA GPU: facts against nvidia-smi, memory held by orphaned or stopped
 processes, and CUDA_VISIBLE_DEVICES with real indices and UUIDs (run with ``pytest -m gpu``)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -39,14 +40,22 @@ time.sleep(600)
 
 
 def smi(*fields: str) -> list[str]:
-    out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
-                          "-i", "0"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits", "-i", "0"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [v.strip() for v in out.split(",")]
 
 
 def smi_processes() -> dict[int, int]:
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return {int(pid): int(mem) for pid, mem in (line.split(",") for line in out.splitlines() if line.strip())}
 
 
@@ -57,11 +66,21 @@ def env_findings(name: str) -> list:
 def test_facts_match_nvidia_smi_field_by_field():
     gpu_facts = collect_facts()
     nv, gpu = gpu_facts.nvidia, gpu_facts.nvidia.gpus[0]
-    (driver, name, uuid, bus, total, used, persistence, ecc, cap, hw, hw_thermal, sw_thermal,
-     brake) = smi("driver_version", "name", "uuid", "pci.bus_id", "memory.total", "memory.used",
-                  "persistence_mode", "ecc.mode.current", "compute_cap", "clocks_throttle_reasons.hw_slowdown",
-                  "clocks_throttle_reasons.hw_thermal_slowdown", "clocks_throttle_reasons.sw_thermal_slowdown",
-                  "clocks_throttle_reasons.hw_power_brake_slowdown")
+    (driver, name, uuid, bus, total, used, persistence, ecc, cap, hw, hw_thermal, sw_thermal, brake) = smi(
+        "driver_version",
+        "name",
+        "uuid",
+        "pci.bus_id",
+        "memory.total",
+        "memory.used",
+        "persistence_mode",
+        "ecc.mode.current",
+        "compute_cap",
+        "clocks_throttle_reasons.hw_slowdown",
+        "clocks_throttle_reasons.hw_thermal_slowdown",
+        "clocks_throttle_reasons.sw_thermal_slowdown",
+        "clocks_throttle_reasons.hw_power_brake_slowdown",
+    )
     query = subprocess.run(["nvidia-smi", "-q"], capture_output=True, text=True, check=True).stdout
     cuda = next(line.split(":")[1].strip() for line in query.splitlines() if line.startswith("CUDA Version"))
     assert (nv.driver_version, nv.driver_cuda) == (driver, cuda)
@@ -78,8 +97,9 @@ def test_facts_match_nvidia_smi_field_by_field():
 @pytest.fixture
 def orphan_holder():
     """A process group whose leader is killed, leaving its GPU-holding child orphaned; yields the child."""
-    leader = subprocess.Popen([sys.executable, "-c", PARENT, HOLDER], stdout=subprocess.PIPE, text=True,
-                              start_new_session=True)
+    leader = subprocess.Popen(
+        [sys.executable, "-c", PARENT, HOLDER], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     child = int(leader.stdout.readline())
     assert leader.stdout.readline().strip() == "ready"
     leader.kill()
@@ -119,16 +139,27 @@ def test_a_stopped_child_holding_gpu_memory_is_listed_with_pid_memory_and_comman
 
 def _env_under(visible: str) -> dict:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible)
-    out = subprocess.run([sys.executable, "-m", "torchdoctor", "env", "--format", "json"], env=env,
-                         capture_output=True, text=True, timeout=300).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "torchdoctor", "env", "--format", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
     return json.loads(out)
 
 
 @pytest.mark.parametrize("kind", ["index", "uuid", "uuid-prefix", "absent-index", "absent-uuid", "duplicate"])
 def test_cuda_visible_devices_findings_match_what_cuda_sees(kind):
     uuid = smi("uuid")[0]
-    visible = {"index": "0", "uuid": uuid, "uuid-prefix": uuid[:12], "absent-index": "1,0",
-               "absent-uuid": "GPU-00000000-dead", "duplicate": "0,0"}[kind]
+    visible = {
+        "index": "0",
+        "uuid": uuid,
+        "uuid-prefix": uuid[:12],
+        "absent-index": "1,0",
+        "absent-uuid": "GPU-00000000-dead",
+        "duplicate": "0,0",
+    }[kind]
     doc = _env_under(visible)
     sees = doc["facts"]["torch"]["cuda_device_count"]
     found = [f for f in doc["findings"] if f["name"] == "cuda-visible-devices"]

@@ -1,6 +1,7 @@
 """The CUDA performance checks on a real GPU (run with ``pytest -m gpu``): host-device-sync sees a per-step
 ``.item()`` through torch's sync debug mode, tensor-cores-idle a float32 Linear model on an Ampere GPU, and
 input-bound names pin_memory for a CUDA model."""
+
 from __future__ import annotations
 
 import time
@@ -44,8 +45,10 @@ def test_item_every_hundred_steps_is_quiet():
     assert _loop(["host-device-sync"], log_every=100).findings == []
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0),
-                    reason="needs tensor cores with TF32 (Ampere or newer)")
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.get_device_capability() < (8, 0),
+    reason="needs tensor cores with TF32 (Ampere or newer)",
+)
 def test_float32_linear_without_tf32_leaves_the_tensor_cores_idle():
     precision = torch.get_float32_matmul_precision()
     try:

@@ -1,6 +1,7 @@
 """`torchdoctor.watch` on a real CUDA GPU: optimizer state on the wrong device, a retained graph with the
 CUDA allocator trend, DataParallel placement, NaN under fp16/bf16 autocast (with GradScaler), cuDNN
 determinism, and no host sync in a step where no check is due (run with ``pytest -m gpu``)."""
+
 from __future__ import annotations
 
 import os
@@ -26,9 +27,17 @@ def session(model, opt=None, **kwargs):
 
 def cnn() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-                         nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(64 * 16, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 10),
+    )
 
 
 def batch(n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,14 +45,20 @@ def batch(n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def problems(s) -> list[str]:
-    return [f"{f.name}: {f.message}" for f in s.findings
-            if (f.severity or Severity.INFO) >= Severity.WARNING or "failed internally" in f.message]
+    return [
+        f"{f.name}: {f.message}"
+        for f in s.findings
+        if (f.severity or Severity.INFO) >= Severity.WARNING or "failed internally" in f.message
+    ]
 
 
 @pytest.fixture(autouse=True)
 def _restore_cuda_flags():
-    flags = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
-             torch.are_deterministic_algorithms_enabled())
+    flags = (
+        torch.backends.cudnn.benchmark,
+        torch.backends.cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+    )
     yield
     torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = flags[:2]
     torch.use_deterministic_algorithms(flags[2])
@@ -121,7 +136,7 @@ def test_dataparallel_on_cuda0_is_quiet():
     assert s.findings == []
 
 
-def _scaled_fp16_loop(steps: int, nan_from: int, init_scale: float = 2.0 ** 16):
+def _scaled_fp16_loop(steps: int, nan_from: int, init_scale: float = 2.0**16):
     model = cnn().cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     scaler = torch.amp.GradScaler("cuda", init_scale=init_scale)
@@ -145,8 +160,8 @@ def test_fp16_gradscaler_nan_loss_is_reported_once_the_scaler_has_skipped_50_ste
 
 
 def test_fp16_gradscaler_overflow_skips_are_quiet():
-    s, scaler = _scaled_fp16_loop(60, nan_from=10**6, init_scale=2.0 ** 40)  # ~25 first steps overflow
-    assert scaler.get_scale() < 2.0 ** 40  # the scaler did skip steps
+    s, scaler = _scaled_fp16_loop(60, nan_from=10**6, init_scale=2.0**40)  # ~25 first steps overflow
+    assert scaler.get_scale() < 2.0**40  # the scaler did skip steps
     assert problems(s) == []
 
 

@@ -1,6 +1,7 @@
 """Real Lightning, transformers and accelerate loops (the `integrations` extra). Where a library is missing
 its tests skip, unless torchdoctor's `test` extra declares it: then a skip would hide a failure, and the
 import error fails the run (`frameworks.need`)."""
+
 import pytest
 import torch
 

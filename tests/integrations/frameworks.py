@@ -1,5 +1,6 @@
 """Helpers of the real-framework tests: import a framework or skip (never when the installed torchdoctor's
 `test` extra declares it: then a missing library is an error), and quiet sessions."""
+
 from __future__ import annotations
 
 import importlib
@@ -40,8 +41,11 @@ def need(module: str) -> ModuleType:
 
 def problems(session) -> list[str]:
     """Warning/error findings and internal errors: what a correct loop must not produce."""
-    return [f.name for f in session.findings
-            if (f.severity or Severity.INFO) >= Severity.WARNING or "failed internally" in f.message]
+    return [
+        f.name
+        for f in session.findings
+        if (f.severity or Severity.INFO) >= Severity.WARNING or "failed internally" in f.message
+    ]
 
 
 def quiet(**kwargs):

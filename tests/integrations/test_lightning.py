@@ -1,11 +1,11 @@
 """torchdoctor.integrations.lightning on real Lightning fits (CPU, a few steps each)."""
+
 from __future__ import annotations
 
 import torch
+from frameworks import need, problems, quiet
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from frameworks import need, problems, quiet
 
 L = need("lightning")
 from torchdoctor.integrations.lightning import TorchDoctorCallback  # noqa: E402
@@ -74,8 +74,16 @@ class RunningSum(Classifier):
 
 def _fit(module, loader: DataLoader, epochs: int = 2, validate: bool = True, **watch_kwargs) -> TorchDoctorCallback:
     callback = TorchDoctorCallback(**quiet(**watch_kwargs))
-    trainer = L.Trainer(max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
     trainer.fit(module, loader, _data(16) if validate else None)
     return callback
 

@@ -1,11 +1,11 @@
 """`torchdoctor run` on unmodified Lightning and transformers scripts: no callback, models found, quiet."""
+
 from __future__ import annotations
 
 import sys
 import textwrap
 
 import pytest
-
 from frameworks import need
 
 from torchdoctor.findings import Severity

@@ -1,17 +1,16 @@
 """torchdoctor.integrations.transformers on real Trainer runs, and accelerate's prepare() outputs passed to
 watch directly (CPU, a few steps each)."""
+
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from frameworks import need, problems, quiet
+from torch import nn
 
 transformers = need("transformers")
 accelerate = need("accelerate")
-from torchdoctor.integrations.transformers import TorchDoctorCallback  # noqa: E402
-
 import torchdoctor  # noqa: E402
+from torchdoctor.integrations.transformers import TorchDoctorCallback  # noqa: E402
 
 
 class Regressor(nn.Module):
@@ -37,9 +36,18 @@ def _rows(n: int = 64) -> list[dict[str, torch.Tensor]]:
 def _train(model: Regressor, tmp_path, **watch_kwargs) -> torchdoctor.watch:
     callback = TorchDoctorCallback(**quiet(**watch_kwargs))
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, num_train_epochs=2, learning_rate=1e-2,
-        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True,
-        dataloader_num_workers=0, seed=0)
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_train_epochs=2,
+        learning_rate=1e-2,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_rows(), callbacks=[callback])
     trainer.train()
     return callback.session
@@ -62,8 +70,9 @@ def test_a_nan_batch_under_the_trainer_is_found_at_its_step(tmp_path):
 def _accelerate_loop(zero: bool):
     acc = accelerate.Accelerator(cpu=True)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(48, 8), torch.randn(48, 1)),
-                                       batch_size=8)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(48, 8), torch.randn(48, 1)), batch_size=8
+    )
     model, opt, data = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05), data)
     with torchdoctor.watch(model, opt, **quiet()) as s:
         for x, y in data:

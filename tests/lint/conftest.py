@@ -4,6 +4,7 @@ As ruff's `test_case(Rule::X, fixture)`: a rule's test names its rule with `@pyt
 `lint` fixture runs only that rule, so a new rule never breaks another rule's tests. Whether any rule fires on
 correct code is asked once, by the false-positive corpus (test_false_positive_corpus.py).
 """
+
 import textwrap
 from typing import Callable, Optional
 
@@ -17,10 +18,23 @@ from torchdoctor.lint.source import ProjectFacts
 SOURCE_CHECKS = registry.all_checks(registry.Scope.SOURCE)
 # The rules the engine and command-line tests (cache, runner, program model, CLI) expect findings from: a rule
 # added later does not run there, so a new rule cannot change what those tests see.
-ENGINE_RULES = ("missing-zero-grad", "stale-optimizer-params", "optimizer-state-device", "eval-without-no-grad",
-                "graph-retention-leak", "nondeterministic-settings", "sampler-epoch-not-set",
-                "local-rank-argument", "to-result-discarded", "shuffle-with-sampler", "unsafe-torch-load",
-                "prefix-strip-by-slicing", "dataparallel-optimizer", "deprecated-api", "source-unreadable")
+ENGINE_RULES = (
+    "missing-zero-grad",
+    "stale-optimizer-params",
+    "optimizer-state-device",
+    "eval-without-no-grad",
+    "graph-retention-leak",
+    "nondeterministic-settings",
+    "sampler-epoch-not-set",
+    "local-rank-argument",
+    "to-result-discarded",
+    "shuffle-with-sampler",
+    "unsafe-torch-load",
+    "prefix-strip-by-slicing",
+    "dataparallel-optimizer",
+    "deprecated-api",
+    "source-unreadable",
+)
 ENGINE_CHECKS = [registry.get(name) for name in ENGINE_RULES]
 
 
@@ -39,7 +53,7 @@ def asked_rules(request) -> list:
     """The checks the current test names with `@pytest.mark.rule(...)`; a test that names none is a mistake."""
     marker = request.node.get_closest_marker("rule")
     if marker is None or not marker.args:
-        pytest.fail(f"{request.node.name} lints without naming its rule: add @pytest.mark.rule(\"name\")")
+        pytest.fail(f'{request.node.name} lints without naming its rule: add @pytest.mark.rule("name")')
     return [registry.get(name) for name in marker.args]
 
 

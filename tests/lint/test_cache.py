@@ -1,18 +1,17 @@
 """The lint results cache: unchanged files are not checked again, and a cached result is never stale."""
+
 import json
 import os
 import textwrap
 
 from click.testing import CliRunner
-
-from torchdoctor import registry
-from torchdoctor.cli import cli
-from torchdoctor.findings import Severity
-from torchdoctor.lint.cache import LintCache
-from torchdoctor.settings import cache_dir as default_cache_dir
-from torchdoctor.lint.runner import lint_paths
 from conftest import ENGINE_CHECKS
 from pitfall_factory import make_pitfall
+
+from torchdoctor.cli import cli
+from torchdoctor.lint.cache import LintCache
+from torchdoctor.lint.runner import lint_paths
+from torchdoctor.settings import cache_dir as default_cache_dir
 
 CHECKS = ENGINE_CHECKS
 LEAKY = textwrap.dedent("""
@@ -69,13 +68,15 @@ def test_an_edited_file_is_checked_again(tmp_path):
 def test_a_change_in_another_file_that_a_result_depends_on_invalidates_it(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    calls_helper = SAMPLER.replace("        for batch in loader:", "        each_epoch(loader, epoch)\n"
-                                   "        for batch in loader:").replace("\ndef fit", "from loop import each_epoch\n\ndef fit")
+    calls_helper = SAMPLER.replace(
+        "        for batch in loader:", "        each_epoch(loader, epoch)\n        for batch in loader:"
+    ).replace("\ndef fit", "from loop import each_epoch\n\ndef fit")
     (src / "train.py").write_text(calls_helper, encoding="utf-8")
     (src / "loop.py").write_text("def each_epoch(loader, epoch):\n    pass\n", encoding="utf-8")
     assert [f.name for f in lint(src, tmp_path / "cache").findings] == ["sampler-epoch-not-set"]
-    (src / "loop.py").write_text("def each_epoch(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n",
-                                 encoding="utf-8")
+    (src / "loop.py").write_text(
+        "def each_epoch(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n", encoding="utf-8"
+    )
     second = lint(src, tmp_path / "cache")
     assert second.findings == [] and second.checked == 2  # train.py is unchanged, but its answer changed
     (src / "other.py").write_text("x = 1\n", encoding="utf-8")
@@ -90,7 +91,9 @@ def test_cached_findings_name_the_file_as_this_run_shows_it(tmp_path):
     src.mkdir()
     (src / "t.py").write_text(LEAKY, encoding="utf-8")
     lint(src, tmp_path / "cache")
-    again = lint_paths([str(src)], CHECKS, cwd=str(tmp_path), jobs=1, cache=LintCache(str(tmp_path / "cache"), str(src), CHECKS))
+    again = lint_paths(
+        [str(src)], CHECKS, cwd=str(tmp_path), jobs=1, cache=LintCache(str(tmp_path / "cache"), str(src), CHECKS)
+    )
     assert again.checked == 0 and again.findings[0].location.file == os.path.join("src", "t.py")
 
 
@@ -160,8 +163,9 @@ def test_cli_uses_the_cache_and_no_cache_leaves_it_alone(tmp_path, monkeypatch):
 
 def test_fix_and_diff_still_rewrite_when_every_result_is_cached(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text('import torch\nstate = torch.load("w.pt")\nmodel.load_state_dict(state)\n',
-                                       encoding="utf-8")
+    (tmp_path / "train.py").write_text(
+        'import torch\nstate = torch.load("w.pt")\nmodel.load_state_dict(state)\n', encoding="utf-8"
+    )
     runner = CliRunner()
     warm = runner.invoke(cli, ["lint", "--format", "json"])
     assert [f["name"] for f in json.loads(warm.output)["findings"]] == ["unsafe-torch-load"]
@@ -191,15 +195,20 @@ def test_editing_a_check_module_invalidates_results(tmp_path, monkeypatch):
 def test_a_result_that_depends_on_the_callers_of_a_function_follows_them(tmp_path):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "evaluation.py").write_text(textwrap.dedent("""
+    (src / "evaluation.py").write_text(
+        textwrap.dedent("""
         def evaluate(model, loader):
             model.eval()
             return [model(x) for x in loader]
-    """), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     (src / "train.py").write_text("from evaluation import evaluate\nevaluate(model, val_loader)\n", encoding="utf-8")
     assert [f.name for f in lint(src, tmp_path / "cache").findings] == ["eval-without-no-grad"]
-    (src / "train.py").write_text("import torch\nfrom evaluation import evaluate\nwith torch.no_grad():\n"
-                                  "    evaluate(model, val_loader)\n", encoding="utf-8")
+    (src / "train.py").write_text(
+        "import torch\nfrom evaluation import evaluate\nwith torch.no_grad():\n    evaluate(model, val_loader)\n",
+        encoding="utf-8",
+    )
     second = lint(src, tmp_path / "cache")
     assert second.findings == [] and second.checked == 2  # evaluation.py is unchanged, its callers are not
 

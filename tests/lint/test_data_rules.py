@@ -1,4 +1,5 @@
 """shuffle-with-sampler, sampler-epoch-not-set and to-result-discarded on small scripts."""
+
 import pytest
 
 DDP = """
@@ -26,14 +27,18 @@ def test_sampler_without_set_epoch_fires_even_with_the_word_in_a_comment(lint, f
 
 @pytest.mark.rule("sampler-epoch-not-set")
 def test_set_epoch_called_is_quiet(lint):
-    code = DDP.replace("        # remember: train_sampler.set_epoch(epoch)\n",
-                       "        # shuffle differently every epoch\n        train_sampler.set_epoch(epoch)\n")
+    code = DDP.replace(
+        "        # remember: train_sampler.set_epoch(epoch)\n",
+        "        # shuffle differently every epoch\n        train_sampler.set_epoch(epoch)\n",
+    )
     assert lint(code) == []
 
 
 @pytest.mark.rule("sampler-epoch-not-set")
 def test_set_epoch_called_by_an_imported_function_in_the_epoch_loop_is_quiet(lint):
-    code = DDP.replace("        # remember: train_sampler.set_epoch(epoch)\n", "        start_epoch(train_loader, epoch)\n")
+    code = DDP.replace(
+        "        # remember: train_sampler.set_epoch(epoch)\n", "        start_epoch(train_loader, epoch)\n"
+    )
     code = "from hooks import start_epoch\n" + code
     other = "def start_epoch(loader, epoch):\n    loader.sampler.set_epoch(epoch)  # reseed\n"
     assert lint(code, others={"hooks.py": other}) == []
@@ -56,13 +61,16 @@ def test_loader_passed_to_a_train_function_each_epoch_fires(lint, fired):
 
 
 @pytest.mark.rule("sampler-epoch-not-set")
-@pytest.mark.parametrize("code", [
-    # one pass only: the order never needs to change
-    "sampler = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=sampler)\nfor x in loader:\n    pass\n",
-    # no shuffling: set_epoch changes nothing
-    "sampler = DistributedSampler(ds, shuffle=False)\nloader = DataLoader(ds, sampler=sampler)\n"
-    "for e in range(3):\n    for x in loader:\n        pass\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        # one pass only: the order never needs to change
+        "sampler = DistributedSampler(ds)\nloader = DataLoader(ds, sampler=sampler)\nfor x in loader:\n    pass\n",
+        # no shuffling: set_epoch changes nothing
+        "sampler = DistributedSampler(ds, shuffle=False)\nloader = DataLoader(ds, sampler=sampler)\n"
+        "for e in range(3):\n    for x in loader:\n        pass\n",
+    ],
+)
 def test_samplers_that_need_no_set_epoch_are_quiet(lint, code):
     assert lint(code) == []
 
@@ -80,8 +88,10 @@ def test_shuffle_with_sampler_fires(lint, fired):
 
 
 @pytest.mark.rule("shuffle-with-sampler")
-@pytest.mark.parametrize("kwargs", ["shuffle=(sampler is None), sampler=sampler", "shuffle=True, sampler=None",
-                                    "shuffle=False, sampler=sampler"])
+@pytest.mark.parametrize(
+    "kwargs",
+    ["shuffle=(sampler is None), sampler=sampler", "shuffle=True, sampler=None", "shuffle=False, sampler=sampler"],
+)
 def test_shuffle_look_alikes_are_quiet(lint, kwargs):
     assert lint(f"loader = DataLoader(ds, {kwargs})\n") == []
 
@@ -114,12 +124,15 @@ def test_discarded_cuda_on_a_factory_tensor_fires(lint, fired):
 
 
 @pytest.mark.rule("to-result-discarded")
-@pytest.mark.parametrize("code", [
-    "model = Net()\nmodel.to(device)\n",                     # modules move in place
-    "for batch in loader:\n    batch.to(device)\n",          # BatchEncoding / PyG Data move in place
-    "x = torch.zeros(3)\nx = x.to(device)\n",
-    "def f(x):\n    x.to('cuda')\n",                         # unknown type
-    "for a, b in zip(loader_a, loader_b):\n    a.to(device)\n",  # whole batches (BatchEncoding moves in place)
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "model = Net()\nmodel.to(device)\n",  # modules move in place
+        "for batch in loader:\n    batch.to(device)\n",  # BatchEncoding / PyG Data move in place
+        "x = torch.zeros(3)\nx = x.to(device)\n",
+        "def f(x):\n    x.to('cuda')\n",  # unknown type
+        "for a, b in zip(loader_a, loader_b):\n    a.to(device)\n",  # whole batches (BatchEncoding moves in place)
+    ],
+)
 def test_to_look_alikes_are_quiet(lint, code):
     assert lint(code) == []

@@ -2,10 +2,10 @@
 entry). Rule tests ask only their own rule; this is the one test where a new rule meets everyone's clean code,
 and a failure names the rule that fired, where, and on which entry.
 """
+
 import textwrap
 
 import pytest
-
 from conftest import SOURCE_CHECKS, lint_snippet
 
 CORPUS = {
@@ -240,5 +240,6 @@ def test_no_rule_fires_on_correct_code(tmp_path, entry):
     for name in files:
         others = {other: text for other, text in files.items() if other != name}
         fired += lint_snippet(tmp_path, files[name], SOURCE_CHECKS, name, others)
-    assert not fired, "false positive on corpus entry {!r}: {}".format(entry, "; ".join(
-        f"{f.name} ({f.code}) at {f.location.file}:{f.location.line}: {f.message}" for f in fired))
+    assert not fired, "false positive on corpus entry {!r}: {}".format(
+        entry, "; ".join(f"{f.name} ({f.code}) at {f.location.file}:{f.location.line}: {f.message}" for f in fired)
+    )

@@ -1,4 +1,5 @@
 """`torchdoctor lint` end to end through click: discovery, formats, ignore comments, config, --fix/--diff."""
+
 import json
 import os
 import re
@@ -50,18 +51,32 @@ def test_text_lines_are_clickable_and_exit_code_follows_fail_on(project):
     assert result.exit_code == 1
     lines = result.output.splitlines()
     heads = [line for line in lines if not line.startswith(" ")]  # each finding's fix follows it, indented
-    assert [LINE.match(line).group("code", "line", "col") for line in heads] == [("TD301", "7", "9"), ("TD308", "8", "9")]
+    assert [LINE.match(line).group("code", "line", "col") for line in heads] == [
+        ("TD301", "7", "9"),
+        ("TD308", "8", "9"),
+    ]
     assert lines[0].startswith("train.py:7:9: TD301 missing-zero-grad `optimizer.step()`")
-    assert lines[1:4] == ["    fix: Clear the gradients once per optimizer step:", "        for x, y in loader:",
-                          "            optimizer.zero_grad(set_to_none=True)"]
+    assert lines[1:4] == [
+        "    fix: Clear the gradients once per optimizer step:",
+        "        for x, y in loader:",
+        "            optimizer.zero_grad(set_to_none=True)",
+    ]
     assert run("--format", "text", "--fail-on", "never").exit_code == 0
 
 
 def test_discovery_respects_gitignore_exclude_and_skipped_dirs(project):
     (project / ".git").mkdir()
     write(project, ".gitignore", "build/\n*_pb2.py\n!keep_pb2.py\n")
-    for rel in ("src/a.py", "build/b.py", "src/gen_pb2.py", "src/keep_pb2.py", ".venv/lib/c.py", "legacy/old.py",
-                "src/nested/d.py", "notes.txt"):
+    for rel in (
+        "src/a.py",
+        "build/b.py",
+        "src/gen_pb2.py",
+        "src/keep_pb2.py",
+        ".venv/lib/c.py",
+        "legacy/old.py",
+        "src/nested/d.py",
+        "notes.txt",
+    ):
         write(project, rel, LEAKY)
     write(project, "src/nested/.gitignore", "d.py\n")
     (project / "src" / "loop").symlink_to(project, target_is_directory=True)
@@ -92,7 +107,8 @@ def test_a_file_that_cannot_be_read_is_never_reported_clean(project):
     assert refused.exit_code == 2 and "No problems found" not in refused.output
     assert refused.output.splitlines()[-1] == (
         "Error: source-unreadable cannot be ignored in torchdoctor lint: a file that cannot be read is never "
-        "reported clean; exclude the file instead")
+        "reported clean; exclude the file instead"
+    )
     for _ in range(2):  # checked, then from the cache
         doc = json.loads(run("--format", "json", "--select", "missing-zero-grad", "bad.py").output)
         assert [f["name"] for f in doc["findings"]] == ["source-unreadable"]  # the ignore comment does not count
@@ -115,7 +131,9 @@ def test_json_and_sarif(project):
     assert rules[result["ruleIndex"]]["id"] == result["ruleId"] == "TD301"
     assert result["level"] == "error"
     assert result["locations"][0]["physicalLocation"] == {
-        "artifactLocation": {"uri": "train.py", "uriBaseId": "%SRCROOT%"}, "region": {"startLine": 7, "startColumn": 9}}
+        "artifactLocation": {"uri": "train.py", "uriBaseId": "%SRCROOT%"},
+        "region": {"startLine": 7, "startColumn": 9},
+    }
     assert sarif_run["originalUriBaseIds"]["%SRCROOT%"]["uri"] == project.as_uri() + "/"
 
 
@@ -132,10 +150,14 @@ def test_sarif_uris_are_percent_encoded_and_relative_to_the_project_root(project
     assert sarif["originalUriBaseIds"]["%SRCROOT%"]["uri"] == project.as_uri() + "/"
 
 
-@pytest.mark.parametrize("prefix, encoding", [(b"", "utf-8"), (b"\xef\xbb\xbf", "utf-8-sig"),
-                                              (b"# -*- coding: latin-1 -*-\r\n# caf\xe9\r\n", "latin-1")])
+@pytest.mark.parametrize(
+    "prefix, encoding",
+    [(b"", "utf-8"), (b"\xef\xbb\xbf", "utf-8-sig"), (b"# -*- coding: latin-1 -*-\r\n# caf\xe9\r\n", "latin-1")],
+)
 def test_fix_keeps_line_endings_and_encoding(project, prefix, encoding):
-    body = b'import argparse\r\np = argparse.ArgumentParser()\r\np.add_argument("--local_rank", type=int, default=0)\r\n'
+    body = (
+        b'import argparse\r\np = argparse.ArgumentParser()\r\np.add_argument("--local_rank", type=int, default=0)\r\n'
+    )
     path = write(project, "launch.py", prefix + body)
     run("--fix")
     data = path.read_bytes()
@@ -172,13 +194,17 @@ def test_select_and_ignore(project):
 
 def test_pyproject_defaults_apply_and_the_command_line_wins(project, monkeypatch):
     monkeypatch.delenv("TORCHDOCTOR_SELECT")  # the project's select is what this test is about
-    write(project, "pyproject.toml", """
+    write(
+        project,
+        "pyproject.toml",
+        """
         [tool.torchdoctor]
         ignore = ["missing-zero-grad"]
         fail-on = "never"
         select = ["graph-retention-leak", "missing-zero-grad", "cpu-only-build"]
         exclude = ["generated/"]
-    """)
+    """,
+    )
     write(project, "train.py", LEAKY)
     write(project, "generated/x.py", LEAKY)
     result = run("--format", "text")
@@ -239,7 +265,7 @@ torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(state, "module.")
 model.load_state_dict(state)
 extra = torch.load("extra.pt")
 print(extra.keys())
-'''
+'''  # noqa: E501 - the fixture's own line
 
 
 def test_diff_shows_the_safe_rewrites_and_changes_nothing(project):
@@ -262,16 +288,23 @@ def test_fix_rewrites_only_what_is_safe(project):
 
 
 def test_local_rank_fix_without_default_keeps_none(project):
-    path = write(project, "launch.py",
-                 'import os\nimport argparse\np = argparse.ArgumentParser()\np.add_argument("--local_rank", type=int)\n')
+    path = write(
+        project,
+        "launch.py",
+        'import os\nimport argparse\np = argparse.ArgumentParser()\np.add_argument("--local_rank", type=int)\n',
+    )
     run("--fix")
     assert path.read_text().splitlines()[-1] == (
         'p.add_argument("--local_rank", "--local-rank", type=int, '
-        'default=int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None)')
+        'default=int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None)'
+    )
 
 
 def test_fix_rewrites_the_state_dict_loop_from_the_dataparallel_faq(project):
-    path = write(project, "load.py", """\
+    path = write(
+        project,
+        "load.py",
+        """\
         import torch
         from collections import OrderedDict
 
@@ -282,7 +315,8 @@ def test_fix_rewrites_the_state_dict_loop_from_the_dataparallel_faq(project):
                 name = k[7:]  # remove `module.`
                 new_state_dict[name] = v
             model.load_state_dict(new_state_dict)
-    """)
+    """,
+    )
     assert run("--fix").exit_code == 0
     assert path.read_text().splitlines()[5:9] == [
         "    new_state_dict = OrderedDict()",

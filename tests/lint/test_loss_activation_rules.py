@@ -2,6 +2,7 @@
 activation written into the loss call, bound to a name, ending an nn.Sequential, or returned by a project
 model's forward in another file; quiet on log_softmax, soft targets, distillation, attention and inference-only
 activations."""
+
 import pytest
 
 SOFTMAX, SIGMOID = "softmax-before-cross-entropy", "sigmoid-before-bce-with-logits"
@@ -51,27 +52,36 @@ class Polite(nn.Module):
 """
 
 
-@pytest.mark.parametrize("line", [
-    "loss = F.cross_entropy(F.softmax(model(x), dim=1), y)",
-    "loss = nn.CrossEntropyLoss()(model(x).softmax(1), y)",
-    "loss = F.nll_loss(torch.softmax(model(x), 1), y)",
-    "loss = criterion(nn.Softmax(dim=1)(model(x)), y)",
-    "probs = F.softmax(model(x), dim=1); loss = criterion(probs, y)",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "loss = F.cross_entropy(F.softmax(model(x), dim=1), y)",
+        "loss = nn.CrossEntropyLoss()(model(x).softmax(1), y)",
+        "loss = F.nll_loss(torch.softmax(model(x), 1), y)",
+        "loss = criterion(nn.Softmax(dim=1)(model(x)), y)",
+        "probs = F.softmax(model(x), dim=1); loss = criterion(probs, y)",
+    ],
+)
 def test_softmax_in_the_loop_fires(lint, fired, line):
-    code = HEAD + f"""
+    code = (
+        HEAD
+        + f"""
 model = nn.Linear(8, 4)
 criterion = nn.CrossEntropyLoss()
 for x, y in loader:
     {line}
     loss.backward()
 """
+    )
     [f] = fired(lint(code), SOFTMAX)
     assert f.code == "TD320"
 
 
 def test_fix_pastes_the_logits_in(lint, fired):
-    code = HEAD + "model = nn.Linear(8, 4)\nfor x, y in loader:\n    loss = F.cross_entropy(F.softmax(model(x), dim=1), y)\n"
+    code = (
+        HEAD
+        + "model = nn.Linear(8, 4)\nfor x, y in loader:\n    loss = F.cross_entropy(F.softmax(model(x), dim=1), y)\n"
+    )
     [f] = fired(lint(code), SOFTMAX)
     assert f.fix.code == "loss = F.cross_entropy(model(x), y)"
     code = HEAD + "model = nn.Linear(8, 4)\nfor x, y in loader:\n    loss = F.nll_loss(F.softmax(model(x), dim=1), y)\n"
@@ -82,7 +92,9 @@ def test_fix_pastes_the_logits_in(lint, fired):
 
 
 def test_model_forward_in_another_file_and_sequential_fire(lint, fired):
-    train = HEAD + """
+    train = (
+        HEAD
+        + """
 from models import Net, Gated
 
 class Trainer:
@@ -97,22 +109,28 @@ class Trainer:
         bce = F.binary_cross_entropy_with_logits(self.gate(x), y.float())
         return loss + bce
 """
+    )
     found = lint(train, others={"models.py": MODELS})
     [f] = fired(found, SOFTMAX)
     assert "models.py:" in f.message and f.location.line == 16
     [g] = fired(found, SIGMOID)
     assert g.location.line == 17
-    seq = HEAD + """
+    seq = (
+        HEAD
+        + """
 model = nn.Sequential(nn.Linear(8, 4), nn.Softmax(dim=1))
 head = nn.Sequential(nn.Linear(8, 1), nn.Sigmoid())
 for x, y in loader:
     loss = nn.CrossEntropyLoss()(model(x), y) + nn.BCEWithLogitsLoss()(head(x), y)
 """
+    )
     assert len(fired(lint(seq), SOFTMAX)) == 1 and len(fired(lint(seq), SIGMOID)) == 1
 
 
 def test_quiet_on_log_probabilities_targets_distillation_attention_and_inference_softmax(lint):
-    code = HEAD + """
+    code = (
+        HEAD
+        + """
 from models import Polite
 
 model = nn.Linear(8, 4)
@@ -133,12 +151,15 @@ for x, y in loader:
     i = criterion(model(x), y)
     (a + b + c + d + e + f + g + h + i).backward()
 """
+    )
     found = lint(code, others={"models.py": MODELS})
     assert [f for f in found if f.name in (SOFTMAX, SIGMOID)] == []
 
 
 def test_closure_and_sliced_probabilities_fire(lint, fired):
-    code = HEAD + """
+    code = (
+        HEAD
+        + """
 def experiment(n):
     criterion = nn.CrossEntropyLoss()
 
@@ -148,13 +169,16 @@ def experiment(n):
         return criterion(src_prob, y)
     return f_train
 """
+    )
     [f] = fired(lint(code), SOFTMAX)
     assert "`src_prob`" in f.message
 
 
 def test_loss_given_as_a_default_argument_and_rows_iterated_fire(lint, fired):
     # the shape of mlelarge/graph_neural_net's triplet_loss before its "remove the softmax" fix (PR #37)
-    code = HEAD + """
+    code = (
+        HEAD
+        + """
 class TripletLoss(nn.Module):
     def __init__(self, loss=nn.CrossEntropyLoss(reduction='sum')):
         super().__init__()
@@ -169,6 +193,7 @@ class TripletLoss(nn.Module):
             total = total + self.loss(out, label)
         return total
 """
+    )
     [f] = fired(lint(code), SOFTMAX)  # the zip loop unpacks pairs: not judged
     assert f.location.line == 15 and "`out`" in f.message
     fixed = code.replace("outputs = torch.softmax(raw_scores, -1)", "outputs = raw_scores")
@@ -176,7 +201,9 @@ class TripletLoss(nn.Module):
 
 
 def test_criterion_rebound_to_another_loss_is_not_judged(lint, fired):
-    code = HEAD + """
+    code = (
+        HEAD
+        + """
 model = nn.Linear(8, 4)
 criterion = nn.CrossEntropyLoss()
 if soft:
@@ -184,4 +211,5 @@ if soft:
 for x, y in loader:
     loss = criterion(F.softmax(model(x), 1), y)
 """
+    )
     assert fired(lint(code), SOFTMAX) == []

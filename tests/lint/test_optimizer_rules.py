@@ -1,4 +1,5 @@
 """stale-optimizer-params, optimizer-state-device and dataparallel-optimizer on small scripts."""
+
 import pytest
 
 FINETUNE = """
@@ -24,8 +25,11 @@ def test_head_replaced_after_optimizer_fires(lint, fired):
 @pytest.mark.rule("stale-optimizer-params")
 def test_head_replaced_before_optimizer_is_quiet(lint):
     code = FINETUNE.replace(
-        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n    model.fc = nn.Linear(model.fc.in_features, num_classes)\n",
-        "    model.fc = nn.Linear(model.fc.in_features, num_classes)\n    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n")
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n    model.fc = "
+        "nn.Linear(model.fc.in_features, num_classes)\n",
+        "    model.fc = nn.Linear(model.fc.in_features, num_classes)\n    optimizer = "
+        "torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n",
+    )
     assert lint(code) == []
 
 

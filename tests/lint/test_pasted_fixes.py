@@ -1,6 +1,7 @@
 """Fixes that name the exact line and change: pasting the proposed code over the reported line silences the
 finding (the examples contract in tests/test_pitfalls.py covers each pitfall's own Bad example; these are
 other shapes of the same mistakes)."""
+
 import textwrap
 
 import pytest
@@ -26,16 +27,19 @@ def _paste(code: str, finding) -> str:
     lines = code.splitlines()
     line = lines[finding.location.line - 1]
     indent = line[: len(line) - len(line.lstrip())]
-    lines[finding.location.line - 1: finding.location.line] = [indent + c for c in finding.fix.code.splitlines()]
+    lines[finding.location.line - 1 : finding.location.line] = [indent + c for c in finding.fix.code.splitlines()]
     return "\n".join(lines) + "\n"
 
 
 @pytest.mark.rule("graph-retention-leak")
-@pytest.mark.parametrize("init, keep, pasted", [
-    ("history = []", "history.append(loss)", "history.append(loss.detach())"),
-    ("total = 0.0", "total += loss", "total += loss.item()"),
-    ("total = 0.0", "total = total + 2 * loss", "total = total + 2 * loss.item()"),
-])
+@pytest.mark.parametrize(
+    "init, keep, pasted",
+    [
+        ("history = []", "history.append(loss)", "history.append(loss.detach())"),
+        ("total = 0.0", "total += loss", "total += loss.item()"),
+        ("total = 0.0", "total = total + 2 * loss", "total = total + 2 * loss.item()"),
+    ],
+)
 def test_graph_retention_leak_fix_is_the_reported_line_detached(lint, fired, init, keep, pasted):
     code = textwrap.dedent(LOOP).format(init=init, keep=keep)
     [finding] = fired(lint(code), "graph-retention-leak")

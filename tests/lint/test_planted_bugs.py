@@ -4,6 +4,7 @@ Every case writes a small project (a pyproject.toml marks its root), lints one f
 asks only the rule the bug belongs to. `BUG` is the buggy project with the line the finding must name;
 `CONTROL` is the same project with the one change that makes it correct (or deliberate).
 """
+
 import textwrap
 
 import pytest
@@ -210,59 +211,160 @@ args = parser.parse_args()
 
 
 CASES = [
-    case("missing-zero-grad", "gan.py", {"gan.py": GAN.format(clear_d="")},
-         {"gan.py": GAN.format(clear_d="netD.zero_grad()")}, 11),
-    case("missing-zero-grad", "gan.py", {"gan.py": GAN.format(clear_d="")},
-         {"gan.py": GAN.format(clear_d="optimizerD.zero_grad()")}, 11),
-    case("missing-zero-grad", "trainer.py", {"trainer.py": GAN_CLASS.format(clear_d="")},
-         {"trainer.py": GAN_CLASS.format(clear_d="self.disc.zero_grad()")}, 16),
-    case("missing-zero-grad", "train.py", {"train.py": EVERY_KTH}, {"train.py": ACCUMULATE}, 6,
-         message="runs only when `(i + 1) % k == 0`"),
-    case("missing-zero-grad", "train.py", {"train.py": EVERY_KTH},
-         {"train.py": EVERY_KTH.replace("        optimizer.step()\n        if (i + 1) % k == 0:\n",
-                                        "        if (i + 1) % k == 0:\n            optimizer.step()\n")}, 6),
-    case("missing-zero-grad", "train.py", {"train.py": LIBRARY_CALL.format(clear="")},
-         {"train.py": LIBRARY_CALL.format(clear="optimizer.zero_grad()")}, 11,
-         message="`clip_gradient(optimizer, 5.0)` receives `optimizer` but is not defined in the project",
-         severity="warning"),
-    case("missing-zero-grad", "train.py",
-         {"train.py": "from helpers import step_all\n" + LIBRARY_CALL.format(clear="").replace(
-             "from mylib.optim import clip_gradient", "from helpers import clip_gradient"),
-          "helpers.py": "def clip_gradient(optimizer, value):\n    for group in optimizer.param_groups:\n"
-                        "        pass\n"},
-         {"train.py": LIBRARY_CALL.format(clear="").replace(
-             "from mylib.optim import clip_gradient", "from helpers import clip_gradient"),
-          "helpers.py": "def clip_gradient(optimizer, value):\n    optimizer.zero_grad()\n"}, 12),
-    case("eval-without-no-grad", "val.py",
-         {"val.py": EVALUATE.format(name="timed", call=""),
-          "utils.py": WRAPS_DECORATOR.format(name="timed", body="return fn(*args, **kwargs)")},
-         {"val.py": EVALUATE.format(name="timed", call=""),
-          "utils.py": WRAPS_DECORATOR.format(name="timed", body="with torch.no_grad():\n            return fn(*args, "
-                                                                  "**kwargs)")}, 9),
-    case("eval-without-no-grad", "val.py",
-         {"val.py": EVALUATE.format(name="smart_inference_mode", call="()"),
-          "utils.py": SMART.format(grad_off="torch.no_grad").replace("torch.inference_mode if torch_1_9 else ", "")
-          .replace("(torch.no_grad)", "(contextlib.nullcontext)")},
-         {"val.py": EVALUATE.format(name="smart_inference_mode", call="()"),
-          "utils.py": SMART.format(grad_off="torch.no_grad")}, 9),
-    case("eval-without-no-grad", "val.py",
-         {"val.py": EVALUATE.format(name="timed", call="").replace("from utils import timed", "import functools")
-          .replace("@timed", "@functools.lru_cache")},
-         {"val.py": EVALUATE.format(name="smart_inference_mode", call="()").replace(
-             "from utils import", "from ultralytics.utils.torch_utils import")}, 9,
-         control_severity="info"),
-    case("train-mode-not-restored", "fit.py", {"fit.py": TRAIN_MODE.format(layer="nn.Dropout(0.2)")},
-         {"fit.py": TRAIN_MODE.format(layer="nn.LayerNorm(16)")}, 21),
-    case("train-mode-not-restored", "fit.py", {"fit.py": TRAIN_MODE.format(layer="nn.BatchNorm1d(16)")},
-         {"fit.py": TRAIN_MODE.format(layer="nn.GELU()")}, 21),
-    case("train-mode-not-restored", "ft.py", {"ft.py": FROZEN_BN.format(first="", after="model.eval()")},
-         {"ft.py": FROZEN_BN.format(first="model.eval()  # BatchNorm statistics frozen for fine-tuning", after="")},
-         16),
-    case("missing-zero-grad", "train.py", {"train.py": LAST_LAYER_ONLY},
-         {"train.py": LAST_LAYER_ONLY.replace("    model.head.weight.grad = None",
-                                              "    for p in model.parameters():\n        p.grad = None")}, 10),
-    case("local-rank-argument", "train.py", {"train.py": LOCAL_RANK.format(extra="import torch")},
-         {"train.py": LOCAL_RANK.format(extra="import deepspeed")}, 5),
+    case(
+        "missing-zero-grad",
+        "gan.py",
+        {"gan.py": GAN.format(clear_d="")},
+        {"gan.py": GAN.format(clear_d="netD.zero_grad()")},
+        11,
+    ),
+    case(
+        "missing-zero-grad",
+        "gan.py",
+        {"gan.py": GAN.format(clear_d="")},
+        {"gan.py": GAN.format(clear_d="optimizerD.zero_grad()")},
+        11,
+    ),
+    case(
+        "missing-zero-grad",
+        "trainer.py",
+        {"trainer.py": GAN_CLASS.format(clear_d="")},
+        {"trainer.py": GAN_CLASS.format(clear_d="self.disc.zero_grad()")},
+        16,
+    ),
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {"train.py": EVERY_KTH},
+        {"train.py": ACCUMULATE},
+        6,
+        message="runs only when `(i + 1) % k == 0`",
+    ),
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {"train.py": EVERY_KTH},
+        {
+            "train.py": EVERY_KTH.replace(
+                "        optimizer.step()\n        if (i + 1) % k == 0:\n",
+                "        if (i + 1) % k == 0:\n            optimizer.step()\n",
+            )
+        },
+        6,
+    ),
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {"train.py": LIBRARY_CALL.format(clear="")},
+        {"train.py": LIBRARY_CALL.format(clear="optimizer.zero_grad()")},
+        11,
+        message="`clip_gradient(optimizer, 5.0)` receives `optimizer` but is not defined in the project",
+        severity="warning",
+    ),
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {
+            "train.py": "from helpers import step_all\n"
+            + LIBRARY_CALL.format(clear="").replace(
+                "from mylib.optim import clip_gradient", "from helpers import clip_gradient"
+            ),
+            "helpers.py": "def clip_gradient(optimizer, value):\n    for group in optimizer.param_groups:\n"
+            "        pass\n",
+        },
+        {
+            "train.py": LIBRARY_CALL.format(clear="").replace(
+                "from mylib.optim import clip_gradient", "from helpers import clip_gradient"
+            ),
+            "helpers.py": "def clip_gradient(optimizer, value):\n    optimizer.zero_grad()\n",
+        },
+        12,
+    ),
+    case(
+        "eval-without-no-grad",
+        "val.py",
+        {
+            "val.py": EVALUATE.format(name="timed", call=""),
+            "utils.py": WRAPS_DECORATOR.format(name="timed", body="return fn(*args, **kwargs)"),
+        },
+        {
+            "val.py": EVALUATE.format(name="timed", call=""),
+            "utils.py": WRAPS_DECORATOR.format(
+                name="timed", body="with torch.no_grad():\n            return fn(*args, **kwargs)"
+            ),
+        },
+        9,
+    ),
+    case(
+        "eval-without-no-grad",
+        "val.py",
+        {
+            "val.py": EVALUATE.format(name="smart_inference_mode", call="()"),
+            "utils.py": SMART.format(grad_off="torch.no_grad")
+            .replace("torch.inference_mode if torch_1_9 else ", "")
+            .replace("(torch.no_grad)", "(contextlib.nullcontext)"),
+        },
+        {
+            "val.py": EVALUATE.format(name="smart_inference_mode", call="()"),
+            "utils.py": SMART.format(grad_off="torch.no_grad"),
+        },
+        9,
+    ),
+    case(
+        "eval-without-no-grad",
+        "val.py",
+        {
+            "val.py": EVALUATE.format(name="timed", call="")
+            .replace("from utils import timed", "import functools")
+            .replace("@timed", "@functools.lru_cache")
+        },
+        {
+            "val.py": EVALUATE.format(name="smart_inference_mode", call="()").replace(
+                "from utils import", "from ultralytics.utils.torch_utils import"
+            )
+        },
+        9,
+        control_severity="info",
+    ),
+    case(
+        "train-mode-not-restored",
+        "fit.py",
+        {"fit.py": TRAIN_MODE.format(layer="nn.Dropout(0.2)")},
+        {"fit.py": TRAIN_MODE.format(layer="nn.LayerNorm(16)")},
+        21,
+    ),
+    case(
+        "train-mode-not-restored",
+        "fit.py",
+        {"fit.py": TRAIN_MODE.format(layer="nn.BatchNorm1d(16)")},
+        {"fit.py": TRAIN_MODE.format(layer="nn.GELU()")},
+        21,
+    ),
+    case(
+        "train-mode-not-restored",
+        "ft.py",
+        {"ft.py": FROZEN_BN.format(first="", after="model.eval()")},
+        {"ft.py": FROZEN_BN.format(first="model.eval()  # BatchNorm statistics frozen for fine-tuning", after="")},
+        16,
+    ),
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {"train.py": LAST_LAYER_ONLY},
+        {
+            "train.py": LAST_LAYER_ONLY.replace(
+                "    model.head.weight.grad = None", "    for p in model.parameters():\n        p.grad = None"
+            )
+        },
+        10,
+    ),
+    case(
+        "local-rank-argument",
+        "train.py",
+        {"train.py": LOCAL_RANK.format(extra="import torch")},
+        {"train.py": LOCAL_RANK.format(extra="import deepspeed")},
+        5,
+    ),
 ]
 
 
@@ -284,15 +386,18 @@ def test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target
 def test_a_project_in_a_dot_folder_of_an_enclosing_repository_keeps_its_callers(tmp_path):
     """`~/.jobs/proj` inside a home-folder git repository: the callers of an eval function are still found."""
     (tmp_path / ".git").mkdir()
-    files = {".jobs/proj/evaluation.py": EVALUATE.split("@")[0] + "def evaluate(model, loader):\n    model.eval()\n"
-             "    for x, y in loader:\n        print(model(x))\n",
-             ".jobs/proj/main.py": "from evaluation import evaluate\nevaluate(model, val_loader)\n"}
+    files = {
+        ".jobs/proj/evaluation.py": EVALUATE.split("@")[0] + "def evaluate(model, loader):\n    model.eval()\n"
+        "    for x, y in loader:\n        print(model(x))\n",
+        ".jobs/proj/main.py": "from evaluation import evaluate\nevaluate(model, val_loader)\n",
+    }
     for name, text in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text.replace("from utils import {name}\n", ""), encoding="utf-8")
-    result = lint_paths([str(tmp_path / ".jobs/proj/evaluation.py")], [registry.get("eval-without-no-grad")],
-                        cwd=str(tmp_path), jobs=1)
+    result = lint_paths(
+        [str(tmp_path / ".jobs/proj/evaluation.py")], [registry.get("eval-without-no-grad")], cwd=str(tmp_path), jobs=1
+    )
     assert [f.location.line for f in result.findings] == [6]
 
 
@@ -351,18 +456,26 @@ class SimpleTrainer(BaseTrainer):
 
 STRUCTURE_CASES = [
     # the step in a base class of another file, the loop in the subclass
-    case("missing-zero-grad", "train.py",
-         {"train.py": SUBCLASS, "engine.py": BASE_TRAINER.format(clear="pass")},
-         {"train.py": SUBCLASS, "engine.py": BASE_TRAINER.format(clear="self.optimizer.zero_grad()")}, 7),
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {"train.py": SUBCLASS, "engine.py": BASE_TRAINER.format(clear="pass")},
+        {"train.py": SUBCLASS, "engine.py": BASE_TRAINER.format(clear="self.optimizer.zero_grad()")},
+        7,
+    ),
     # the loop in a base class's train(), the step in the subclass's run_step()
-    case("missing-zero-grad", "trainer.py", {"trainer.py": OVERRIDE.format(clear="pass")},
-         {"trainer.py": OVERRIDE.format(clear="self.optimizer.zero_grad()")}, 5),
+    case(
+        "missing-zero-grad",
+        "trainer.py",
+        {"trainer.py": OVERRIDE.format(clear="pass")},
+        {"trainer.py": OVERRIDE.format(clear="self.optimizer.zero_grad()")},
+        5,
+    ),
 ]
 
 
 @pytest.mark.parametrize("rule, target, bug, control, line, extra", STRUCTURE_CASES)
-def test_planted_structure_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
-                                                                    extra):
+def test_planted_structure_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
 
 
@@ -446,30 +559,53 @@ def train(model, loader, optimizer, criterion, log_every=100):
 
 OFF_SWITCH_CASES = [
     # a reset every log_every steps still keeps up to log_every graphs
-    case("graph-retention-leak", "train.py", {"train.py": LOG_WINDOW.format(kept="loss")},
-         {"train.py": LOG_WINDOW.format(kept="loss.item()")}, 9),
+    case(
+        "graph-retention-leak",
+        "train.py",
+        {"train.py": LOG_WINDOW.format(kept="loss")},
+        {"train.py": LOG_WINDOW.format(kept="loss.item()")},
+        9,
+    ),
     # freezing some parameters by name is not freezing the model: its forward still records a graph
-    case("eval-without-no-grad", "extract.py",
-         {"extract.py": PARTLY_FROZEN.format(freeze='if "bn" in name:\n            p.requires_grad = False')},
-         {"extract.py": PARTLY_FROZEN.format(freeze="p.requires_grad = False")}, 8),
+    case(
+        "eval-without-no-grad",
+        "extract.py",
+        {"extract.py": PARTLY_FROZEN.format(freeze='if "bn" in name:\n            p.requires_grad = False')},
+        {"extract.py": PARTLY_FROZEN.format(freeze="p.requires_grad = False")},
+        8,
+    ),
     # a backward elsewhere in the function does not make the validation forward's graph useful
-    case("eval-without-no-grad", "fit.py", {"fit.py": INLINE_VALIDATION.format(guard="if True:")},
-         {"fit.py": INLINE_VALIDATION.format(guard="with torch.no_grad():")}, 15),
+    case(
+        "eval-without-no-grad",
+        "fit.py",
+        {"fit.py": INLINE_VALIDATION.format(guard="if True:")},
+        {"fit.py": INLINE_VALIDATION.format(guard="with torch.no_grad():")},
+        15,
+    ),
     # the no_grad is two calls up: the helper between is not a caller with grad on
-    case("eval-without-no-grad", "evaluation.py",
-         {"evaluation.py": EVAL_FN, "main.py": CHAIN.format(decorator="")},
-         {"evaluation.py": EVAL_FN, "main.py": CHAIN.format(decorator="@torch.no_grad()")}, 6),
-    case("eval-without-no-grad", "evaluation.py",
-         {"evaluation.py": EVAL_FN, "main.py": CALLERS.format(final="return evaluate(model, val_loader)")},
-         {"evaluation.py": EVAL_FN, "main.py": CALLERS.format(final="with torch.no_grad():\n        return "
-                                                                    "evaluate(model, val_loader)")}, 6,
-         message="runs it with autograd on"),
+    case(
+        "eval-without-no-grad",
+        "evaluation.py",
+        {"evaluation.py": EVAL_FN, "main.py": CHAIN.format(decorator="")},
+        {"evaluation.py": EVAL_FN, "main.py": CHAIN.format(decorator="@torch.no_grad()")},
+        6,
+    ),
+    case(
+        "eval-without-no-grad",
+        "evaluation.py",
+        {"evaluation.py": EVAL_FN, "main.py": CALLERS.format(final="return evaluate(model, val_loader)")},
+        {
+            "evaluation.py": EVAL_FN,
+            "main.py": CALLERS.format(final="with torch.no_grad():\n        return evaluate(model, val_loader)"),
+        },
+        6,
+        message="runs it with autograd on",
+    ),
 ]
 
 
 @pytest.mark.parametrize("rule, target, bug, control, line, extra", OFF_SWITCH_CASES)
-def test_planted_off_switch_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
-                                                                     extra):
+def test_planted_off_switch_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
 
 
@@ -500,14 +636,34 @@ def train(model, loader, optimizer, criterion):
 """
 
 OBJECT_CASES = [
-    case("graph-retention-leak", "train.py", {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
-         {"train.py": METER_LOOP.format(kept="loss.item()"), "utils.py": METER}, 11, message="losses.sum"),
-    case("graph-retention-leak", "train.py", {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
-         {"train.py": METER_LOOP.format(kept="loss"),
-          "utils.py": METER.replace("self.sum += val * n", "self.sum += float(val) * n")}, 11),
-    case("graph-retention-leak", "train.py", {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
-         {"train.py": METER_LOOP.format(kept="loss"),
-          "utils.py": METER.replace("self.sum += val * n", "val = val.data.sum()\n        self.sum += val * n")}, 11),
+    case(
+        "graph-retention-leak",
+        "train.py",
+        {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
+        {"train.py": METER_LOOP.format(kept="loss.item()"), "utils.py": METER},
+        11,
+        message="losses.sum",
+    ),
+    case(
+        "graph-retention-leak",
+        "train.py",
+        {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
+        {
+            "train.py": METER_LOOP.format(kept="loss"),
+            "utils.py": METER.replace("self.sum += val * n", "self.sum += float(val) * n"),
+        },
+        11,
+    ),
+    case(
+        "graph-retention-leak",
+        "train.py",
+        {"train.py": METER_LOOP.format(kept="loss"), "utils.py": METER},
+        {
+            "train.py": METER_LOOP.format(kept="loss"),
+            "utils.py": METER.replace("self.sum += val * n", "val = val.data.sum()\n        self.sum += val * n"),
+        },
+        11,
+    ),
 ]
 
 
@@ -591,17 +747,41 @@ GET_BATCH_MODULE = GET_BATCH.split("def train")[0]
 TRAIN_WITH_GET_BATCH = "from data import get_batch\n\ndef train" + GET_BATCH.split("def train")[1]
 
 ORIGIN_CASES = [
-    case("missing-zero-grad", "train.py", {"train.py": TRAIN_BUILT.format(clear="pass"), "solver.py": BUILD},
-     {"train.py": TRAIN_BUILT.format(clear="optimizer.zero_grad()"), "solver.py": BUILD}, 10),
-    case("to-result-discarded", "t.py", {"t.py": NEXT_ITER.format(move="images.to(device)")},
-     {"t.py": NEXT_ITER.format(move="images = images.to(device)")}, 6),
-    case("to-result-discarded", "t.py", {"t.py": GET_BATCH.format(move="x.to(device)")},
-     {"t.py": GET_BATCH.format(move="x = x.to(device)")}, 13),
-    case("missing-zero-grad", "t.py", {"t.py": SCALER_CLASS.format(clear="pass")},
-     {"t.py": SCALER_CLASS.format(clear="self.optimizer.zero_grad()")}, 20),
-    case("to-result-discarded", "train.py",
-         {"train.py": TRAIN_WITH_GET_BATCH.format(move="x.to(device)"), "data.py": GET_BATCH_MODULE},
-         {"train.py": TRAIN_WITH_GET_BATCH.format(move="x = x.to(device)"), "data.py": GET_BATCH_MODULE}, 6),
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {"train.py": TRAIN_BUILT.format(clear="pass"), "solver.py": BUILD},
+        {"train.py": TRAIN_BUILT.format(clear="optimizer.zero_grad()"), "solver.py": BUILD},
+        10,
+    ),
+    case(
+        "to-result-discarded",
+        "t.py",
+        {"t.py": NEXT_ITER.format(move="images.to(device)")},
+        {"t.py": NEXT_ITER.format(move="images = images.to(device)")},
+        6,
+    ),
+    case(
+        "to-result-discarded",
+        "t.py",
+        {"t.py": GET_BATCH.format(move="x.to(device)")},
+        {"t.py": GET_BATCH.format(move="x = x.to(device)")},
+        13,
+    ),
+    case(
+        "missing-zero-grad",
+        "t.py",
+        {"t.py": SCALER_CLASS.format(clear="pass")},
+        {"t.py": SCALER_CLASS.format(clear="self.optimizer.zero_grad()")},
+        20,
+    ),
+    case(
+        "to-result-discarded",
+        "train.py",
+        {"train.py": TRAIN_WITH_GET_BATCH.format(move="x.to(device)"), "data.py": GET_BATCH_MODULE},
+        {"train.py": TRAIN_WITH_GET_BATCH.format(move="x = x.to(device)"), "data.py": GET_BATCH_MODULE},
+        6,
+    ),
 ]
 
 
@@ -682,23 +862,50 @@ model.eval()
 """
 
 MORE_CASES = [
-    case("missing-zero-grad", "gan.py", {"gan.py": CHAIN_GAN.format(clear="")},
-     {"gan.py": CHAIN_GAN.format(clear="D2.zero_grad(); D1.zero_grad()")}, 12),
-    case("train-mode-not-restored", "fit.py", {"fit.py": VALIDATE_FN.format(restore="")},
-     {"fit.py": VALIDATE_FN.format(restore="model.train()")}, 17),
-    case("eval-without-no-grad", "trainer.py", {"trainer.py": TRAINER_EVAL.format(decorator="")},
-     {"trainer.py": TRAINER_EVAL.format(decorator="@torch.no_grad()")}, 13),
-    case("eval-without-no-grad", "infer.py", {"infer.py": SCRIPT_EVAL.format(guard="if True:")},
-         {"infer.py": SCRIPT_EVAL.format(guard="with torch.set_grad_enabled(False):")}, 7),
-    case("local-rank-argument", "train.py", {"train.py": LOCAL_RANK.format(extra="import torch")},
-         {"train.py": LOCAL_RANK.format(extra="import torch").replace('"--local_rank", ', '"--local_rank", "--local-rank", ')},
-         5),
+    case(
+        "missing-zero-grad",
+        "gan.py",
+        {"gan.py": CHAIN_GAN.format(clear="")},
+        {"gan.py": CHAIN_GAN.format(clear="D2.zero_grad(); D1.zero_grad()")},
+        12,
+    ),
+    case(
+        "train-mode-not-restored",
+        "fit.py",
+        {"fit.py": VALIDATE_FN.format(restore="")},
+        {"fit.py": VALIDATE_FN.format(restore="model.train()")},
+        17,
+    ),
+    case(
+        "eval-without-no-grad",
+        "trainer.py",
+        {"trainer.py": TRAINER_EVAL.format(decorator="")},
+        {"trainer.py": TRAINER_EVAL.format(decorator="@torch.no_grad()")},
+        13,
+    ),
+    case(
+        "eval-without-no-grad",
+        "infer.py",
+        {"infer.py": SCRIPT_EVAL.format(guard="if True:")},
+        {"infer.py": SCRIPT_EVAL.format(guard="with torch.set_grad_enabled(False):")},
+        7,
+    ),
+    case(
+        "local-rank-argument",
+        "train.py",
+        {"train.py": LOCAL_RANK.format(extra="import torch")},
+        {
+            "train.py": LOCAL_RANK.format(extra="import torch").replace(
+                '"--local_rank", ', '"--local_rank", "--local-rank", '
+            )
+        },
+        5,
+    ),
 ]
 
 
 @pytest.mark.parametrize("rule, target, bug, control, line, extra", MORE_CASES)
-def test_planted_structure_case_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line,
-                                                                     extra):
+def test_planted_structure_case_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra):
     test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)
 
 
@@ -776,18 +983,48 @@ def build_loader(dataset, batch_size):
 HEAD_LINE = "model.classifier[6] = nn.Linear(4096, num_classes)"
 OPT_LINE = "optimizer = torch.optim.SGD(model.parameters(), lr=0.01)"
 SETUP_CASES = [
-    case("sampler-epoch-not-set", "main.py", {"main.py": DDP_BRANCH.format(set_epoch="pass")},
-     {"main.py": DDP_BRANCH.format(set_epoch="if args.distributed:\n            train_sampler.set_epoch(epoch)")}, 7),
-    case("nondeterministic-settings", "setup.py", {"setup.py": DETERMINISM.format(benchmark="True")},
-     {"setup.py": DETERMINISM.format(benchmark="False")}, 6),
-    case("stale-optimizer-params", "model.py", {"model.py": VGG_HEAD.format(first=OPT_LINE, second=HEAD_LINE)},
-     {"model.py": VGG_HEAD.format(first=HEAD_LINE, second=OPT_LINE)}, 9),
-    case("optimizer-state-device", "resume.py", {"resume.py": RESUME_CUDA.format(before="", after="model.cuda()")},
-     {"resume.py": RESUME_CUDA.format(before="model.cuda()", after="")}, 9),
-    case("clip-before-unscale", "train.py", {"train.py": AMP_CLIP.format(unscale="")},
-     {"train.py": AMP_CLIP.format(unscale="scaler.unscale_(optimizer)")}, 12),
-    case("shuffle-with-sampler", "data.py", {"data.py": LOADERS.format(shuffle="True")},
-     {"data.py": LOADERS.format(shuffle="False")}, 7),
+    case(
+        "sampler-epoch-not-set",
+        "main.py",
+        {"main.py": DDP_BRANCH.format(set_epoch="pass")},
+        {"main.py": DDP_BRANCH.format(set_epoch="if args.distributed:\n            train_sampler.set_epoch(epoch)")},
+        7,
+    ),
+    case(
+        "nondeterministic-settings",
+        "setup.py",
+        {"setup.py": DETERMINISM.format(benchmark="True")},
+        {"setup.py": DETERMINISM.format(benchmark="False")},
+        6,
+    ),
+    case(
+        "stale-optimizer-params",
+        "model.py",
+        {"model.py": VGG_HEAD.format(first=OPT_LINE, second=HEAD_LINE)},
+        {"model.py": VGG_HEAD.format(first=HEAD_LINE, second=OPT_LINE)},
+        9,
+    ),
+    case(
+        "optimizer-state-device",
+        "resume.py",
+        {"resume.py": RESUME_CUDA.format(before="", after="model.cuda()")},
+        {"resume.py": RESUME_CUDA.format(before="model.cuda()", after="")},
+        9,
+    ),
+    case(
+        "clip-before-unscale",
+        "train.py",
+        {"train.py": AMP_CLIP.format(unscale="")},
+        {"train.py": AMP_CLIP.format(unscale="scaler.unscale_(optimizer)")},
+        12,
+    ),
+    case(
+        "shuffle-with-sampler",
+        "data.py",
+        {"data.py": LOADERS.format(shuffle="True")},
+        {"data.py": LOADERS.format(shuffle="False")},
+        7,
+    ),
 ]
 
 
@@ -863,12 +1100,14 @@ def test_a_library_scaler_that_steps_without_clearing_is_followed(tmp_path, monk
     assert f.location.line == 9 and "(in `__call__`)" in f.message
 
 
-@pytest.mark.parametrize("library_clear, loop_clear", [("", "optimizer.zero_grad()"),
-                                                       ("optimizer.zero_grad()", "pass")])
+@pytest.mark.parametrize(
+    "library_clear, loop_clear", [("", "optimizer.zero_grad()"), ("optimizer.zero_grad()", "pass")]
+)
 def test_a_library_scaler_look_alikes_are_quiet(tmp_path, monkeypatch, library_clear, loop_clear):
     library = {"__init__.py": "from .cuda import NativeScaler\n", "cuda.py": NATIVE_SCALER.format(clear=library_clear)}
-    assert lint_with_library(tmp_path, monkeypatch, library, LIB_TRAIN.format(clear=loop_clear),
-                             "missing-zero-grad") == []
+    assert (
+        lint_with_library(tmp_path, monkeypatch, library, LIB_TRAIN.format(clear=loop_clear), "missing-zero-grad") == []
+    )
 
 
 @pytest.mark.parametrize("grad_off, expected", [("torch.inference_mode", []), ("contextlib.nullcontext", [8])])

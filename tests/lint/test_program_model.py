@@ -3,14 +3,14 @@
 Every case writes a small project (with a pyproject.toml marking its root) and lints ONE file of it, as an
 editor or pre-commit would: the program model reads the rest of the project from disk.
 """
+
 import sys
 import textwrap
 
 import pytest
-
-from torchdoctor import registry
-from torchdoctor.lint.runner import lint_paths
 from conftest import ENGINE_CHECKS, asked_rules
+
+from torchdoctor.lint.runner import lint_paths
 
 CHECKS = ENGINE_CHECKS
 
@@ -47,13 +47,19 @@ def evaluate(model, loader):
 
 
 @pytest.mark.rule("eval-without-no-grad")
-@pytest.mark.parametrize("caller, expected", [
-    ("from evaluation import evaluate\nacc = evaluate(model, val_loader)\n", [("eval-without-no-grad", 8)]),
-    ("from evaluation import evaluate\nwith torch.no_grad():\n    acc = evaluate(model, val_loader)\n", []),
-    ("import evaluation as ev\nacc = ev.evaluate(model, val_loader)\n", [("eval-without-no-grad", 8)]),
-    ("from .evaluation import evaluate\n@torch.no_grad()\ndef run():\n    return evaluate(model, val_loader)\n", []),
-    ("x = 1\n", []),  # never called: whoever calls it may disable grad
-])
+@pytest.mark.parametrize(
+    "caller, expected",
+    [
+        ("from evaluation import evaluate\nacc = evaluate(model, val_loader)\n", [("eval-without-no-grad", 8)]),
+        ("from evaluation import evaluate\nwith torch.no_grad():\n    acc = evaluate(model, val_loader)\n", []),
+        ("import evaluation as ev\nacc = ev.evaluate(model, val_loader)\n", [("eval-without-no-grad", 8)]),
+        (
+            "from .evaluation import evaluate\n@torch.no_grad()\ndef run():\n    return evaluate(model, val_loader)\n",
+            [],
+        ),
+        ("x = 1\n", []),  # never called: whoever calls it may disable grad
+    ],
+)
 def test_an_eval_function_is_judged_by_its_callers_in_other_files(tmp_path, caller, expected):
     files = {"pkg/__init__.py": "", "pkg/evaluation.py": EVALUATE, "pkg/train.py": "import torch\n" + caller}
     assert lint_one(tmp_path, files, "pkg/evaluation.py") == expected
@@ -89,8 +95,11 @@ def timed():
 @pytest.mark.parametrize("utils, expected", [(WRAPPER, []), (NOT_A_WRAPPER, [("eval-without-no-grad", 10)])])
 def test_a_project_decorator_wrapping_no_grad_is_seen_from_a_single_file_run(tmp_path, utils, expected):
     name = "smart_inference_mode" if utils is WRAPPER else "timed"
-    val = f"import torch\nfrom utils.torch_utils import {name}\n\n@{name}()" + EVALUATE.replace("import torch\n", "") \
+    val = (
+        f"import torch\nfrom utils.torch_utils import {name}\n\n@{name}()"
+        + EVALUATE.replace("import torch\n", "")
         + "\nacc = evaluate(model, val_loader)\n"
+    )
     files = {"utils/__init__.py": "", "utils/torch_utils.py": utils, "val.py": val}
     assert lint_one(tmp_path, files, "val.py") == expected
 
@@ -127,8 +136,10 @@ def predict(net, x):
 @pytest.mark.rule("eval-without-no-grad")
 @pytest.mark.parametrize("decorator, expected", [("", [("eval-without-no-grad", 6)]), ("@torch.no_grad()\n", [])])
 def test_a_model_passed_to_a_helper_in_another_file(tmp_path, decorator, expected):
-    script = "from helpers import predict\n\ndef show(model, x):\n    model.eval()\n    print('eval')\n" \
-             "    return predict(model, x)\n\nshow(model, x)\n"
+    script = (
+        "from helpers import predict\n\ndef show(model, x):\n    model.eval()\n    print('eval')\n"
+        "    return predict(model, x)\n\nshow(model, x)\n"
+    )
     files = {"helpers.py": HELPER.replace("def predict", decorator + "def predict"), "show.py": script}
     assert lint_one(tmp_path, files, "show.py") == expected
 
@@ -153,19 +164,27 @@ class Trainer:
 
 
 @pytest.mark.rule("sampler-epoch-not-set")
-@pytest.mark.parametrize("imports, call, body, fires", [
-    ("from .hooks import start_epoch", "start_epoch(loader, epoch)", "pass", False),  # relative import
-    ("from .hooks import start_epoch", "start_epoch(loader, 0)", "pass", False),
-    ("from . import hooks", "hooks.start_epoch(loader, epoch)", "pass", False),
-    ("", "self.begin(loader, epoch)", "loader.sampler.set_epoch(epoch)", False),  # a method of the same class
-    ("from .hooks import log_epoch", "log_epoch(loader, epoch)", "pass", True),  # the helper does not set it
-    ("", "self.begin(loader, epoch)", "print(epoch)", True),
-])
+@pytest.mark.parametrize(
+    "imports, call, body, fires",
+    [
+        ("from .hooks import start_epoch", "start_epoch(loader, epoch)", "pass", False),  # relative import
+        ("from .hooks import start_epoch", "start_epoch(loader, 0)", "pass", False),
+        ("from . import hooks", "hooks.start_epoch(loader, epoch)", "pass", False),
+        ("", "self.begin(loader, epoch)", "loader.sampler.set_epoch(epoch)", False),  # a method of the same class
+        ("from .hooks import log_epoch", "log_epoch(loader, epoch)", "pass", True),  # the helper does not set it
+        ("", "self.begin(loader, epoch)", "print(epoch)", True),
+    ],
+)
 def test_set_epoch_is_looked_for_in_the_functions_the_epoch_loop_calls(tmp_path, imports, call, body, fires):
-    hooks = "def start_epoch(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n\ndef log_epoch(loader, epoch):\n" \
-            "    print(epoch)\n"
-    files = {"pkg/__init__.py": "", "pkg/hooks.py": hooks,
-             "pkg/train.py": DDP.format(imports=imports, call=call, body=body)}
+    hooks = (
+        "def start_epoch(loader, epoch):\n    loader.sampler.set_epoch(epoch)\n\ndef log_epoch(loader, epoch):\n"
+        "    print(epoch)\n"
+    )
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/hooks.py": hooks,
+        "pkg/train.py": DDP.format(imports=imports, call=call, body=body),
+    }
     assert lint_one(tmp_path, files, "pkg/train.py") == ([("sampler-epoch-not-set", 8)] if fires else [])
 
 
@@ -180,13 +199,22 @@ args, _ = parser.{parse}()
 
 
 @pytest.mark.rule("local-rank-argument")
-@pytest.mark.parametrize("parse, utils, fires", [
-    ("parse_known_args", "import os\nLOCAL = int(os.environ.get('LOCAL_RANK', 0))\ndef init_distributed():\n    pass\n",
-     False),
-    ("parse_args", "import os\nLOCAL = int(os.environ.get('LOCAL_RANK', 0))\ndef init_distributed():\n    pass\n",
-     True),
-    ("parse_known_args", "def init_distributed():\n    pass  # LOCAL_RANK in a comment only\n", True),
-])
+@pytest.mark.parametrize(
+    "parse, utils, fires",
+    [
+        (
+            "parse_known_args",
+            "import os\nLOCAL = int(os.environ.get('LOCAL_RANK', 0))\ndef init_distributed():\n    pass\n",
+            False,
+        ),
+        (
+            "parse_args",
+            "import os\nLOCAL = int(os.environ.get('LOCAL_RANK', 0))\ndef init_distributed():\n    pass\n",
+            True,
+        ),
+        ("parse_known_args", "def init_distributed():\n    pass  # LOCAL_RANK in a comment only\n", True),
+    ],
+)
 def test_local_rank_argument_with_the_rank_read_in_an_imported_module(tmp_path, parse, utils, fires):
     files = {"utils.py": utils, "train.py": TRAIN_ARGS.format(parse=parse)}
     assert lint_one(tmp_path, files, "train.py") == ([("local-rank-argument", 6)] if fires else [])
@@ -194,18 +222,27 @@ def test_local_rank_argument_with_the_rank_read_in_an_imported_module(tmp_path, 
 
 @pytest.mark.rule("eval-without-no-grad")
 def test_the_same_findings_whether_the_tree_or_each_file_alone_is_linted(tmp_path):
-    files = {"pkg/__init__.py": "", "pkg/evaluation.py": EVALUATE, "utils/__init__.py": "",
-             "utils/torch_utils.py": WRAPPER, "pkg/train.py": "from .evaluation import evaluate\nevaluate(m, l)\n",
-             "val.py": "import torch\nfrom utils.torch_utils import smart_inference_mode\n\n@smart_inference_mode()"
-                       + EVALUATE.replace("import torch\n", "") + "\nevaluate(m, l)\n"}
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/evaluation.py": EVALUATE,
+        "utils/__init__.py": "",
+        "utils/torch_utils.py": WRAPPER,
+        "pkg/train.py": "from .evaluation import evaluate\nevaluate(m, l)\n",
+        "val.py": "import torch\nfrom utils.torch_utils import smart_inference_mode\n\n@smart_inference_mode()"
+        + EVALUATE.replace("import torch\n", "")
+        + "\nevaluate(m, l)\n",
+    }
     lint_one(tmp_path, files, "val.py")
     tree = lint_paths([str(tmp_path)], CHECKS, cwd=str(tmp_path), jobs=1).findings
-    alone = [f for name in files for f in lint_paths([str(tmp_path / name)], CHECKS, cwd=str(tmp_path), jobs=1).findings]
+    alone = [
+        f for name in files for f in lint_paths([str(tmp_path / name)], CHECKS, cwd=str(tmp_path), jobs=1).findings
+    ]
     key = lambda f: (f.location.file, f.location.line, f.name)  # noqa: E731
     assert sorted(map(key, tree)) == sorted(map(key, alone)) == [("pkg/evaluation.py", 8, "eval-without-no-grad")]
 
 
 # --- order, branches and data flow inside one function ---------------------------------------------------
+
 
 @pytest.mark.rule("missing-zero-grad")
 def test_optimizers_that_may_share_parameters_are_cleared_by_either_zero_grad(tmp_path):
@@ -287,24 +324,33 @@ def test_a_whole_enumerated_batch_may_move_in_place_but_its_tensors_do_not(tmp_p
 
 
 @pytest.mark.rule("prefix-strip-by-slicing")
-@pytest.mark.parametrize("code, fires", [
-    ("sd = torch.load('m.pt')\nfor k, v in list(sd.items()):\n    sd[k[7:]] = sd.pop(k)\n", True),
-    ("prefix = 'module.'\nnew = {k[len(prefix):]: v for k, v in state_dict.items()}\n", True),
-    ("prefix = 'module.'\nnew = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}\n", False),
-    ("prefix = 'module.'\nprefix = other\nnew = {k[len(prefix):]: v for k, v in state_dict.items()}\n", False),
-])
+@pytest.mark.parametrize(
+    "code, fires",
+    [
+        ("sd = torch.load('m.pt')\nfor k, v in list(sd.items()):\n    sd[k[7:]] = sd.pop(k)\n", True),
+        ("prefix = 'module.'\nnew = {k[len(prefix):]: v for k, v in state_dict.items()}\n", True),
+        (
+            "prefix = 'module.'\nnew = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}\n",
+            False,
+        ),
+        ("prefix = 'module.'\nprefix = other\nnew = {k[len(prefix):]: v for k, v in state_dict.items()}\n", False),
+    ],
+)
 def test_prefix_cut_through_a_copy_of_the_items_or_a_named_prefix(tmp_path, code, fires):
     found = lint_one(tmp_path, {"t.py": "import torch\n" + code}, "t.py")
     assert [name for name, _ in found] == (["prefix-strip-by-slicing"] if fires else [])
 
 
 @pytest.mark.rule("shuffle-with-sampler")
-@pytest.mark.parametrize("args, fires", [
-    ("ds, 32, True, sampler", True),
-    ("ds, 32, True, batch_sampler=bs", True),
-    ("ds, 32, False, sampler", False),
-    ("ds, 32, True", False),
-])
+@pytest.mark.parametrize(
+    "args, fires",
+    [
+        ("ds, 32, True, sampler", True),
+        ("ds, 32, True, batch_sampler=bs", True),
+        ("ds, 32, False, sampler", False),
+        ("ds, 32, True", False),
+    ],
+)
 def test_shuffle_and_sampler_passed_by_position(tmp_path, args, fires):
     code = f"from torch.utils.data import DataLoader\nsampler = bs = object()\ntrain_data = DataLoader({args})\n"
     found = lint_one(tmp_path, {"t.py": code}, "t.py")
@@ -312,12 +358,15 @@ def test_shuffle_and_sampler_passed_by_position(tmp_path, args, fires):
 
 
 @pytest.mark.rule("graph-retention-leak")
-@pytest.mark.parametrize("line, fires", [
-    ("total_loss = total_loss + loss", True),
-    ("total_loss = loss + total_loss", True),
-    ("total_loss = total_loss + loss.item()", False),
-    ("total_loss = previous + loss", False),  # not an accumulation
-])
+@pytest.mark.parametrize(
+    "line, fires",
+    [
+        ("total_loss = total_loss + loss", True),
+        ("total_loss = loss + total_loss", True),
+        ("total_loss = total_loss + loss.item()", False),
+        ("total_loss = previous + loss", False),  # not an accumulation
+    ],
+)
 def test_accumulating_a_loss_by_plain_assignment(tmp_path, line, fires):
     code = f"""
     total_loss = 0
@@ -344,9 +393,12 @@ def make_optimizer(cfg, model):
 @pytest.mark.rule("missing-zero-grad")
 @pytest.mark.parametrize("clear, expected", [("", [("missing-zero-grad", 8)]), ("        solver.zero_grad()\n", [])])
 def test_an_optimizer_built_by_a_helper_in_another_file(tmp_path, clear, expected):
-    train = ("from solver import make_optimizer\n\ndef train(cfg, model, loader):\n"
-             "    solver = make_optimizer(cfg, model)\n    for x, y in loader:\n" + clear +
-             "        loss = model(x, y)\n        loss.backward()\n        solver.step()\n")
+    train = (
+        "from solver import make_optimizer\n\ndef train(cfg, model, loader):\n"
+        "    solver = make_optimizer(cfg, model)\n    for x, y in loader:\n"
+        + clear
+        + "        loss = model(x, y)\n        loss.backward()\n        solver.step()\n"
+    )
     assert lint_one(tmp_path, {"solver.py": BUILD, "train.py": train}, "train.py") == expected
 
 
@@ -363,24 +415,32 @@ def train_step(model, batch, optimizer):
 @pytest.mark.rule("missing-zero-grad")
 @pytest.mark.parametrize("clear, expected", [("", [("missing-zero-grad", 6)]), ("optimizer.zero_grad()", [])])
 def test_backward_and_step_inside_a_helper_in_another_file(tmp_path, clear, expected):
-    train = ("import torch\nfrom engine import train_step\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-             "for batch in loader:\n    train_step(model, batch, opt)\n")
+    train = (
+        "import torch\nfrom engine import train_step\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for batch in loader:\n    train_step(model, batch, opt)\n"
+    )
     assert lint_one(tmp_path, {"engine.py": STEP.format(clear=clear), "train.py": train}, "train.py") == expected
 
 
 @pytest.mark.rule("missing-zero-grad")
 @pytest.mark.parametrize("clear", ["", "optimizer.zero_grad()"])
 def test_backward_and_step_in_a_helper_reached_through_a_module_or_a_method(tmp_path, clear):
-    through_module = ("import torch\nimport engine\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                      "for batch in loader:\n    engine.train_step(model, batch, opt)\n")
+    through_module = (
+        "import torch\nimport engine\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for batch in loader:\n    engine.train_step(model, batch, opt)\n"
+    )
     method = textwrap.indent(textwrap.dedent(STEP.format(clear=clear)).replace("(model,", "(self, model,"), "    ")
-    through_method = (f"import torch\n\nclass Trainer:\n{method}\n    def fit(self, model, loader):\n"
-                      "        for batch in loader:\n            self.train_step(model, batch, self.opt)\n")
+    through_method = (
+        f"import torch\n\nclass Trainer:\n{method}\n    def fit(self, model, loader):\n"
+        "        for batch in loader:\n            self.train_step(model, batch, self.opt)\n"
+    )
     expected = [] if clear else [("missing-zero-grad", 6)]
-    assert lint_one(tmp_path, {"engine.py": STEP.format(clear=clear), "train.py": through_module},
-                    "train.py") == expected
-    assert lint_one(tmp_path, {"trainer.py": through_method}, "trainer.py") == \
-        ([] if clear else [("missing-zero-grad", 14)])
+    assert (
+        lint_one(tmp_path, {"engine.py": STEP.format(clear=clear), "train.py": through_module}, "train.py") == expected
+    )
+    assert lint_one(tmp_path, {"trainer.py": through_method}, "trainer.py") == (
+        [] if clear else [("missing-zero-grad", 14)]
+    )
 
 
 @pytest.mark.rule("missing-zero-grad")
@@ -404,16 +464,21 @@ def test_a_loss_scaler_object_running_backward_and_step(tmp_path):
             loss_scaler(loss, optimizer)
     """
     assert lint_one(tmp_path, {"t.py": code}, "t.py") == [("missing-zero-grad", 17)]
-    cleared = code.replace("            loss = model(x, y)", "            optimizer.zero_grad()\n            loss = model(x, y)")
+    cleared = code.replace(
+        "            loss = model(x, y)", "            optimizer.zero_grad()\n            loss = model(x, y)"
+    )
     assert lint_one(tmp_path, {"t.py": cleared}, "t.py") == []
 
 
 @pytest.mark.rule("to-result-discarded")
-@pytest.mark.parametrize("source, fires", [
-    ("train_data = DataLoader(ds, batch_size=8)\nfor x, y in train_data:\n    x.to(device)\n", True),
-    ("batches = DataLoader(ds)\nfor i, (x, y) in enumerate(batches):\n    y.cuda()\n", True),
-    ("train_data = make_batches(ds)\nfor x, y in train_data:\n    x.to(device)\n", False),  # unknown objects
-])
+@pytest.mark.parametrize(
+    "source, fires",
+    [
+        ("train_data = DataLoader(ds, batch_size=8)\nfor x, y in train_data:\n    x.to(device)\n", True),
+        ("batches = DataLoader(ds)\nfor i, (x, y) in enumerate(batches):\n    y.cuda()\n", True),
+        ("train_data = make_batches(ds)\nfor x, y in train_data:\n    x.to(device)\n", False),  # unknown objects
+    ],
+)
 def test_a_loader_not_named_loader(tmp_path, source, fires):
     code = "from torch.utils.data import DataLoader\n" + source
     assert lint_one(tmp_path, {"t.py": code}, "t.py") == ([("to-result-discarded", 4)] if fires else [])
@@ -422,8 +487,10 @@ def test_a_loader_not_named_loader(tmp_path, source, fires):
 def test_a_run_over_several_projects_frees_each_and_finds_what_single_file_runs_find(tmp_path):
     # Each project's trees are freed when the run moves on to the next project; a later file asking about a
     # freed module (the run comes back to project a) has it parsed again, with the same answers.
-    train = ("import torch\nfrom engine import train_step\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-             "for batch in loader:\n    train_step(model, batch, opt)\n")
+    train = (
+        "import torch\nfrom engine import train_step\n\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for batch in loader:\n    train_step(model, batch, opt)\n"
+    )
     evaluation = EVALUATE + "\nacc = evaluate(model, val_loader)\n"
     for project in ("a", "b"):
         (tmp_path / project).mkdir()
@@ -432,11 +499,20 @@ def test_a_run_over_several_projects_frees_each_and_finds_what_single_file_runs_
             (tmp_path / project / name).write_text(textwrap.dedent(text), encoding="utf-8")
     order = ["a/train.py", "b/train.py", "b/evaluation.py", "a/evaluation.py", "a/engine.py"]
     together = lint_paths([str(tmp_path / name) for name in order], CHECKS, cwd=str(tmp_path), jobs=1).findings
-    alone = [f for name in order for f in lint_paths([str(tmp_path / name)], CHECKS, cwd=str(tmp_path), jobs=1).findings]
+    alone = [
+        f for name in order for f in lint_paths([str(tmp_path / name)], CHECKS, cwd=str(tmp_path), jobs=1).findings
+    ]
     key = lambda f: (f.location.file, f.location.line, f.name)  # noqa: E731
-    assert sorted(map(key, together)) == sorted(map(key, alone)) == [
-        ("a/evaluation.py", 8, "eval-without-no-grad"), ("a/train.py", 6, "missing-zero-grad"),
-        ("b/evaluation.py", 8, "eval-without-no-grad"), ("b/train.py", 6, "missing-zero-grad")]
+    assert (
+        sorted(map(key, together))
+        == sorted(map(key, alone))
+        == [
+            ("a/evaluation.py", 8, "eval-without-no-grad"),
+            ("a/train.py", 6, "missing-zero-grad"),
+            ("b/evaluation.py", 8, "eval-without-no-grad"),
+            ("b/train.py", 6, "missing-zero-grad"),
+        ]
+    )
 
 
 def test_releasing_a_project_forgets_its_modules_and_keeps_the_others(tmp_path):
@@ -460,9 +536,11 @@ def test_a_run_leaves_nothing_for_the_garbage_collector(tmp_path):
     # collector off): a reference cycle would keep a whole project's syntax trees alive until a collection.
     import gc
 
-    train = ("import torch\nfrom engine import train_step\nfrom evaluation import evaluate\n\n"
-             "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor batch in loader:\n"
-             "    train_step(model, batch, opt)\nacc = evaluate(model, val_loader)\n")
+    train = (
+        "import torch\nfrom engine import train_step\nfrom evaluation import evaluate\n\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor batch in loader:\n"
+        "    train_step(model, batch, opt)\nacc = evaluate(model, val_loader)\n"
+    )
     files = {"engine.py": STEP.format(clear=""), "train.py": train, "evaluation.py": EVALUATE}
     gc.collect()
     assert lint_one(tmp_path, files, ".") == [("eval-without-no-grad", 8), ("missing-zero-grad", 7)]
@@ -472,7 +550,8 @@ def test_a_run_leaves_nothing_for_the_garbage_collector(tmp_path):
 def test_a_summary_follows_calls_only_for_the_facts_asked(tmp_path):
     from torchdoctor.lint.program import Program
 
-    (tmp_path / "m.py").write_text(textwrap.dedent("""
+    (tmp_path / "m.py").write_text(
+        textwrap.dedent("""
         import torch
 
         def clear(opt):
@@ -484,7 +563,9 @@ def test_a_summary_follows_calls_only_for_the_facts_asked(tmp_path):
 
         def outer(opt, sampler):
             epoch(opt, sampler)
-    """), encoding="utf-8")
+    """),
+        encoding="utf-8",
+    )
     program = Program()
     module = program.module(str(tmp_path / "m.py"))
     assert module is not None

@@ -1,5 +1,6 @@
 """`torchdoctor lint` behaves like ruff: noqa comments, per-file-ignores, parse errors exit 1, --exit-zero,
 --diff with nothing to fix, --add-noqa, --watch, an empty folder, and the docs' sample output."""
+
 import json
 import re
 import textwrap
@@ -43,13 +44,16 @@ def write(root, rel, text):
     return path
 
 
-@pytest.mark.parametrize("comment, left", [
-    ("# noqa: TD301", ["TD308"]),
-    ("# noqa:TD301,TD308", []),
-    ("# NOQA", []),
-    ("# noqa: E501", ["TD301", "TD308"]),  # another tool's code silences nothing of ours
-    ("# noqa: TD3011", ["TD301", "TD308"]),
-])
+@pytest.mark.parametrize(
+    "comment, left",
+    [
+        ("# noqa: TD301", ["TD308"]),
+        ("# noqa:TD301,TD308", []),
+        ("# NOQA", []),
+        ("# noqa: E501", ["TD301", "TD308"]),  # another tool's code silences nothing of ours
+        ("# noqa: TD3011", ["TD301", "TD308"]),
+    ],
+)
 def test_noqa_comments_silence_their_codes_on_their_line(project, comment, left):
     code = LEAKY.replace("optimizer.step()", f"optimizer.step()  {comment}")
     code = code.replace("total += loss", f"total += loss  {comment}")
@@ -63,16 +67,23 @@ def test_noqa_inside_a_string_silences_nothing(project):
 
 
 def test_per_file_ignores_from_the_project_table(project, monkeypatch):
-    write(project, "pyproject.toml", """
+    write(
+        project,
+        "pyproject.toml",
+        """
         [tool.torchdoctor.per-file-ignores]
         "tests/" = ["TD301"]
         "legacy_*.py" = ["graph-retention-leak", "missing-zero-grad"]
-    """)
+    """,
+    )
     for rel in ("tests/test_a.py", "src/legacy_b.py", "src/train.py"):
         write(project, rel, LEAKY)
     result = run()
-    found = sorted(line.split(":")[0] + " " + line.split()[1] for line in result.stdout.splitlines()
-                   if re.match(r"^\S+:\d+:\d+: TD", line))
+    found = sorted(
+        line.split(":")[0] + " " + line.split()[1]
+        for line in result.stdout.splitlines()
+        if re.match(r"^\S+:\d+:\d+: TD", line)
+    )
     assert found == ["src/train.py TD301", "src/train.py TD308", "tests/test_a.py TD308"]
     # patterns are relative to the pyproject.toml, also when run from a subfolder
     monkeypatch.chdir(project / "tests")
@@ -126,7 +137,7 @@ def test_diff_says_when_there_is_nothing_to_fix(project):
 
 def test_add_noqa_silences_every_finding_and_keeps_the_rest(project):
     code = LEAKY.replace("total += loss", "total += loss  # noqa: E501")
-    code += 'msg = """a\n' + "b\"\"\"; optimizer.step()\n"
+    code += 'msg = """a\n' + 'b"""; optimizer.step()\n'
     path = write(project, "train.py", code)
     result = run("--add-noqa")
     assert result.exit_code == 0 and "added 2 noqa directives in 1 file" in result.stderr
@@ -165,12 +176,14 @@ def test_watch_lints_again_when_a_file_changes(project):
     path = write(project, "train.py", "x = 1\n")
     write(project, "notes.txt", "not python")
     runs = []
-    polls = iter([
-        lambda: None,  # nothing changed
-        lambda: path.write_text(LEAKY + "\n\n"),  # an edit (a different size: a new stamp on any filesystem)
-        lambda: (project / "notes.txt").write_text("still not python, and longer"),  # not a lint input
-        lambda: write(project, "pkg/new.py", LEAKY),  # a new file
-    ])
+    polls = iter(
+        [
+            lambda: None,  # nothing changed
+            lambda: path.write_text(LEAKY + "\n\n"),  # an edit (a different size: a new stamp on any filesystem)
+            lambda: (project / "notes.txt").write_text("still not python, and longer"),  # not a lint input
+            lambda: write(project, "pkg/new.py", LEAKY),  # a new file
+        ]
+    )
 
     def lint_once():
         result = run(str(project))

@@ -1,11 +1,12 @@
 """The lint engine: worker processes give the same findings as a serial run; a crashing check is contained."""
+
 import textwrap
 
-from torchdoctor import registry
-from torchdoctor.findings import Severity
-from torchdoctor.lint.runner import check_source, lint_paths, read_source
 from conftest import ENGINE_CHECKS
 from pitfall_factory import make_pitfall
+
+from torchdoctor.findings import Severity
+from torchdoctor.lint.runner import check_source, lint_paths, read_source
 
 LEAKY = textwrap.dedent("""
     def train(model, loader, optimizer, criterion):
@@ -42,8 +43,10 @@ def test_a_crashing_check_becomes_one_finding_for_that_file(tmp_path):
 
 def test_columns_count_characters_in_crlf_files(tmp_path):
     path = tmp_path / "t.py"
-    path.write_bytes("for x, y in loader:\r\n    loss = crit(model(x), y)\r\n    loss.backward()\r\n"
-                     "    é = 1; optimizer.step()  # torchdoctor: ignore[graph-retention-leak]\r\n".encode("utf-8"))
+    path.write_bytes(
+        "for x, y in loader:\r\n    loss = crit(model(x), y)\r\n    loss.backward()\r\n"
+        "    é = 1; optimizer.step()  # torchdoctor: ignore[graph-retention-leak]\r\n".encode("utf-8")
+    )
     [f] = check_source(read_source(str(path), "t.py"), ENGINE_CHECKS)
     assert (f.name, f.location.line, f.location.column) == ("missing-zero-grad", 4, 12)
     assert f.message.startswith("`optimizer.step()`")

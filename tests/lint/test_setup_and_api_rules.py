@@ -1,4 +1,5 @@
 """local-rank-argument, nondeterministic-settings, unsafe-torch-load, prefix-strip-by-slicing, deprecated-api."""
+
 import pytest
 
 from torchdoctor.findings import Severity
@@ -17,11 +18,14 @@ def test_local_rank_only_fires(lint, fired):
 
 
 @pytest.mark.rule("local-rank-argument")
-@pytest.mark.parametrize("code", [
-    'parser.add_argument("--local_rank", "--local-rank", type=int)\n',
-    'parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))\n',
-    '# we used to take --local_rank\nlocal_rank = int(os.environ["LOCAL_RANK"])\n',
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        'parser.add_argument("--local_rank", "--local-rank", type=int)\n',
+        'parser.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))\n',
+        '# we used to take --local_rank\nlocal_rank = int(os.environ["LOCAL_RANK"])\n',
+    ],
+)
 def test_local_rank_handled_is_quiet(lint, code):
     assert lint(code) == []
 
@@ -50,10 +54,13 @@ def test_benchmark_in_the_other_branch_is_quiet(lint):
 
 
 @pytest.mark.rule("unsafe-torch-load")
-@pytest.mark.parametrize("source", [
-    'path = hf_hub_download("org/model", "model.pt")\nckpt = torch.load(path, weights_only=False)\n',
-    'ckpt = torch.load(urlopen("https://example.com/m.pt"), weights_only=False)\n',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'path = hf_hub_download("org/model", "model.pt")\nckpt = torch.load(path, weights_only=False)\n',
+        'ckpt = torch.load(urlopen("https://example.com/m.pt"), weights_only=False)\n',
+    ],
+)
 def test_torch_load_weights_only_false_of_a_download_is_a_warning(lint, fired, source):
     [f] = fired(lint("import torch\n" + source), "unsafe-torch-load")
     assert f.code == "TD503" and f.severity == Severity.WARNING and "downloaded" in f.message
@@ -106,12 +113,15 @@ def test_prefix_slicing_fires(lint, fired):
 
 
 @pytest.mark.rule("prefix-strip-by-slicing")
-@pytest.mark.parametrize("code", [
-    "state = {(k[7:] if k.startswith('module.') else k): v for k, v in sd.items()}\n",
-    "state = {k.replace('module.', '', 1): v for k, v in sd.items()}\n",
-    "names = [n[3:] for n in files]\n",
-    "state = {k[8:]: v for k, v in sd.items()}\n",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "state = {(k[7:] if k.startswith('module.') else k): v for k, v in sd.items()}\n",
+        "state = {k.replace('module.', '', 1): v for k, v in sd.items()}\n",
+        "names = [n[3:] for n in files]\n",
+        "state = {k[8:]: v for k, v in sd.items()}\n",
+    ],
+)
 def test_prefix_look_alikes_are_quiet(lint, code):
     assert lint(code) == []
 
@@ -137,28 +147,43 @@ def test_deprecated_apis_fire_with_resolved_imports(lint, fired):
 
 @pytest.mark.rule("deprecated-api")
 def test_local_class_named_variable_is_quiet(lint):
-    code = ('"""Do not use torch.distributed.launch."""\nclass Variable:\n    pass\nv = Variable()\n'
-            'warnings.warn("python -m torch.distributed.launch is deprecated, use torchrun")\n')
+    code = (
+        '"""Do not use torch.distributed.launch."""\nclass Variable:\n    pass\nv = Variable()\n'
+        'warnings.warn("python -m torch.distributed.launch is deprecated, use torchrun")\n'
+    )
     assert lint(code) == []
 
 
 @pytest.mark.rule("deprecated-api")
-@pytest.mark.parametrize("bad, good", [
-    ("n = torch.norm(x, dim=1)", "n = torch.linalg.vector_norm(x, dim=1)"),
-    ("from functorch import vmap\nys = vmap(f)(xs)", "from torch.func import vmap\nys = vmap(f)(xs)"),
-    ("import functorch\ng = functorch.grad(f)", "g = torch.func.grad(f)"),
-    ("with torch.backends.cuda.sdp_kernel(enable_math=False):\n    pass",
-     "with torch.nn.attention.sdpa_kernel([]):\n    pass"),
-    ("torch.testing.assert_allclose(a, b)", "torch.testing.assert_close(a, b)"),
-    ("import torchvision\nm = torchvision.models.resnet50(pretrained=True)",
-     "import torchvision\nm = torchvision.models.resnet50(weights=None)"),
-    ("from torchvision.models import resnet18\nm = resnet18(pretrained=False)",
-     "from torchvision.models import resnet18\nm = resnet18(weights='DEFAULT')"),
-    ("from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x)",
-     "from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x, use_reentrant=False)"),
-    ("import torch.utils.checkpoint as cp\ny = cp.checkpoint_sequential(blocks, 2, x)",
-     "import torch.utils.checkpoint as cp\ny = cp.checkpoint_sequential(blocks, 2, x, use_reentrant=True)"),
-])
+@pytest.mark.parametrize(
+    "bad, good",
+    [
+        ("n = torch.norm(x, dim=1)", "n = torch.linalg.vector_norm(x, dim=1)"),
+        ("from functorch import vmap\nys = vmap(f)(xs)", "from torch.func import vmap\nys = vmap(f)(xs)"),
+        ("import functorch\ng = functorch.grad(f)", "g = torch.func.grad(f)"),
+        (
+            "with torch.backends.cuda.sdp_kernel(enable_math=False):\n    pass",
+            "with torch.nn.attention.sdpa_kernel([]):\n    pass",
+        ),
+        ("torch.testing.assert_allclose(a, b)", "torch.testing.assert_close(a, b)"),
+        (
+            "import torchvision\nm = torchvision.models.resnet50(pretrained=True)",
+            "import torchvision\nm = torchvision.models.resnet50(weights=None)",
+        ),
+        (
+            "from torchvision.models import resnet18\nm = resnet18(pretrained=False)",
+            "from torchvision.models import resnet18\nm = resnet18(weights='DEFAULT')",
+        ),
+        (
+            "from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x)",
+            "from torch.utils.checkpoint import checkpoint\ny = checkpoint(block, x, use_reentrant=False)",
+        ),
+        (
+            "import torch.utils.checkpoint as cp\ny = cp.checkpoint_sequential(blocks, 2, x)",
+            "import torch.utils.checkpoint as cp\ny = cp.checkpoint_sequential(blocks, 2, x, use_reentrant=True)",
+        ),
+    ],
+)
 def test_torchfix_deprecations_are_notes_and_their_replacements_quiet(lint, fired, bad, good):
     [f] = fired(lint("import torch\n" + bad + "\n"), "deprecated-api")
     lines = bad.split("\n")
@@ -169,14 +194,18 @@ def test_torchfix_deprecations_are_notes_and_their_replacements_quiet(lint, fire
 
 @pytest.mark.rule("deprecated-api")
 def test_a_tensor_norm_method_and_a_local_checkpoint_function_are_quiet(lint):
-    code = "import torch\nn = x.norm(dim=1)\ndef checkpoint(f, x):\n    return f(x)\ny = checkpoint(g, x)\n" \
-           "m = timm.create_model('resnet50', pretrained=True)\n"
+    code = (
+        "import torch\nn = x.norm(dim=1)\ndef checkpoint(f, x):\n    return f(x)\ny = checkpoint(g, x)\n"
+        "m = timm.create_model('resnet50', pretrained=True)\n"
+    )
     assert lint(code) == []
 
 
 @pytest.mark.rule("deprecated-api")
 def test_functorch_as_a_fallback_import_is_quiet(lint):
-    code = "try:\n    from torch.func import vmap\nexcept ImportError:\n    from functorch import vmap\nys = vmap(f)(xs)\n"
+    code = (
+        "try:\n    from torch.func import vmap\nexcept ImportError:\n    from functorch import vmap\nys = vmap(f)(xs)\n"
+    )
     assert lint(code) == []
 
 

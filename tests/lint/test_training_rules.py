@@ -1,6 +1,6 @@
 """missing-zero-grad, graph-retention-leak and eval-without-no-grad on small realistic training scripts."""
-import pytest
 
+import pytest
 from conftest import names
 
 CANONICAL = """
@@ -128,11 +128,14 @@ def test_gradient_accumulation_with_zero_grad_every_k_steps_is_quiet(lint):
 
 
 @pytest.mark.rule("missing-zero-grad")
-@pytest.mark.parametrize("clear", [
-    "for p in model.parameters():\n                p.grad = None",
-    "model.zero_grad(set_to_none=True)",
-    "reset_grads(model)",
-])
+@pytest.mark.parametrize(
+    "clear",
+    [
+        "for p in model.parameters():\n                p.grad = None",
+        "model.zero_grad(set_to_none=True)",
+        "reset_grads(model)",
+    ],
+)
 def test_other_ways_to_clear_gradients_are_quiet(lint, clear):
     code = f"""
     def reset_grads(model):
@@ -234,6 +237,7 @@ def test_lightning_manual_optimization_without_zero_grad_fires(lint, fired):
 
 # graph-retention-leak
 
+
 @pytest.mark.rule("graph-retention-leak")
 def test_total_loss_plus_equals_loss_fires(lint, fired):
     code = CANONICAL.replace("running += loss.item()", "running += loss")
@@ -248,13 +252,16 @@ def test_appending_the_loss_to_a_list_fires(lint, fired):
 
 
 @pytest.mark.rule("graph-retention-leak")
-@pytest.mark.parametrize("line", [
-    "running += loss.item()",
-    "running += loss.detach()",
-    "running += loss.item() * images.size(0)",
-    "running += float(loss)",
-    "history.append(loss.item())",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "running += loss.item()",
+        "running += loss.detach()",
+        "running += loss.item() * images.size(0)",
+        "running += float(loss)",
+        "history.append(loss.item())",
+    ],
+)
 def test_detached_accumulation_is_quiet(lint, line):
     assert lint(CANONICAL.replace("running += loss.item()", line)) == []
 
@@ -356,13 +363,19 @@ def test_validation_function_without_no_grad_fires(lint, fired):
 
 
 @pytest.mark.rule("eval-without-no-grad")
-@pytest.mark.parametrize("change", [
-    ("def evaluate", "@torch.no_grad()\ndef evaluate"),
-    ("def evaluate", "@torch.inference_mode()\ndef evaluate"),
-    ("    acc = evaluate(model, val_loader)", "    with torch.no_grad():\n        acc = evaluate(model, val_loader)"),
-    ("    for x, y in loader:\n", "    with torch.no_grad():\n     for x, y in loader:\n"),
-    ("    model.eval()\n", "    model.eval()\n    model.train()\n"),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        ("def evaluate", "@torch.no_grad()\ndef evaluate"),
+        ("def evaluate", "@torch.inference_mode()\ndef evaluate"),
+        (
+            "    acc = evaluate(model, val_loader)",
+            "    with torch.no_grad():\n        acc = evaluate(model, val_loader)",
+        ),
+        ("    for x, y in loader:\n", "    with torch.no_grad():\n     for x, y in loader:\n"),
+        ("    model.eval()\n", "    model.eval()\n    model.train()\n"),
+    ],
+)
 def test_evaluation_with_autograd_off_is_quiet(lint, change):
     code = EVALUATE.replace(*change)
     assert change[1] in code

@@ -1,4 +1,5 @@
 """What every test of the performance checks shares."""
+
 import pytest
 import torch
 

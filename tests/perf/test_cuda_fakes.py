@@ -1,14 +1,15 @@
 """host-device-sync and tensor-cores-idle on the CPU: the device facts they read are faked (the same checks run on
 a real GPU in tests/gpu/test_gpu_perf.py); the loops, the forwards and the warnings are real."""
+
 import warnings
 
 import pytest
 import torch
+import torchdoctor.checks.host_device_sync as hds
+import torchdoctor.checks.tensor_cores_idle as tci
 from torch import nn
 
 import torchdoctor
-import torchdoctor.checks.host_device_sync as hds
-import torchdoctor.checks.tensor_cores_idle as tci
 
 
 def _setup():
@@ -19,7 +20,7 @@ def _setup():
 
 def read(t):
     """Stands for a CUDA .item(): the warning torch's sync debug mode gives, then the value."""
-    warnings.warn("called a synchronizing CUDA operation", UserWarning)
+    warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
     return t.item()
 
 

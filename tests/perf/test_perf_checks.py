@@ -1,6 +1,7 @@
 """The performance checks on real tiny training loops: each fires on the problem and stays quiet on a well-fed
 loop, on cheap data, on a compiled model with static shapes. Data costs are sleeps, judged only as shares of a
 step that the sleep dominates by a large factor, so a slow or busy machine gives the same verdicts."""
+
 import time
 
 import pytest
@@ -126,7 +127,7 @@ def test_recompiling_names_a_compiled_function_and_its_line():
             opt.step()
     [finding] = session.findings
     assert "loss_of()" in finding.message and "size mismatch" in finding.message
-    assert finding.location.file == __file__ and finding.fix.code == 'torch.compile(model, dynamic=True)'
+    assert finding.location.file == __file__ and finding.fix.code == "torch.compile(model, dynamic=True)"
 
 
 class Chatty(nn.Module):
@@ -149,6 +150,7 @@ def test_recompiling_reports_graph_breaks_with_their_line():
     assert "breaks into separate graphs" in finding.message and "item()" in finding.message
     assert finding.location.file == __file__ and finding.location.line == Chatty.forward.__code__.co_firstlineno + 2
     from torch._dynamo.symbolic_convert import graph_break_log
+
     assert graph_break_log.propagate and not graph_break_log.handlers  # restored after the session
 
 
@@ -180,6 +182,7 @@ def test_input_bound_share_counts_paired_waits_and_leaves_validation_steps_out()
     """Two workers started together deliver batches in pairs: every other step waits 64 ms, the rest none.
     The share is a sum over the steps, so that counts; a step that also ran a validation pass is left out."""
     from torchdoctor.checks._perf import phase_share
+
     from torchdoctor.watch.timing import DATA, StepClock
 
     def fill(rows):

@@ -1,5 +1,6 @@
 """The step-time breakdown: its shares agree with torch.profiler on the same steps, it reaches the facts and the
 printed report, and a session whose checks need no clock keeps none."""
+
 import time
 
 import pytest
@@ -65,7 +66,7 @@ def test_breakdown_agrees_with_the_profiler_on_the_same_steps(micro_steps):
                 _step(model, opt, x, y, micro_steps)
                 prof.step()
         clock = session._ctx.clock
-    rows = clock.rows()[1:active + 1]  # the profiler's active steps, newest first (the last step ran after them)
+    rows = clock.rows()[1 : active + 1]  # the profiler's active steps, newest first (the last step ran after them)
     ours = {name: sum(r[i] for r in rows) / sum(r[-1] for r in rows) for i, name in enumerate(PHASES)}
     ours["forward"] += ours.pop("other")  # the profiler's remainder holds what runs between the step and next batch
     theirs = _profiled_shares(prof)

@@ -1,5 +1,6 @@
 """clip-before-unscale (TD316): fires on real GradScaler loops that clip scaled gradients, at run time and in
 lint; quiet with unscale_ first, without a scaler, with a disabled scaler, and with accelerate's clip."""
+
 import textwrap
 
 import torch
@@ -72,8 +73,7 @@ def _lint(unscale: str, clip: str):
 
 def test_lint_fires_on_a_clip_between_scale_and_step():
     assert _lint("pass", "clip_grad_norm_(model.parameters(), 1.0)") == ["clip-before-unscale"]
-    assert _lint("pass", "torch.nn.utils.clip_grad_value_(model.parameters(), 1.0)") == \
-        ["clip-before-unscale"]
+    assert _lint("pass", "torch.nn.utils.clip_grad_value_(model.parameters(), 1.0)") == ["clip-before-unscale"]
 
 
 def test_lint_is_quiet_with_unscale_first_and_on_accelerates_clip():

@@ -1,5 +1,6 @@
 """Crash explanations (the CRASH event): each fires on a real tiny program that raises its error, or on a
 stand-in for CUDA's allocator and NVML, and stays out of the way of unrelated exceptions."""
+
 from __future__ import annotations
 
 import pytest
@@ -38,6 +39,7 @@ def _steps(model, optimizer, n=2, zero=True):
 
 # -- out-of-memory -------------------------------------------------------------------------------------
 
+
 def test_a_broadcast_that_cannot_fit_is_explained_as_a_shape_mistake():
     model = nn.Linear(8, 1)
     opt = torch.optim.Adam(model.parameters())
@@ -65,18 +67,23 @@ def _steps_regression(model, opt, x, y):
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """CUDA's allocator and NVML stood in for: the 'GPU' is the CPU, where the session's tensors live."""
-    stats = {"memory": evidence.DeviceMemory(allocated=6 << 30, reserved=9 << 30, total=16 << 30, free=1 << 30),
-             "others": [(4242, 5 << 30)]}
-    monkeypatch.setattr(evidence, "oom_device", lambda exc: torch.device("cpu")
-                        if isinstance(exc, torch.OutOfMemoryError) else None)
+    stats = {
+        "memory": evidence.DeviceMemory(allocated=6 << 30, reserved=9 << 30, total=16 << 30, free=1 << 30),
+        "others": [(4242, 5 << 30)],
+    }
+    monkeypatch.setattr(
+        evidence, "oom_device", lambda exc: torch.device("cpu") if isinstance(exc, torch.OutOfMemoryError) else None
+    )
     monkeypatch.setattr(evidence, "cuda_memory", lambda device: stats["memory"])
     monkeypatch.setattr(evidence, "other_gpu_processes", lambda device: stats["others"])
     return stats
 
 
 def _cuda_oom():
-    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
-                                 "16.00 GiB of which 1.00 GiB is free.")
+    raise torch.OutOfMemoryError(
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+        "16.00 GiB of which 1.00 GiB is free."
+    )
 
 
 def test_a_cuda_oom_breaks_memory_down_and_ranks_the_fixes(fake_gpu):
@@ -95,8 +102,10 @@ def test_a_cuda_oom_breaks_memory_down_and_ranks_the_fixes(fake_gpu):
     assert "Reserved by PyTorch but unused by tensors: 3 GiB — more than the failed allocation" in text
     assert "pid 4242 (5 GiB)" in text
     # ranked by bytes saved: the other process (5 GiB), activation checkpointing (~4 GiB), fragmentation (3 GiB)
-    assert fix.title.startswith("Ranked by what they would save: 1) ending the other processes on this GPU (~5 GiB); "
-                                "2) activation checkpointing")
+    assert fix.title.startswith(
+        "Ranked by what they would save: 1) ending the other processes on this GPU (~5 GiB); "
+        "2) activation checkpointing"
+    )
     assert "expandable_segments" in fix.title and fix.code.startswith("nvidia-smi")
     assert "empty_cache" not in fix.title + fix.code
 
@@ -129,6 +138,7 @@ def test_an_oom_the_program_caught_and_unrelated_errors_are_not_explained(fake_g
 
 
 # -- device-mismatch -----------------------------------------------------------------------------------
+
 
 def test_a_batch_left_on_another_device_is_named_with_the_layer():
     model = _mlp().to("meta")  # meta stands in for cuda: a second device all the same
@@ -171,6 +181,7 @@ def test_an_error_that_mentions_a_device_without_two_devices_is_left_alone():
 
 # -- state-dict-mismatch (at run time) ------------------------------------------------------------------
 
+
 def test_a_new_head_of_another_size_is_named_with_the_keys_to_drop():
     model = _mlp()
     saved = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 10)).state_dict()
@@ -193,6 +204,7 @@ def test_a_load_that_succeeds_or_an_unrelated_error_is_quiet():
 
 # -- dataloader-worker-died ------------------------------------------------------------------------------
 
+
 def _worker_died(signal_name: str):
     """The chain torch raises when a worker dies: the signal handler's error, then the loader's."""
     try:
@@ -212,8 +224,11 @@ def test_a_worker_killed_by_a_bus_error_points_at_a_small_dev_shm(monkeypatch):
     s, _ = crash(model, opt, lambda: _worker_died("Bus error"))
     (finding,) = s.findings
     assert "killed by signal Bus error" in finding.message
-    assert "/dev/shm, through which workers hand over batches, is 64 MiB (4 MiB free now) — Docker's default" \
-        in finding.message and "--shm-size" in finding.fix.title
+    assert (
+        "/dev/shm, through which workers hand over batches, is 64 MiB (4 MiB free now) — Docker's default"
+        in finding.message
+        and "--shm-size" in finding.fix.title
+    )
     assert finding.fix.code == "loader = DataLoader(dataset, batch_size=batch_size, num_workers=0)"
 
 
@@ -243,6 +258,7 @@ def test_a_runtime_error_that_is_not_a_dead_worker_is_left_alone():
 
 # -- cuda-device-assert ----------------------------------------------------------------------------------
 
+
 def test_labels_numbered_from_one_are_found_in_the_failing_loss():
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 10))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -264,7 +280,6 @@ def test_token_ids_past_the_vocabulary_are_found_in_the_failing_embedding():
 
 def test_after_a_cuda_assert_the_batches_seen_explain_it(monkeypatch):
     from torch.utils.data import DataLoader, TensorDataset
-
     from torchdoctor.checks.cuda_device_assert import CudaDeviceAssert
 
     monkeypatch.setattr(CudaDeviceAssert, "record_batches", True)  # as on a machine with CUDA
@@ -278,8 +293,10 @@ def test_after_a_cuda_assert_the_batches_seen_explain_it(monkeypatch):
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y.clamp(max=9)).backward()  # stands in for the CUDA kernel
             opt.step()
-        raise RuntimeError("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
-                           "reported at some other API call")
+        raise RuntimeError(
+            "CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+            "reported at some other API call"
+        )
 
     s, _ = crash(model, opt, body)
     (finding,) = s.findings
@@ -287,6 +304,7 @@ def test_after_a_cuda_assert_the_batches_seen_explain_it(monkeypatch):
     assert "`CUDA_LAUNCH_BLOCKING=1 python train.py`" in finding.fix.title
     assert finding.fix.code == "assert 0 <= y.min() and y.max() < num_classes"
     from torch.utils.data.dataloader import _BaseDataLoaderIter
+
     assert _BaseDataLoaderIter.__next__.__name__ == "__next__"  # the recorder is gone with the session
 
 
@@ -298,6 +316,7 @@ def test_an_index_error_of_the_programs_own_is_left_alone():
 
 # -- collective-timeout ----------------------------------------------------------------------------------
 
+
 def test_a_timed_out_collective_says_where_this_rank_was(monkeypatch):
     import torch.distributed as dist
 
@@ -308,9 +327,11 @@ def test_a_timed_out_collective_says_where_this_rank_was(monkeypatch):
 
     def body():
         _steps(model, opt, n=3)
-        raise dist.DistBackendError("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, "
-                                    "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
-                                    "milliseconds before timing out.")
+        raise dist.DistBackendError(
+            "[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=42, "
+            "OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
+            "milliseconds before timing out."
+        )
 
     s, _ = crash(model, opt, body)
     (finding,) = s.findings
@@ -321,12 +342,14 @@ def test_a_timed_out_collective_says_where_this_rank_was(monkeypatch):
 def test_a_distributed_error_that_is_not_a_timeout_is_left_alone():
     import torch.distributed as dist
 
-    s, _ = crash(_mlp(), None, lambda: (_ for _ in ()).throw(dist.DistBackendError("NCCL error: unhandled "
-                                                                                    "system error")))
+    s, _ = crash(
+        _mlp(), None, lambda: (_ for _ in ()).throw(dist.DistBackendError("NCCL error: unhandled system error"))
+    )
     assert names(s) == []
 
 
 # -- dtype-mismatch --------------------------------------------------------------------------------------
+
 
 def test_numpy_float64_data_into_a_float32_model_is_named():
     import numpy as np
@@ -352,14 +375,21 @@ def test_an_error_about_dtypes_with_one_dtype_in_sight_is_left_alone():
 
 # -- backward-without-graph ------------------------------------------------------------------------------
 
+
 def test_a_frozen_model_and_a_rebuilt_loss_are_told_apart():
     model = _mlp().requires_grad_(False)
-    s, _ = crash(model, None, lambda: nn.functional.cross_entropy(model(torch.randn(4, 8)),
-                                                                  torch.randint(0, 3, (4,))).backward())
+    s, _ = crash(
+        model, None, lambda: nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).backward()
+    )
     assert "the model is frozen" in s.findings[0].message and "requires_grad_(True)" in s.findings[0].fix.code
     model = _mlp()
-    s, _ = crash(model, None, lambda: torch.tensor(nn.functional.cross_entropy(
-        model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).item()).backward())
+    s, _ = crash(
+        model,
+        None,
+        lambda: torch.tensor(
+            nn.functional.cross_entropy(model(torch.randn(4, 8)), torch.randint(0, 3, (4,))).item()
+        ).backward(),
+    )
     assert "rebuilt from values without a graph" in s.findings[0].message
 
 
@@ -376,6 +406,7 @@ def test_other_autograd_errors_are_not_this_pitfalls():
 
 
 # -- nan-in-loss-input -----------------------------------------------------------------------------------
+
 
 def test_raw_scores_into_bce_and_broken_weights_are_told_apart():
     model = nn.Sequential(nn.Linear(8, 1))
@@ -395,6 +426,7 @@ def test_a_sampling_call_with_valid_probabilities_that_fails_otherwise_is_left_a
 
 
 # -- backward-through-freed-graph, inplace-modified-for-backward ----------------------------------------
+
 
 def test_a_running_loss_kept_with_its_graph_is_named():
     model = _mlp()
@@ -422,7 +454,7 @@ def test_a_step_between_a_forward_and_its_backward_names_the_weight():
         first = out.sum()
         first.backward(retain_graph=True)
         opt.step()  # changes the weights the second loss goes through
-        (out ** 2).sum().backward()
+        (out**2).sum().backward()
 
     s, _ = crash(model, opt, body)
     (finding,) = s.findings

@@ -1,16 +1,16 @@
 """softmax-before-cross-entropy (TD320), sigmoid-before-bce-with-logits (TD321), loss-shape-broadcast (TD322):
 the Bad examples learn visibly worse than the Good ones and are flagged; the must-NOT cases stay quiet."""
+
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from pitfall_training import train
 from torch import nn
 
 import torchdoctor
 from torchdoctor import registry
-
-from pitfall_training import train
 
 SOFTMAX = registry.get("softmax-before-cross-entropy")
 SIGMOID = registry.get("sigmoid-before-bce-with-logits")
@@ -35,8 +35,11 @@ def _mse(ns):
     return F.mse_loss(out, ns["y_all"]).item()
 
 
-@pytest.mark.parametrize(("pitfall", "score", "factor"), [(SOFTMAX, _ce, 1.5), (SIGMOID, _bce, 2), (BROADCAST, _mse, 10)],
-                         ids=lambda v: getattr(v, "name", ""))
+@pytest.mark.parametrize(
+    ("pitfall", "score", "factor"),
+    [(SOFTMAX, _ce, 1.5), (SIGMOID, _bce, 2), (BROADCAST, _mse, 10)],
+    ids=lambda v: getattr(v, "name", ""),
+)
 def test_bad_example_learns_worse_and_is_flagged(pitfall, score, factor):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's own broadcast UserWarning
@@ -53,8 +56,9 @@ def _losses(pitfall, body, model=None):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with torchdoctor.watch(model, opt, checks=[pitfall.name], every=1, on_finding=lambda f: None,
-                               report=False) as s:
+        with torchdoctor.watch(
+            model, opt, checks=[pitfall.name], every=1, on_finding=lambda f: None, report=False
+        ) as s:
             for _ in range(3):
                 opt.zero_grad()
                 body(model).backward()
@@ -68,8 +72,8 @@ X, Y = torch.randn(8, 6), torch.randint(0, 4, (8,))
 def test_softmax_fires_on_softmax_layers_nll_loss_and_bare_probabilities():
     seq = nn.Sequential(nn.Linear(6, 4), nn.Softmax(dim=1))
     cases = [
-        (lambda m: nn.CrossEntropyLoss()(m(X), Y), seq),                                  # nn.Softmax at the end
-        (lambda m: F.nll_loss(F.softmax(m(X), dim=1), Y), None),                           # nll_loss wants log-probs
+        (lambda m: nn.CrossEntropyLoss()(m(X), Y), seq),  # nn.Softmax at the end
+        (lambda m: F.nll_loss(F.softmax(m(X), dim=1), Y), None),  # nll_loss wants log-probs
         (lambda m: m(X).sum() * 0 + F.cross_entropy(torch.softmax(m(X).detach(), 1), Y), None),  # values only
         (lambda m: F.cross_entropy(F.softmax(m(X).view(2, 4, 4), dim=1).reshape(2, 4, 4), Y.view(2, 4)), None),
     ]
@@ -92,11 +96,13 @@ def test_softmax_quiet_on_log_probabilities_soft_targets_distillation_and_attent
         lambda m: F.nll_loss(F.log_softmax(m(X), dim=1), Y),
         lambda m: F.cross_entropy(F.log_softmax(m(X), dim=1), Y),
         lambda m: F.nll_loss(torch.log(F.softmax(m(X), dim=1)), Y),
-        lambda m: F.cross_entropy(m(X), F.softmax(torch.randn(8, 4), dim=1)),               # probability targets
+        lambda m: F.cross_entropy(m(X), F.softmax(torch.randn(8, 4), dim=1)),  # probability targets
         lambda m: nn.CrossEntropyLoss(label_smoothing=0.1)(m(X), Y),
-        lambda m: F.kl_div(F.log_softmax(m(X), 1), F.softmax(teacher(X).detach(), 1), reduction="batchmean")
-        + F.cross_entropy(m(X), Y),                                                           # distillation
-        attend,                                                                               # attention softmax
+        lambda m: (
+            F.kl_div(F.log_softmax(m(X), 1), F.softmax(teacher(X).detach(), 1), reduction="batchmean")
+            + F.cross_entropy(m(X), Y)
+        ),  # distillation
+        attend,  # attention softmax
     ]
     for body in cases:
         assert _losses(SOFTMAX, body) == []
@@ -119,12 +125,12 @@ def test_sigmoid_fires_on_sigmoid_layers_and_quiet_on_bce_and_logits():
 
 # (input, target, fires): shapes from torch's broadcast UserWarning as reported in public issue threads
 REAL_SHAPES = [
-    ((32,), (32, 1), True),                    # deepset-ai/FARM#229: a squeezed regression head
-    ((2, 1, 256, 256), (2, 256, 256), True),   # jiwei0921/CoNet#3: depth target without its channel axis
-    ((66, 3, 1), (66,), True),                 # jiaqingxie/DeepProtein#1
-    ((1, 18), (8, 18), True),                  # weka511/hpa-scc#38: one prediction row against a batch of 8
-    ((1, 128), (128,), False),                 # yandexdataschool/nlp_course#110: the same values, harmless
-    ((64, 80, 8, 3), (64, 1, 8, 3), False),    # hustvl/DiffusionDriveV2#29: 80 trajectory modes against one target
+    ((32,), (32, 1), True),  # deepset-ai/FARM#229: a squeezed regression head
+    ((2, 1, 256, 256), (2, 256, 256), True),  # jiwei0921/CoNet#3: depth target without its channel axis
+    ((66, 3, 1), (66,), True),  # jiaqingxie/DeepProtein#1
+    ((1, 18), (8, 18), True),  # weka511/hpa-scc#38: one prediction row against a batch of 8
+    ((1, 128), (128,), False),  # yandexdataschool/nlp_course#110: the same values, harmless
+    ((64, 80, 8, 3), (64, 1, 8, 3), False),  # hustvl/DiffusionDriveV2#29: 80 trajectory modes against one target
 ]
 
 
@@ -133,6 +139,7 @@ def test_broadcast_on_shapes_reported_in_public_issues(shape, target, fires):
     def body(m):
         pred = m(X).sum() * 0 + torch.zeros(shape)
         return F.mse_loss(pred, torch.zeros(target))
+
     assert [f.code for f in _losses(BROADCAST, body)] == (["TD322"] if fires else [])
 
 
@@ -147,9 +154,9 @@ def test_broadcast_fires_on_mismatched_regression_shapes_and_quiet_otherwise():
         [f] = _losses(BROADCAST, body)
         assert f.code == "TD322" and "[8, 8]" in f.message
     quiet = [
-        lambda m: F.mse_loss(m(X)[:, 0], y),                                      # equal shapes
-        lambda m: F.mse_loss(m(X), torch.zeros(())),                              # a scalar target only expands
-        lambda m: F.mse_loss(m(X), torch.zeros(4)),                               # [C] against [N, C]: same mean
+        lambda m: F.mse_loss(m(X)[:, 0], y),  # equal shapes
+        lambda m: F.mse_loss(m(X), torch.zeros(())),  # a scalar target only expands
+        lambda m: F.mse_loss(m(X), torch.zeros(4)),  # [C] against [N, C]: same mean
         lambda m: (F.mse_loss(m(X)[:, :1], y, reduction="none") * torch.eye(8)).sum(),  # explicit broadcasting
     ]
     for body in quiet:
@@ -175,7 +182,7 @@ def test_the_loss_tap_holds_nothing_and_goes_away():
     assert F.cross_entropy is original
 
 
-SCRIPT = '''
+SCRIPT = """
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -194,7 +201,7 @@ for _ in range(2):
     d = nn.MSELoss()(head(xb), zb)
     (a + b + c + d).backward()
     opt.step()
-'''
+"""
 
 
 def test_runtime_fixes_rewrite_the_users_own_line(tmp_path):
@@ -205,8 +212,9 @@ def test_runtime_fixes_rewrite_the_users_own_line(tmp_path):
     model = nn.Linear(1, 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with torchdoctor.watch(model, every=1, on_finding=lambda f: None, report=False,
-                               checks=[SOFTMAX.name, SIGMOID.name, BROADCAST.name]) as s:
+        with torchdoctor.watch(
+            model, every=1, on_finding=lambda f: None, report=False, checks=[SOFTMAX.name, SIGMOID.name, BROADCAST.name]
+        ) as s:
             runpy.run_path(str(script))
     fixes = {f.location.line: f.fix.code for f in s.findings}
     assert fixes == {

@@ -1,5 +1,6 @@
 """scheduler-stepped-per-batch (TD317): fires on per-epoch schedules stepped in the batch loop; quiet on
 per-epoch stepping, per-iteration schedules over the whole run, periodic schedules and one-epoch runs."""
+
 import torch
 from torch import nn
 from torch.optim import lr_scheduler as S
@@ -28,8 +29,11 @@ def _run(make, per_batch: bool, epochs: int = 3):
 
 
 def test_fires_on_per_epoch_schedules_stepped_per_batch():
-    for make in (lambda o: S.StepLR(o, step_size=3, gamma=0.1), lambda o: S.MultiStepLR(o, [2, 4, 6]),
-                 lambda o: S.ExponentialLR(o, gamma=0.6)):
+    for make in (
+        lambda o: S.StepLR(o, step_size=3, gamma=0.1),
+        lambda o: S.MultiStepLR(o, [2, 4, 6]),
+        lambda o: S.ExponentialLR(o, gamma=0.6),
+    ):
         [f] = _run(make, per_batch=True).findings
         assert (f.code, f.name, f.location.step) == ("TD317", "scheduler-stepped-per-batch", 12)
         assert "stepped 12 times during the first epoch (12 optimizer steps)" in f.message
@@ -40,9 +44,9 @@ def test_quiet_on_correct_schedules():
     assert _run(lambda o: S.StepLR(o, step_size=3, gamma=0.1), per_batch=False).findings == []
     per_batch_over_the_run = (
         lambda o: S.OneCycleLR(o, max_lr=0.1, total_steps=36),
-        lambda o: S.CosineAnnealingLR(o, T_max=12),                 # periodic by design: low point every epoch
+        lambda o: S.CosineAnnealingLR(o, T_max=12),  # periodic by design: low point every epoch
         lambda o: S.LambdaLR(o, lambda i: min(1.0, (i + 1) / 10)),  # warm-up
-        lambda o: S.StepLR(o, step_size=30, gamma=0.5),             # horizon in iterations
+        lambda o: S.StepLR(o, step_size=30, gamma=0.5),  # horizon in iterations
     )
     for make in per_batch_over_the_run:
         assert _run(make, per_batch=True).findings == []

@@ -1,5 +1,6 @@
 """train-mode-not-restored (TD314): fires on real tiny loops left in eval() after validation; quiet on
 correct loops, on deliberately frozen BatchNorm, on models without Dropout/BatchNorm, and on teachers."""
+
 import torch
 from torch import nn
 
@@ -20,8 +21,9 @@ def data(n: int = 3) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def fit(model, optimizer, epochs=3, restore=False, freeze_bn=False, teacher=None):
     """Train for `epochs`, validating (eval + no_grad) after each; returns the session's findings."""
     loader = data()
-    with torchdoctor.watch([model] + ([teacher] if teacher else []), optimizer,
-                           on_finding=lambda f: None, report=False) as session:
+    with torchdoctor.watch(
+        [model] + ([teacher] if teacher else []), optimizer, on_finding=lambda f: None, report=False
+    ) as session:
         for _ in range(epochs):
             if restore:
                 model.train()
@@ -80,6 +82,7 @@ def test_quiet_for_a_frozen_teacher_in_eval_mode():
 
 # -- in source (torchdoctor lint) ---------------------------------------------------------------------
 
+
 def lint(code: str) -> list:
     from torchdoctor import registry
     from torchdoctor.sdk import Example
@@ -127,20 +130,24 @@ def test_lint_quiet_when_the_loop_restores_train_mode():
 
 
 def test_lint_quiet_when_a_local_training_helper_calls_train():
-    code = EPOCH.replace("for epoch", """def train_one_epoch(net):
+    code = EPOCH.replace(
+        "for epoch",
+        """def train_one_epoch(net):
     net.train()
     for x, y in loader:
         optimizer.zero_grad()
         loss_fn(net(x), y).backward()
         optimizer.step()
 
-for epoch""").format(body="    train_one_epoch(model)\n    evaluate(model, val_loader)\n")
+for epoch""",
+    ).format(body="    train_one_epoch(model)\n    evaluate(model, val_loader)\n")
     assert lint(code) == []
 
 
 def test_lint_quiet_for_batchnorm_frozen_layer_by_layer():
-    body = ("    for m in model.modules():\n        if isinstance(m, torch.nn.BatchNorm2d):\n"
-            "            m.eval()\n" + TRAIN)
+    body = (
+        "    for m in model.modules():\n        if isinstance(m, torch.nn.BatchNorm2d):\n            m.eval()\n" + TRAIN
+    )
     assert lint(EPOCH.format(body="    model.train()\n" + body)) == []
     assert lint(EPOCH.format(body=body)) == []
 

@@ -1,16 +1,22 @@
 """unshuffled-training-data (TD323): a class-sorted training loader without shuffling is reported, and learns
 worse than the shuffled one; validation loaders, time series, IterableDatasets and shuffling samplers are quiet."""
+
 import torch
+from pitfall_training import train
 from torch import nn
 from torch.utils.data import (
-    DataLoader, Dataset, IterableDataset, RandomSampler, Subset, TensorDataset, WeightedRandomSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Subset,
+    TensorDataset,
+    WeightedRandomSampler,
 )
 from torch.utils.data.distributed import DistributedSampler
 
 import torchdoctor
 from torchdoctor import registry
-
-from pitfall_training import train
 
 UNSHUFFLED = registry.get("unshuffled-training-data")
 
@@ -59,8 +65,11 @@ def _run(train_loader, val_loader=None, epochs=2):
             for x, y in train_loader:
                 opt.zero_grad()
                 out = model(x)
-                (nn.functional.cross_entropy(out, y.long()) if not y.is_floating_point()
-                 else nn.functional.mse_loss(out[:, 0], y)).backward()
+                (
+                    nn.functional.cross_entropy(out, y.long())
+                    if not y.is_floating_point()
+                    else nn.functional.mse_loss(out[:, 0], y)
+                ).backward()
                 opt.step()
             for x, _ in val_loader or []:
                 with torch.no_grad():
@@ -69,10 +78,15 @@ def _run(train_loader, val_loader=None, epochs=2):
 
 
 def test_fires_on_declared_labels_through_subsets_and_unshuffled_distributed_samplers():
-    for loader in (DataLoader(Images(), batch_size=16),
-                   DataLoader(Subset(Images(), range(0, 256, 2)), batch_size=16),
-                   DataLoader(TensorDataset(X, Y), batch_size=16,
-                              sampler=DistributedSampler(TensorDataset(X, Y), num_replicas=1, rank=0, shuffle=False))):
+    for loader in (
+        DataLoader(Images(), batch_size=16),
+        DataLoader(Subset(Images(), range(0, 256, 2)), batch_size=16),
+        DataLoader(
+            TensorDataset(X, Y),
+            batch_size=16,
+            sampler=DistributedSampler(TensorDataset(X, Y), num_replicas=1, rank=0, shuffle=False),
+        ),
+    ):
         [f] = _run(loader)
         assert f.code == "TD323"
 

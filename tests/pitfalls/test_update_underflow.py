@@ -1,13 +1,13 @@
 """update-underflow (TD324): pure-bf16 weights whose small updates round away, and a learning rate stuck at
 0, are reported; fp32 training, bf16 with updates above its precision, frozen parameters and a short warm-up
 at lr 0 are quiet."""
+
 import torch
+from pitfall_training import train
 from torch import nn
 
 import torchdoctor
 from torchdoctor import registry
-
-from pitfall_training import train
 
 UNDERFLOW = registry.get("update-underflow")
 
@@ -36,8 +36,9 @@ def test_bad_example_learns_worse_and_is_flagged():
 def _run(model, opt, steps=40, every=10, scheduler=None, dtype=torch.float32):
     torch.manual_seed(1)
     x, y = torch.randn(32, 8), torch.randn(32, 1)
-    with torchdoctor.watch(model, opt, checks=["update-underflow"], every=every, on_finding=lambda f: None,
-                           report=False) as s:
+    with torchdoctor.watch(
+        model, opt, checks=["update-underflow"], every=every, on_finding=lambda f: None, report=False
+    ) as s:
         for _ in range(steps):
             opt.zero_grad()
             nn.functional.mse_loss(model(x.to(dtype)).float(), y).backward()
@@ -55,7 +56,9 @@ def _model(dtype=torch.float32):
 def test_learning_rate_zero_is_reported():
     model = _model()
     [f] = _run(model, torch.optim.SGD(model.parameters(), lr=0.0))
-    assert "the learning rate of SGD is 0" in f.message and "3 parameter(s)" in f.message  # 2.bias: too few elements to judge
+    assert (
+        "the learning rate of SGD is 0" in f.message and "3 parameter(s)" in f.message
+    )  # 2.bias: too few elements to judge
     model = _model()  # one group at 0: only its parameters
     opt = torch.optim.Adam([{"params": model[0].parameters(), "lr": 0.0}, {"params": model[2].parameters()}], lr=1e-2)
     [f] = _run(model, opt)

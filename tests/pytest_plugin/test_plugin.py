@@ -1,4 +1,5 @@
 """The pytest plugin on real tiny training loops, run by an inner pytest in this process (pytester)."""
+
 from __future__ import annotations
 
 import textwrap
@@ -9,7 +10,7 @@ import torchdoctor
 
 pytest_plugins = ["pytester"]
 
-LOOPS = '''
+LOOPS = """
 import torch
 from torch import nn
 
@@ -33,7 +34,7 @@ def train(model, opt, zero_grad=True, steps=3):
 def validate(model):
     model.eval()
     return [nn.functional.cross_entropy(model(torch.randn(8, 4)), torch.randint(0, 2, (8,))) for _ in range(3)]
-'''
+"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,15 +57,18 @@ def loops(pytester: pytest.Pytester) -> pytest.Pytester:
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """An inner pytest run in this process, without the plugins these tests do not need."""
-    return pytester.runpytest_inprocess(*args, "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark")
+    return pytester.runpytest_inprocess(
+        *args, "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark"
+    )
 
 
 def write_tests(pytester: pytest.Pytester, body: str) -> None:
-    pytester.makepyfile(test_train="from loops import make, train, validate\nimport torchdoctor\n\n"
-                        + textwrap.dedent(body))
+    pytester.makepyfile(
+        test_train="from loops import make, train, validate\nimport torchdoctor\n\n" + textwrap.dedent(body)
+    )
 
 
-USER_SESSIONS = '''
+USER_SESSIONS = """
 def test_forgets_zero_grad():
     model, opt = make()
     with torchdoctor.watch(model, opt):
@@ -80,7 +84,7 @@ def test_validation_keeps_graphs():
     with torchdoctor.watch(model, opt):
         train(model, opt)
         kept = validate(model)
-'''
+"""
 
 
 def test_switch_fails_the_test_with_the_finding_and_passes_correct_code(loops: pytest.Pytester) -> None:
@@ -89,12 +93,14 @@ def test_switch_fails_the_test_with_the_finding_and_passes_correct_code(loops: p
     result.assert_outcomes(failed=1, passed=2)  # the eval-without-no-grad warning is under the default, error
     out = result.stdout.str()
     assert "FAILED test_train.py::test_forgets_zero_grad" in out
-    result.stdout.fnmatch_lines([
-        "*torchdoctor found 1 problem in this test's training loop:",
-        "TD301 missing-zero-grad: *[[]param 2.bias, step 1[]]",  # the message and where
-        "  fix: *",
-        "    *optimizer.zero_grad(*",
-    ])
+    result.stdout.fnmatch_lines(
+        [
+            "*torchdoctor found 1 problem in this test's training loop:",
+            "TD301 missing-zero-grad: *[[]param 2.bias, step 1[]]",  # the message and where
+            "  fix: *",
+            "    *optimizer.zero_grad(*",
+        ]
+    )
 
 
 def test_without_the_switch_the_plugin_is_inert(loops: pytest.Pytester) -> None:
@@ -126,7 +132,9 @@ def test_a_bad_ini_value_is_a_usage_error(loops: pytest.Pytester) -> None:
 
 
 def test_fixture_called_or_as_context_manager_fails_without_the_switch(loops: pytest.Pytester) -> None:
-    write_tests(loops, '''
+    write_tests(
+        loops,
+        """
         SESSIONS = []
 
         def test_called(torchdoctor_watch):
@@ -148,32 +156,42 @@ def test_fixture_called_or_as_context_manager_fails_without_the_switch(loops: py
         def test_sessions_ended_with_their_tests():
             assert len(SESSIONS) == 2 and not any(s.active for s in SESSIONS)
             assert SESSIONS[1].facts["checks"] == ["missing-zero-grad"]  # watch()'s keywords pass through
-    ''')
+    """,
+    )
     result = run(loops)
     result.assert_outcomes(failed=2, passed=2)
     failures = {report.head_line: str(report.longrepr) for report in result.reprec.getfailures()}
     assert sorted(failures) == ["test_called", "test_context_manager"]
-    assert all(text.startswith("torchdoctor found 1 problem") and "\nTD301 missing-zero-grad: " in text
-               for text in failures.values())
+    assert all(
+        text.startswith("torchdoctor found 1 problem") and "\nTD301 missing-zero-grad: " in text
+        for text in failures.values()
+    )
 
 
 def test_a_test_failing_on_its_own_shows_the_findings_as_a_section(loops: pytest.Pytester) -> None:
-    write_tests(loops, '''
+    write_tests(
+        loops,
+        """
         def test_fails(torchdoctor_watch):
             model, opt = make()
             torchdoctor_watch(model, opt)
             train(model, opt, zero_grad=False)
             assert False, "the test's own failure"
-    ''')
+    """,
+    )
     result = run(loops)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*the test's own failure*", "*Captured torchdoctor call*", "TD301 missing-zero-grad: *"])
+    result.stdout.fnmatch_lines(
+        ["*the test's own failure*", "*Captured torchdoctor call*", "TD301 missing-zero-grad: *"]
+    )
 
 
 def test_loading_the_plugin_imports_no_torch(pytester: pytest.Pytester) -> None:
     """A real pytest process with the switch on, over a test that starts no session."""
-    pytester.makeconftest("import sys\n\ndef pytest_unconfigure(config):\n"
-                          "    open('torch_loaded.txt', 'w').write(str('torch' in sys.modules))\n")
+    pytester.makeconftest(
+        "import sys\n\ndef pytest_unconfigure(config):\n"
+        "    open('torch_loaded.txt', 'w').write(str('torch' in sys.modules))\n"
+    )
     pytester.makepyfile(test_plain="def test_plain():\n    assert 1 + 1 == 2\n")
     result = pytester.runpytest_subprocess("--torchdoctor", "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
     result.assert_outcomes(passed=1)

@@ -1,4 +1,5 @@
 """Programs run in-process under the doctor (`run_script`), with sys.argv and sys.path restored afterwards."""
+
 from __future__ import annotations
 
 import sys
@@ -33,5 +34,3 @@ def run_program(tmp_path):
         return run_script(Target(path=str(path), args=list(args)), **options)
 
     return run
-
-

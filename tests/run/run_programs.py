@@ -1,4 +1,5 @@
 """Helpers of the run tests: the findings of a run, and a plain training loop to plant pitfalls in."""
+
 from __future__ import annotations
 
 from torchdoctor.findings import Severity

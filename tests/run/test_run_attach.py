@@ -1,4 +1,5 @@
 """`run_script`: a program runs as under `python`, and the doctor follows its optimizers and models unedited."""
+
 from __future__ import annotations
 
 import json
@@ -11,15 +12,24 @@ from torchdoctor.run.script import Target
 
 def test_the_program_sees_what_python_gives_it(run_program, tmp_path):
     out = tmp_path / "seen.json"
-    result = run_program(f"""
+    result = run_program(
+        f"""
         import json, sys
         json.dump({{"argv": sys.argv, "path0": sys.path[0], "name": __name__, "file": __file__,
                    "main": sys.modules["__main__"].__file__}}, open({str(out)!r}, "w"))
-    """, "--lr", "0.1")
+    """,
+        "--lr",
+        "0.1",
+    )
     seen = json.loads(out.read_text())
     script = str(tmp_path / "train.py")
-    assert seen == {"argv": [script, "--lr", "0.1"], "path0": str(tmp_path), "name": "__main__", "file": script,
-                    "main": script}
+    assert seen == {
+        "argv": [script, "--lr", "0.1"],
+        "path0": str(tmp_path),
+        "name": "__main__",
+        "file": script,
+        "main": script,
+    }
     assert result.outcome.status == 0 and result.exit_status == 0
 
 
@@ -39,7 +49,8 @@ def test_a_module_runs_as_python_dash_m(tmp_path, monkeypatch):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "train.py").write_text(
-        "import sys\nassert __name__ == '__main__'\nsys.exit(len(sys.argv) * 10 + sys.argv[0].endswith('train.py'))\n")
+        "import sys\nassert __name__ == '__main__'\nsys.exit(len(sys.argv) * 10 + sys.argv[0].endswith('train.py'))\n"
+    )
     monkeypatch.chdir(tmp_path)
     result = run_script(Target(module="pkg.train", args=["a", "b"]), on_finding=lambda f: None)
     assert result.exit_status == 31
@@ -174,10 +185,13 @@ def test_parts_called_one_by_one_are_watched_as_the_model_that_holds_them(run_pr
 
 def test_a_crash_is_explained_first_and_the_exit_status_is_the_programs(run_program):
     step = GOOD_STEP.replace("    optimizer.zero_grad()\n", "")  # TD301, an error sorted before TD330
-    result = run_program(LOOP.format(step=step) + """
+    result = run_program(
+        LOOP.format(step=step)
+        + """
 pred = nn.Linear(8, 1)(torch.randn(2**21, 8))
 ((pred - torch.randn(2**21)) ** 2).mean()  # (N, 1) - (N,): terabytes
-""")
+"""
+    )
     findings = result.report.sorted_findings()
     assert [f.name for f in findings] == ["out-of-memory", "missing-zero-grad"]
     assert result.report.facts["crash_explained_by"] == ["out-of-memory"]
@@ -215,6 +229,6 @@ def test_a_part_the_optimizer_leaves_out_is_watched_with_its_model(run_program):
             opt.zero_grad()
             nn.functional.cross_entropy(task.head(task.encoder(torch.randn(4, 8))), torch.randint(0, 3, (4,))).backward()
             opt.step()
-    """)
+    """)  # noqa: E501 - the fixture's own line
     assert [m["label"] for m in result.report.facts["models"]] == ["Task"]
     assert problems(result) == ["param-not-in-optimizer"]

@@ -1,4 +1,5 @@
 """`torchdoctor run` on the command line: usage errors, the report on stderr and in --report, exit statuses."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,7 @@ import sys
 import textwrap
 
 import pytest
-
-from run_programs import LOOP, GOOD_STEP
+from run_programs import GOOD_STEP, LOOP
 
 from torchdoctor.cli import main
 
@@ -31,12 +31,14 @@ def test_usage_errors_come_before_the_program_runs(tmp_path, capsys):
 
 
 def test_a_real_run_keeps_stdout_reports_on_stderr_and_writes_the_json(tmp_path):
-    from test_json_envelope import violations, SCHEMA  # type: ignore[import-not-found]
+    from test_json_envelope import SCHEMA, violations  # type: ignore[import-not-found]
 
     script = tmp_path / "train.py"
     step = GOOD_STEP.replace("    optimizer.zero_grad()\n", "")
-    script.write_text(textwrap.dedent(LOOP.format(step=step)) + "print('done', sys.argv[1:])\n"
-                      "raise SystemExit(int(sys.argv[1]))\n".replace("sys.", "__import__('sys')."))
+    script.write_text(
+        textwrap.dedent(LOOP.format(step=step))
+        + "print('done', sys.argv[1:])\nraise SystemExit(int(sys.argv[1]))\n".replace("sys.", "__import__('sys').")
+    )
     report = tmp_path / "out" / "report.json"
     report.parent.mkdir()
     run = [sys.executable, "-m", "torchdoctor", "run", "--report", str(report), str(script)]

@@ -1,4 +1,5 @@
 """Under torchrun, every rank's findings reach rank 0 through the launcher's store, folded across ranks."""
+
 from __future__ import annotations
 
 import socket
@@ -11,8 +12,13 @@ from torchdoctor.run.ranks import exchange, launched_ranks
 
 
 def _env(rank: int, port: int) -> dict[str, str]:
-    return {"TORCHELASTIC_RUN_ID": "job", "RANK": str(rank), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port)}
+    return {
+        "TORCHELASTIC_RUN_ID": "job",
+        "RANK": str(rank),
+        "WORLD_SIZE": "3",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 def _free_port() -> int:
@@ -24,8 +30,9 @@ def _free_port() -> int:
 def test_rank_zero_gathers_what_the_others_sent_and_names_the_missing_one():
     port = _free_port()
     agent = TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=5), wait_for_workers=False)
-    finding = Finding("grads add up", code="TD301", name="missing-zero-grad", severity=Severity.ERROR,
-                      location=Location(step=1))
+    finding = Finding(
+        "grads add up", code="TD301", name="missing-zero-grad", severity=Severity.ERROR, location=Location(step=1)
+    )
     assert exchange([finding], 0, _env(1, port)) == {"sent": True}
     answer = exchange([], 3, _env(0, port), wait=1.0)  # rank 2 never reports (it died)
     assert answer is not None and answer["missing"] == [2] and answer["status"] == {0: 3, 1: 0}
@@ -36,5 +43,18 @@ def test_rank_zero_gathers_what_the_others_sent_and_names_the_missing_one():
 def test_without_torchrun_there_is_nothing_to_exchange():
     assert launched_ranks({"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "x", "MASTER_PORT": "1"}) is None
     assert launched_ranks({**_env(0, 1), "WORLD_SIZE": "1"}) is None
-    assert exchange([], 0, {"TORCHELASTIC_RUN_ID": "job", "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                            "MASTER_PORT": str(_free_port())}, wait=0.5) is None  # no store there: report locally
+    assert (
+        exchange(
+            [],
+            0,
+            {
+                "TORCHELASTIC_RUN_ID": "job",
+                "RANK": "1",
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(_free_port()),
+            },
+            wait=0.5,
+        )
+        is None
+    )  # no store there: report locally

@@ -1,4 +1,5 @@
 """Tiny real training loops on the CPU, and a session factory that collects findings instead of warning."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,9 @@ def batches(n: int = 6, size: int = 16, d_in: int = 8, classes: int = 3) -> list
     return [(torch.randn(size, d_in, generator=g), torch.randint(0, classes, (size,), generator=g)) for _ in range(n)]
 
 
-def train_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, zero: bool = True) -> torch.Tensor:
+def train_step(
+    model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, zero: bool = True
+) -> torch.Tensor:
     if zero:
         opt.zero_grad()
     loss = nn.functional.cross_entropy(model(x), y)
@@ -45,8 +48,11 @@ def session(model, opt=None, **kwargs):
 
 def problems(s) -> list[str]:
     """Names of warning/error findings plus any internal error: what a correct loop must not produce."""
-    return [f.name for f in s.findings
-            if (f.severity or Severity.INFO) >= Severity.WARNING or "failed internally" in f.message]
+    return [
+        f.name
+        for f in s.findings
+        if (f.severity or Severity.INFO) >= Severity.WARNING or "failed internally" in f.message
+    ]
 
 
 def names(s) -> list[str]:

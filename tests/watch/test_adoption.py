@@ -1,8 +1,8 @@
 """`watch(model)` adopts an optimizer built later whose parameters belong to the watched model."""
+
 from __future__ import annotations
 
 import torch
-
 from conftest import batches, mlp, names, problems, session, train_step
 
 
@@ -53,8 +53,8 @@ def test_a_second_stage_optimizer_over_the_watched_model_is_followed():
 
 
 def test_no_hook_is_left_behind():
-    from torch.optim.optimizer import _global_optimizer_pre_hooks
     from torch.nn.modules.module import _global_forward_pre_hooks
+    from torch.optim.optimizer import _global_optimizer_pre_hooks
 
     before = (len(_global_optimizer_pre_hooks), len(_global_forward_pre_hooks))
     model = mlp()

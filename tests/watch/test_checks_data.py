@@ -1,12 +1,12 @@
 """sampler-epoch-not-set and iterable-dataset-duplication on real DataLoaders."""
+
 from __future__ import annotations
 
 import itertools
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
-
 from conftest import mlp, names, session
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
 DATA = TensorDataset(torch.randn(16, 8), torch.randint(0, 3, (16,)))
 

@@ -1,10 +1,10 @@
 """graph-retention-leak: graphs kept across steps are found with a per-step figure; steady loops are quiet."""
+
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from conftest import batches, mlp, names, session, train_step
+from torch import nn
 
 STEPS = 30  # past the check's 16-step span
 

@@ -1,10 +1,10 @@
 """eval-without-no-grad and train-mode-in-eval on real validation loops."""
+
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from conftest import batches, mlp, names, session, train_step
+from torch import nn
 
 
 def _bn_net() -> nn.Module:
@@ -86,11 +86,11 @@ def test_train_mode_in_eval_ignores_models_without_mode_layers_and_momentum_enco
     with session([plain, key_encoder], opt) as s:
         for x, y in batches(4):
             with torch.no_grad():
-                key_encoder(x)   # MoCo-style: train mode under no_grad, never trained with gradients
+                key_encoder(x)  # MoCo-style: train mode under no_grad, never trained with gradients
             train_step(plain, opt, x, y)
         with torch.no_grad():
             for x, _ in batches(3):
-                plain(x)         # train mode, but no Dropout/BatchNorm: same result as eval()
+                plain(x)  # train mode, but no Dropout/BatchNorm: same result as eval()
     assert s.findings == []
 
 

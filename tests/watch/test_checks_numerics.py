@@ -1,10 +1,10 @@
 """nonfinite-values: the first step and parameter, then the first module on the next forward."""
+
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from conftest import batches, mlp, names, session, train_step
+from torch import nn
 
 
 class Poison(nn.Module):

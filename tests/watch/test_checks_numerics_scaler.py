@@ -1,15 +1,14 @@
 """nonfinite-values under GradScaler: a loss that stays NaN only shows as skipped steps."""
+
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from conftest import mlp, session
 
 SKIPPED_STEPS = 50  # the check's threshold: 50 halvings take any usual GradScaler scale below 1
 
 
-def _scaled_loop(steps: int, nan_steps, init_scale: float = 2.0 ** 16, checks="nonfinite-values", gain: float = 1.0):
+def _scaled_loop(steps: int, nan_steps, init_scale: float = 2.0**16, checks="nonfinite-values", gain: float = 1.0):
     """A GradScaler loop (CPU) whose loss is NaN on the steps in `nan_steps`."""
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -27,8 +26,10 @@ def _scaled_loop(steps: int, nan_steps, init_scale: float = 2.0 ** 16, checks="n
 def test_a_loss_that_stays_nan_is_reported_after_ten_skipped_steps():
     s, opt = _scaled_loop(SKIPPED_STEPS + 5, nan_steps=range(3, 10**6))
     first, where = s.findings
-    assert "GradScaler skipped 10 of 13 SGD.step() calls (the first at step 3): their gradients held NaN, " \
-           "first at step 3 in `0.weight`" in first.message
+    assert (
+        "GradScaler skipped 10 of 13 SGD.step() calls (the first at step 3): their gradients held NaN, "
+        "first at step 3 in `0.weight`" in first.message
+    )
     assert first.location.step == 3 and first.location.param == "0.weight"  # the steps before the NaN ran
     assert "NaN/Inf localisation" in where.message
 
@@ -47,6 +48,6 @@ def test_a_few_skipped_steps_then_training_resumes_is_quiet():
 
 
 def test_overflow_skips_while_the_scale_calibrates_are_quiet():
-    s, _ = _scaled_loop(40, nan_steps=(), init_scale=2.0 ** 127, checks=None, gain=10.0)  # Inf gradients at first
+    s, _ = _scaled_loop(40, nan_steps=(), init_scale=2.0**127, checks=None, gain=10.0)  # Inf gradients at first
     assert 34 <= s.facts["optimizers"][0]["steps"] <= 38  # a few steps were skipped
     assert s.findings == []

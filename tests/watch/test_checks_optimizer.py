@@ -1,10 +1,10 @@
 """The optimizer-wiring checks fire on real tiny loops with the mistake, and name where."""
+
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from conftest import batches, mlp, names, session, train_step
+from torch import nn
 
 
 def test_missing_zero_grad_fires_at_the_second_step_and_counts_repeats():
@@ -26,7 +26,7 @@ def test_missing_zero_grad_in_an_accumulation_loop_that_never_clears():
     with session(model, opt) as s:
         data = batches(8)
         for i in range(0, 8, 2):
-            for x, y in data[i:i + 2]:
+            for x, y in data[i : i + 2]:
                 nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
     assert "missing-zero-grad" in names(s)
@@ -98,7 +98,7 @@ def test_optimizer_state_dtype_mismatch_after_casting_the_model():
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     x, y = batches(1)[0]
     train_step(model, opt, x, y)  # momentum buffers are float32 now
-    model.double()                # same Parameter objects, new dtype: the state is stranded
+    model.double()  # same Parameter objects, new dtype: the state is stranded
     with session(model, opt) as s:
         pass
     [f] = s.findings
@@ -116,7 +116,7 @@ def test_optimizer_state_cast_after_loading_inside_the_session_is_found_before_t
     with session(model, opt, every=1) as s:
         opt.load_state_dict(saved)  # casts the state to the parameters as they are now: fine
         assert s.findings == []
-        model.double()              # ...but the model is cast afterwards
+        model.double()  # ...but the model is cast afterwards
         train_step(model, opt, x.double(), y)
     [f] = s.findings
     assert f.name == "optimizer-state-device" and f.location.step == 0
@@ -167,7 +167,7 @@ def _wgan_gp(zero_critic: bool, steps: int = 4):
                 opt_c.zero_grad()
             alpha = torch.rand(16, 1)
             mixed = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
-            grad, = torch.autograd.grad(critic(mixed).sum(), mixed, create_graph=True)
+            (grad,) = torch.autograd.grad(critic(mixed).sum(), mixed, create_graph=True)
             penalty = 10 * ((grad.norm(2, dim=1) - 1) ** 2).mean()
             (critic(fake).mean() - critic(real).mean() + penalty).backward()
             opt_c.step()

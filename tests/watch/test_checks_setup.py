@@ -1,12 +1,12 @@
 """nondeterministic-settings and dataparallel-device at session start."""
+
 from __future__ import annotations
 
 import pytest
 import torch
+from conftest import mlp, names, session
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from conftest import mlp, names, session
 
 
 @pytest.fixture

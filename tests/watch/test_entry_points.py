@@ -1,11 +1,11 @@
 """Loops whose model is never called as a whole (Lightning's training_step) and closure optimizers (LBFGS,
 Lightning's automatic optimization): the checks see the real forwards and the real gradients."""
+
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from conftest import batches, names, problems, session
+from torch import nn
 
 
 class LitStyle(nn.Module):
@@ -77,7 +77,8 @@ def _lbfgs_run(zero: bool, nan_at: int | None = None, steps: int = 4):
     opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     with session(model, opt) as s:
         for i, (x, y) in enumerate(batches(steps)):
-            def closure() -> torch.Tensor:
+
+            def closure(x: torch.Tensor = x, y: torch.Tensor = y, i: int = i) -> torch.Tensor:
                 if zero:
                     opt.zero_grad()
                 out = model(x)
@@ -86,6 +87,7 @@ def _lbfgs_run(zero: bool, nan_at: int | None = None, steps: int = 4):
                 loss = nn.functional.cross_entropy(out, y)
                 loss.backward()
                 return loss
+
             opt.step(closure)
     return s
 

@@ -1,12 +1,12 @@
 """Crash explanations inside watch: known PyTorch errors propagate unchanged and the report's findings explain
 them from what the session saw (the CRASH event; tests/pitfalls/test_crash_explanations.py has each pitfall)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import batches, mlp, session, train_step
+from torch import nn
 
 
 def _raises_through(model, opt, body):
@@ -119,8 +119,9 @@ def test_the_printed_report_leads_with_the_explanation_and_keeps_earlier_finding
 
 
 def test_raise_mode_never_replaces_the_users_exception(monkeypatch):
-    import torchdoctor
     from torchdoctor.checks.graph_retention_leak import GraphRetentionLeak
+
+    import torchdoctor
     from torchdoctor.findings import Finding
 
     monkeypatch.setattr(GraphRetentionLeak, "on_stop", lambda self: iter([Finding("an error found at exit")]))
@@ -164,7 +165,9 @@ def test_out_of_memory_is_explained_with_the_live_graphs(monkeypatch):
     s, exc = _raises_through(model, None, body)
     assert isinstance(exc, torch.cuda.OutOfMemoryError)
     (finding,) = s.findings
-    assert finding.name == "out-of-memory" and "3 autograd graphs of watched forwards were still alive" in finding.message
+    assert (
+        finding.name == "out-of-memory" and "3 autograd graphs of watched forwards were still alive" in finding.message
+    )
 
 
 def test_a_nan_that_makes_the_loss_raise_is_diagnosed_with_the_state_of_the_weights():
@@ -184,8 +187,9 @@ def test_a_nan_that_makes_the_loss_raise_is_diagnosed_with_the_state_of_the_weig
     assert "between 0 and 1" in str(exc)
     (finding,) = s.findings
     assert finding.name == "nan-in-loss-input" and finding.location.step == 2
-    assert "the input holds 16 NaN value(s) while the weights are finite: the NaN came from this batch" \
-        in finding.message
+    assert (
+        "the input holds 16 NaN value(s) while the weights are finite: the NaN came from this batch" in finding.message
+    )
 
 
 def test_the_explanation_is_the_reports_first_finding():

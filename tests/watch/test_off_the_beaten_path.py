@@ -1,13 +1,13 @@
 """Issue 27: real tiny loops off the beaten path — eval loaders mid-epoch, torch.func ensembles, a NaN that
 stops the run before any step, manual updates, submodules called directly, an optimizer watch never saw."""
+
 from __future__ import annotations
 
 import copy
 
 import torch
-from torch import nn
-
 from conftest import batches, mlp, names, problems, session
+from torch import nn
 
 
 def test_a_vmap_ensemble_trained_through_stack_module_state_is_not_stale():
@@ -65,8 +65,11 @@ def _hf_style(per_step_schedule: bool, epochs: int):
     model = mlp()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     total = epochs * len(train)
-    scheduler = (torch.optim.lr_scheduler.LambdaLR(opt, lambda i: max(0.0, 1 - i / total)) if per_step_schedule
-                 else torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1))  # a per-epoch schedule
+    scheduler = (
+        torch.optim.lr_scheduler.LambdaLR(opt, lambda i: max(0.0, 1 - i / total))
+        if per_step_schedule
+        else torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.1)
+    )  # a per-epoch schedule
     with session(model, opt) as s:
         step = 0
         for _ in range(epochs):
@@ -94,6 +97,7 @@ def test_a_per_epoch_schedule_stepped_per_batch_is_still_found_at_the_scheduler_
     assert "stepped 30 times during the first epoch (30 optimizer steps)" in f.message
     assert f.location.file == __file__
     import linecache
+
     assert linecache.getline(__file__, f.location.line).strip() == "scheduler.step()  # the line the finding names"
 
 
@@ -319,6 +323,7 @@ def test_a_running_total_kept_on_self_is_named():
 
 def test_validation_before_the_first_step_that_never_restores_train_mode():
     """nanoGPT's loop evaluates at iteration 0; without model.train() after it, every step trains in eval()."""
+
     def run(restore: bool):
         model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1), nn.ReLU(), nn.Linear(16, 3))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -1,13 +1,14 @@
 """Correct code stays quiet: the "must NOT flag" column of the Runtime table, on real tiny loops."""
+
 from __future__ import annotations
 
 import warnings
 
 import torch
+from conftest import batches, mlp, problems, session, train_step
 from torch import nn
 
 import torchdoctor
-from conftest import batches, mlp, problems, session, train_step
 
 
 def test_textbook_loop_gives_no_warning_and_no_finding():
@@ -28,7 +29,7 @@ def test_gradient_accumulation_with_set_to_none_false_and_model_zero_grad():
     with session(model, opt, every=1) as s:
         data = batches(12)
         for i in range(0, 12, 4):
-            for x, y in data[i:i + 4]:  # four backwards, one step
+            for x, y in data[i : i + 4]:  # four backwards, one step
                 (nn.functional.cross_entropy(model(x), y) / 4).backward()
             opt.step()
             if i % 8 == 0:
@@ -65,7 +66,10 @@ def test_frozen_parameters_are_not_unused_or_missing_from_the_optimizer():
 
 
 def test_gan_with_two_optimizers_is_quiet():
-    g, d = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 6)), nn.Sequential(nn.Linear(6, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1))
+    g, d = (
+        nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 6)),
+        nn.Sequential(nn.Linear(6, 8), nn.LeakyReLU(0.2), nn.Linear(8, 1)),
+    )
     opt_g, opt_d = torch.optim.Adam(g.parameters(), 2e-4), torch.optim.Adam(d.parameters(), 2e-4)
     bce = nn.BCEWithLogitsLoss()
     with session([g, d], [opt_g, opt_d], every=1) as s:

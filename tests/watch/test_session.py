@@ -1,4 +1,5 @@
 """The watch session: entry styles, on_finding modes, selection, hook removal, contained faults, memory."""
+
 from __future__ import annotations
 
 import gc
@@ -10,13 +11,13 @@ import weakref
 
 import pytest
 import torch
+from conftest import batches, mlp, names, session, train_step
+from pitfall_factory import make_pitfall
 from torch import nn
 from torch.utils.data import DataLoader
 
 import torchdoctor
-from conftest import batches, mlp, names, session, train_step
 from torchdoctor.watch.context import WatchContext
-from pitfall_factory import make_pitfall
 
 
 def _no_zero_grad_loop(model, opt, steps: int = 3) -> None:
@@ -25,8 +26,10 @@ def _no_zero_grad_loop(model, opt, steps: int = 3) -> None:
 
 
 def test_torchdoctor_import_and_check_listing_stay_torch_free():
-    code = ("import sys, torchdoctor; from torchdoctor import registry; registry.all_checks('runtime'); "
-            "torchdoctor.TorchDoctorWarning, torchdoctor.TorchDoctorError; print('torch' in sys.modules)")
+    code = (
+        "import sys, torchdoctor; from torchdoctor import registry; registry.all_checks('runtime'); "
+        "torchdoctor.TorchDoctorWarning, torchdoctor.TorchDoctorError; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -108,12 +111,15 @@ def test_select_and_ignore_by_name_or_code_and_unknown_names():
         session(model, opt, checks=["no-such-check"])
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    ({"model": "net"}, "model must be a Module"),
-    ({"every": 0}, "every must be a positive"),
-    ({"on_finding": "shout"}, "on_finding must be one of"),
-    ({"loader": [1]}, "loader must be a DataLoader"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"model": "net"}, "model must be a Module"),
+        ({"every": 0}, "every must be a positive"),
+        ({"on_finding": "shout"}, "on_finding must be one of"),
+        ({"loader": [1]}, "loader must be a DataLoader"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(kwargs, error):
     args = {"model": mlp(), **kwargs}
     with pytest.raises((TypeError, ValueError), match=error):
@@ -302,12 +308,15 @@ def test_a_compiled_model_is_seen_through_even_when_compiled_before_watch():
         for _ in range(2):
             compiled(x).sum().item()
     assert [(f.name, f.location.param or f.location.module) for f in s.findings] == [
-        ("missing-zero-grad", "2.bias"), ("eval-without-no-grad", "Sequential")]
+        ("missing-zero-grad", "2.bias"),
+        ("eval-without-no-grad", "Sequential"),
+    ]
     assert s.facts["models"][0]["wrappers"] == ["torch.compile"]
 
 
 def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(monkeypatch):
     from torchdoctor.checks import missing_zero_grad
+
     from torchdoctor.watch import fingerprint
 
     class Exploding(list):
@@ -324,6 +333,7 @@ def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(mo
     monkeypatch.setattr(fingerprint, "fingerprint", lambda batch: 1 / 0)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
             return iter(torch.arange(24.0).view(24, 1))
@@ -331,7 +341,7 @@ def test_instrumentation_failing_inside_backward_or_data_loading_is_contained(mo
     loader = DataLoader(Stream(), batch_size=4, num_workers=2)
     with session(model, opt) as s:
         assert sum(len(b) for b in loader) == 48  # data loading went on
-        _no_zero_grad_loop(model, opt, steps=4)   # so did backward, with the sentinel's hook failing
+        _no_zero_grad_loop(model, opt, steps=4)  # so did backward, with the sentinel's hook failing
     faults = {f.name: f for f in s.findings if "failed internally" in f.message}
     assert "MemoryError: no room" in faults["missing-zero-grad"].message
     assert "ZeroDivisionError" in faults["iterable-dataset-duplication"].message
@@ -362,7 +372,9 @@ def test_distributed_runtime_checks_join_under_torch_distributed(tmp_path, monke
             for x, y in batches(3):
                 train_step(model, opt, x, y)
         # one problem, whatever the step in its message: folded, keeping the first step's words
-        assert [(f.name, f.message, f.count) for f in s.findings] == [("test-cross-rank", "saw 1 rank(s) of 1 at step 0", 2)]
+        assert [(f.name, f.message, f.count) for f in s.findings] == [
+            ("test-cross-rank", "saw 1 rank(s) of 1 at step 0", 2)
+        ]
         ddp = nn.parallel.DistributedDataParallel(mlp())
         ddp_opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         with session(ddp, ddp_opt, ignore="test-cross-rank") as s:
@@ -397,6 +409,3 @@ def test_saving_and_copying_the_model_during_a_session_carries_nothing_of_watch(
     for m in (loaded, ema):
         assert not any(sub._forward_hooks for sub in m.modules())
         assert not any(p._backward_hooks for p in m.parameters())
-
-
-

@@ -1,4 +1,5 @@
 """The warnings of `watch(on_finding="warn")`: said at the user's line, with the fix's code and how to silence it."""
+
 from __future__ import annotations
 
 import re
@@ -7,13 +8,12 @@ import warnings
 
 import pytest
 import torch
+from conftest import batches, mlp
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import torchdoctor
 from torchdoctor.errors import TorchDoctorWarning
-
-from conftest import batches, mlp
 
 
 def _line_below() -> int:
@@ -66,8 +66,11 @@ def test_forward_and_loader_warnings_point_at_the_users_lines():
                 for x, _ in loader:
                     seen["forward"] = _line_below()
                     model(x)
-    where = {w.message.args[0].split(":")[0]: (w.filename, w.lineno) for w in caught
-             if issubclass(w.category, TorchDoctorWarning)}
+    where = {
+        w.message.args[0].split(":")[0]: (w.filename, w.lineno)
+        for w in caught
+        if issubclass(w.category, TorchDoctorWarning)
+    }
     assert where["TD311 sampler-epoch-not-set"] == (__file__, seen["loader"])
     assert where["TD307 train-mode-in-eval"] == (__file__, seen["forward"])
 

@@ -1,5 +1,6 @@
 """Any optimizer object (wrappers of accelerate, Lightning, DeepSpeed style), hooks that fail one at a time,
 sessions that nest and stop in any order, torch.compile(fullgraph=True), torch.func transforms, meta models."""
+
 from __future__ import annotations
 
 import gc
@@ -7,9 +8,8 @@ import weakref
 
 import pytest
 import torch
-from torch import nn
-
 from conftest import batches, mlp, names, problems, session, train_step
+from torch import nn
 
 
 class AcceleratedStyle(torch.optim.Optimizer):
@@ -65,8 +65,11 @@ class NoHookState(torch.optim.Optimizer):
             p.grad = None
 
 
-@pytest.mark.parametrize("wrap", [AcceleratedStyle, LightningStyle, lambda o: LightningStyle(AcceleratedStyle(o)),
-                                  None], ids=["accelerate", "lightning", "both", "no-hook-state"])
+@pytest.mark.parametrize(
+    "wrap",
+    [AcceleratedStyle, LightningStyle, lambda o: LightningStyle(AcceleratedStyle(o)), None],
+    ids=["accelerate", "lightning", "both", "no-hook-state"],
+)
 def test_wrapped_optimizers_are_watched(wrap):
     for zero in (False, True):
         model = mlp()
@@ -98,8 +101,11 @@ def test_a_hook_that_cannot_be_installed_is_named_and_the_rest_still_works():
 
     model = mlp()
     opt = FrozenZeroGrad(model.parameters(), lr=0.1)
-    with pytest.warns(UserWarning, match=r"could not watch FrozenZeroGrad.zero_grad \(AttributeError: read-only\); "
-                                         r"checks that go without it: missing-zero-grad, nonfinite-values"):
+    with pytest.warns(
+        UserWarning,
+        match=r"could not watch FrozenZeroGrad.zero_grad \(AttributeError: read-only\); "
+        r"checks that go without it: missing-zero-grad, nonfinite-values",
+    ):
         s = session(model, opt).start()
     for x, y in batches(3):
         train_step(model, opt, x, y, zero=False)  # missing-zero-grad still sees it through its gradient hook
@@ -117,7 +123,7 @@ def test_sessions_nest_and_stop_in_any_order(order):
     outer, inner = session(model, opt).start(), session(model, opt).start()
     for x, y in batches(3):
         train_step(model, opt, x, y, zero=False)
-    for s in ([inner, outer] if order == "lifo" else [outer, inner]):
+    for s in [inner, outer] if order == "lifo" else [outer, inner]:
         s.stop()
     assert names(outer) == names(inner) == ["missing-zero-grad"]
     assert "zero_grad" not in opt.__dict__ and not opt._optimizer_step_pre_hooks and not opt._optimizer_step_post_hooks

@@ -1,5 +1,6 @@
 """The safe checkpoint reader: parses torch.save/TorchScript/legacy/pickle/safetensors files without torch
 and without executing them, into a `CheckpointInfo` for the checkpoint checks."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional

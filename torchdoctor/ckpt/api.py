@@ -1,4 +1,5 @@
 """The checkpoint front door shared by the CLI and the Python API: read, compare, scan, check, fix."""
+
 from __future__ import annotations
 
 import contextlib
@@ -62,7 +63,8 @@ def diagnose_checkpoints(
 
     A file that cannot be read as a checkpoint (truncated, corrupt, not a checkpoint at all) is reported as
     checkpoint-unreadable and never hides the others; `CheckpointError` is raised only for a path that does
-    not exist or a folder without checkpoint files. `model` is an `nn.Module` or a spec such as "train.py:Net" (built here; then compared with the files);
+    not exist or a folder without checkpoint files. `model` is an `nn.Module` or a spec such as "train.py:Net" (built
+    here; then compared with the files);
     `fix` writes a weights-only, CPU, prefix-free copy of the one file there. Raises `ValueError` for a bad
     model spec, a refused fix, or `fix` with several files.
     """
@@ -95,8 +97,11 @@ def diagnose_checkpoints(
                 continue
             if info.format == UNREADABLE:  # nothing else to look at: only checkpoint-unreadable says so
                 infos.append(info)
-                findings.extend(registry.run_fact_checks(
-                    [c for c in checks if c.code == UNREADABLE_CODE], registry.Scope.CHECKPOINT, info))
+                findings.extend(
+                    registry.run_fact_checks(
+                        [c for c in checks if c.code == UNREADABLE_CODE], registry.Scope.CHECKPOINT, info
+                    )
+                )
                 continue
             info.model = keys
             if scan_values:
@@ -107,8 +112,9 @@ def diagnose_checkpoints(
             findings.extend(registry.run_fact_checks(checks, registry.Scope.CHECKPOINT, info))
         facts = {"checkpoints": [i.facts() for i in infos]}
     subject = files[0][0] if len(files) == 1 else f"{len(files)} checkpoints"
-    report = CheckpointReport(scope=str(registry.Scope.CHECKPOINT), findings=fold(findings),
-                              facts=facts, subject=subject, infos=infos)
+    report = CheckpointReport(
+        scope=str(registry.Scope.CHECKPOINT), findings=fold(findings), facts=facts, subject=subject, infos=infos
+    )
     if fix is not None:
         from torchdoctor.ckpt.fix import write_fixed
 

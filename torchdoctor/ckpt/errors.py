@@ -1,4 +1,5 @@
 """The one error type the checkpoint reader raises: the file cannot be read as a checkpoint at all."""
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ The input pickle is never executed: tensors are rebuilt from the storage bytes a
 safe reader found, so even a checkpoint that needs code to load yields a clean weights-only copy.
 Files with unsafe-pickle findings or unreadable parts are refused.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,18 @@ from torchdoctor.ckpt.reader import open_located
 from torchdoctor.ckpt.structure import key_name
 from torchdoctor.ckpt.tables import Path
 
-_PREFERRED = ("state_dict", "model_state_dict", "model", "module", "net", "network", "weights", "params",
-              "model_ema", "ema")
+_PREFERRED = (
+    "state_dict",
+    "model_state_dict",
+    "model",
+    "module",
+    "net",
+    "network",
+    "weights",
+    "params",
+    "model_ema",
+    "ema",
+)
 
 
 class FixError(ValueError):
@@ -36,6 +47,7 @@ def _choose(info: CheckpointInfo, model_keys: Any) -> tuple[StateDict, Any]:
     if len(candidates) == 1:
         chosen = candidates[0]
     else:
+
         def rank(sd: StateDict) -> tuple:
             name = sd.path[-1] if sd.path else ""
             pref = _PREFERRED.index(name) if name in _PREFERRED and len(sd.path) == 1 else len(_PREFERRED)
@@ -45,7 +57,8 @@ def _choose(info: CheckpointInfo, model_keys: Any) -> tuple[StateDict, Any]:
     prefix = wrapper_prefix(chosen.tensors)
     top = {t["key"] for t in info.top_level}
     if prefix.split(".", 1)[0] + "." in LOOSE_PREFIXES and not (
-            chosen.path == ("state_dict",) and top & {"pytorch-lightning_version", "global_step", "epoch"}):
+        chosen.path == ("state_dict",) and top & {"pytorch-lightning_version", "global_step", "epoch"}
+    ):
         prefix = ""
     return chosen, (lambda k: strip(k, prefix))
 
@@ -130,8 +143,8 @@ class _Copy:
             if isinstance(out, OrderedDict) and isinstance(metadata, dict):  # module versions, as state_dict() saves
                 built = self.build(metadata, path + ("_metadata",))
                 if isinstance(built, dict):
-                    out._metadata = {self.module_name(k) if renaming else k: v  # type: ignore[attr-defined]
-                                     for k, v in built.items()}
+                    names = {self.module_name(k) if renaming else k: v for k, v in built.items()}
+                    out._metadata = names  # type: ignore[attr-defined]
         elif isinstance(obj, (list, tuple)):
             items = [self.build(v, path + (str(i),)) for i, v in enumerate(obj)]
             out = type(obj)(None if v is _DROP else v for v in items)
@@ -186,30 +199,40 @@ def write_fixed(info: CheckpointInfo, out: str, model: Optional[Any] = None) -> 
         raise FixError(f"refusing to --fix {info.path}: big-endian files are not supported")
     keys = model_keys(model) if model is not None else None
     sd, remap = _choose(info, keys)
-    whole = (type(info.archive.root) is dict and sd.path and sd.source == "dict" and info.kind == "training checkpoint"
-             and not _is_lightning(info, sd))
+    whole = (
+        type(info.archive.root) is dict
+        and sd.path
+        and sd.source == "dict"
+        and info.kind == "training checkpoint"
+        and not _is_lightning(info, sd)
+    )
     renamed = [k for k in sd.tensors if remap(k) != k]
     with open(info.path, "rb") as f:
         tensors = _Rebuilder(info, f)
         if whole:
             copy = _Copy(tensors, sd, remap)
             saved: Any = copy.build(info.archive.root, ())
-            actions = [f"kept the training checkpoint as saved ({', '.join(t['key'] for t in info.top_level[:8])}"
-                       f"{', ...' if len(info.top_level) > 8 else ''}), its state dict at {show_path(sd.path)}"]
+            actions = [
+                f"kept the training checkpoint as saved ({', '.join(t['key'] for t in info.top_level[:8])}"
+                f"{', ...' if len(info.top_level) > 8 else ''}), its state dict at {show_path(sd.path)}"
+            ]
         else:
             saved = {remap(key): tensors.tensor(key, t) for key, t in sd.tensors.items()}
             actions = [f"extracted the state dict at {show_path(sd.path)} ({len(sd.tensors)} tensors)"]
     if renamed:
-        actions.append(f"renamed {len(renamed)} keys of {show_path(sd.path)} "
-                       f"(e.g. {renamed[0]!r} -> {remap(renamed[0])!r})")
+        actions.append(
+            f"renamed {len(renamed)} keys of {show_path(sd.path)} (e.g. {renamed[0]!r} -> {remap(renamed[0])!r})"
+        )
     if tensors.moved:
         actions.append(f"moved {tensors.moved} tensors saved on accelerators to the CPU")
     if tensors.cloned:
         actions.append(f"cloned {tensors.cloned} views so they no longer carry their whole storage")
     if whole and copy.dropped:
-        actions.append(f"left out {len(copy.dropped)} objects that torch.load(weights_only=True) refuses "
-                       f"(rebuilding them would run their code): {', '.join(copy.dropped[:6])}"
-                       f"{', ...' if len(copy.dropped) > 6 else ''}")
+        actions.append(
+            f"left out {len(copy.dropped)} objects that torch.load(weights_only=True) refuses "
+            f"(rebuilding them would run their code): {', '.join(copy.dropped[:6])}"
+            f"{', ...' if len(copy.dropped) > 6 else ''}"
+        )
     tmp = out + ".tmp"
     try:
         torch.save(saved, tmp)

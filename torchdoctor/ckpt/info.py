@@ -1,4 +1,5 @@
 """`CheckpointInfo`: what the checkpoint checks see, plus its JSON-ready summary (the report's facts)."""
+
 from __future__ import annotations
 
 import heapq
@@ -210,8 +211,13 @@ class CheckpointInfo:
                     for p, (count, elements, size) in sorted(groups.items(), key=lambda kv: -kv[1][0])[:30]
                 ],
                 "largest": [
-                    {"key": show_path(table.path(i)), "shape": list(t.shape), "dtype": t.dtype, "device": t.device,
-                     "bytes": table.nbytes[i]}
+                    {
+                        "key": show_path(table.path(i)),
+                        "shape": list(t.shape),
+                        "dtype": t.dtype,
+                        "device": t.device,
+                        "bytes": table.nbytes[i],
+                    }
                     for i, t in zip(largest, map(table.meta, largest))
                 ],
             },
@@ -221,8 +227,7 @@ class CheckpointInfo:
             "optimizer_states": [show_path(p) for p in self.optimizer_states],
             "pickled_objects": [{"path": show_path(o.path), "class": o.qualname, "kind": o.kind} for o in self.objects],
             "globals": [
-                {"name": g.qualname, "verdict": str(g.verdict), "count": g.count, "called": g.called,
-                 "use": str(g.use)}
+                {"name": g.qualname, "verdict": str(g.verdict), "count": g.count, "called": g.called, "use": str(g.use)}
                 for g in self.globals
             ],
             "problems": self.problems,
@@ -231,8 +236,10 @@ class CheckpointInfo:
             facts["values"] = {
                 "tensors_scanned": self.values.tensors,
                 "bytes_scanned": self.values.bytes,
-                "nonfinite": [{"key": show_path(n.path), "nan": n.nan, "inf": n.inf, "numel": n.numel}
-                              for n in self.values.nonfinite[:50]],
+                "nonfinite": [
+                    {"key": show_path(n.path), "nan": n.nan, "inf": n.inf, "numel": n.numel}
+                    for n in self.values.nonfinite[:50]
+                ],
                 "skipped": self.values.skipped[:20],
             }
         if self.model is not None:

@@ -1,4 +1,5 @@
 """State-dict key matching: wrapper prefixes (DataParallel, torch.compile, Lightning) and model comparison."""
+
 from __future__ import annotations
 
 import math
@@ -46,7 +47,7 @@ def wrapper_prefix(keys: Iterable[str], prefixes: tuple[str, ...] = STRICT_PREFI
                 if n == len(keys):
                     base += p
                 else:
-                    keys = [k[len(base) + len(p):] if k.startswith(base + p) else k[len(base):] for k in keys]
+                    keys = [k[len(base) + len(p) :] if k.startswith(base + p) else k[len(base) :] for k in keys]
                     base = ""
                 break
         else:
@@ -58,7 +59,7 @@ def strip(key: str, prefix: str) -> str:
     """Remove a stacked prefix part by part (keys lacking part of it keep the rest)."""
     for part in _parts(prefix):
         if key.startswith(part):
-            key = key[len(part):]
+            key = key[len(part) :]
     return key
 
 
@@ -110,7 +111,10 @@ def compare(sd: StateDict, model: ModelKeys) -> Match:
         for a in adds:
             m = _match(sd, model, s, a)
             if best is None or (len(m.matched), -len(m.unexpected), -len(s + a)) > (
-                    len(best.matched), -len(best.unexpected), -len(best.strip + best.add)):
+                len(best.matched),
+                -len(best.unexpected),
+                -len(best.strip + best.add),
+            ):
                 best = m
     assert best is not None
     return best

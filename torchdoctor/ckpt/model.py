@@ -1,4 +1,5 @@
 """`--model SPEC`: import the user's model factory and record its state_dict keys, shapes and dtypes (imports torch)."""
+
 from __future__ import annotations
 
 import contextlib

@@ -4,6 +4,7 @@ Nothing here imports or calls what a checkpoint refers to: a global is just its 
 is the callable's placeholder plus its (inert) arguments, and a tensor is metadata about where its
 bytes would be. Placeholders hash by identity so hostile nesting can never trigger deep hashing.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -127,8 +128,9 @@ class StorageRef(Inert):
 
     __slots__ = ("key", "dtype", "itemsize", "location", "numel", "record")
 
-    def __init__(self, key: str, dtype: str, itemsize: int, location: str, numel: int,
-                 record: Optional[str] = None) -> None:
+    def __init__(
+        self, key: str, dtype: str, itemsize: int, location: str, numel: int, record: Optional[str] = None
+    ) -> None:
         self.key = key
         self.dtype = dtype
         self.itemsize = itemsize
@@ -154,9 +156,17 @@ class TensorMeta(Inert):
 
     __slots__ = ("dtype", "shape", "stride", "storage", "storage_offset", "requires_grad", "is_parameter", "kind")
 
-    def __init__(self, dtype: str, shape: tuple[int, ...], stride: tuple[int, ...], storage: Optional[StorageRef],
-                 storage_offset: int = 0, requires_grad: bool = False, is_parameter: bool = False,
-                 kind: str = "tensor") -> None:
+    def __init__(
+        self,
+        dtype: str,
+        shape: tuple[int, ...],
+        stride: tuple[int, ...],
+        storage: Optional[StorageRef],
+        storage_offset: int = 0,
+        requires_grad: bool = False,
+        is_parameter: bool = False,
+        kind: str = "tensor",
+    ) -> None:
         self.dtype = dtype
         self.shape = shape
         self.stride = stride
@@ -227,6 +237,7 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def show_args(args: Any, budget: int = 160) -> str:
     """A short, inert rendering of call arguments (strings and numbers verbatim, the rest by type)."""
+
     def one(v: Any, depth: int = 0) -> str:
         if isinstance(v, (bytes, bytearray)) and len(v) > 32:  # a payload's raw bytes say nothing to a reader
             kind = " (a torch.save zip)" if v[:4] == b"PK\x03\x04" else " (a pickle)" if v[:1] == b"\x80" else ""

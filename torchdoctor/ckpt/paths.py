@@ -1,4 +1,5 @@
 """What `check-ckpt` reads from the paths it is given: files as named, folders searched for checkpoint files."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,10 @@ def checkpoint_files(paths: Sequence[Union[str, "os.PathLike[str]"]]) -> list[tu
         if os.path.isdir(path):
             found = _search(path)
             if not found:
-                raise CheckpointError(f"{path}: no checkpoint files in this folder "
-                                      f"(searched for {', '.join('*' + s for s in CHECKPOINT_SUFFIXES)})")
+                raise CheckpointError(
+                    f"{path}: no checkpoint files in this folder "
+                    f"(searched for {', '.join('*' + s for s in CHECKPOINT_SUFFIXES)})"
+                )
             files += found
         elif os.path.lexists(path):
             files.append((path, _not_regular(path)))
@@ -47,7 +50,9 @@ def _search(folder: str) -> list[tuple[str, Optional[str]]]:
 
     for root, dirs, names in os.walk(folder, onerror=unlisted):
         dirs[:] = [d for d in dirs if not d.startswith(".")]
-        found += [(path, _not_regular(path)) for path in (os.path.join(root, n) for n in names if is_checkpoint_name(n))]
+        found += [
+            (path, _not_regular(path)) for path in (os.path.join(root, n) for n in names if is_checkpoint_name(n))
+        ]
     return sorted(found, key=lambda item: os.path.normcase(item[0]).split(os.sep))
 
 

@@ -11,6 +11,7 @@ deserialisation (`pickle.load`, `torch.load` without `weights_only=True`, `yaml.
 sink table only (their code is not followed, except inside the package of the global being judged).
 Verdicts are cached in the per-user cache, per distribution version of the global's package.
 """
+
 from __future__ import annotations
 
 import ast
@@ -35,8 +36,14 @@ _NOT_FOLLOWED = frozenset(sys.stdlib_module_names) | {"torch", "numpy", "builtin
 _BUILTINS = frozenset(dir(builtins))
 
 PROCESS, EVAL, IMPORT, WRITE, NETWORK, UNPICKLE, NATIVE = (
-    "process creation", "code evaluation", "an import by name", "a file write or delete", "the network",
-    "a nested unsafe deserialisation", "native code (ctypes)")
+    "process creation",
+    "code evaluation",
+    "an import by name",
+    "a file write or delete",
+    "the network",
+    "a nested unsafe deserialisation",
+    "native code (ctypes)",
+)
 
 
 def _names(category: str, module: str, names: str) -> dict[str, str]:
@@ -46,64 +53,112 @@ def _names(category: str, module: str, names: str) -> dict[str, str]:
 # qualified name -> what calling (or, for a class, instantiating) it does
 SINKS: dict[str, str] = {
     **_names(PROCESS, "subprocess", "Popen run call check_call check_output getoutput getstatusoutput"),
-    **_names(PROCESS, "os", "system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle "
-                            "spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp fork forkpty "
-                            "startfile"),
+    **_names(
+        PROCESS,
+        "os",
+        "system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle "
+        "spawnlp spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp fork forkpty "
+        "startfile",
+    ),
     **_names(PROCESS, "posix", "system popen execv execve fork posix_spawn posix_spawnp"),
-    **_names(PROCESS, "pty", "spawn fork"), **_names(PROCESS, "platform", "popen"),
+    **_names(PROCESS, "pty", "spawn fork"),
+    **_names(PROCESS, "platform", "popen"),
     **_names(PROCESS, "asyncio", "create_subprocess_exec create_subprocess_shell"),
-    **_names(PROCESS, "webbrowser", "open open_new open_new_tab"), **_names(PROCESS, "_posixsubprocess", "fork_exec"),
+    **_names(PROCESS, "webbrowser", "open open_new open_new_tab"),
+    **_names(PROCESS, "_posixsubprocess", "fork_exec"),
     **_names(EVAL, "builtins", "eval exec compile execfile"),
     **_names(EVAL, "runpy", "run_path run_module _run_code _run_module_code"),
     **_names(EVAL, "code", "interact InteractiveInterpreter InteractiveConsole compile_command"),
-    **_names(EVAL, "timeit", "timeit repeat Timer"), **_names(EVAL, "cProfile", "run runctx"),
-    **_names(EVAL, "profile", "run runctx"), **_names(EVAL, "pdb", "run runeval runcall"),
-    **_names(IMPORT, "builtins", "__import__"), **_names(IMPORT, "importlib", "import_module __import__ reload"),
+    **_names(EVAL, "timeit", "timeit repeat Timer"),
+    **_names(EVAL, "cProfile", "run runctx"),
+    **_names(EVAL, "profile", "run runctx"),
+    **_names(EVAL, "pdb", "run runeval runcall"),
+    **_names(IMPORT, "builtins", "__import__"),
+    **_names(IMPORT, "importlib", "import_module __import__ reload"),
     **_names(IMPORT, "importlib.util", "spec_from_file_location module_from_spec find_spec"),
     **_names(IMPORT, "importlib.machinery", "SourceFileLoader SourcelessFileLoader ExtensionFileLoader"),
-    **_names(IMPORT, "pkgutil", "resolve_name"), **_names(IMPORT, "pydoc", "locate importfile"),
+    **_names(IMPORT, "pkgutil", "resolve_name"),
+    **_names(IMPORT, "pydoc", "locate importfile"),
     **_names(IMPORT, "imp", "load_source load_module load_dynamic load_compiled"),
     **_names(IMPORT, "zipimport", "zipimporter"),
-    **_names(WRITE, "os", "remove unlink rmdir removedirs rename renames replace mkdir makedirs symlink link "
-                          "truncate chmod chown lchown mkfifo mknod open utime"),
-    **_names(WRITE, "shutil", "rmtree move copy copy2 copyfile copytree copymode copystat make_archive "
-                              "unpack_archive chown"),
+    **_names(
+        WRITE,
+        "os",
+        "remove unlink rmdir removedirs rename renames replace mkdir makedirs symlink link "
+        "truncate chmod chown lchown mkfifo mknod open utime",
+    ),
+    **_names(
+        WRITE, "shutil", "rmtree move copy copy2 copyfile copytree copymode copystat make_archive unpack_archive chown"
+    ),
     **_names(WRITE, "tempfile", "mkstemp mkdtemp NamedTemporaryFile TemporaryFile TemporaryDirectory"),
     **_names(WRITE, "logging", "FileHandler"),
     **_names(WRITE, "logging.handlers", "RotatingFileHandler TimedRotatingFileHandler WatchedFileHandler"),
-    **_names(WRITE, "sqlite3", "connect"), **_names(WRITE, "dbm", "open"),
+    **_names(WRITE, "sqlite3", "connect"),
+    **_names(WRITE, "dbm", "open"),
     **_names(WRITE, "numpy", "save savez savez_compressed savetxt memmap"),
-    **_names(WRITE, "numpy.lib.format", "open_memmap"), **_names(WRITE, "torch", "save from_file"),
+    **_names(WRITE, "numpy.lib.format", "open_memmap"),
+    **_names(WRITE, "torch", "save from_file"),
     **_names(NETWORK, "socket", "socket create_connection create_server fromfd"),
     **_names(NETWORK, "urllib.request", "urlopen urlretrieve build_opener"),
     **_names(NETWORK, "http.client", "HTTPConnection HTTPSConnection"),
-    **_names(NETWORK, "ftplib", "FTP FTP_TLS"), **_names(NETWORK, "smtplib", "SMTP SMTP_SSL"),
-    **_names(NETWORK, "telnetlib", "Telnet"), **_names(NETWORK, "xmlrpc.client", "ServerProxy"),
+    **_names(NETWORK, "ftplib", "FTP FTP_TLS"),
+    **_names(NETWORK, "smtplib", "SMTP SMTP_SSL"),
+    **_names(NETWORK, "telnetlib", "Telnet"),
+    **_names(NETWORK, "xmlrpc.client", "ServerProxy"),
     **_names(NETWORK, "requests", "get post put delete head patch options request Session session"),
     **_names(NETWORK, "httpx", "get post put delete head patch options request stream Client AsyncClient"),
     **_names(NETWORK, "urllib3", "PoolManager request HTTPConnectionPool HTTPSConnectionPool"),
     **_names(NETWORK, "aiohttp", "ClientSession request"),
     **_names(UNPICKLE, "pickle", "load loads Unpickler _load _loads _Unpickler"),
-    **_names(UNPICKLE, "_pickle", "load loads Unpickler"), **_names(UNPICKLE, "marshal", "load loads"),
-    **_names(UNPICKLE, "dill", "load loads"), **_names(UNPICKLE, "cloudpickle", "load loads"),
-    **_names(UNPICKLE, "joblib", "load"), **_names(UNPICKLE, "shelve", "open"),
-    **_names(UNPICKLE, "pandas", "read_pickle"), **_names(UNPICKLE, "jsonpickle", "decode"),
+    **_names(UNPICKLE, "_pickle", "load loads Unpickler"),
+    **_names(UNPICKLE, "marshal", "load loads"),
+    **_names(UNPICKLE, "dill", "load loads"),
+    **_names(UNPICKLE, "cloudpickle", "load loads"),
+    **_names(UNPICKLE, "joblib", "load"),
+    **_names(UNPICKLE, "shelve", "open"),
+    **_names(UNPICKLE, "pandas", "read_pickle"),
+    **_names(UNPICKLE, "jsonpickle", "decode"),
     **_names(UNPICKLE, "yaml", "unsafe_load unsafe_load_all"),
-    **_names(UNPICKLE, "torch.jit", "load"), **_names(UNPICKLE, "torch.package", "PackageImporter"),
+    **_names(UNPICKLE, "torch.jit", "load"),
+    **_names(UNPICKLE, "torch.package", "PackageImporter"),
     **_names(WRITE, "safetensors._safetensors_rust", "serialize_file"),
-    **_names(NATIVE, "torch.ops", "load_library"), **_names(NATIVE, "torch.classes", "load_library"),
+    **_names(NATIVE, "torch.ops", "load_library"),
+    **_names(NATIVE, "torch.classes", "load_library"),
     **_names(NATIVE, "torch.utils.cpp_extension", "load load_inline"),
 }
 # every name of these modules is a sink
 _SINK_MODULES = {"ctypes": NATIVE, "_ctypes": NATIVE, "cffi": NATIVE}
 # method names that write files or run code whatever object they are called on
-_SINK_METHODS = {"write_text": WRITE, "write_bytes": WRITE, "unlink": WRITE, "rmdir": WRITE, "touch": WRITE,
-                 "symlink_to": WRITE, "hardlink_to": WRITE, "extractall": WRITE, "tofile": WRITE,
-                 "exec_module": IMPORT, "load_module": IMPORT, "dlopen": NATIVE}
+_SINK_METHODS = {
+    "write_text": WRITE,
+    "write_bytes": WRITE,
+    "unlink": WRITE,
+    "rmdir": WRITE,
+    "touch": WRITE,
+    "symlink_to": WRITE,
+    "hardlink_to": WRITE,
+    "extractall": WRITE,
+    "tofile": WRITE,
+    "exec_module": IMPORT,
+    "load_module": IMPORT,
+    "dlopen": NATIVE,
+}
 # callables that are sinks only for some arguments: name -> (category, argument index, keyword)
-_OPENERS = {"builtins.open": 1, "io.open": 1, "io.FileIO": 1, "gzip.open": 1, "bz2.open": 1, "lzma.open": 1,
-            "gzip.GzipFile": 1, "bz2.BZ2File": 1, "lzma.LZMAFile": 1, "tarfile.open": 1, "zipfile.ZipFile": 1,
-            "codecs.open": 1, "os.fdopen": 1}
+_OPENERS = {
+    "builtins.open": 1,
+    "io.open": 1,
+    "io.FileIO": 1,
+    "gzip.open": 1,
+    "bz2.open": 1,
+    "lzma.open": 1,
+    "gzip.GzipFile": 1,
+    "bz2.BZ2File": 1,
+    "lzma.LZMAFile": 1,
+    "tarfile.open": 1,
+    "zipfile.ZipFile": 1,
+    "codecs.open": 1,
+    "os.fdopen": 1,
+}
 _SAFE_YAML_LOADERS = ("SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader", "FullLoader", "CFullLoader")
 
 
@@ -129,15 +184,17 @@ class Reach:
             return f"it reaches {self.what}: {' → '.join(self.path)}"
         if not self.inspected:
             return f"its code could not be inspected ({self.note})"
-        return "its source (read, not run) reaches no process, eval/exec, import by name, file write, network, " \
-               "nested unpickling or ctypes"
+        return (
+            "its source (read, not run) reaches no process, eval/exec, import by name, file write, network, "
+            "nested unpickling or ctypes"
+        )
 
 
 def _keyword(call: ast.Call, index: int, name: str) -> Optional[ast.expr]:
     for kw in call.keywords:
         if kw.arg == name:
             return kw.value
-    if any(isinstance(a, ast.Starred) for a in call.args[:index + 1]) or any(kw.arg is None for kw in call.keywords):
+    if any(isinstance(a, ast.Starred) for a in call.args[: index + 1]) or any(kw.arg is None for kw in call.keywords):
         return ast.Name("<unknown>")
     return call.args[index] if len(call.args) > index else None
 
@@ -172,12 +229,16 @@ def sink(qual: str, call: Optional[ast.Call] = None) -> str:
         if qual.endswith(suffix):
             qual = qual[: -len(suffix)]
     if qual.startswith("<object>."):
-        return _SINK_METHODS.get(qual[len("<object>."):], "")
+        return _SINK_METHODS.get(qual[len("<object>.") :], "")
     if qual.startswith("__builtin__."):
-        qual = "builtins." + qual[len("__builtin__."):]
+        qual = "builtins." + qual[len("__builtin__.") :]
     found = SINKS.get(qual) or _conditional(qual, call)
-    if found == IMPORT and call is not None and call.args and all(
-            isinstance(a, ast.Constant) for a in call.args + [k.value for k in call.keywords]):
+    if (
+        found == IMPORT
+        and call is not None
+        and call.args
+        and all(isinstance(a, ast.Constant) for a in call.args + [k.value for k in call.keywords])
+    ):
         return ""  # the library imports a module it names itself
     if found:
         return found
@@ -296,7 +357,8 @@ def _is_named(expr: ast.expr, name: str) -> bool:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 # -- resolving names ---------------------------------------------------------------------------------
@@ -361,13 +423,20 @@ def _method(cls: _Def, name: str, depth: int = 0) -> Target:
     if depth > 12 or not isinstance(cls.node, ast.ClassDef):
         return None
     for stmt in reversed(cls.node.body):  # the last definition wins; typing overloads have no body
-        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == name and not any(
-                _is_named(d, "overload") for d in stmt.decorator_list):
+        if (
+            isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and stmt.name == name
+            and not any(_is_named(d, "overload") for d in stmt.decorator_list)
+        ):
             return _Def(f"{cls.qual}.{name}", stmt, cls.module)
         if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
             value = stmt.value
-            if isinstance(value, ast.Call) and len(value.args) == 1 and isinstance(value.func, ast.Name) and \
-                    value.func.id in ("staticmethod", "classmethod"):
+            if (
+                isinstance(value, ast.Call)
+                and len(value.args) == 1
+                and isinstance(value.func, ast.Name)
+                and value.func.id in ("staticmethod", "classmethod")
+            ):
                 value = value.args[0]
             target = _expr_qual(value, cls.module, set())
             return _lookup(target, depth + 1) if target else None
@@ -466,15 +535,20 @@ def _function_scope(func: ast.AST, mod: _Module, local: set[str]) -> tuple[dict[
     for node in ast.walk(func):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                imported[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else \
-                    alias.name.split(".")[0]
+                imported[alias.asname or alias.name.split(".")[0]] = (
+                    alias.name if alias.asname else alias.name.split(".")[0]
+                )
         elif isinstance(node, ast.ImportFrom):
             base = _absolute(node, package)
             imported.update({a.asname or a.name: f"{base}.{a.name}" for a in node.names if a.name != "*"})
     types: dict[str, str] = {}
     for node in ast.walk(func):
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
-                and isinstance(node.value, ast.Call):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call)
+        ):
             qual = _expr_qual(node.value.func, mod, local, imported)
             if qual:
                 types[node.targets[0].id] = qual
@@ -515,8 +589,11 @@ def _callees(found: _Def, judged: Optional[_Def]) -> Iterator[tuple[Target, str,
                     for b in owner.node.bases:
                         bq = _expr_qual(b, owner.module, set())
                         target = _lookup(bq) if bq else None
-                        hit = _method(target, node.attr) if isinstance(target, _Def) else (
-                            f"{target}.{node.attr}" if isinstance(target, str) else None)
+                        hit = (
+                            _method(target, node.attr)
+                            if isinstance(target, _Def)
+                            else (f"{target}.{node.attr}" if isinstance(target, str) else None)
+                        )
                         if hit is not None:
                             break
             elif call is not None and isinstance(base, ast.Name) and base.id in types:  # x = Cls(...); x.m()
@@ -544,8 +621,13 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
         return Reach((root,), direct)
     start = _lookup(root)
     if start is None:
-        return Reach((root,), inspected=False, note=f"no definition of {name} in the installed {module}"
-                     if _spec(module) else f"module {module} is not installed here")
+        return Reach(
+            (root,),
+            inspected=False,
+            note=f"no definition of {name} in the installed {module}"
+            if _spec(module)
+            else f"module {module} is not installed here",
+        )
     if isinstance(start, str):
         return Reach((root,), inspected=False, note=f"{root} is compiled or built at run time; no Python source")
     top = module.split(".")[0]
@@ -583,12 +665,16 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
                 if sink(target, call):
                     return Reach(path + (target,), sink(target, call))
                 continue
-            if target is None or (target.module.name.split(".")[0] in _NOT_FOLLOWED
-                                  and target.module.name.split(".")[0] != top):
+            if target is None or (
+                target.module.name.split(".")[0] in _NOT_FOLLOWED and target.module.name.split(".")[0] != top
+            ):
                 continue
             for entry in _entry_points(target, Use.CALLED):
-                step = path + ((target.qual,) if entry is target or entry is None else
-                               (target.qual, entry if isinstance(entry, str) else entry.qual))
+                step = path + (
+                    (target.qual,)
+                    if entry is target or entry is None
+                    else (target.qual, entry if isinstance(entry, str) else entry.qual)
+                )
                 if isinstance(entry, str) or isinstance(entry, _Def) and sink(entry.qual):
                     what = sink(entry if isinstance(entry, str) else entry.qual)
                     if what:
@@ -635,7 +721,7 @@ def _version_key(module: str) -> str:
 
 
 def _distribution_key(module: str) -> str:
-    """"dist==version" of the package `module` belongs to (the Python version for the standard library);
+    """ "dist==version" of the package `module` belongs to (the Python version for the standard library);
     "" when it belongs to no installed distribution (a user's own module: never cached)."""
     top = module.split(".")[0]
     if top in sys.stdlib_module_names or top == "builtins":

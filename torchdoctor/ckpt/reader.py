@@ -6,6 +6,7 @@ the pre-1.6 stacked-pickle format (magic number, protocol, sys_info, object, sto
 storages), the ancient tar format, plain pickle files, and safetensors (header only).
 Tensor bytes are never read here; `Locator`s say where they are for `--scan-values` and `--fix`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,10 +25,10 @@ from typing import IO, Any, Mapping, Optional
 from torchdoctor.ckpt.dtypes import SAFETENSORS_DTYPES, STORAGE_DTYPES, itemsize
 from torchdoctor.ckpt.errors import CheckpointError
 from torchdoctor.ckpt.objects import GlobalRef, Opaque, StorageRef, TensorMeta, contiguous_strides
-from torchdoctor.ckpt.zipview import Views, torch_member, views, window
-from torchdoctor.ckpt.tables import HeaderTensors
 from torchdoctor.ckpt.rebuild import read_inline_storages_with
+from torchdoctor.ckpt.tables import HeaderTensors
 from torchdoctor.ckpt.unpickler import Event, Limits, PickleParseError, PickleScan, Source, scan_pickle, short
+from torchdoctor.ckpt.zipview import Views, torch_member, views, window
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _PROTO0_STARTS = frozenset(b"(}])cNKJIFSVXUTGld")
@@ -152,9 +153,22 @@ def read_archive(path: str, limits: Limits = Limits()) -> Archive:
             return _dispatch(path, f, head, size, limits)
     except CheckpointError:
         raise
-    except (PickleParseError, OSError, EOFError, ValueError, struct.error, zlib.error, zipfile.BadZipFile,
-            zipfile.LargeZipFile, NotImplementedError, UnicodeDecodeError, OverflowError, KeyError,
-            RecursionError, MemoryError) as exc:
+    except (
+        PickleParseError,
+        OSError,
+        EOFError,
+        ValueError,
+        struct.error,
+        zlib.error,
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        UnicodeDecodeError,
+        OverflowError,
+        KeyError,
+        RecursionError,
+        MemoryError,
+    ) as exc:
         raise CheckpointError(f"{path}: cannot read the file: {type(exc).__name__}: {exc}"[:400]) from None
 
 
@@ -285,7 +299,8 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         ambiguity.append(
             "Python's zipfile and torch's reader find different central directories (zipfile: byte "
             f"{view.zipfile_start}, shifted by {view.concat}; torch: byte {view.torch_start}): the file holds two "
-            "archives, and a scanner reading one does not see the pickle torch.load runs")
+            "archives, and a scanner reading one does not see the pickle torch.load runs"
+        )
     if not any(i.filename.endswith("/data.pkl") for i in infos):
         archive = _read_other_zip(path, f, size, infos, limits)
         archive.events += [("zip", Event(a, 0)) for a in ambiguity]
@@ -297,8 +312,12 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     archive = Archive(path, "torchscript" if is_script else "zip", size)
     archive.details["prefix"] = prefix
     archive.details["records"] = len(infos)
-    for name, key in (("format_version", ".format_version"), ("storage_alignment", ".storage_alignment"),
-                      ("byteorder", "byteorder"), ("version", "version")):
+    for name, key in (
+        ("format_version", ".format_version"),
+        ("storage_alignment", ".storage_alignment"),
+        ("byteorder", "byteorder"),
+        ("version", "version"),
+    ):
         info = by_name.get(f"{prefix}/{key}")
         if info is not None and info.file_size < 64:
             archive.details[name] = _read_member(f, info, limits).decode("ascii", "replace").strip()
@@ -327,8 +346,11 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
     other = torch_member(f, view, "data.pkl") if view is not None and not view.agree else None
     if other is not None and (other.header_offset, other.compress_size) != (main.header_offset, main.compress_size):
         info = zipfile.ZipInfo(other.name)
-        info.header_offset, info.compress_size, info.file_size = other.header_offset, other.compress_size, \
-            other.file_size
+        info.header_offset, info.compress_size, info.file_size = (
+            other.header_offset,
+            other.compress_size,
+            other.file_size,
+        )
         info.compress_type, info.flag_bits = other.compress_type, other.flag_bits
         archive.pickles.append(("data.pkl as torch's reader finds it", _scan_member(f, info, None, limits, archive)))
     archive.root = scan.value
@@ -339,8 +361,9 @@ def _read_zip(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
         archive.pickles.append((info.filename.split("/", 1)[-1], _scan_member(f, info, load, limits, archive)))
     known = {"data.pkl", ".format_version", ".storage_alignment", "byteorder", "version", ".data/serialization_id"}
     data_dir = f"{prefix}/data/"
-    odd = [n for n in by_name if not n.startswith(data_dir) and not n.endswith(".pkl")
-           and n.split("/", 1)[-1] not in known]
+    odd = [
+        n for n in by_name if not n.startswith(data_dir) and not n.endswith(".pkl") and n.split("/", 1)[-1] not in known
+    ]
     if odd and not is_script:
         archive.details["extra_records"] = odd[:10]
     if is_script:
@@ -399,9 +422,28 @@ _ZIP64_LOCATOR = struct.Struct("<4sLQL")  # zipfile.structEndArchive64Locator
 _ZIP64_END = struct.Struct("<4sQ2H2L4Q")  # zipfile.structEndArchive64
 _CENTRAL_RECORD = struct.Struct("<4s4B4HL2L5H2L")  # zipfile.structCentralDir
 # the ZipInfo fields zipfile sets when it reads a central directory (CPython <= 3.11.7; later ones add fields)
-_ZIPINFO_SLOTS = ("orig_filename", "filename", "date_time", "compress_type", "_compresslevel", "comment", "extra",
-                  "create_system", "create_version", "extract_version", "reserved", "flag_bits", "volume",
-                  "internal_attr", "external_attr", "header_offset", "CRC", "compress_size", "file_size", "_raw_time")
+_ZIPINFO_SLOTS = (
+    "orig_filename",
+    "filename",
+    "date_time",
+    "compress_type",
+    "_compresslevel",
+    "comment",
+    "extra",
+    "create_system",
+    "create_version",
+    "extract_version",
+    "reserved",
+    "flag_bits",
+    "volume",
+    "internal_attr",
+    "external_attr",
+    "header_offset",
+    "CRC",
+    "compress_size",
+    "file_size",
+    "_raw_time",
+)
 
 
 def _zip_infos(f: IO[bytes], size: int) -> list[zipfile.ZipInfo]:
@@ -448,15 +490,33 @@ def _plain_central_directory(f: IO[bytes], size: int) -> Optional[list[zipfile.Z
     while pos < size_cd:
         if pos + fixed > len(data):
             return None
-        (magic, create_version, create_system, extract_version, reserved, flags, compress, t, d, crc, compress_size,
-         file_size, name_len, extra_len, comment_len, volume, internal_attr, external_attr, offset
-         ) = unpack(data, pos)
+        (
+            magic,
+            create_version,
+            create_system,
+            extract_version,
+            reserved,
+            flags,
+            compress,
+            t,
+            d,
+            crc,
+            compress_size,
+            file_size,
+            name_len,
+            extra_len,
+            comment_len,
+            volume,
+            internal_attr,
+            external_attr,
+            offset,
+        ) = unpack(data, pos)
         name_at = pos + fixed
         pos = name_at + name_len + comment_len
         if magic != b"PK\x01\x02" or extra_len or pos > len(data) or extract_version > zipfile.MAX_EXTRACT_VERSION:
             return None
         try:
-            name = data[name_at:name_at + name_len].decode("utf-8" if flags & 0x800 else "cp437")
+            name = data[name_at : name_at + name_len].decode("utf-8" if flags & 0x800 else "cp437")
         except UnicodeDecodeError:
             return None
         if "\0" in name:
@@ -465,10 +525,14 @@ def _plain_central_directory(f: IO[bytes], size: int) -> Optional[list[zipfile.Z
         x.orig_filename = x.filename = name
         x.date_time = ((d >> 9) + 1980, (d >> 5) & 0xF, d & 0x1F, t >> 11, (t >> 5) & 0x3F, (t & 0x1F) * 2)
         x._compresslevel = None  # type: ignore[attr-defined]  # private fields zipfile sets too
-        x.comment = data[name_at + name_len:pos]
+        x.comment = data[name_at + name_len : pos]
         x.extra = b""
         x.create_version, x.create_system, x.extract_version, x.reserved = (
-            create_version, create_system, extract_version, reserved)
+            create_version,
+            create_system,
+            extract_version,
+            reserved,
+        )
         x.flag_bits, x.compress_type, x.CRC = flags, compress, crc
         x.compress_size, x.file_size = compress_size, file_size
         x.volume, x.internal_attr, x.external_attr = volume, internal_attr, external_attr
@@ -484,8 +548,10 @@ def _zip_ambiguity(f: IO[bytes], size: int, infos: list[zipfile.ZipInfo]) -> lis
     names = [i.filename for i in infos] if len(infos) < 5000 else []
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        out.append(f"the zip names {dupes[0]!r} twice: zip readers disagree on which copy is loaded, a way to show "
-                   "scanners one pickle and torch.load another")
+        out.append(
+            f"the zip names {dupes[0]!r} twice: zip readers disagree on which copy is loaded, a way to show "
+            "scanners one pickle and torch.load another"
+        )
     tail_start = max(0, size - (1 << 16) - 22)
     f.seek(tail_start)
     tail = f.read()
@@ -493,14 +559,16 @@ def _zip_ambiguity(f: IO[bytes], size: int, infos: list[zipfile.ZipInfo]) -> lis
     i = tail.find(_EOCD)
     while i >= 0 and len(ends) < 8:
         if i + 22 <= len(tail):
-            cd_size, cd_offset = struct.unpack("<II", tail[i + 12:i + 20])
+            cd_size, cd_offset = struct.unpack("<II", tail[i + 12 : i + 20])
             f.seek(cd_offset)
             if cd_offset + cd_size <= size and f.read(4) == b"PK\x01\x02":
                 ends.append(tail_start + i)
         i = tail.find(_EOCD, i + 1)
     if len(ends) > 1:
-        out.append(f"the zip has {len(ends)} end-of-central-directory records pointing at central directories: "
-                   "zip readers pick different ones, so one file can hold two different checkpoints")
+        out.append(
+            f"the zip has {len(ends)} end-of-central-directory records pointing at central directories: "
+            "zip readers pick different ones, so one file can hold two different checkpoints"
+        )
     return out
 
 
@@ -513,7 +581,7 @@ def _read_other_zip(path: str, f: IO[bytes], size: int, infos: list[zipfile.ZipI
     archive.details["records"] = len(infos)
     if pt2:
         archive.root = _pt2_payloads(archive, f, infos, limits)
-    for info in infos[:_MAX_EXTRA_PICKLES * 4]:
+    for info in infos[: _MAX_EXTRA_PICKLES * 4]:
         try:
             head = _member_stream(f, info).read(16)
         except CheckpointError as exc:
@@ -560,10 +628,29 @@ def _scan_zip_member(archive: Archive, f: IO[bytes], info: zipfile.ZipInfo, limi
 
 
 # torch.export's ScalarType numbers (torch/_export/serde/schema.py)
-_PT2_DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float16", 7: "float32", 8: "float64",
-               9: "complex32", 10: "complex64", 11: "complex128", 12: "bool", 13: "bfloat16", 28: "uint16",
-               29: "float8_e4m3fn", 30: "float8_e5m2", 31: "float8_e4m3fnuz", 32: "float8_e5m2fnuz",
-               33: "float8_e8m0fnu", 34: "uint32", 35: "uint64"}
+_PT2_DTYPES = {
+    1: "uint8",
+    2: "int8",
+    3: "int16",
+    4: "int32",
+    5: "int64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "complex32",
+    10: "complex64",
+    11: "complex128",
+    12: "bool",
+    13: "bfloat16",
+    28: "uint16",
+    29: "float8_e4m3fn",
+    30: "float8_e5m2",
+    31: "float8_e4m3fnuz",
+    32: "float8_e5m2fnuz",
+    33: "float8_e8m0fnu",
+    34: "uint32",
+    35: "uint64",
+}
 
 
 def _pt2_payloads(archive: Archive, f: IO[bytes], infos: list[zipfile.ZipInfo], limits: Limits) -> dict[str, Any]:
@@ -583,7 +670,7 @@ def _pt2_payloads(archive: Archive, f: IO[bytes], infos: list[zipfile.ZipInfo], 
             archive.problems.append(f"{name}: unreadable ({exc})"[:300])
             continue
         group: dict[str, Any] = {}
-        for fqn, payload in (config.items() if isinstance(config, dict) else []):
+        for fqn, payload in config.items() if isinstance(config, dict) else []:
             meta = payload.get("tensor_meta") if isinstance(payload, dict) else None
             record = by_name.get(f"{folder}/{payload.get('path_name')}") if isinstance(payload, dict) else None
             if not isinstance(meta, dict) or record is None or payload.get("use_pickle"):
@@ -610,7 +697,8 @@ _CODE_RISKS = (
     (re.compile(r"\btorch\.save\("), "writes files with torch.save"),
     (re.compile(r"\btorch\.from_file\("), "maps an arbitrary file with torch.from_file"),
     (re.compile(r"\bload_library\("), "loads a native library (torch.ops.load_library)"),
-    (re.compile(r"(?<![\w.])open\("), "opens a file"), (re.compile(r"\b__import__\b"), "imports a module"),
+    (re.compile(r"(?<![\w.])open\("), "opens a file"),
+    (re.compile(r"\b__import__\b"), "imports a module"),
     (re.compile(r"\bos\.(system|popen|exec\w*|spawn\w*)\("), "runs a command"),
     (re.compile(r"\bsubprocess\."), "runs a process"),
 )
@@ -627,8 +715,16 @@ def _inspect_torchscript_code(archive: Archive, f: IO[bytes], infos: list[zipfil
         for pattern, what in _CODE_RISKS:
             if pattern.search(text):
                 line = next(ln.strip() for ln in text.splitlines() if pattern.search(ln))
-                archive.events.append((info.filename.split("/", 1)[-1], Event(
-                    f"TorchScript code {what}: `{line[:120]}` (torch.jit.load runs it, even under weights_only)", 0)))
+                archive.events.append(
+                    (
+                        info.filename.split("/", 1)[-1],
+                        Event(
+                            f"TorchScript code {what}: `{line[:120]}` "
+                            "(torch.jit.load runs it, even under weights_only)",
+                            0,
+                        ),
+                    )
+                )
 
 
 def _read_npy(path: str, f: IO[bytes], size: int, limits: Limits) -> Archive:
@@ -686,8 +782,9 @@ def _read_member(f: IO[bytes], info: zipfile.ZipInfo, limits: Limits) -> bytes:
     return _member_stream(f, info).read(min(info.file_size, limits.max_inline_bytes))
 
 
-def _scan_member(f: IO[bytes], info: zipfile.ZipInfo, persistent_load: Any, limits: Limits,
-                 archive: Archive) -> PickleScan:
+def _scan_member(
+    f: IO[bytes], info: zipfile.ZipInfo, persistent_load: Any, limits: Limits, archive: Archive
+) -> PickleScan:
     try:
         stream = _member_stream(f, info)
     except CheckpointError as exc:
@@ -735,7 +832,8 @@ class _ZipStorages:
             if info.file_size < ref.numel * ref.itemsize:
                 archive.problems.append(
                     f"storage record {record} holds {info.file_size:,} bytes but {ref.nbytes:,} are declared "
-                    "(truncated file or forged size)")
+                    "(truncated file or forged size)"
+                )
         ref.key = cache_key
         return ref
 
@@ -803,7 +901,7 @@ def _scan_trailing_pickles(archive: Archive, src: Source, limits: Limits, number
 
 def _read_legacy_rest(archive: Archive, src: Source, limits: Limits) -> None:
     names = ("protocol version", "sys_info")
-    for i, name in enumerate(names, start=2):
+    for name in names:
         scan = scan_pickle(src, None, limits)
         archive.pickles.append((name, scan))
         if scan.error:
@@ -926,8 +1024,12 @@ def _read_safetensors(path: str, f: IO[bytes], size: int, head: bytes, limits: L
             return pickled
         raise CheckpointError(f"{path}: corrupt safetensors header ({exc})") from None
     if pickled is not None:  # torch.load never reads safetensors: it unpickles this file
-        pickled.events.append(("file", Event("the file sniffs as safetensors but is also a pickle that "
-                                             "torch.load/pickle.load would run", 0)))
+        pickled.events.append(
+            (
+                "file",
+                Event("the file sniffs as safetensors but is also a pickle that torch.load/pickle.load would run", 0),
+            )
+        )
         return pickled
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
@@ -983,8 +1085,13 @@ def _safetensors_root(archive: Archive, header: dict[str, Any], base: int) -> Ma
         shapes = [s["shape"] for s in specs]
         spans = [s["data_offsets"] for s in specs]
         begins, ends = [b for b, _ in spans], [e for _, e in spans]  # exactly two values each, else ValueError
-        well_formed = (set(map(type, shapes)) == {list} and set(map(type, chain(begins, ends, *shapes))) <= {int}
-                       and min(begins) >= 0 and all(map(le, begins, ends)) and base + max(ends) <= archive.file_size)
+        well_formed = (
+            set(map(type, shapes)) == {list}
+            and set(map(type, chain(begins, ends, *shapes))) <= {int}
+            and min(begins) >= 0
+            and all(map(le, begins, ends))
+            and base + max(ends) <= archive.file_size
+        )
     except (KeyError, TypeError, ValueError):
         well_formed = False
     if well_formed:

@@ -1,11 +1,11 @@
 """Turn calls to torch's tensor rebuild functions into `TensorMeta`, reading only their (inert) arguments."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
 from torchdoctor.ckpt.dtypes import is_dtype_name
 from torchdoctor.ckpt.objects import IN_PICKLE, GlobalRef, Instance, StorageRef, TensorMeta
-
 
 Rebuilder = Callable[[tuple], Optional[TensorMeta]]
 
@@ -45,9 +45,15 @@ def read_inline_storages_with(reader: InlineReader) -> None:
 def _storage_from_bytes(storage: Any) -> Any:
     """The storage a plain `pickle.dump(tensor)` writes, `_load_from_bytes(b"<a legacy torch.save of it>")`,
     read from those bytes without running them (its data is in the pickle, so it has no place in the file)."""
-    if not (isinstance(storage, Instance) and storage.qualname == _BYTES_STORAGE and isinstance(storage.args, tuple)
-            and storage.args and isinstance(storage.args[0], (bytes, bytearray))
-            and len(storage.args[0]) <= _MAX_STORAGE_BLOB and _inline_reader):
+    if not (
+        isinstance(storage, Instance)
+        and storage.qualname == _BYTES_STORAGE
+        and isinstance(storage.args, tuple)
+        and storage.args
+        and isinstance(storage.args[0], (bytes, bytearray))
+        and len(storage.args[0]) <= _MAX_STORAGE_BLOB
+        and _inline_reader
+    ):
         return storage
     cached = getattr(storage, "_read_storage", None)
     if cached is not None:  # tensors sharing the storage share the placeholder (the pickle's memo)
@@ -59,8 +65,9 @@ def _storage_from_bytes(storage: Any) -> Any:
     return found
 
 
-def _strided(storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False,
-             dtype: Optional[str] = None) -> Optional[TensorMeta]:
+def _strided(
+    storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any = False, dtype: Optional[str] = None
+) -> Optional[TensorMeta]:
     storage = _storage_from_bytes(storage)
     shape, strides = _ints(size), _ints(stride)
     if not isinstance(storage, StorageRef) or type(offset) is not int or shape is None or strides is None:

@@ -4,6 +4,7 @@ The walk is iterative, enters each container once (a memo-sharing pickle bomb de
 that would expand exponentially as a tree) and is bounded in depth and visits, so hostile files end
 with a recorded problem, never a hang or a recursion error.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,8 +73,20 @@ def _globals(archive: Archive) -> list[GlobalUse]:
             from torchdoctor.ckpt.reach import verdict
 
             found, reason = verdict(m, n, use, first)
-        out.append(GlobalUse(f"{m}.{n}", found, counts[(m, n)], use is Use.CALLED, where[(m, n)], module=m, name=n,
-                             use=use, calls=first, reason=reason))
+        out.append(
+            GlobalUse(
+                f"{m}.{n}",
+                found,
+                counts[(m, n)],
+                use is Use.CALLED,
+                where[(m, n)],
+                module=m,
+                name=n,
+                use=use,
+                calls=first,
+                reason=reason,
+            )
+        )
     return out
 
 
@@ -156,8 +169,9 @@ class _Walker:
             obj, path, in_opt, in_module = stack.pop()
             self.visits += 1
             if self.visits > MAX_VISITS:
-                self.problems.append(f"the object graph has more than {MAX_VISITS:,} nodes; "
-                                     "the structure report is incomplete")
+                self.problems.append(
+                    f"the object graph has more than {MAX_VISITS:,} nodes; the structure report is incomplete"
+                )
                 return
             if type(obj) is TensorMeta:
                 self.table.add([path], [obj], in_opt, path[:-1])
@@ -166,12 +180,17 @@ class _Walker:
                 continue
             entered[id(obj)] = obj
             if len(path) > MAX_DEPTH:
-                self.problems.append(f"objects nested more than {MAX_DEPTH} levels deep at "
-                                     f"{'/'.join(path[:5])}/...; the structure report is incomplete")
+                self.problems.append(
+                    f"objects nested more than {MAX_DEPTH} levels deep at "
+                    f"{'/'.join(path[:5])}/...; the structure report is incomplete"
+                )
                 return
             if isinstance(obj, dict):
-                all_tensors = (set(map(type, obj.values())) == {TensorMeta}
-                               and getattr(obj, "state", None) is None and self.visits + len(obj) <= MAX_VISITS)
+                all_tensors = (
+                    set(map(type, obj.values())) == {TensorMeta}
+                    and getattr(obj, "state", None) is None
+                    and self.visits + len(obj) <= MAX_VISITS
+                )
                 if _is_optimizer_state_dict(obj):
                     in_opt = True
                     self.optimizer_states.append(path)
@@ -179,14 +198,16 @@ class _Walker:
                     self.maybe_state_dict(obj, path, all_tensors)
                 if all_tensors:  # a state dict: its tensors are the next nodes visited, in order, so add them now
                     self.visits += len(obj)
-                    self.table.add([path + (k if type(k) is str else key_name(k),) for k in obj], list(obj.values()),
-                                   in_opt, path)
+                    self.table.add(
+                        [path + (k if type(k) is str else key_name(k),) for k in obj], list(obj.values()), in_opt, path
+                    )
                     continue
             elif isinstance(obj, Instance):
                 in_opt, in_module = self.note_object(obj, path, in_opt, in_module)
             if type(obj) is dict:  # the common case, without the generator
-                children = [(k if type(k) is str else key_name(k), v) for k, v in obj.items()
-                            if not isinstance(v, _LEAF_TYPES)]
+                children = [
+                    (k if type(k) is str else key_name(k), v) for k, v in obj.items() if not isinstance(v, _LEAF_TYPES)
+                ]
             else:
                 children = [(k, v) for k, v in self.children(obj) if not isinstance(v, _LEAF_TYPES)]
             for key, child in reversed(children):

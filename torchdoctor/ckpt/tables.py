@@ -5,6 +5,7 @@ safetensors header needs no walk and no per-tensor objects at all: `HeaderTensor
 (a read-only mapping that builds a `TensorMeta` only for a key that is looked up) and `HeaderTable`
 answers the same column questions straight from the header's lists.
 """
+
 from __future__ import annotations
 
 import math
@@ -98,8 +99,10 @@ class TensorTable:
         first = dict(zip(reversed(storages), reversed(metas)))  # storage -> the first tensor viewing it
         distinct = [s for s in dict.fromkeys(storages) if s is not None]  # one object per key (readers cache them)
         sizes = list(map(mul, map(attrgetter("numel"), distinct), map(attrgetter("itemsize"), distinct)))
-        return (_sums(sizes, [first[s].dtype for s in distinct]),
-                _sums(sizes, list(map(attrgetter("location"), distinct))))
+        return (
+            _sums(sizes, [first[s].dtype for s in distinct]),
+            _sums(sizes, list(map(attrgetter("location"), distinct))),
+        )
 
     def storage_users(self, min_bytes: int) -> dict[str, list[int]]:
         """The references viewing each storage of at least `min_bytes` bytes, by storage key, in walk order."""
@@ -129,8 +132,15 @@ class HeaderTensors(Mapping[str, TensorMeta]):
     Looking a key up builds its `TensorMeta`; iterating keys, counting and the column sums never do.
     """
 
-    def __init__(self, names: list[str], dtypes: list[str], shapes: list[list[int]], begins: list[int],
-                 ends: list[int], base: int) -> None:
+    def __init__(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        begins: list[int],
+        ends: list[int],
+        base: int,
+    ) -> None:
         self.names, self.dtypes, self.shapes = names, dtypes, shapes
         self.begins, self.ends, self.base = begins, ends, base
         self.sizes = itemsizes(dtypes)

@@ -8,6 +8,7 @@ SETITEM on a global, calling something that is not a plain global, computed STAC
 extension codes) are recorded as `events`. Work is bounded by `Limits`; exceeding one stops the
 parse with an error message instead of hanging or exhausting memory.
 """
+
 from __future__ import annotations
 
 import _compat_pickle
@@ -28,19 +29,74 @@ WEIGHTS_ONLY_OPCODES = frozenset(
 )
 
 _OPNAMES = {
-    b"(": "MARK", b".": "STOP", b"0": "POP", b"1": "POP_MARK", b"2": "DUP", b"F": "FLOAT", b"I": "INT",
-    b"J": "BININT", b"K": "BININT1", b"L": "LONG", b"M": "BININT2", b"N": "NONE", b"P": "PERSID",
-    b"Q": "BINPERSID", b"R": "REDUCE", b"S": "STRING", b"T": "BINSTRING", b"U": "SHORT_BINSTRING",
-    b"V": "UNICODE", b"X": "BINUNICODE", b"a": "APPEND", b"b": "BUILD", b"c": "GLOBAL", b"d": "DICT",
-    b"}": "EMPTY_DICT", b"e": "APPENDS", b"g": "GET", b"h": "BINGET", b"i": "INST", b"j": "LONG_BINGET",
-    b"l": "LIST", b"]": "EMPTY_LIST", b"o": "OBJ", b"p": "PUT", b"q": "BINPUT", b"r": "LONG_BINPUT",
-    b"s": "SETITEM", b"t": "TUPLE", b")": "EMPTY_TUPLE", b"u": "SETITEMS", b"G": "BINFLOAT",
-    b"\x80": "PROTO", b"\x81": "NEWOBJ", b"\x82": "EXT1", b"\x83": "EXT2", b"\x84": "EXT4", b"\x85": "TUPLE1",
-    b"\x86": "TUPLE2", b"\x87": "TUPLE3", b"\x88": "NEWTRUE", b"\x89": "NEWFALSE", b"\x8a": "LONG1",
-    b"\x8b": "LONG4", b"B": "BINBYTES", b"C": "SHORT_BINBYTES", b"\x8c": "SHORT_BINUNICODE",
-    b"\x8d": "BINUNICODE8", b"\x8e": "BINBYTES8", b"\x8f": "EMPTY_SET", b"\x90": "ADDITEMS",
-    b"\x91": "FROZENSET", b"\x92": "NEWOBJ_EX", b"\x93": "STACK_GLOBAL", b"\x94": "MEMOIZE", b"\x95": "FRAME",
-    b"\x96": "BYTEARRAY8", b"\x97": "NEXT_BUFFER", b"\x98": "READONLY_BUFFER",
+    b"(": "MARK",
+    b".": "STOP",
+    b"0": "POP",
+    b"1": "POP_MARK",
+    b"2": "DUP",
+    b"F": "FLOAT",
+    b"I": "INT",
+    b"J": "BININT",
+    b"K": "BININT1",
+    b"L": "LONG",
+    b"M": "BININT2",
+    b"N": "NONE",
+    b"P": "PERSID",
+    b"Q": "BINPERSID",
+    b"R": "REDUCE",
+    b"S": "STRING",
+    b"T": "BINSTRING",
+    b"U": "SHORT_BINSTRING",
+    b"V": "UNICODE",
+    b"X": "BINUNICODE",
+    b"a": "APPEND",
+    b"b": "BUILD",
+    b"c": "GLOBAL",
+    b"d": "DICT",
+    b"}": "EMPTY_DICT",
+    b"e": "APPENDS",
+    b"g": "GET",
+    b"h": "BINGET",
+    b"i": "INST",
+    b"j": "LONG_BINGET",
+    b"l": "LIST",
+    b"]": "EMPTY_LIST",
+    b"o": "OBJ",
+    b"p": "PUT",
+    b"q": "BINPUT",
+    b"r": "LONG_BINPUT",
+    b"s": "SETITEM",
+    b"t": "TUPLE",
+    b")": "EMPTY_TUPLE",
+    b"u": "SETITEMS",
+    b"G": "BINFLOAT",
+    b"\x80": "PROTO",
+    b"\x81": "NEWOBJ",
+    b"\x82": "EXT1",
+    b"\x83": "EXT2",
+    b"\x84": "EXT4",
+    b"\x85": "TUPLE1",
+    b"\x86": "TUPLE2",
+    b"\x87": "TUPLE3",
+    b"\x88": "NEWTRUE",
+    b"\x89": "NEWFALSE",
+    b"\x8a": "LONG1",
+    b"\x8b": "LONG4",
+    b"B": "BINBYTES",
+    b"C": "SHORT_BINBYTES",
+    b"\x8c": "SHORT_BINUNICODE",
+    b"\x8d": "BINUNICODE8",
+    b"\x8e": "BINBYTES8",
+    b"\x8f": "EMPTY_SET",
+    b"\x90": "ADDITEMS",
+    b"\x91": "FROZENSET",
+    b"\x92": "NEWOBJ_EX",
+    b"\x93": "STACK_GLOBAL",
+    b"\x94": "MEMOIZE",
+    b"\x95": "FRAME",
+    b"\x96": "BYTEARRAY8",
+    b"\x97": "NEXT_BUFFER",
+    b"\x98": "READONLY_BUFFER",
 }
 _OPCODES = {k[0]: v for k, v in _OPNAMES.items()}
 _SCALARS = (str, int, float, bool, bytes, type(None))
@@ -49,22 +105,52 @@ _I32 = struct.Struct("<i").unpack_from
 _MISSING = object()
 _DICT_TYPES = frozenset({"collections.OrderedDict", "collections.defaultdict", "builtins.dict"})
 # allowlisted functions that call or instantiate globals passed to them as arguments (see `smuggled`)
-_SMUGGLERS = frozenset({"torch._tensor._rebuild_from_type_v2", "copyreg._reconstructor", "copyreg.__newobj__",
-                        "copyreg.__newobj_ex__", "torch._utils._rebuild_wrapper_subclass"})
+_SMUGGLERS = frozenset(
+    {
+        "torch._tensor._rebuild_from_type_v2",
+        "copyreg._reconstructor",
+        "copyreg.__newobj__",
+        "copyreg.__newobj_ex__",
+        "torch._utils._rebuild_wrapper_subclass",
+    }
+)
 
 
 # The special names Python itself looks up (a library's private `__cache__`-style attribute is plain data).
 _PYTHON_DUNDERS = frozenset(
-    {n for obj in (object, type, lambda: 0, (lambda: 0).__code__, list, dict, int, float, str, bytes, set,
-                   property, staticmethod, classmethod, codecs, Exception)
-     for n in dir(obj) if n.startswith("__") and n.endswith("__")}
-    | set("__setstate__ __getstate__ __reduce_ex__ __getattr__ __call__ __enter__ __exit__ __get__ __set__ __delete__ "
-          "__set_name__ __missing__ __fspath__ __index__ __await__ __aiter__ __anext__ __copy__ __deepcopy__ "
-          "__class_getitem__ __builtins__ __import__ __loader__ __spec__ __path__ __file__ __wrapped__ __func__ "
-          "__self__ __globals__ __code__ __closure__ __defaults__ __kwdefaults__ __annotations__ __init_subclass__ "
-          "__subclasshook__ __instancecheck__ __subclasscheck__ __post_init__ __iter__ __next__ __getitem__ "
-          "__setitem__ __len__ __contains__ __bool__ __del__ __dict__ __slots__ __weakref__ __mro_entries__ "
-          "__prepare__ __signature__ __text_signature__ __objclass__ __cached__ __package__ __all__".split()))
+    {
+        n
+        for obj in (
+            object,
+            type,
+            lambda: 0,
+            (lambda: 0).__code__,
+            list,
+            dict,
+            int,
+            float,
+            str,
+            bytes,
+            set,
+            property,
+            staticmethod,
+            classmethod,
+            codecs,
+            Exception,
+        )
+        for n in dir(obj)
+        if n.startswith("__") and n.endswith("__")
+    }
+    | set(
+        "__setstate__ __getstate__ __reduce_ex__ __getattr__ __call__ __enter__ __exit__ __get__ __set__ __delete__ "
+        "__set_name__ __missing__ __fspath__ __index__ __await__ __aiter__ __anext__ __copy__ __deepcopy__ "
+        "__class_getitem__ __builtins__ __import__ __loader__ __spec__ __path__ __file__ __wrapped__ __func__ "
+        "__self__ __globals__ __code__ __closure__ __defaults__ __kwdefaults__ __annotations__ __init_subclass__ "
+        "__subclasshook__ __instancecheck__ __subclasscheck__ __post_init__ __iter__ __next__ __getitem__ "
+        "__setitem__ __len__ __contains__ __bool__ __del__ __dict__ __slots__ __weakref__ __mro_entries__ "
+        "__prepare__ __signature__ __text_signature__ __objclass__ __cached__ __package__ __all__".split()
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -129,7 +215,7 @@ class Source:
         self.remaining = limit  # bytes still allowed from the stream (None: until EOF)
 
     def _fill(self, need: int) -> None:
-        parts = [self.buf[self.pos:]]
+        parts = [self.buf[self.pos :]]
         have = len(parts[0])
         self.consumed += self.pos
         while have < need:
@@ -152,7 +238,7 @@ class Source:
             self._fill(n)
             if n > len(self.buf):
                 raise PickleParseError("pickle data was truncated")
-        data = self.buf[self.pos:self.pos + n]
+        data = self.buf[self.pos : self.pos + n]
         self.pos += n
         return data
 
@@ -199,7 +285,7 @@ class Source:
         while True:
             nl = self.buf.find(b"\n", self.pos)
             if nl >= 0:
-                line = self.buf[self.pos:nl]
+                line = self.buf[self.pos : nl]
                 self.pos = nl + 1
                 return line
             if len(self.buf) - self.pos > max_line:
@@ -213,7 +299,7 @@ class Source:
         """Up to `n` upcoming bytes without consuming them (fewer at the end of the stream)."""
         if self.pos + n > len(self.buf):
             self._fill(n)
-        return self.buf[self.pos:self.pos + n]
+        return self.buf[self.pos : self.pos + n]
 
     def tell(self) -> int:
         """Bytes consumed since this `Source` began reading: the position events and error messages report."""
@@ -338,8 +424,13 @@ class _Machine:
         if self.inline > self.limits.max_total_inline:
             self.fail(f"more than {self.limits.max_total_inline:,} bytes of strings (a pickle bomb?)")
         data = self.src.read(size)
-        if kind != "str" and len(self.nested) < 16 and (data[:4] == b"PK\x03\x04" or (
-                len(data) > 2 and data[0] == 0x80 and data[1] <= 5 and data[-1:] == b".")):
+        if (
+            kind != "str"
+            and len(self.nested) < 16
+            and (
+                data[:4] == b"PK\x03\x04" or (len(data) > 2 and data[0] == 0x80 and data[1] <= 5 and data[-1:] == b".")
+            )
+        ):
             self.nested.append((self.src.tell() - size, data))
         if kind == "str":
             return data.decode("utf-8", "surrogatepass")
@@ -352,8 +443,11 @@ class _Machine:
         not a str (computed by STACK_GLOBAL) cannot be known without running the pickle: an event and an `Opaque`.
         """
         if not isinstance(module, str) or not isinstance(name, str):
-            self.event(f"{opcode} with a computed module or name ({short(module)}, {short(name)}) that cannot "
-                       "be resolved without running the pickle", pos)
+            self.event(
+                f"{opcode} with a computed module or name ({short(module)}, {short(name)}) that cannot "
+                "be resolved without running the pickle",
+                pos,
+            )
             return Opaque("computed global")
         if self.proto < 3:  # pickle maps Python 2 names (commands.call -> subprocess.call) per current PROTO
             if (module, name) in _compat_pickle.NAME_MAPPING:
@@ -392,8 +486,10 @@ class _Machine:
             base = args[1]
             if not (isinstance(base, GlobalRef) and base.qualname == "builtins.object"):
                 self.use(base, Use.CALLED, via, args[2:3], pos)  # base.__new__(cls, state); base.__init__(obj, state)
-        elif func.qualname in ("copyreg.__newobj__", "copyreg.__newobj_ex__", "torch._utils._rebuild_wrapper_subclass"
-                               ) and args:
+        elif (
+            func.qualname in ("copyreg.__newobj__", "copyreg.__newobj_ex__", "torch._utils._rebuild_wrapper_subclass")
+            and args
+        ):
             self.use(args[0], Use.NEW, via, args[1:], pos)
 
     def call(self, func: Any, args: Any, how: str, pos: int) -> Any:
@@ -415,8 +511,12 @@ class _Machine:
         plan = self.plans.get(func)
         if plan is None:
             qualname = func.qualname
-            plan = self.plans[func] = ((func.module, func.name), qualname in _SMUGGLERS, qualname in _DICT_TYPES,
-                                       rebuilder(qualname))
+            plan = self.plans[func] = (
+                (func.module, func.name),
+                qualname in _SMUGGLERS,
+                qualname in _DICT_TYPES,
+                rebuilder(qualname),
+            )
         pair, smuggles, dict_type, rebuild_fn = plan
         if pair not in self.recorded:
             self.use(func, Use.CALLED, "REDUCE", args, pos)
@@ -484,7 +584,7 @@ class _Machine:
                             stop = i + 5 + size
                             if stop <= n and size <= max_inline and self.inline + size <= max_total:
                                 self.inline += size
-                                stack.append(buf[i + 5:stop].decode("utf-8", "surrogatepass"))
+                                stack.append(buf[i + 5 : stop].decode("utf-8", "surrogatepass"))
                                 i = stop
                                 continue
                         elif code == 0x52:  # REDUCE
@@ -591,7 +691,7 @@ class _Machine:
                             if stop <= n and size <= max_inline and self.inline + size <= max_total:
                                 codes.add(code)
                                 self.inline += size
-                                stack.append(buf[i + 2:stop].decode("utf-8", "surrogatepass"))
+                                stack.append(buf[i + 2 : stop].decode("utf-8", "surrogatepass"))
                                 i = stop
                                 continue
                     src.pos = i + 1
@@ -643,16 +743,22 @@ class _Machine:
         """
         length = struct.unpack("<Q", self.src.read(8))[0]
         if self.frame_end is not None and pos < self.frame_end:
-            self.event(f"a FRAME starts at byte {pos}, inside the previous frame (which ends at byte "
-                       f"{self.frame_end}): unpicklers disagree on what follows", pos)
+            self.event(
+                f"a FRAME starts at byte {pos}, inside the previous frame (which ends at byte "
+                f"{self.frame_end}): unpicklers disagree on what follows",
+                pos,
+            )
         self.frame_end = self.src.tell() + length
 
     def frame_ends(self, at: int) -> None:
         """The stream reached the current frame's declared end: it must fall between two opcodes."""
         if at > self.frame_end:  # type: ignore[operator]
-            self.event(f"a FRAME's declared end (byte {self.frame_end}) falls inside an opcode that runs to byte "
-                       f"{at}: Python's own unpicklers read that opcode differently (one refuses it), a way to show a "
-                       "scanner other opcodes than the loader runs", self.frame_end or 0)
+            self.event(
+                f"a FRAME's declared end (byte {self.frame_end}) falls inside an opcode that runs to byte "
+                f"{at}: Python's own unpicklers read that opcode differently (one refuses it), a way to show a "
+                "scanner other opcodes than the loader runs",
+                self.frame_end or 0,
+            )
         self.frame_end = None
 
     def op_MARK(self, pos: int) -> None:
@@ -1102,8 +1208,11 @@ class _Machine:
 
         What it names depends on the loading process, not the file: an event and an `Opaque` placeholder.
         """
-        self.event(f"extension code {code} names a global through the loader's copyreg registry, "
-                   "which cannot be known from the file", pos)
+        self.event(
+            f"extension code {code} names a global through the loader's copyreg registry, "
+            "which cannot be known from the file",
+            pos,
+        )
         self.push(Opaque(f"extension {code}"))
 
     def op_REDUCE(self, pos: int) -> None:
@@ -1172,8 +1281,11 @@ class _Machine:
         parts = state if isinstance(state, tuple) and len(state) == 2 else (state,)
         dunders = [k for part in parts if isinstance(part, dict) for k in part if k in _PYTHON_DUNDERS]
         if dunders:
-            self.event(f"BUILD sets {', '.join(sorted(dunders)[:4])} on {short(target)}: overriding a dunder makes "
-                       "Python run code the pickle chose", pos)
+            self.event(
+                f"BUILD sets {', '.join(sorted(dunders)[:4])} on {short(target)}: overriding a dunder makes "
+                "Python run code the pickle chose",
+                pos,
+            )
         if isinstance(target, Instance) and target.qualname == "joblib.numpy_pickle.NumpyArrayWrapper":
             self.stack[-1] = self.joblib_array(state, pos)
         elif isinstance(target, (Instance, PickledDict)):

@@ -1,4 +1,5 @@
 """`--scan-values`: stream tensor bytes from the file and count NaN/Inf, in fixed-size chunks (bounded memory)."""
+
 from __future__ import annotations
 
 from typing import IO, Any, Callable, Iterator, Optional
@@ -15,8 +16,14 @@ MAX_STRIDED_SPAN = 64 << 20  # non-dense views are read whole up to this span
 def _counter(np: Any, dtype: str, big_endian: bool) -> Optional[Callable[[bytes], tuple[int, int]]]:
     """A function bytes -> (nan, inf) for `dtype`, or None when the dtype cannot hold NaN/Inf."""
     order = ">" if big_endian else "<"
-    floats = {"float16": "f2", "float32": "f4", "float64": "f8", "complex64": "f4", "complex128": "f8",
-              "complex32": "f2"}
+    floats = {
+        "float16": "f2",
+        "float32": "f4",
+        "float64": "f8",
+        "complex64": "f4",
+        "complex128": "f8",
+        "complex32": "f2",
+    }
     if dtype in floats:
         npdtype = np.dtype(order + floats[dtype])
 
@@ -36,6 +43,7 @@ def _counter(np: Any, dtype: str, big_endian: bool) -> Optional[Callable[[bytes]
 
         return count_bf16
     if dtype == "float8_e5m2":
+
         def count_e5m2(buf: bytes) -> tuple[int, int]:
             a = np.frombuffer(buf, dtype=np.uint8)
             special = (a & 0x7C) == 0x7C
@@ -97,8 +105,14 @@ def scan_values(info: CheckpointInfo) -> ValueScan:
                 loc = info.archive.locator(t.storage.key)
                 if loc is None:
                     inline = t.storage.record == IN_PICKLE
-                    result.skipped.append(f"{show_path(entry.path)}: " + ("its bytes are inside the pickle (a plain "
-                                          "pickle.dump of tensors), not read" if inline else "storage bytes not in the file"))
+                    result.skipped.append(
+                        f"{show_path(entry.path)}: "
+                        + (
+                            "its bytes are inside the pickle (a plain pickle.dump of tensors), not read"
+                            if inline
+                            else "storage bytes not in the file"
+                        )
+                    )
                     continue
                 found = _scan_tensor(np, f, loc, t, count, result, entry.path)
             except CheckpointError as exc:
@@ -110,8 +124,15 @@ def scan_values(info: CheckpointInfo) -> ValueScan:
     return result
 
 
-def _scan_tensor(np: Any, f: IO[bytes], loc: Locator, t: TensorMeta, count: Callable[[bytes], tuple[int, int]],
-                 result: ValueScan, path: tuple) -> Optional[NonFinite]:
+def _scan_tensor(
+    np: Any,
+    f: IO[bytes],
+    loc: Locator,
+    t: TensorMeta,
+    count: Callable[[bytes], tuple[int, int]],
+    result: ValueScan,
+    path: tuple,
+) -> Optional[NonFinite]:
     start, end = t.byte_span()
     if end > loc.size:
         result.skipped.append(f"{show_path(path)}: extends past its storage record (truncated)")
@@ -128,7 +149,8 @@ def _scan_tensor(np: Any, f: IO[bytes], loc: Locator, t: TensorMeta, count: Call
         flat = np.frombuffer(span, dtype=np.uint8)
         size = t.itemsize
         elems = np.lib.stride_tricks.as_strided(
-            flat, shape=t.shape + (size,), strides=tuple(s * size for s in t.stride) + (1,), writeable=False)
+            flat, shape=t.shape + (size,), strides=tuple(s * size for s in t.stride) + (1,), writeable=False
+        )
         nan, inf = count(np.ascontiguousarray(elems).tobytes())
     else:
         result.skipped.append(f"{show_path(path)}: a strided view spanning {end - start:,} bytes")

@@ -1,4 +1,5 @@
 """The console structure view of `check-ckpt` (the facts part of the report)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,8 +40,10 @@ def _top_level(items: list[dict[str, Any]]) -> str:
 def one_view(facts: dict[str, Any]) -> RenderableType:
     """One checkpoint's structure tables (a file that could not be read: what it is and why)."""
     if facts["format"] == UNREADABLE:
-        rows = [("file", f"{facts['path']} ({byte_size(facts['file_size'])})"),
-                ("format", f"unreadable: {facts['problems'][0]}")]
+        rows = [
+            ("file", f"{facts['path']} ({byte_size(facts['file_size'])})"),
+            ("format", f"unreadable: {facts['problems'][0]}"),
+        ]
         return Group(Text(""), _pairs("Checkpoint", rows))
     t = facts["tensors"]
     optimizer = t["optimizer_state_elements"]
@@ -49,22 +52,39 @@ def one_view(facts: dict[str, Any]) -> RenderableType:
         ("file", f"{facts['path']} ({byte_size(facts['file_size'])})"),
         ("format", f"{facts['format']}" + (f" ({details})" if details else "")),
         ("contents", facts["kind"]),
-        ("top level", f"{len(facts['top_level'])} keys, the tensors of a state dict"
-         if facts["kind"] == "state_dict" else _top_level(facts["top_level"])),
-        ("tensors", f"{t['count']} ({t['unique']} distinct): {t['parameters']:,} elements in weights"
-                    + (f", {optimizer:,} in optimizer state" if optimizer else "")),
+        (
+            "top level",
+            f"{len(facts['top_level'])} keys, the tensors of a state dict"
+            if facts["kind"] == "state_dict"
+            else _top_level(facts["top_level"]),
+        ),
+        (
+            "tensors",
+            f"{t['count']} ({t['unique']} distinct): {t['parameters']:,} elements in weights"
+            + (f", {optimizer:,} in optimizer state" if optimizer else ""),
+        ),
         ("bytes by dtype", ", ".join(f"{k} {byte_size(v)}" for k, v in t["bytes_by_dtype"].items()) or "-"),
         ("bytes by device", ", ".join(f"{k} {byte_size(v)}" for k, v in t["bytes_by_device"].items()) or "-"),
     ]
     unusual = [g for g in facts["globals"] if g["verdict"] != "allowed"]
-    rows.append(("globals", f"{len(facts['globals'])} named, {len(unusual)} outside torch's weights_only allowlist"
-                 + (": " + ", ".join(f"{g['name']} ({g['verdict']})" for g in unusual[:12]) if unusual else "")))
+    rows.append(
+        (
+            "globals",
+            f"{len(facts['globals'])} named, {len(unusual)} outside torch's weights_only allowlist"
+            + (": " + ", ".join(f"{g['name']} ({g['verdict']})" for g in unusual[:12]) if unusual else ""),
+        )
+    )
     if "values" in facts:
         v = facts["values"]
         scanned = v["tensors_scanned"]
-        rows.append(("values", f"{scanned} tensor{'' if scanned == 1 else 's'} scanned ({byte_size(v['bytes_scanned'])}), "
-                               f"{len(v['nonfinite'])} with NaN/Inf"
-                               + (f"; {len(v['skipped'])} not scanned (e.g. {v['skipped'][0]})" if v["skipped"] else "")))
+        rows.append(
+            (
+                "values",
+                f"{scanned} tensor{'' if scanned == 1 else 's'} scanned ({byte_size(v['bytes_scanned'])}), "
+                f"{len(v['nonfinite'])} with NaN/Inf"
+                + (f"; {len(v['skipped'])} not scanned (e.g. {v['skipped'][0]})" if v["skipped"] else ""),
+            )
+        )
     else:
         rows.append(("values", "not read (use --scan-values to look for NaN/Inf)"))
     parts: list[RenderableType] = [Text(""), _pairs("Checkpoint", rows)]

@@ -8,6 +8,7 @@ written. Any difference between the two means one file holds two archives: a sca
 `torch.load` the other see different pickles. When both agree (every file `torch.save` writes), the check
 costs three small reads.
 """
+
 from __future__ import annotations
 
 import struct
@@ -88,7 +89,7 @@ def views(f: IO[bytes], size: int) -> Optional[Views]:
     if at < 0:
         return None
     end_at = tail_start + at
-    fields = _END.unpack(tail[at:at + _END.size])
+    fields = _END.unpack(tail[at : at + _END.size])
     size_cd, offset_cd = fields[5], fields[6]
     z_size, z_offset, t_size, t_offset = size_cd, offset_cd, size_cd, offset_cd
     records = 0
@@ -142,12 +143,12 @@ def torch_member(f: IO[bytes], v: Views, suffix: str, limit: int = 1 << 20) -> O
         if fields[0] != b"PK\x01\x02":
             return None
         name_len, extra_len, comment_len = fields[12], fields[13], fields[14]
-        name = data[pos + _CENTRAL.size:pos + _CENTRAL.size + name_len].decode("utf-8", "replace")
+        name = data[pos + _CENTRAL.size : pos + _CENTRAL.size + name_len].decode("utf-8", "replace")
         if prefix is None:
             prefix = name.split("/", 1)[0]
         if name == f"{prefix}/{suffix}" and found is None:
             sizes = [fields[11], fields[10], fields[18]]  # zip64 extra: the fields that are 0xFFFFFFFF, in order
-            extra = data[pos + _CENTRAL.size + name_len:pos + _CENTRAL.size + name_len + extra_len]
+            extra = data[pos + _CENTRAL.size + name_len : pos + _CENTRAL.size + name_len + extra_len]
             at = 0
             while at + 4 <= len(extra):
                 tag, length = struct.unpack_from("<HH", extra, at)

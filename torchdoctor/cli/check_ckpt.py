@@ -1,4 +1,5 @@
 """`torchdoctor check-ckpt FILE...`: explain checkpoints without executing them."""
+
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -12,17 +13,39 @@ from torchdoctor.cli.options import InputError, checks_for, emit, report_options
 @click.command("check-ckpt")
 @report_options
 @click.argument("files", nargs=-1, required=True, metavar="PATH [PATH...]")
-@click.option("--model", "model_spec", metavar="SPEC", default=None,
-              help="Compare with a model: path/to/file.py:factory or package.module:factory (imports torch).")
-@click.option("--fix", "fix_out", metavar="OUT", default=None,
-              help="Write a weights-only, CPU, prefix-free copy to OUT: a training checkpoint keeps its other "
-                   "entries, otherwise the state dict is extracted (imports torch; unsafe files refused).")
+@click.option(
+    "--model",
+    "model_spec",
+    metavar="SPEC",
+    default=None,
+    help="Compare with a model: path/to/file.py:factory or package.module:factory (imports torch).",
+)
+@click.option(
+    "--fix",
+    "fix_out",
+    metavar="OUT",
+    default=None,
+    help="Write a weights-only, CPU, prefix-free copy to OUT: a training checkpoint keeps its other "
+    "entries, otherwise the state dict is extracted (imports torch; unsafe files refused).",
+)
 @click.option("--scan-values", is_flag=True, help="Stream the tensor bytes to look for NaN/Inf (bounded memory).")
-@click.option("-q", "--quiet", is_flag=True,
-              help="Console report without the structure of each file: only the findings and the summary.")
-def check_ckpt(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Optional[str],
-               files: tuple[str, ...], model_spec: Optional[str], fix_out: Optional[str], scan_values: bool,
-               quiet: bool) -> None:
+@click.option(
+    "-q",
+    "--quiet",
+    is_flag=True,
+    help="Console report without the structure of each file: only the findings and the summary.",
+)
+def check_ckpt(
+    fmt: str,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    fail_on: Optional[str],
+    files: tuple[str, ...],
+    model_spec: Optional[str],
+    fix_out: Optional[str],
+    scan_values: bool,
+    quiet: bool,
+) -> None:
     """Explain checkpoints without executing them: structure, safety, keys, devices, size.
 
     Each PATH is a checkpoint file or a folder, searched recursively for checkpoint files (*.pt, *.pth,

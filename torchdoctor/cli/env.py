@@ -1,4 +1,5 @@
 """`torchdoctor env`: examine this machine (and, under torchrun, compare every rank's)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,31 +14,66 @@ import click
 from torchdoctor import selection
 from torchdoctor.cli.options import InputError, checks_for, emit, report_options, settings_for
 
-
 AREAS = {  # -v groups the checks that passed by what they look at
-    "torch install": ("torch-import-failure", "torch-copy-hidden", "slow-torch-import", "cpu-only-build",
-                      "companion-version-mismatch", "numpy-problem", "module-shadowing", "unmet-requirement",
-                      "duplicate-openmp"),
-    "GPU, driver, CUDA": ("gpu-arch-unsupported", "driver-too-old", "cuda-toolkit-mismatch", "cuda-visible-devices",
-                          "gpu-memory-held", "gpu-health"),
+    "torch install": (
+        "torch-import-failure",
+        "torch-copy-hidden",
+        "slow-torch-import",
+        "cpu-only-build",
+        "companion-version-mismatch",
+        "numpy-problem",
+        "module-shadowing",
+        "unmet-requirement",
+        "duplicate-openmp",
+    ),
+    "GPU, driver, CUDA": (
+        "gpu-arch-unsupported",
+        "driver-too-old",
+        "cuda-toolkit-mismatch",
+        "cuda-visible-devices",
+        "gpu-memory-held",
+        "gpu-health",
+    ),
     "machine": ("shm-too-small", "low-resources", "open-files-limit", "thread-oversubscription"),
-    "settings and launch": ("env-var-misconfigured", "determinism-settings", "rank-env-mismatch",
-                            "local-rank-argument"),
+    "settings and launch": (
+        "env-var-misconfigured",
+        "determinism-settings",
+        "rank-env-mismatch",
+        "local-rank-argument",
+    ),
 }
 
 
 @click.command()
-@report_options(formats=("console", "json", "markdown"),
-                format_help="Rich console report, one JSON document, or Markdown to paste into a bug report "
-                            "(covers everything `python -m torch.utils.collect_env` reports).")
+@report_options(
+    formats=("console", "json", "markdown"),
+    format_help="Rich console report, one JSON document, or Markdown to paste into a bug report "
+    "(covers everything `python -m torch.utils.collect_env` reports).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Also list every check that passed, by area.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="Seconds to wait for the torch probe subprocess (and, under torchrun, for the other ranks).")
-@click.option("--distributed", is_flag=True,
-              help="Compare every rank's environment on rank 0 (automatic when launched by torchrun).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait for the torch probe subprocess (and, under torchrun, for the other ranks).",
+)
+@click.option(
+    "--distributed",
+    is_flag=True,
+    help="Compare every rank's environment on rank 0 (automatic when launched by torchrun).",
+)
 @click.pass_obj
-def env(obj: dict[str, Any], fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Optional[str],
-        verbose: bool, timeout: float, distributed: bool) -> None:
+def env(
+    obj: dict[str, Any],
+    fmt: str,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    fail_on: Optional[str],
+    verbose: bool,
+    timeout: float,
+    distributed: bool,
+) -> None:
     """Examine this machine: torch build, CUDA, driver, GPUs, OS resources, environment variables.
 
     Under torchrun (`torchrun --nproc-per-node N -m torchdoctor env`) every rank examines its own machine
@@ -72,9 +108,12 @@ def env(obj: dict[str, Any], fmt: str, select: tuple[str, ...], ignore: tuple[st
             if launch.rank != 0 and answer is not None:
                 sys.exit(0)  # rank 0 reports for everyone (this rank's errors included)
             if launch.rank != 0:  # its summary never reached rank 0: say so, and report locally
-                click.echo(f"torchdoctor: rank {launch.rank} could not report to rank 0 "
-                           f"({collection.probe.unreachable or 'its torch probe did not finish'}); "
-                           "this rank's own report follows", err=True)
+                click.echo(
+                    f"torchdoctor: rank {launch.rank} could not report to rank 0 "
+                    f"({collection.probe.unreachable or 'its torch probe did not finish'}); "
+                    "this rank's own report follows",
+                    err=True,
+                )
                 if dist.launched_by_launcher(launch):  # an error exit would make torchrun stop rank 0's report
                     with contextlib.suppress(SystemExit):
                         _emit(report, fmt, settings.fail_on, checks if verbose else None)

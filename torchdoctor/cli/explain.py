@@ -1,4 +1,5 @@
 """`torchdoctor explain CHECK`: print a check's docs page."""
+
 from __future__ import annotations
 
 import click

@@ -1,4 +1,5 @@
 """The `torchdoctor` command group and its entry point: one subcommand per module of this package."""
+
 from __future__ import annotations
 
 import importlib
@@ -41,14 +42,24 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="torchdoctor")
-@click.option("--local-rank", "local_rank_dash", hidden=True, default=None,
-              help="Passed by torch.distributed.launch before the command; accepted and reported by `env`.")
+@click.option(
+    "--local-rank",
+    "local_rank_dash",
+    hidden=True,
+    default=None,
+    help="Passed by torch.distributed.launch before the command; accepted and reported by `env`.",
+)
 @click.option("--local_rank", "local_rank_underscore", hidden=True, default=None)
 @click.pass_context
 def cli(ctx: click.Context, local_rank_dash: Optional[str], local_rank_underscore: Optional[str]) -> None:
     """Diagnose PyTorch environments, checkpoints and training loops."""
-    ctx.obj = {"local_rank_arg": "--local-rank" if local_rank_dash is not None
-               else "--local_rank" if local_rank_underscore is not None else None}
+    ctx.obj = {
+        "local_rank_arg": "--local-rank"
+        if local_rank_dash is not None
+        else "--local_rank"
+        if local_rank_underscore is not None
+        else None
+    }
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -75,7 +86,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     except Exception as exc:  # a torchdoctor bug: one line, traceback only on request
         if os.environ.get("TORCHDOCTOR_DEBUG"):
             raise
-        click.echo(f"torchdoctor: internal error: {type(exc).__name__}: {exc} "
-                   "(set TORCHDOCTOR_DEBUG=1 for the traceback)", err=True)
+        click.echo(
+            f"torchdoctor: internal error: {type(exc).__name__}: {exc} (set TORCHDOCTOR_DEBUG=1 for the traceback)",
+            err=True,
+        )
         sys.exit(USAGE_ERROR)
     sys.exit(0)

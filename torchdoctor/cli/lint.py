@@ -1,5 +1,6 @@
 """`torchdoctor lint PATH...`: find training-loop pitfalls in source, with ruff's conventions: --fix/--diff apply or
 show the safe rewrites, --add-noqa silences what is there, --watch lints again on every change."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,29 +19,64 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@report_options(formats=("console", "json", "text", "sarif"),
-                format_help="Rich console report, one JSON document, one `path:line:col: CODE name message` "
-                            "line per finding (text), or SARIF 2.1.0 for code-scanning UIs.")
+@report_options(
+    formats=("console", "json", "text", "sarif"),
+    format_help="Rich console report, one JSON document, one `path:line:col: CODE name message` "
+    "line per finding (text), or SARIF 2.1.0 for code-scanning UIs.",
+)
 @click.argument("paths", nargs=-1, type=click.Path())
-@click.option("--exclude", multiple=True, metavar="PATTERN",
-              help="Skip files and folders matching this gitignore-style pattern (repeatable).")
-@click.option("--fix", is_flag=True, help="Apply the safe rewrites in place: local-rank-argument, "
-              "prefix-strip-by-slicing, and unsafe-torch-load where the loaded object only goes to "
-              "load_state_dict (the findings marked [*]).")
-@click.option("--diff", is_flag=True,
-              help="Print the safe rewrites as a unified diff and change nothing (exit 1 when there is one).")
-@click.option("--add-noqa", is_flag=True, help="Add a `# noqa: CODE` comment to every line with a finding (as "
-              "ruff's --add-noqa), to adopt torchdoctor on an existing code base; change nothing else.")
+@click.option(
+    "--exclude",
+    multiple=True,
+    metavar="PATTERN",
+    help="Skip files and folders matching this gitignore-style pattern (repeatable).",
+)
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Apply the safe rewrites in place: local-rank-argument, "
+    "prefix-strip-by-slicing, and unsafe-torch-load where the loaded object only goes to "
+    "load_state_dict (the findings marked [*]).",
+)
+@click.option(
+    "--diff",
+    is_flag=True,
+    help="Print the safe rewrites as a unified diff and change nothing (exit 1 when there is one).",
+)
+@click.option(
+    "--add-noqa",
+    is_flag=True,
+    help="Add a `# noqa: CODE` comment to every line with a finding (as "
+    "ruff's --add-noqa), to adopt torchdoctor on an existing code base; change nothing else.",
+)
 @click.option("--exit-zero", is_flag=True, help="Exit 0 even when there are findings (as ruff's --exit-zero).")
-@click.option("--watch", is_flag=True, help="Lint, then lint again whenever a Python file under the paths changes "
-              "(until Ctrl-C).")
-@click.option("--statistics", is_flag=True, help="Print how many findings each check has (most first) instead "
-              "of the findings.")
-@click.option("--no-cache", is_flag=True, help="Check every file, ignoring and not updating the results cache "
-              "(kept in $TORCHDOCTOR_CACHE_DIR, default ~/.cache/torchdoctor).")
-def lint(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Optional[str], paths: tuple[str, ...],
-         exclude: tuple[str, ...], fix: bool, diff: bool, add_noqa: bool, exit_zero: bool, watch: bool,
-         statistics: bool, no_cache: bool) -> None:
+@click.option(
+    "--watch", is_flag=True, help="Lint, then lint again whenever a Python file under the paths changes (until Ctrl-C)."
+)
+@click.option(
+    "--statistics", is_flag=True, help="Print how many findings each check has (most first) instead of the findings."
+)
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Check every file, ignoring and not updating the results cache "
+    "(kept in $TORCHDOCTOR_CACHE_DIR, default ~/.cache/torchdoctor).",
+)
+def lint(
+    fmt: str,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    fail_on: Optional[str],
+    paths: tuple[str, ...],
+    exclude: tuple[str, ...],
+    fix: bool,
+    diff: bool,
+    add_noqa: bool,
+    exit_zero: bool,
+    watch: bool,
+    statistics: bool,
+    no_cache: bool,
+) -> None:
     """Find training-loop pitfalls in Python source (files or folders; default: the current folder).
 
     Silence one line with `# noqa: TD301` (or `# noqa` for all) or `# torchdoctor: ignore[name]`; project
@@ -53,8 +89,9 @@ def lint(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Op
     if sum((fix, diff, add_noqa)) > 1:
         raise click.UsageError("--fix, --diff and --add-noqa are exclusive: pick one")
     if watch and (diff or add_noqa or fmt == "sarif"):
-        raise click.UsageError("--watch lints and reports again on each change: not with --diff, --add-noqa or "
-                               "--format sarif")
+        raise click.UsageError(
+            "--watch lints and reports again on each change: not with --diff, --add-noqa or --format sarif"
+        )
     settings = settings_for(paths or ["."], select, ignore, fail_on, exclude)
     threshold = "never" if exit_zero else settings.fail_on
     try:
@@ -64,13 +101,16 @@ def lint(fmt: str, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Op
     if not watch:
         sys.exit(_once(linter, fmt, threshold, fix, diff, add_noqa, statistics))
 
-    from torchdoctor.lint.watching import snapshot, watch as watch_loop
+    from torchdoctor.lint.watching import snapshot
+    from torchdoctor.lint.watching import watch as watch_loop
 
     project = [settings.project] if settings.project else []
     click.echo("torchdoctor: watching for changes (Ctrl-C to stop)", err=True)
-    watch_loop(lambda: _once(linter, fmt, threshold, fix, False, False, statistics),
-               lambda: snapshot(linter.paths, linter.excludes, project),
-               announce=lambda message: click.echo(f"\ntorchdoctor: {message}", err=True))
+    watch_loop(
+        lambda: _once(linter, fmt, threshold, fix, False, False, statistics),
+        lambda: snapshot(linter.paths, linter.excludes, project),
+        announce=lambda message: click.echo(f"\ntorchdoctor: {message}", err=True),
+    )
 
 
 def _once(linter: "Linter", fmt: str, fail_on: str, fix: bool, diff: bool, add_noqa: bool, statistics: bool) -> int:
@@ -88,14 +128,19 @@ def _once(linter: "Linter", fmt: str, fail_on: str, fix: bool, diff: bool, add_n
                 for path, (before, after, _) in changes.items():
                     click.echo(unified_diff(path, before, after), nl=False)
                 if not changes:
-                    click.echo(f"torchdoctor: nothing to fix: none of the {counted(len(result.findings), 'finding')}"
-                               " has a safe rewrite" if result.findings else "torchdoctor: nothing to fix",
-                               err=True)
+                    click.echo(
+                        f"torchdoctor: nothing to fix: none of the {counted(len(result.findings), 'finding')}"
+                        " has a safe rewrite"
+                        if result.findings
+                        else "torchdoctor: nothing to fix",
+                        err=True,
+                    )
                 return 1 if changes else 0
             if changes:
                 fixed = apply_rewrites(changes)
-                click.echo(f"torchdoctor: fixed {counted(fixed, 'finding')} in {counted(len(changes), 'file')}",
-                           err=True)
+                click.echo(
+                    f"torchdoctor: fixed {counted(fixed, 'finding')} in {counted(len(changes), 'file')}", err=True
+                )
                 result = linter.run()
             else:
                 click.echo("torchdoctor: nothing to fix", err=True)
@@ -105,8 +150,11 @@ def _once(linter: "Linter", fmt: str, fail_on: str, fix: bool, diff: bool, add_n
             added, files, refused = add_noqa_comments(result)
             click.echo(f"torchdoctor: added {counted(added, 'noqa directive')} in {counted(files, 'file')}", err=True)
             for where in refused:
-                click.echo(f"torchdoctor: {where}: no comment can go at the end of this line (inside a string or "
-                           "after a backslash); silence it by hand", err=True)
+                click.echo(
+                    f"torchdoctor: {where}: no comment can go at the end of this line (inside a string or "
+                    "after a backslash); silence it by hand",
+                    err=True,
+                )
             return 0
     except FileNotFoundError as exc:
         raise InputError(f"no such file or directory: {exc.args[0]}") from None

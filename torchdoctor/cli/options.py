@@ -1,4 +1,5 @@
 """What the subcommands share: the report options, settings and selection as usage errors, and output."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,9 +23,12 @@ class InputError(click.ClickException):
     exit_code = USAGE_ERROR
 
 
-def report_options(func: Optional[Callable[..., Any]] = None, *,
-                   formats: tuple[str, ...] = ("console", "json"),
-                   format_help: str = "Rich console report or one JSON document on stdout.") -> Any:
+def report_options(
+    func: Optional[Callable[..., Any]] = None,
+    *,
+    formats: tuple[str, ...] = ("console", "json"),
+    format_help: str = "Rich console report or one JSON document on stdout.",
+) -> Any:
     """The options every front door shares: --format, --select, --ignore, --fail-on.
 
     Use bare (`@report_options`) or with the formats a front door adds
@@ -35,23 +39,41 @@ def report_options(func: Optional[Callable[..., Any]] = None, *,
         return functools.partial(report_options, formats=formats, format_help=format_help)
 
     options = [
-        click.option("--format", "fmt", type=click.Choice(list(formats)), default="console",
-                     show_default=True, help=format_help),
-        click.option("--select", multiple=True, metavar="NAME|CODE",
-                     help="Run only these checks (repeatable or comma-separated); replaces the project's select."),
-        click.option("--ignore", multiple=True, metavar="NAME|CODE",
-                     help="Skip these checks (repeatable or comma-separated); adds to the project's ignore."),
-        click.option("--fail-on", type=click.Choice(FAIL_ON), default=None,
-                     help=f"Exit 1 when a finding is at or above this severity [default: ${ENV_FAIL_ON}, "
-                          "else fail-on in [tool.torchdoctor], else error]."),
+        click.option(
+            "--format", "fmt", type=click.Choice(list(formats)), default="console", show_default=True, help=format_help
+        ),
+        click.option(
+            "--select",
+            multiple=True,
+            metavar="NAME|CODE",
+            help="Run only these checks (repeatable or comma-separated); replaces the project's select.",
+        ),
+        click.option(
+            "--ignore",
+            multiple=True,
+            metavar="NAME|CODE",
+            help="Skip these checks (repeatable or comma-separated); adds to the project's ignore.",
+        ),
+        click.option(
+            "--fail-on",
+            type=click.Choice(FAIL_ON),
+            default=None,
+            help=f"Exit 1 when a finding is at or above this severity [default: ${ENV_FAIL_ON}, "
+            "else fail-on in [tool.torchdoctor], else error].",
+        ),
     ]
     for option in reversed(options):  # the same order in --help as written here
         func = option(func)
     return func
 
 
-def settings_for(targets: Optional[Sequence[str]], select: Sequence[str], ignore: Sequence[str],
-                 fail_on: Optional[str], exclude: Sequence[str] = ()) -> Settings:
+def settings_for(
+    targets: Optional[Sequence[str]],
+    select: Sequence[str],
+    ignore: Sequence[str],
+    fail_on: Optional[str],
+    exclude: Sequence[str] = (),
+) -> Settings:
     """The run's settings for `targets` (None: the working directory); a malformed one is an input error."""
     try:
         return load_settings(targets, select=select, ignore=ignore, fail_on=fail_on, exclude=exclude)
@@ -67,8 +89,9 @@ def checks_for(door: Door, settings: Settings) -> list[registry.Pitfall]:
         raise click.UsageError(str(exc)) from None
 
 
-def emit(report: Report, fmt: str, fail_on: str,
-         facts_view: Optional[Callable[[dict[str, Any]], Any]] = None) -> NoReturn:
+def emit(
+    report: Report, fmt: str, fail_on: str, facts_view: Optional[Callable[[dict[str, Any]], Any]] = None
+) -> NoReturn:
     """Print the report in the chosen format and exit with its exit code under `fail_on`."""
     report = dataclasses.replace(report, fail_on=fail_on)
     for message in registry.load_errors():

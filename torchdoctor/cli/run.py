@@ -1,4 +1,5 @@
 """`torchdoctor run [OPTIONS] SCRIPT [ARGS...]` / `-m MODULE [ARGS...]`: the program with the runtime doctor."""
+
 from __future__ import annotations
 
 import os
@@ -16,21 +17,44 @@ if TYPE_CHECKING:
 
 
 @click.command(context_settings={"allow_interspersed_args": False})
-@click.option("-m", "as_module", is_flag=True,
-              help="Run the first argument as a module, as `python -m MODULE` does.")
-@click.option("--select", multiple=True, metavar="NAME|CODE",
-              help="Run only these checks (repeatable or comma-separated); replaces the project's select.")
-@click.option("--ignore", multiple=True, metavar="NAME|CODE",
-              help="Skip these checks (repeatable or comma-separated); adds to the project's ignore.")
-@click.option("--fail-on", type=click.Choice(FAIL_ON), default=None,
-              help=f"Exit 1 when a finding is at or above this severity and the program itself succeeded "
-                   f"[default: ${ENV_FAIL_ON}, else fail-on in [tool.torchdoctor], else error].")
-@click.option("--report", "report_file", type=click.Path(dir_okay=False, writable=True), default=None,
-              help="Also write the JSON report (scope `run`) to this file.")
+@click.option("-m", "as_module", is_flag=True, help="Run the first argument as a module, as `python -m MODULE` does.")
+@click.option(
+    "--select",
+    multiple=True,
+    metavar="NAME|CODE",
+    help="Run only these checks (repeatable or comma-separated); replaces the project's select.",
+)
+@click.option(
+    "--ignore",
+    multiple=True,
+    metavar="NAME|CODE",
+    help="Skip these checks (repeatable or comma-separated); adds to the project's ignore.",
+)
+@click.option(
+    "--fail-on",
+    type=click.Choice(FAIL_ON),
+    default=None,
+    help=f"Exit 1 when a finding is at or above this severity and the program itself succeeded "
+    f"[default: ${ENV_FAIL_ON}, else fail-on in [tool.torchdoctor], else error].",
+)
+@click.option(
+    "--report",
+    "report_file",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Also write the JSON report (scope `run`) to this file.",
+)
 @click.argument("target", metavar="SCRIPT|MODULE")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(as_module: bool, select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Optional[str],
-        report_file: Optional[str], target: str, args: tuple[str, ...]) -> None:
+def run(
+    as_module: bool,
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    fail_on: Optional[str],
+    report_file: Optional[str],
+    target: str,
+    args: tuple[str, ...],
+) -> None:
     """Run a training script exactly as `python SCRIPT ARGS` would, with the runtime doctor attached.
 
     Every optimizer the program steps is watched, with the models it trains (found from the parameters
@@ -51,8 +75,13 @@ def run(as_module: bool, select: tuple[str, ...], ignore: tuple[str, ...], fail_
     _run(program, select, ignore, fail_on, report_file)
 
 
-def _run(program: "Target", select: tuple[str, ...], ignore: tuple[str, ...], fail_on: Optional[str],
-         report_file: Optional[str]) -> None:
+def _run(
+    program: "Target",
+    select: tuple[str, ...],
+    ignore: tuple[str, ...],
+    fail_on: Optional[str],
+    report_file: Optional[str],
+) -> None:
     from torchdoctor.report import make_console, render_console, to_json
     from torchdoctor.run.doctor import run_script
     from torchdoctor.run.script import print_traceback
@@ -78,4 +107,3 @@ def _run(program: "Target", select: tuple[str, ...], ignore: tuple[str, ...], fa
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(result.exit_status)
-

@@ -1,5 +1,6 @@
 """`torchdoctor env` under torchrun: read the launch variables, summarise this rank for rank 0, and fold
 every rank's findings into one report that says which ranks saw what."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,9 +11,22 @@ from torchdoctor.env.facts import EnvFacts, LaunchFacts, RankFacts
 from torchdoctor.findings import Finding, merge_ranks
 
 # Variables that change collective or numerical behaviour: every rank must see the same value.
-MUST_AGREE = ("TORCH_DISTRIBUTED_DEBUG", "CUBLAS_WORKSPACE_CONFIG", "CUDA_DEVICE_ORDER", "PYTORCH_CUDA_ALLOC_CONF",
-              "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "NCCL_SHM_DISABLE", "NCCL_ALGO", "NCCL_PROTO", "NCCL_NET",
-              "NCCL_BUFFSIZE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_BLOCKING_WAIT", "OMP_NUM_THREADS")
+MUST_AGREE = (
+    "TORCH_DISTRIBUTED_DEBUG",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUDA_DEVICE_ORDER",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "NCCL_P2P_DISABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_SHM_DISABLE",
+    "NCCL_ALGO",
+    "NCCL_PROTO",
+    "NCCL_NET",
+    "NCCL_BUFFSIZE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "TORCH_NCCL_BLOCKING_WAIT",
+    "OMP_NUM_THREADS",
+)
 
 
 def _int(value: Optional[str]) -> Optional[int]:
@@ -25,10 +39,14 @@ def _int(value: Optional[str]) -> Optional[int]:
 def launch_facts(environ: Mapping[str, str], local_rank_arg: Optional[str] = None) -> Optional[LaunchFacts]:
     """The launch variables a launcher set, or None when nothing says this process was launched as a rank."""
     launch = LaunchFacts(
-        rank=_int(environ.get("RANK")), local_rank=_int(environ.get("LOCAL_RANK")),
-        world_size=_int(environ.get("WORLD_SIZE")), local_world_size=_int(environ.get("LOCAL_WORLD_SIZE")),
-        master_addr=environ.get("MASTER_ADDR"), master_port=environ.get("MASTER_PORT"),
-        run_id=environ.get("TORCHELASTIC_RUN_ID"), local_rank_arg=local_rank_arg,
+        rank=_int(environ.get("RANK")),
+        local_rank=_int(environ.get("LOCAL_RANK")),
+        world_size=_int(environ.get("WORLD_SIZE")),
+        local_world_size=_int(environ.get("LOCAL_WORLD_SIZE")),
+        master_addr=environ.get("MASTER_ADDR"),
+        master_port=environ.get("MASTER_PORT"),
+        run_id=environ.get("TORCHELASTIC_RUN_ID"),
+        local_rank_arg=local_rank_arg,
     )
     if launch.rank is None and launch.world_size is None and local_rank_arg is None:
         return None
@@ -38,11 +56,17 @@ def launch_facts(environ: Mapping[str, str], local_rank_arg: Optional[str] = Non
 def multi_rank_problem(launch: Optional[LaunchFacts]) -> Optional[str]:
     """Why ranks cannot be compared (None when they can): a variable is missing or there is one rank."""
     if launch is None:
-        return ("no RANK/WORLD_SIZE in the environment: launch with `torchrun --nproc-per-node N -m "
-                "torchdoctor env`")
-    missing = [name for name, value in (("RANK", launch.rank), ("WORLD_SIZE", launch.world_size),
-                                        ("MASTER_ADDR", launch.master_addr), ("MASTER_PORT", launch.master_port))
-               if value is None]
+        return "no RANK/WORLD_SIZE in the environment: launch with `torchrun --nproc-per-node N -m torchdoctor env`"
+    missing = [
+        name
+        for name, value in (
+            ("RANK", launch.rank),
+            ("WORLD_SIZE", launch.world_size),
+            ("MASTER_ADDR", launch.master_addr),
+            ("MASTER_PORT", launch.master_port),
+        )
+        if value is None
+    ]
     if missing:
         return f"{', '.join(missing)} missing from the environment (the launcher sets them)"
     if launch.world_size is not None and launch.world_size < 2:
@@ -62,13 +86,22 @@ def rank_summary(facts: EnvFacts, findings: list[Finding]) -> dict[str, Any]:
     gpus = facts.nvidia.gpus
     gpu = None
     if gpus:
-        gpu = gpus[launch.local_rank].name if launch.local_rank is not None and launch.local_rank < len(gpus) \
+        gpu = (
+            gpus[launch.local_rank].name
+            if launch.local_rank is not None and launch.local_rank < len(gpus)
             else gpus[0].name
+        )
     summary = RankFacts(
-        rank=launch.rank or 0, hostname=platform.node(), local_rank=launch.local_rank,
-        world_size=launch.world_size, local_world_size=launch.local_world_size,
-        master_addr=launch.master_addr, master_port=launch.master_port, python=facts.system.python,
-        gpu=gpu, env_vars={k: v for k, v in facts.env_vars.items() if k in MUST_AGREE},
+        rank=launch.rank or 0,
+        hostname=platform.node(),
+        local_rank=launch.local_rank,
+        world_size=launch.world_size,
+        local_world_size=launch.local_world_size,
+        master_addr=launch.master_addr,
+        master_port=launch.master_port,
+        python=facts.system.python,
+        gpu=gpu,
+        env_vars={k: v for k, v in facts.env_vars.items() if k in MUST_AGREE},
         findings=[f.to_dict() for f in findings],
     )
     return dataclasses.asdict(summary)
@@ -103,8 +136,10 @@ def exchange_without_torch(payload: dict[str, Any], facts: EnvFacts, timeout: fl
     launch = facts.launch or LaunchFacts()
     rank, world = launch.rank or 0, launch.world_size or 1
     prefix = "torchdoctor/env/" + (launch.run_id or "run") + "/"
-    payload = {**payload, "torch": {"version": facts.torch_version, "cuda": facts.torch_cuda, "cudnn": None,
-                                    "hip": None, "nccl": None}}
+    payload = {
+        **payload,
+        "torch": {"version": facts.torch_version, "cuda": facts.torch_cuda, "cudnn": None, "hip": None, "nccl": None},
+    }
     client, _ = connect(launch.master_addr, launch.master_port, timeout)
     if client is None:
         return None
@@ -121,8 +156,11 @@ def exchange_without_torch(payload: dict[str, Any], facts: EnvFacts, timeout: fl
                     pending.discard(r)
             if pending:
                 time.sleep(0.05)
-        doing = {str(r): client.get(f"{prefix}doing/{r}").decode("utf-8", "replace") for r in sorted(pending)
-                 if client.check(f"{prefix}doing/{r}")}
+        doing = {
+            str(r): client.get(f"{prefix}doing/{r}").decode("utf-8", "replace")
+            for r in sorted(pending)
+            if client.check(f"{prefix}doing/{r}")
+        }
         client.set(prefix + "collected", b"1")
         return {"ranks": ranks, "missing": sorted(pending), "doing": doing}
     except (OSError, ValueError):

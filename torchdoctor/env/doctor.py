@@ -1,4 +1,5 @@
 """`torchdoctor env`: gather the facts (torch probed in a subprocess meanwhile) and run the env checks."""
+
 from __future__ import annotations
 
 import ast
@@ -49,18 +50,26 @@ class FactCollection:
     the torch-free facts are gathered in `finish()`. As a context manager it kills a probe left running
     when the body fails (e.g. a bad --select)."""
 
-    def __init__(self, probe_timeout: float = 60.0, cwd: Optional[str] = None,
-                 exchange_timeout: Optional[float] = None, python: Optional[str] = None,
-                 environ: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        probe_timeout: float = 60.0,
+        cwd: Optional[str] = None,
+        exchange_timeout: Optional[float] = None,
+        python: Optional[str] = None,
+        environ: Optional[dict[str, str]] = None,
+    ) -> None:
         self.cwd = os.path.abspath(cwd or os.getcwd())
         self.exchange_timeout = exchange_timeout
         self.python, self.environ = python, environ  # another interpreter or environment than this process's
-        self.probe = (None if python or environ is not None else adopt_early(probe_timeout, self.cwd,
-                                                                             exchange_timeout)) or \
-            RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout, python=python, env=environ)
+        self.probe = (
+            None if python or environ is not None else adopt_early(probe_timeout, self.cwd, exchange_timeout)
+        ) or RunningProbe(probe_timeout, cwd=self.cwd, exchange_timeout=exchange_timeout, python=python, env=environ)
         self._nvidia: list[NvidiaFacts] = []
-        self._nvml = threading.Thread(target=lambda: self._nvidia.append(_nvidia_with_timeout(NVML_TIMEOUT_S)),
-                                      name="torchdoctor-nvml-wait", daemon=True)
+        self._nvml = threading.Thread(
+            target=lambda: self._nvidia.append(_nvidia_with_timeout(NVML_TIMEOUT_S)),
+            name="torchdoctor-nvml-wait",
+            daemon=True,
+        )
         self._nvml.start()
 
     def __enter__(self) -> "FactCollection":
@@ -117,8 +126,14 @@ class FactCollection:
 
     def _search_path(self) -> list[str]:
         """The sys.path of the interpreter and environment examined (where its packages' metadata lives)."""
-        out = subprocess.run([self.python or sys.executable, "-c", "import sys; print(repr(sys.path))"],
-                             capture_output=True, text=True, env=self.environ, cwd=self.cwd, timeout=60)
+        out = subprocess.run(
+            [self.python or sys.executable, "-c", "import sys; print(repr(sys.path))"],
+            capture_output=True,
+            text=True,
+            env=self.environ,
+            cwd=self.cwd,
+            timeout=60,
+        )
         return [p for p in ast.literal_eval(out.stdout.strip() or "[]") if p]
 
     def exchange(self, payload: dict[str, Any]) -> Optional[dict[str, Any]]:
@@ -152,5 +167,10 @@ def diagnose_env(
         checks, fail_on = select_checks(ENV, settings), settings.fail_on
     facts = facts if facts is not None else collect_facts(probe_timeout, cwd)
     findings = registry.run_fact_checks(checks, registry.Scope.ENV, facts)
-    return Report(scope="env", findings=findings, facts=facts.to_dict(), subject=platform.node() or "this machine",
-                  fail_on=fail_on)
+    return Report(
+        scope="env",
+        findings=findings,
+        facts=facts.to_dict(),
+        subject=platform.node() or "this machine",
+        fail_on=fail_on,
+    )

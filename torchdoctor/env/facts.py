@@ -4,6 +4,7 @@ Environment checks are pure functions of `EnvFacts`, so tests build synthetic fa
 capability 12.0, a 470 driver, a 64 MiB /dev/shm) without the hardware. Every field has a neutral default:
 `None` means "not known", never "absent".
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -4,6 +4,7 @@ The dynamic loader searches LD_LIBRARY_PATH before a library's RUNPATH, so a `li
 torch ships; a zero-byte or half-copied file then fails as "file too short" or crashes the process (SIGBUS).
 Only headers are read (a few hundred bytes per file); nothing is loaded or executed.
 """
+
 from __future__ import annotations
 
 import os
@@ -33,8 +34,14 @@ def elf_state(path: str) -> "tuple[str, Optional[int]]":
             if len(head) < _HEADER.size:
                 return "truncated", size
             fields = _HEADER.unpack(head)
-            phoff, shoff, phentsize, phnum, shentsize, shnum = (fields[5], fields[6], fields[9], fields[10],
-                                                                fields[11], fields[12])
+            phoff, shoff, phentsize, phnum, shentsize, shnum = (
+                fields[5],
+                fields[6],
+                fields[9],
+                fields[10],
+                fields[11],
+                fields[12],
+            )
             end = max(phoff + phentsize * phnum, shoff + shentsize * shnum if shnum else 0)
             for offset, filesz in _segments(f, phoff, phentsize, phnum):
                 end = max(end, offset + filesz)
@@ -51,7 +58,7 @@ def _segments(f: IO[bytes], phoff: int, phentsize: int, phnum: int) -> "list[tup
     table = f.read(phentsize * phnum)
     out = []
     for i in range(phnum):
-        entry = table[i * phentsize:i * phentsize + _PHDR.size]
+        entry = table[i * phentsize : i * phentsize + _PHDR.size]
         if len(entry) < _PHDR.size:
             raise struct.error("program header table cut short")
         _, _, offset, _, _, filesz, _, _ = _PHDR.unpack(entry)
@@ -69,7 +76,9 @@ def needed(path: str) -> list[str]:
             table = f.read(phentsize * phnum)
             loads, dynamic = [], None
             for i in range(phnum):
-                p_type, _, offset, vaddr, _, filesz, _, _ = _PHDR.unpack(table[i * phentsize:i * phentsize + _PHDR.size])
+                p_type, _, offset, vaddr, _, filesz, _, _ = _PHDR.unpack(
+                    table[i * phentsize : i * phentsize + _PHDR.size]
+                )
                 if p_type == _PT_LOAD:
                     loads.append((vaddr, offset, filesz))
                 elif p_type == _PT_DYNAMIC:

@@ -3,8 +3,10 @@
 Every NVML query is optional: a GPU that does not support one leaves that fact as None. Without NVML
 (no driver, a CPU machine, macOS) `unavailable_reason` says why and nothing else is filled in.
 """
+
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable, Optional, TypeVar
 
@@ -94,8 +96,9 @@ def _gpu(pynvml: Any, index: int, host_pids: bool) -> GpuFacts:
     cc = _try(lambda: pynvml.nvmlDeviceGetCudaComputeCapability(h))
     gpu.capability = (int(cc[0]), int(cc[1])) if cc else None
     # v2 counts the driver's reserved memory apart from "used", as nvidia-smi does (v1: 480 MiB "used" on an idle H100)
-    mem = (_try(lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2))
-           or _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(h)))
+    mem = _try(lambda: pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)) or _try(
+        lambda: pynvml.nvmlDeviceGetMemoryInfo(h)
+    )
     if mem is not None:
         gpu.memory_total, gpu.memory_used = int(mem.total), int(mem.used)
     util = _try(lambda: pynvml.nvmlDeviceGetUtilizationRates(h))
@@ -111,13 +114,18 @@ def _gpu(pynvml: Any, index: int, host_pids: bool) -> GpuFacts:
     ecc = _try(lambda: pynvml.nvmlDeviceGetEccMode(h))
     gpu.ecc_enabled = bool(ecc[0]) if ecc else None
     if gpu.ecc_enabled:
-        gpu.ecc_uncorrected = _try(lambda: int(pynvml.nvmlDeviceGetTotalEccErrors(
-            h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)))
+        gpu.ecc_uncorrected = _try(
+            lambda: int(
+                pynvml.nvmlDeviceGetTotalEccErrors(
+                    h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+                )
+            )
+        )
     persistence = _try(lambda: pynvml.nvmlDeviceGetPersistenceMode(h))
     gpu.persistence_mode = bool(persistence) if persistence is not None else None
     procs: dict[int, Optional[int]] = {}
     for query in (pynvml.nvmlDeviceGetComputeRunningProcesses, pynvml.nvmlDeviceGetGraphicsRunningProcesses):
-        for p in _try(lambda: query(h)) or []:
+        for p in _try(functools.partial(query, h)) or []:
             used = getattr(p, "usedGpuMemory", None)
             procs[int(p.pid)] = int(used) if isinstance(used, int) else procs.get(int(p.pid))
     gpu.processes = [describe_process(pid, used, host_pids) for pid, used in sorted(procs.items())]

@@ -1,4 +1,5 @@
 """Installed-package facts read from package metadata, never by importing the packages."""
+
 from __future__ import annotations
 
 import json
@@ -18,15 +19,38 @@ from torchdoctor.env.facts import UnmetRequirement
 
 # Packages whose versions matter when torch misbehaves; shown in the report when installed.
 COMPANIONS = (
-    "torch", "torchvision", "torchaudio", "torchtext", "torchdata", "triton", "pytorch-triton",
-    "numpy", "xformers", "flash-attn", "lightning", "pytorch-lightning", "accelerate",
-    "transformers", "deepspeed", "apex", "nvidia-ml-py", "pynvml", "nvidia-cudnn-cu12",
-    "nvidia-cudnn-cu13", "nvidia-cublas-cu12", "nvidia-cublas", "nvidia-nccl-cu12", "nvidia-nccl-cu13",
-    "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime",
+    "torch",
+    "torchvision",
+    "torchaudio",
+    "torchtext",
+    "torchdata",
+    "triton",
+    "pytorch-triton",
+    "numpy",
+    "xformers",
+    "flash-attn",
+    "lightning",
+    "pytorch-lightning",
+    "accelerate",
+    "transformers",
+    "deepspeed",
+    "apex",
+    "nvidia-ml-py",
+    "pynvml",
+    "nvidia-cudnn-cu12",
+    "nvidia-cudnn-cu13",
+    "nvidia-cublas-cu12",
+    "nvidia-cublas",
+    "nvidia-nccl-cu12",
+    "nvidia-nccl-cu13",
+    "nvidia-cuda-runtime-cu12",
+    "nvidia-cuda-runtime",
 )
 # collect_env's "Versions of relevant libraries" name patterns, plus torch's usual companions.
-RELEVANT = re.compile(r"torch|numpy|mypy|flake8|triton|optree|onnx|nccl|cudnn|cublas|cuda|xformers|flash|"
-                      r"lightning|transformers|accelerate|deepspeed|apex|nvidia|mkl|intel-openmp|magma")
+RELEVANT = re.compile(
+    r"torch|numpy|mypy|flake8|triton|optree|onnx|nccl|cudnn|cublas|cuda|xformers|flash|"
+    r"lightning|transformers|accelerate|deepspeed|apex|nvidia|mkl|intel-openmp|magma"
+)
 _CUDA_LINE = re.compile(r"^cuda\s*(?::[^=]*)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", re.M)
 
 
@@ -79,8 +103,9 @@ def _requirements(header: str) -> list[tuple[str, str]]:
 
 def _satisfied(spec: str, version: str) -> bool:
     try:
-        return SpecifierSet(spec).contains(Version(version).base_version if "+" in version else version,
-                                           prereleases=True)
+        return SpecifierSet(spec).contains(
+            Version(version).base_version if "+" in version else version, prereleases=True
+        )
     except (InvalidVersion, InvalidSpecifier):
         return True  # a version pip could not compare either is not reported
 
@@ -101,8 +126,9 @@ def editable_source(dist: metadata.Distribution) -> Optional[str]:
     except ValueError:
         return None
     url = info.get("url", "") if isinstance(info, dict) else ""
-    if not (isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable")) or \
-            not url.startswith("file://"):
+    if not (isinstance(info.get("dir_info"), dict) and info["dir_info"].get("editable")) or not url.startswith(
+        "file://"
+    ):
         return None
     return unquote(urlparse(url).path)
 
@@ -115,7 +141,7 @@ def collect_packages(path: Optional[list[str]] = None) -> PackageFacts:
     seen: set[str] = set()
     installed: dict[str, str] = {}
     declared: list[tuple[str, str, str, str]] = []
-    for dist in (metadata.distributions(path=path) if path is not None else metadata.distributions()):
+    for dist in metadata.distributions(path=path) if path is not None else metadata.distributions():
         # the headers end at the first blank line; the long description after it is never read
         text = (dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "").partition("\n\n")[0]
         m = _NAME.search(text)
@@ -142,8 +168,9 @@ def collect_packages(path: Optional[list[str]] = None) -> PackageFacts:
                 facts.torch_location = str(init.parent)
                 facts.torch_cuda = read_torch_cuda(init.parent / "version.py")
             else:
-                facts.torch_files_missing = facts.torch_editable is None or \
-                    not (Path(facts.torch_editable) / "torch" / "__init__.py").is_file()
+                facts.torch_files_missing = (
+                    facts.torch_editable is None or not (Path(facts.torch_editable) / "torch" / "__init__.py").is_file()
+                )
     for name, version, target, spec in declared:
         have = installed.get(target)
         if have is None or (spec and not _satisfied(spec, have)):

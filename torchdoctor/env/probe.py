@@ -1,4 +1,5 @@
 """Run the torch probe in a subprocess with a timeout, so a broken or hanging torch becomes a fact."""
+
 from __future__ import annotations
 
 import ast
@@ -33,7 +34,8 @@ _FRAME = re.compile(r'^\s*File "(.*)", line (\d+) in (.*)$')
 
 
 def hang_stack(stderr: list[str]) -> list[str]:
-    """The main thread's stack from faulthandler's dump (after a timeout or a crash) ("file:line in function", innermost first),
+    """The main thread's stack from faulthandler's dump (after a timeout or a crash) ("file:line in function",
+    innermost first),
     without the import machinery's frozen frames and the probe's own."""
     stack: list[str] = []
     in_main = False
@@ -53,8 +55,14 @@ class RunningProbe:
     """A started probe. `result()` waits (up to the timeout) for its facts; under torchrun,
     `exchange()` then hands it this rank's payload and, on rank 0, returns every rank's."""
 
-    def __init__(self, timeout: float, cwd: Optional[str] = None, exchange_timeout: Optional[float] = None,
-                 python: Optional[str] = None, env: Optional[dict[str, str]] = None) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        cwd: Optional[str] = None,
+        exchange_timeout: Optional[float] = None,
+        python: Optional[str] = None,
+        env: Optional[dict[str, str]] = None,
+    ) -> None:
         self.timeout = timeout
         self.exchange_timeout = exchange_timeout
         self.cwd = os.path.abspath(cwd or os.getcwd())
@@ -66,8 +74,14 @@ class RunningProbe:
         # torch. PYTHONFAULTHANDLER only makes a crash or a hang before the probe's own code (a sitecustomize)
         # print its stack.
         self.proc = subprocess.Popen(
-            args, stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, text=True, encoding="utf-8", errors="replace",
+            args,
+            stdin=subprocess.PIPE if exchange_timeout is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
             env={**(os.environ if env is None else env), "PYTHONFAULTHANDLER": "1"},
         )
         self.unreachable: Optional[str] = None  # why the launcher's store could not be reached (torchrun)
@@ -96,7 +110,7 @@ class RunningProbe:
                 return None, False
             if line.startswith(MARKER):
                 try:
-                    payload = ast.literal_eval(line[len(MARKER):].strip())
+                    payload = ast.literal_eval(line[len(MARKER) :].strip())
                 except (ValueError, SyntaxError):
                     continue
                 if isinstance(payload, dict):
@@ -173,8 +187,9 @@ class RunningProbe:
         return answer
 
 
-def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bool, timeout: float,
-                returncode: Optional[int]) -> TorchProbe:
+def build_probe(
+    payloads: list[dict[str, Any]], stderr: list[str], timed_out: bool, timeout: float, returncode: Optional[int]
+) -> TorchProbe:
     """Turn the probe's marker payloads (and stderr) into a `TorchProbe`, whatever state it died in."""
     probe = TorchProbe()
     got_build = False
@@ -187,16 +202,16 @@ def build_probe(payloads: list[dict[str, Any]], stderr: list[str], timed_out: bo
     dump = next((i for i, line in enumerate(err_lines) if line.startswith("Timeout (")), None)
     crash = next((i for i, line in enumerate(err_lines) if line.startswith("Fatal Python error: ")), None)
     if dump is not None:
-        probe.hang_stack = hang_stack(err_lines[dump + 1:])
+        probe.hang_stack = hang_stack(err_lines[dump + 1 :])
         err_lines = err_lines[:dump]
         timed_out = True  # it dumped its stacks at its own deadline and ended itself
     elif crash is not None:
-        stack = hang_stack(err_lines[crash + 1:])
+        stack = hang_stack(err_lines[crash + 1 :])
         if timed_out:  # the parent's SIGABRT at its deadline
             probe.hang_stack = stack
         else:
             probe.crash_stack = stack
-        err_lines = err_lines[:crash + 1]
+        err_lines = err_lines[: crash + 1]
     if returncode is not None and returncode < 0:
         probe.exit_signal = -returncode
     probe.stderr_tail = [line for line in err_lines if '"<string>"' not in line][-12:]
@@ -226,13 +241,23 @@ def start_early(args: list[str]) -> None:
     """For `torchdoctor env` on one machine: start the probe before the command line and its checks are
     imported (a fifth of a second), so that `import torch` is all `env` waits for. Ranks under a launcher
     and `--distributed` start theirs later, with the exchange; an unused probe is killed at exit."""
-    if args[:1] != ["env"] or "--distributed" in args or "-h" in args or "--help" in args \
-            or os.environ.get("TORCHELASTIC_RUN_ID"):
+    if (
+        args[:1] != ["env"]
+        or "--distributed" in args
+        or "-h" in args
+        or "--help" in args
+        or os.environ.get("TORCHELASTIC_RUN_ID")
+    ):
         return
     timeout = 60.0
     for i, arg in enumerate(args):
-        value = arg.split("=", 1)[1] if arg.startswith("--timeout=") else \
-            args[i + 1] if arg == "--timeout" and i + 1 < len(args) else None
+        value = (
+            arg.split("=", 1)[1]
+            if arg.startswith("--timeout=")
+            else args[i + 1]
+            if arg == "--timeout" and i + 1 < len(args)
+            else None
+        )
         if value is not None:
             try:
                 timeout = float(value)

@@ -3,6 +3,7 @@
 Python puts the script's folder (the working directory for ``python -c``/``-m``) and PYTHONPATH before
 the standard library and site-packages, so a `random.py` or a `torch/` folder there wins the import.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,7 +19,8 @@ THIRD_PARTY = ("torch", "torchvision", "torchaudio", "numpy", "triton", "PIL", "
 # Standard-library modules that `import torch` (2.x) and numpy import, plus `pdb` (breakpoint()).
 # Modules Python has already loaded before it reads sys.path (os, io, abc, site, ...) cannot be
 # shadowed and are left out.
-STDLIB_USED_BY_TORCH = frozenset("""
+STDLIB_USED_BY_TORCH = frozenset(
+    """
 argparse array ast asyncio base64 binascii bisect bz2 calendar cmath collections concurrent
 contextlib contextvars copy copyreg csv ctypes dataclasses datetime difflib dis email enum fcntl
 fnmatch functools gettext glob grp gzip hashlib heapq http importlib inspect ipaddress json keyword
@@ -26,7 +28,8 @@ linecache locale logging lzma math mmap multiprocessing numbers opcode operator 
 pickletools pkgutil platform pprint queue quopri random re reprlib runpy select selectors shutil
 signal socket ssl string struct subprocess tarfile tempfile textwrap threading timeit token tokenize
 traceback types typing unittest urllib uuid warnings weakref zipfile zlib
-""".split())
+""".split()
+)
 
 
 def module_at(folder: Path, name: str) -> Optional[Path]:
@@ -53,7 +56,8 @@ def search_dirs(cwd: str, environ: Optional[Mapping[str, str]] = None) -> list[t
     then the PYTHONPATH entries (empty entries mean the working directory too)."""
     environ = os.environ if environ is None else environ
     dirs = [(cwd, "the working directory")] + [
-        (p or cwd, "PYTHONPATH") for p in environ.get("PYTHONPATH", "").split(os.pathsep)]
+        (p or cwd, "PYTHONPATH") for p in environ.get("PYTHONPATH", "").split(os.pathsep)
+    ]
     seen: dict[str, str] = {}
     for d, via in dirs:
         real = os.path.realpath(d)

@@ -4,6 +4,7 @@ Such a rank cannot use torch's own client, yet rank 0 must hear from it (or torc
 prints the merged report). The wire format is TCPStore's (torch/csrc/distributed/c10d/TCPStoreBackend.hpp): one
 query-type byte, then length-prefixed (uint64, little-endian) keys and values; keys get TCPStore's "/" prefix.
 """
+
 from __future__ import annotations
 
 import socket

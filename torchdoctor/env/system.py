@@ -1,4 +1,5 @@
 """Facts that need no torch: OS, CPU, memory, disks, /dev/shm, containers, environment variables."""
+
 from __future__ import annotations
 
 import os
@@ -13,12 +14,44 @@ import psutil
 from torchdoctor.env.facts import SystemFacts
 
 # Variables that change how torch, CUDA, NCCL and the thread pools behave.
-ENV_PREFIXES = ("CUDA_", "NCCL_", "TORCH_", "PYTORCH_", "CUBLAS_", "CUDNN_", "NVIDIA_", "OMP_", "MKL_",
-                "KMP_", "GOMP_", "TORCHELASTIC_", "HIP_", "ROCR_", "TRITON_")
-ENV_NAMES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-             "OPENBLAS_NUM_THREADS", "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "CUDA_HOME",
-             "CUDA_PATH", "XLA_FLAGS", "PYTHONHASHSEED", "PYTHONNOUSERSITE", "PYTHONUSERBASE", "CONDA_PREFIX",
-             "TMPDIR", "XDG_CACHE_HOME")
+ENV_PREFIXES = (
+    "CUDA_",
+    "NCCL_",
+    "TORCH_",
+    "PYTORCH_",
+    "CUBLAS_",
+    "CUDNN_",
+    "NVIDIA_",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "GOMP_",
+    "TORCHELASTIC_",
+    "HIP_",
+    "ROCR_",
+    "TRITON_",
+)
+ENV_NAMES = (
+    "LOCAL_RANK",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OPENBLAS_NUM_THREADS",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "PYTHONPATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "XLA_FLAGS",
+    "PYTHONHASHSEED",
+    "PYTHONNOUSERSITE",
+    "PYTHONUSERBASE",
+    "CONDA_PREFIX",
+    "TMPDIR",
+    "XDG_CACHE_HOME",
+)
 
 
 def relevant_env(environ: Optional[Mapping[str, str]] = None) -> dict[str, str]:

@@ -1,4 +1,5 @@
 """The CUDA toolkit (nvcc, CUDA_HOME): only extension builds use it; torch ships its own runtime."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,9 @@ def collect_toolkit(environ: Optional[Mapping[str, str]] = None) -> ToolkitFacts
     version = _version_json(home) if home else None
     if version is None and nvcc:
         try:
-            out = subprocess.run([nvcc, "--version"], capture_output=True, text=True,
-                                 timeout=NVCC_TIMEOUT_S, check=False).stdout
+            out = subprocess.run(
+                [nvcc, "--version"], capture_output=True, text=True, timeout=NVCC_TIMEOUT_S, check=False
+            ).stdout
             m = _RELEASE.search(out)
             version = m.group(1) if m else None
         except (OSError, subprocess.SubprocessError):

@@ -7,9 +7,11 @@ facts, then the CUDA facts, so a hang in CUDA initialisation still leaves the bu
 which faulthandler dumps every thread's stack (the parent kills it soon after), and under torchrun the
 exchange timeout.
 
-Under torchrun it then reads one JSON line from stdin, this rank's summary and findings, and shares it through the launcher's TCPStore: every rank
+Under torchrun it then reads one JSON line from stdin, this rank's summary and findings, and shares it through the
+launcher's TCPStore: every rank
 writes its key, rank 0 collects all of them (waiting at most the timeout) and prints them as "ranks".
 """
+
 import faulthandler
 import os
 import sys
@@ -192,8 +194,10 @@ def build_facts(torch: "ModuleType", clock: "dict[str, object]") -> "dict[str, o
         "git_version": getattr(torch.version, "git_version", None),
     }
     build.update(config_highlights(torch))
-    for key, get in (("xpu_available", lambda: torch.xpu.is_available()),
-                     ("xnnpack", lambda: bool(__import__("torch.backends.xnnpack").backends.xnnpack.enabled))):
+    for key, get in (
+        ("xpu_available", lambda: torch.xpu.is_available()),
+        ("xnnpack", lambda: bool(__import__("torch.backends.xnnpack").backends.xnnpack.enabled)),
+    ):
         try:
             build[key] = get()
         except Exception:
@@ -259,19 +263,22 @@ def main() -> None:
         build = build_facts(torch, clock.times())
         build.update(where_facts())
     except BaseException as exc:  # noqa: B902 - SystemExit from a broken package counts too
-        emit("build", {
-            "ok": False,
-            **clock.times(),
-            "error_type": type(exc).__name__,
-            "error": str(exc),
-            "error_errno": getattr(exc, "errno", None) if isinstance(exc, OSError) else None,
-            "error_filename": getattr(exc, "filename", None) if isinstance(exc, OSError) else None,
-            "error_module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
-            "traceback_tail": frames(exc.__traceback__),
-            "torch_file": torch_location(),
-            "limits": limits(),
-            **where_facts(),
-        })
+        emit(
+            "build",
+            {
+                "ok": False,
+                **clock.times(),
+                "error_type": type(exc).__name__,
+                "error": str(exc),
+                "error_errno": getattr(exc, "errno", None) if isinstance(exc, OSError) else None,
+                "error_filename": getattr(exc, "filename", None) if isinstance(exc, OSError) else None,
+                "error_module": getattr(exc, "name", None) if isinstance(exc, ImportError) else None,
+                "traceback_tail": frames(exc.__traceback__),
+                "torch_file": torch_location(),
+                "limits": limits(),
+                **where_facts(),
+            },
+        )
         return
     emit("build", build)
 
@@ -314,10 +321,12 @@ def cuda_facts(torch: "ModuleType") -> "dict[str, object]":
             except Exception:
                 pass
             for i in range(torch.cuda.device_count()):
-                devices.append({
-                    "name": torch.cuda.get_device_name(i),
-                    "capability": list(torch.cuda.get_device_capability(i)),
-                })
+                devices.append(
+                    {
+                        "name": torch.cuda.get_device_name(i),
+                        "capability": list(torch.cuda.get_device_capability(i)),
+                    }
+                )
             x = torch.ones(8, device="cuda")
             (x * 2).sum().item()  # a real kernel: "no kernel image is available" shows here
     except Exception as exc:
@@ -338,9 +347,14 @@ class Rendezvous:
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.prefix = "torchdoctor/env/" + os.environ.get("TORCHELASTIC_RUN_ID", "run") + "/"
         agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        self.store = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              world_size=None if agent else self.world, is_master=(self.rank == 0 and not agent),
-                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
+        self.store = TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            world_size=None if agent else self.world,
+            is_master=(self.rank == 0 and not agent),
+            timeout=timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
 
     def status(self, doing: str) -> None:
         self.store.set(f"{self.prefix}doing/{self.rank}", doing)

@@ -1,4 +1,5 @@
 """The compact facts section of the `torchdoctor env` console report."""
+
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchdoctor.units import byte_size
+
 
 def _torch_row(torch: dict[str, Any], dist_version: Optional[str]) -> Text:
     if not torch.get("ok"):
@@ -91,8 +93,10 @@ def facts_view(facts: dict[str, Any]) -> Table:
     if where:
         table.add_row("torch from", where)
     table.add_row("Python", f"{sysf['python']} ({sysf['python_executable']}) on {sysf['platform']}")
-    cpu = f"{sysf.get('cpu_model') or sysf.get('machine')} · {sysf.get('cpu_logical')} logical / " \
-          f"{sysf.get('cpu_physical')} physical cores"
+    cpu = (
+        f"{sysf.get('cpu_model') or sysf.get('machine')} · {sysf.get('cpu_logical')} logical / "
+        f"{sysf.get('cpu_physical')} physical cores"
+    )
     if sysf.get("cpu_affinity") and sysf["cpu_affinity"] != sysf.get("cpu_logical"):
         cpu += f" · {sysf['cpu_affinity']} usable"
     if sysf.get("cgroup_cpu_limit"):
@@ -113,8 +117,11 @@ def facts_view(facts: dict[str, Any]) -> Table:
     for label, value in _gpu_rows(facts["nvidia"], torch):
         table.add_row(label, value)
     if tk.get("nvcc_path") or tk.get("cuda_home_from_env"):
-        table.add_row("Toolkit", f"nvcc {tk.get('nvcc_version') or '?'} at {tk.get('nvcc_path')} · "
-                                 f"CUDA_HOME {tk.get('cuda_home')}{' (from env)' if tk.get('cuda_home_from_env') else ''}")
+        table.add_row(
+            "Toolkit",
+            f"nvcc {tk.get('nvcc_version') or '?'} at {tk.get('nvcc_path')} · "
+            f"CUDA_HOME {tk.get('cuda_home')}{' (from env)' if tk.get('cuda_home_from_env') else ''}",
+        )
     if facts.get("ranks"):
         hosts = sorted({r["hostname"] for r in facts["ranks"]})
         row = f"{len(facts['ranks'])} rank(s) reported from {len(hosts)} host(s): {', '.join(hosts)}"

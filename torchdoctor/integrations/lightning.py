@@ -3,19 +3,19 @@
 Imports ``lightning`` (or the older ``pytorch_lightning``) when this module is imported; torchdoctor itself
 does not depend on it.
 """
+
 from __future__ import annotations
 
+import importlib
 from typing import Any, Optional
 
-import importlib
+from torchdoctor.watch.session import WatchSession, watch
 
 try:
     _callbacks = importlib.import_module("lightning.pytorch.callbacks")
 except ImportError:  # the standalone pytorch_lightning package
     _callbacks = importlib.import_module("pytorch_lightning.callbacks")
 Callback: Any = _callbacks.Callback
-
-from torchdoctor.watch.session import WatchSession, watch
 
 __all__ = ["TorchDoctorCallback"]
 

@@ -3,16 +3,16 @@ at its end.
 
 Imports ``transformers`` when this module is imported; torchdoctor itself does not depend on it.
 """
+
 from __future__ import annotations
 
+import importlib
 from typing import Any, Optional
 
-import importlib
+from torchdoctor.watch.session import WatchSession, watch
 
 # looked up by name: mypy then needs neither transformers nor its types, installed or not
 TrainerCallback: Any = importlib.import_module("transformers").TrainerCallback
-
-from torchdoctor.watch.session import WatchSession, watch
 
 __all__ = ["TorchDoctorCallback"]
 
@@ -27,8 +27,9 @@ class TorchDoctorCallback(TrainerCallback):
         self.watch_kwargs = watch_kwargs
         self.session: Optional[WatchSession] = None
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         if self.session is not None and self.session.active:  # train() called again after a failed run
             self.session.stop()
         self.session = watch(model, optimizer, **self.watch_kwargs).start()

@@ -7,6 +7,7 @@ bytes are the same, every recorded answer still holds, and the fingerprint (torc
 lint code, the selected checks and their code, the Python version) is unchanged. The cache is best effort:
 an unreadable, corrupt or unwritable cache only means the files are checked again.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -105,9 +106,13 @@ class LintCache:
                 d["location"].pop("file", None)
             if isinstance(f, FixableFinding) and f.edits:
                 d["edits"] = [[list(e.start), list(e.end), e.text] for e in f.edits]
-        self.entries[path] = {"digest": data_digest, "stat": self._signatures.get(path),
-                              "asked": [list(q) for q in result.asked],
-                              "findings": findings, "problem": result.problem}
+        self.entries[path] = {
+            "digest": data_digest,
+            "stat": self._signatures.get(path),
+            "asked": [list(q) for q in result.asked],
+            "findings": findings,
+            "problem": result.problem,
+        }
         self.changed = True
 
     def save(self) -> None:
@@ -118,8 +123,7 @@ class LintCache:
 
         entries = {path: entry for path, entry in self.entries.items() if os.path.exists(path)}
         # json.dumps, not json.dump: only the one-shot form uses the C encoder (several times faster).
-        text = json.dumps({"format": _FORMAT, "fingerprint": self.fingerprint, "files": entries},
-                          separators=(",", ":"))
+        text = json.dumps({"format": _FORMAT, "fingerprint": self.fingerprint, "files": entries}, separators=(",", ":"))
         try:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".lint-", suffix=".tmp")
@@ -165,12 +169,16 @@ def _fingerprint(checks: Sequence[registry.Pitfall]) -> str:
     plug-in check's module is edited, the selection changes, or another Python (another `ast`) runs it."""
     import torchdoctor.checks
 
-    files = {os.path.join(folder, name)
-             for folder in (os.path.dirname(os.path.abspath(__file__)), *torchdoctor.checks.__path__)
-             for name in os.listdir(folder) if name.endswith(".py")}  # the lint engine and every built-in check
+    files = {
+        os.path.join(folder, name)
+        for folder in (os.path.dirname(os.path.abspath(__file__)), *torchdoctor.checks.__path__)
+        for name in os.listdir(folder)
+        if name.endswith(".py")
+    }  # the lint engine and every built-in check
     files.update(sys.modules[name].__file__ for name in ("torchdoctor.findings", "torchdoctor.registry"))
-    files.update(getattr(sys.modules.get(info.impl(registry.Scope.SOURCE).__module__), "__file__", None) or ""
-                 for info in checks)
+    files.update(
+        getattr(sys.modules.get(info.impl(registry.Scope.SOURCE).__module__), "__file__", None) or "" for info in checks
+    )
     parts = [__version__, sys.implementation.name, ".".join(map(str, sys.version_info[:3]))]
     parts += sorted(f"{info.code} {info.name} {info.severity}" for info in checks)
     for file in sorted(files):

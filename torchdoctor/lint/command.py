@@ -1,4 +1,5 @@
 """The lint front door below its command line: which files, a cached run, the safe rewrites, the report."""
+
 from __future__ import annotations
 
 import os
@@ -8,12 +9,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from torchdoctor import registry
 from torchdoctor.findings import Finding
 from torchdoctor.lint.cache import LintCache
-from torchdoctor.settings import cache_dir
 from torchdoctor.lint.files import Pattern, compile_pattern
 from torchdoctor.lint.fixes import apply_edits, file_edits
 from torchdoctor.lint.runner import LintResult, lint_paths, read_source
 from torchdoctor.report import Report
-from torchdoctor.settings import Settings
+from torchdoctor.settings import Settings, cache_dir
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -24,8 +24,9 @@ Rewrites = dict[str, tuple[str, str, int]]  # display path -> (text before, text
 class Linter:
     """Lints `paths` (default: the working directory) with the settings' exclude patterns and the results cache."""
 
-    def __init__(self, paths: Sequence[str], settings: Settings, checks: Sequence[registry.Pitfall],
-                 use_cache: bool = True) -> None:
+    def __init__(
+        self, paths: Sequence[str], settings: Settings, checks: Sequence[registry.Pitfall], use_cache: bool = True
+    ) -> None:
         self.paths = list(paths) or ["."]
         self.checks = list(checks)
         # The table's patterns are relative to its pyproject.toml; the caller's to the working directory.
@@ -44,8 +45,9 @@ class Linter:
         `show_progress`, a long run draws a progress bar on stderr when that is a terminal. Findings the
         project's per-file-ignores name for their file are dropped."""
         with _ProgressBar(show_progress) as bar:
-            result = lint_paths(self.paths, self.checks, self.excludes, cache=self.cache if cached else None,
-                                progress=bar.update)
+            result = lint_paths(
+                self.paths, self.checks, self.excludes, cache=self.cache if cached else None, progress=bar.update
+            )
         if self.per_file_ignores:
             result.findings = [f for f in result.findings if not _ignored_here(f, self.per_file_ignores)]
         return result
@@ -68,8 +70,7 @@ def per_file_ignores(settings: Settings) -> list[tuple[Pattern, frozenset[str]]]
         checks = {selection.find(name, selection.LINT, f" in {where}") for name in names}
         required = sorted(c.name for c in checks if c.name in selection.LINT.required)
         if required:
-            raise selection.SelectionError(f"{required[0]} cannot be ignored in {where}: "
-                                           f"{selection.LINT.why_required}")
+            raise selection.SelectionError(f"{required[0]} cannot be ignored in {where}: {selection.LINT.why_required}")
         compiled = compile_pattern(pattern, settings.root or os.getcwd())
         if compiled is not None:
             out.append((compiled, frozenset(c.name for c in checks)))
@@ -177,8 +178,11 @@ def rewrites(result: LintResult) -> Rewrites:
         src = read_source(os.path.abspath(path), path)
         after = apply_edits(src.text, edits) if src.tree is not None else None
         if after is not None and after != src.text:
-            count = sum(1 for f in result.findings
-                        if getattr(f, "edits", ()) and f.location is not None and f.location.file == path)
+            count = sum(
+                1
+                for f in result.findings
+                if getattr(f, "edits", ()) and f.location is not None and f.location.file == path
+            )
             changes[path] = (src.text, after, count)
     return changes
 

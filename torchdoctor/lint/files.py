@@ -1,4 +1,5 @@
 """Which files `torchdoctor lint PATH...` reads: Python files under the paths, minus `.gitignore`d and excluded ones."""
+
 from __future__ import annotations
 
 import os
@@ -7,10 +8,26 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
 # Never worth descending into (also when no .gitignore says so).
-SKIPPED_DIRS = frozenset({
-    ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache", ".pytest_cache",
-    ".ruff_cache", "node_modules", "site-packages", ".eggs", "build", "dist",
-})
+SKIPPED_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "node_modules",
+        "site-packages",
+        ".eggs",
+        "build",
+        "dist",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +83,7 @@ def _glob_to_regex(glob: str) -> str:
             if end == -1:
                 out.append(re.escape(c))
             else:
-                cls = glob[i + 1:end].replace("\\", "\\\\")
+                cls = glob[i + 1 : end].replace("\\", "\\\\")
                 out.append("[" + ("^" + cls[1:] if cls.startswith("!") else cls) + "]")
                 i = end
         elif c == "\\" and i + 1 < len(glob):
@@ -126,8 +143,7 @@ def discover(paths: Iterable[str], exclude: Iterable["str | Pattern"] = (), cwd:
     Raises FileNotFoundError for a path that does not exist.
     """
     cwd = os.path.abspath(cwd or os.getcwd())
-    excludes = [p for p in (e if isinstance(e, Pattern) else compile_pattern(e, cwd) for e in exclude)
-                if p is not None]
+    excludes = [p for p in (e if isinstance(e, Pattern) else compile_pattern(e, cwd) for e in exclude) if p is not None]
     seen: set[str] = set()
     for raw in paths:
         path = os.path.abspath(raw)
@@ -173,6 +189,6 @@ def display_path(path: str, cwd: Optional[str] = None) -> str:
     cwd = cwd or os.getcwd()
     prefix = cwd.rstrip(os.sep) + os.sep
     if path.startswith(prefix) and os.path.isabs(path):  # the common case, without os.path.relpath's cost
-        return path[len(prefix):]
+        return path[len(prefix) :]
     rel = os.path.relpath(path, cwd)
     return path if rel.startswith("..") else rel

@@ -1,4 +1,5 @@
 """Apply the safe rewrites that findings carry (`--fix`) or show them as a unified diff (`--diff`)."""
+
 from __future__ import annotations
 
 import ast
@@ -43,7 +44,7 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> Optional[str]:
         return starts[min(line - 1, len(lines))] + col
 
     spans = sorted({(offset(e.start), offset(e.end), e.text) for e in edits}, reverse=True)
-    for (start, end, _), (prev_start, _, _) in zip(spans[1:], spans):
+    for (_, end, _), (prev_start, _, _) in zip(spans[1:], spans):
         if end > prev_start:
             return None
     out = text
@@ -57,5 +58,8 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> Optional[str]:
 
 
 def unified_diff(path: str, before: str, after: str) -> str:
-    return "".join(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                        fromfile=f"a/{path}", tofile=f"b/{path}"))
+    return "".join(
+        difflib.unified_diff(
+            before.splitlines(keepends=True), after.splitlines(keepends=True), fromfile=f"a/{path}", tofile=f"b/{path}"
+        )
+    )

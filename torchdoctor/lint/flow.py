@@ -3,6 +3,7 @@
 Every question here answers "yes" only when the code shows it; an unknown is a "no", so that the
 rules built on top stay quiet when they cannot decide.
 """
+
 from __future__ import annotations
 
 import ast
@@ -12,20 +13,67 @@ from typing import Iterable, Iterator, Optional
 
 from torchdoctor.lint.index import Binding, CallSite, FunctionScope, Loop, ModuleIndex, child_fields, last, ref, resolve
 
-OPTIMIZER_CLASSES = frozenset({
-    "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "Adafactor", "ASGD", "LBFGS", "NAdam", "RAdam",
-    "RMSprop", "Rprop", "SparseAdam", "Lion", "LAMB", "Lamb", "FusedAdam", "FusedLAMB", "AdamW8bit", "Adam8bit",
-})
+OPTIMIZER_CLASSES = frozenset(
+    {
+        "SGD",
+        "Adam",
+        "AdamW",
+        "Adamax",
+        "Adagrad",
+        "Adadelta",
+        "Adafactor",
+        "ASGD",
+        "LBFGS",
+        "NAdam",
+        "RAdam",
+        "RMSprop",
+        "Rprop",
+        "SparseAdam",
+        "Lion",
+        "LAMB",
+        "Lamb",
+        "FusedAdam",
+        "FusedLAMB",
+        "AdamW8bit",
+        "Adam8bit",
+    }
+)
 # The last name of every call `is_optimizer_ctor` accepts, unless its qualified name starts with torch.optim. (a
 # function without such a call binds no optimizer: its bindings need not be looked at).
 _OPTIMIZER_CALLS = OPTIMIZER_CLASSES | {"optimizers"}
 _qualname = attrgetter("qualname")
-_OPTIMIZER_NAME = re.compile(r"^(optim|optimi[sz]er|opt)(_?[A-Za-z0-9]+)?$|^[A-Za-z0-9]+_(optim|optimi[sz]er|opt)$", re.I)
-TENSOR_FACTORIES = frozenset({
-    "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "rand", "randn", "randint", "arange",
-    "linspace", "logspace", "eye", "zeros_like", "ones_like", "empty_like", "full_like", "rand_like", "randn_like",
-    "stack", "cat", "Tensor", "FloatTensor", "LongTensor",
-})
+_OPTIMIZER_NAME = re.compile(
+    r"^(optim|optimi[sz]er|opt)(_?[A-Za-z0-9]+)?$|^[A-Za-z0-9]+_(optim|optimi[sz]er|opt)$", re.I
+)
+TENSOR_FACTORIES = frozenset(
+    {
+        "tensor",
+        "as_tensor",
+        "from_numpy",
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "rand",
+        "randn",
+        "randint",
+        "arange",
+        "linspace",
+        "logspace",
+        "eye",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+        "rand_like",
+        "randn_like",
+        "stack",
+        "cat",
+        "Tensor",
+        "FloatTensor",
+        "LongTensor",
+    }
+)
 BACKWARD_METHODS = frozenset({"backward", "manual_backward"})  # see is_backward
 # Calls and attributes through which a value leaves autograd (its history is not kept).
 _DETACHING_METHODS = frozenset({"item", "detach", "tolist", "numpy", "detach_"})
@@ -76,8 +124,7 @@ def is_optimizer(key: Optional[str], scope: FunctionScope, index: ModuleIndex) -
     question = ("optimizer attribute", key)
     found = index.memo.get(question)
     if found is None:  # an attribute may be bound in any function (`self.opt = ...` in `__init__`): asked once
-        found = index.memo[question] = any(b.target == key for s in index.scopes
-                                           for b in optimizer_bindings(s, index))
+        found = index.memo[question] = any(b.target == key for s in index.scopes for b in optimizer_bindings(s, index))
     return found
 
 
@@ -87,11 +134,15 @@ def optimizer_bindings(scope: FunctionScope, index: ModuleIndex) -> list[Binding
     found = index.memo.get(question)
     if found is None:
         found = index.memo[question] = []
-        if _OPTIMIZER_CALLS.isdisjoint(scope.call_attrs) \
-                and "torch.optim." not in "\n".join(map(_qualname, scope.calls)):
+        if _OPTIMIZER_CALLS.isdisjoint(scope.call_attrs) and "torch.optim." not in "\n".join(
+            map(_qualname, scope.calls)
+        ):
             return found  # no call here can build one: the commonest answer, found by loops that run in C
-        ctors = {id(c.node) for c in scope.calls  # the same test, call by call, where some call may
-                 if c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.")}
+        ctors = {
+            id(c.node)
+            for c in scope.calls  # the same test, call by call, where some call may
+            if c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.")
+        }
         for b in scope.bindings:
             value = b.value
             while type(value) is ast.Subscript:  # `self.optimizers()[0]`, as is_optimizer_ctor reads it
@@ -107,12 +158,15 @@ def qualname(func: ast.expr, index: ModuleIndex) -> str:
 
 
 def is_module_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
-    """A call that builds a new `nn.Module`/`nn.Parameter`: `nn.Linear(...)`, a local Module subclass, torchvision models."""
+    """A call that builds a new `nn.Module`/`nn.Parameter`: `nn.Linear(...)`, a local Module subclass, torchvision
+    models."""
     if not isinstance(value, ast.Call):
         return False
     qual = qualname(value.func, index)
     name = last(qual)
-    if qual.startswith(("torch.nn.", "torchvision.models.", "timm.create_model")) and (name[:1].isupper() or "models" in qual):
+    if qual.startswith(("torch.nn.", "torchvision.models.", "timm.create_model")) and (
+        name[:1].isupper() or "models" in qual
+    ):
         return not qual.startswith("torch.nn.functional.")
     bases = index.classes.get(qual)
     return bases is not None and any(b.endswith("Module") for b in bases)
@@ -136,8 +190,12 @@ def graph_refs(expr: Optional[ast.AST]) -> set[str]:
                 push(node.value)
         elif t is ast.Call:
             func = node.func
-            if type(func) is ast.Attribute and func.attr in _DETACHING_METHODS \
-                    or type(func) is ast.Name and func.id in _DETACHING_FUNCTIONS:
+            if (
+                type(func) is ast.Attribute
+                and func.attr in _DETACHING_METHODS
+                or type(func) is ast.Name
+                and func.id in _DETACHING_FUNCTIONS
+            ):
                 continue
             push(func)
             extend(node.args)
@@ -169,8 +227,9 @@ def _tensor_like(node: ast.expr) -> bool:
     if isinstance(node, ast.Call):
         return True
     name = ref(node) or ""
-    return name not in ("self", "torch.autograd", "autograd") and not name.endswith(("accelerator", "fabric",
-                                                                                     "trainer", "engine"))
+    return name not in ("self", "torch.autograd", "autograd") and not name.endswith(
+        ("accelerator", "fabric", "trainer", "engine")
+    )
 
 
 def is_backward(call: CallSite) -> bool:

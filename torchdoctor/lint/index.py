@@ -4,6 +4,7 @@ Every record carries its context (enclosing loops, whether autograd is off there
 which is all the intra-procedural data flow the lint rules need: statement order inside a function
 or loop body, and which names were bound to what.
 """
+
 from __future__ import annotations
 
 import ast
@@ -209,7 +210,9 @@ class _Indexer:
             self.other(node, scope, loop, off, cls)
 
     # One method per statement type (dispatched on the exact type: `ast.parse` makes no subclasses).
-    def assign(self, node: ast.Assign, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+    def assign(
+        self, node: ast.Assign, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         value = node.value
         self.expr(value, scope, loop, off)
         for target in node.targets:
@@ -218,8 +221,9 @@ class _Indexer:
             else:
                 self.target(target, value, node, scope, loop, off)
 
-    def expression(self, node: ast.Expr, scope: FunctionScope, loop: Optional[Loop], off: bool,
-                   cls: Optional[str]) -> None:
+    def expression(
+        self, node: ast.Expr, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         if type(node.value) is _Call:
             first = len(scope.calls)
             self.expr(node.value, scope, loop, off)
@@ -227,28 +231,39 @@ class _Indexer:
         else:
             self.expr(node.value, scope, loop, off)
 
-    def return_(self, node: ast.Return, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+    def return_(
+        self, node: ast.Return, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         scope.returns.append(node)
         if node.value is not None:
             self.expr(node.value, scope, loop, off)
 
-    def import_(self, node: ast.Import, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+    def import_(
+        self, node: ast.Import, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         self.imports += 1
         for a in node.names:
             self.imported.add(a.asname or a.name.split(".", 1)[0])
             if a.asname:
                 self.aliases[a.asname] = a.name
 
-    def import_from(self, node: ast.ImportFrom, scope: FunctionScope, loop: Optional[Loop], off: bool,
-                    cls: Optional[str]) -> None:
+    def import_from(
+        self, node: ast.ImportFrom, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         self.imports += 1
         self.imported.update(a.asname or a.name for a in node.names if a.name != "*")
         if node.module and not node.level:
             for a in node.names:
                 self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
 
-    def function(self, node: Union[ast.FunctionDef, ast.AsyncFunctionDef], scope: FunctionScope, loop: Optional[Loop],
-                 off: bool, cls: Optional[str]) -> None:
+    def function(
+        self,
+        node: Union[ast.FunctionDef, ast.AsyncFunctionDef],
+        scope: FunctionScope,
+        loop: Optional[Loop],
+        off: bool,
+        cls: Optional[str],
+    ) -> None:
         decorated_off = False
         for d in node.decorator_list:
             self.expr(d, scope, loop, off)
@@ -265,14 +280,22 @@ class _Indexer:
             inner.loops.append(step_loop)
         self.body(node.body, inner, step_loop, decorated_off, None)
 
-    def class_(self, node: ast.ClassDef, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+    def class_(
+        self, node: ast.ClassDef, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         self.classes[node.name] = [resolve(b, self.aliases) for b in node.bases]
         for d in node.decorator_list:
             self.expr(d, scope, loop, off)
         self.body(node.body, scope, loop, off, node.name)
 
-    def for_(self, node: Union[ast.For, ast.AsyncFor], scope: FunctionScope, loop: Optional[Loop], off: bool,
-             cls: Optional[str]) -> None:
+    def for_(
+        self,
+        node: Union[ast.For, ast.AsyncFor],
+        scope: FunctionScope,
+        loop: Optional[Loop],
+        off: bool,
+        cls: Optional[str],
+    ) -> None:
         self.expr(node.iter, scope, loop, off)
         inner_loop = Loop(node, loop)
         scope.loops.append(inner_loop)
@@ -281,15 +304,23 @@ class _Indexer:
         self.body(node.body, scope, inner_loop, off, cls)
         self.body(node.orelse, scope, loop, off, cls)
 
-    def while_(self, node: ast.While, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
+    def while_(
+        self, node: ast.While, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         self.expr(node.test, scope, loop, off)
         inner_loop = Loop(node, loop)
         scope.loops.append(inner_loop)
         self.body(node.body, scope, inner_loop, off, cls)
         self.body(node.orelse, scope, loop, off, cls)
 
-    def with_(self, node: Union[ast.With, ast.AsyncWith], scope: FunctionScope, loop: Optional[Loop], off: bool,
-              cls: Optional[str]) -> None:
+    def with_(
+        self,
+        node: Union[ast.With, ast.AsyncWith],
+        scope: FunctionScope,
+        loop: Optional[Loop],
+        off: bool,
+        cls: Optional[str],
+    ) -> None:
         inner_off = off
         for item in node.items:
             self.expr(item.context_expr, scope, loop, off)
@@ -297,21 +328,27 @@ class _Indexer:
                 inner_off = True
             if item.optional_vars is not None:
                 for name in _target_names(item.optional_vars):
-                    scope.bindings.append(Binding(name, item.context_expr, node, loop, off, (node.lineno, node.col_offset)))
+                    scope.bindings.append(
+                        Binding(name, item.context_expr, node, loop, off, (node.lineno, node.col_offset))
+                    )
         self.body(node.body, scope, loop, inner_off, cls)
 
-    def ann_assign(self, node: ast.AnnAssign, scope: FunctionScope, loop: Optional[Loop], off: bool,
-                   cls: Optional[str]) -> None:
+    def ann_assign(
+        self, node: ast.AnnAssign, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         if node.value is not None:
             self.expr(node.value, scope, loop, off)
             self.target(node.target, node.value, node, scope, loop, off)
 
-    def aug_assign(self, node: ast.AugAssign, scope: FunctionScope, loop: Optional[Loop], off: bool,
-                   cls: Optional[str]) -> None:
+    def aug_assign(
+        self, node: ast.AugAssign, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
+    ) -> None:
         self.expr(node.value, scope, loop, off)
         key = ref(node.target)
         if key is not None:
-            scope.bindings.append(Binding(key, node.value, node, loop, off, (node.lineno, node.col_offset), augmented=True))
+            scope.bindings.append(
+                Binding(key, node.value, node, loop, off, (node.lineno, node.col_offset), augmented=True)
+            )
         else:
             self.expr(node.target, scope, loop, off)
 
@@ -327,13 +364,22 @@ class _Indexer:
                 elif isinstance(child, _BLOCKS):
                     self.body(child.body, scope, loop, off, cls)
 
-    def target(self, target: ast.expr, value: Optional[ast.expr], node: ast.stmt, scope: FunctionScope,
-               loop: Optional[Loop], off: bool) -> None:
+    def target(
+        self,
+        target: ast.expr,
+        value: Optional[ast.expr],
+        node: ast.stmt,
+        scope: FunctionScope,
+        loop: Optional[Loop],
+        off: bool,
+    ) -> None:
         if type(target) is _Name:
             scope.bindings.append(Binding(target.id, value, node, loop, off, (node.lineno, node.col_offset)))
             return
         if isinstance(target, (ast.Tuple, ast.List)):
-            values = value.elts if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) else None
+            values = (
+                value.elts if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts) else None
+            )
             for i, elt in enumerate(target.elts):
                 self.target(elt, values[i] if values else None, node, scope, loop, off)
             return
@@ -367,11 +413,23 @@ class _Indexer:
                     value = func.value
                     if type(value) is Name:  # `name.attr(...)`, by far the commonest callee
                         vid = value.id
-                        calls.append(CallSite(n, f"{aliases.get(vid, vid)}.{func.attr}", func.attr, vid, loop, off,
-                                              (n.lineno, n.col_offset)))
+                        calls.append(
+                            CallSite(
+                                n,
+                                f"{aliases.get(vid, vid)}.{func.attr}",
+                                func.attr,
+                                vid,
+                                loop,
+                                off,
+                                (n.lineno, n.col_offset),
+                            )
+                        )
                     else:
-                        calls.append(CallSite(n, resolve(func, aliases), func.attr, ref(value), loop, off,
-                                              (n.lineno, n.col_offset)))
+                        calls.append(
+                            CallSite(
+                                n, resolve(func, aliases), func.attr, ref(value), loop, off, (n.lineno, n.col_offset)
+                            )
+                        )
                         push(value)
                 elif ft is Name:
                     qual = aliases.get(func.id, func.id)
@@ -400,11 +458,21 @@ _attr = attrgetter("attr")
 _Name, _Constant, _Attribute, _Call = ast.Name, ast.Constant, ast.Attribute, ast.Call
 _keyword, _Lambda = ast.keyword, ast.Lambda
 _STMT_HANDLERS: dict[type, Callable[..., None]] = {
-    ast.Assign: _Indexer.assign, ast.Expr: _Indexer.expression, ast.Return: _Indexer.return_,
-    ast.Import: _Indexer.import_, ast.ImportFrom: _Indexer.import_from, ast.FunctionDef: _Indexer.function,
-    ast.AsyncFunctionDef: _Indexer.function, ast.ClassDef: _Indexer.class_, ast.For: _Indexer.for_,
-    ast.AsyncFor: _Indexer.for_, ast.While: _Indexer.while_, ast.With: _Indexer.with_, ast.AsyncWith: _Indexer.with_,
-    ast.AnnAssign: _Indexer.ann_assign, ast.AugAssign: _Indexer.aug_assign,
+    ast.Assign: _Indexer.assign,
+    ast.Expr: _Indexer.expression,
+    ast.Return: _Indexer.return_,
+    ast.Import: _Indexer.import_,
+    ast.ImportFrom: _Indexer.import_from,
+    ast.FunctionDef: _Indexer.function,
+    ast.AsyncFunctionDef: _Indexer.function,
+    ast.ClassDef: _Indexer.class_,
+    ast.For: _Indexer.for_,
+    ast.AsyncFor: _Indexer.for_,
+    ast.While: _Indexer.while_,
+    ast.With: _Indexer.with_,
+    ast.AsyncWith: _Indexer.with_,
+    ast.AnnAssign: _Indexer.ann_assign,
+    ast.AugAssign: _Indexer.aug_assign,
 }
 # Clauses with a statement body of their own (`match` exists from Python 3.10).
 _BLOCKS = (ast.ExceptHandler, ast.match_case) if hasattr(ast, "match_case") else (ast.ExceptHandler,)

@@ -1,5 +1,6 @@
 """`torchdoctor lint --add-noqa`: silence every current finding with a `# noqa: CODE` comment on its line, as
 `ruff check --add-noqa` does (an existing `# noqa: ...` of the line gets the new codes added)."""
+
 from __future__ import annotations
 
 import io
@@ -46,7 +47,7 @@ def add_noqa(text: str, codes: dict[int, set[str]]) -> tuple[Optional[str], int,
             continue
         line = lines[number - 1]
         body = line.rstrip("\r\n")
-        ending = line[len(body):]
+        ending = line[len(body) :]
         if number in inside or body.rstrip().endswith("\\"):
             refused.append(number)
             continue
@@ -54,7 +55,7 @@ def add_noqa(text: str, codes: dict[int, set[str]]) -> tuple[Optional[str], int,
         comment = comments.get(number)
         match = NOQA.search(comment.string) if comment is not None else None
         if match is not None and match.group("codes") is None:
-            continue  # a bare `# noqa` silences everything already
+            continue  # a bare noqa comment silences everything already
         if match is not None:
             have = re.split(r"[,\s]+", match.group("codes"))
             new = [c for c in wanted if c not in {h.upper() for h in have}]

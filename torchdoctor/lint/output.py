@@ -1,5 +1,6 @@
 """The lint-only output formats: `path:line:col: CODE name message` lines (each followed by its indented fix)
 and SARIF 2.1.0 for code-scanning UIs."""
+
 from __future__ import annotations
 
 import json
@@ -71,20 +72,32 @@ def to_sarif(findings: Iterable[Finding], checks: Iterable[Pitfall], root: Optio
             region = {"startLine": f.location.line or 1}
             if f.location.column:
                 region["startColumn"] = f.location.column
-            result["locations"] = [{"physicalLocation": {
-                "artifactLocation": artifact_location(f.location.file, root),
-                "region": region,
-            }}]
+            result["locations"] = [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": artifact_location(f.location.file, root),
+                        "region": region,
+                    }
+                }
+            ]
         results.append(result)
     log = {
         "$schema": SARIF_SCHEMA,
         "version": "2.1.0",
-        "runs": [{
-            "tool": {"driver": {"name": "torchdoctor", "version": __version__,
-                                "informationUri": "https://pypi.org/project/torchdoctor/", "rules": rules}},
-            "originalUriBaseIds": {"%SRCROOT%": {"uri": Path(root).as_uri().rstrip("/") + "/"}},
-            "results": results,
-        }],
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "torchdoctor",
+                        "version": __version__,
+                        "informationUri": "https://pypi.org/project/torchdoctor/",
+                        "rules": rules,
+                    }
+                },
+                "originalUriBaseIds": {"%SRCROOT%": {"uri": Path(root).as_uri().rstrip("/") + "/"}},
+                "results": results,
+            }
+        ],
     }
     return json.dumps(log, indent=2, ensure_ascii=False)
 

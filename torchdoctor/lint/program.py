@@ -8,6 +8,7 @@ decorator, including project-defined wrappers such as yolov5's `smart_inference_
 as models outside no_grad; whether it calls `set_epoch`). Calls resolve through imports, methods of the same
 class and closures.
 """
+
 from __future__ import annotations
 
 import ast
@@ -23,14 +24,57 @@ from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_i
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _GRAD_OFF = ("no_grad", "inference_mode")
 # Folders never searched for callers (the same ones discovery skips, plus build outputs).
-_SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".tox", ".nox", ".mypy_cache",
-                        ".pytest_cache", ".ruff_cache", "node_modules", "site-packages", ".eggs", "build", "dist"})
+_SKIP_DIRS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        "node_modules",
+        "site-packages",
+        ".eggs",
+        "build",
+        "dist",
+    }
+)
 _MAX_MODULE_BYTES = 2_000_000  # larger files are not parsed to answer questions about other files
 _DEPTH = 3  # how many calls deep summaries follow other functions
 # Imports never resolved against the project (the commonest library roots, to save the file look-ups).
-_EXTERNAL = frozenset({"torch", "torchvision", "numpy", "typing", "os", "sys", "collections", "__future__",
-                       "dataclasses", "functools", "pathlib", "math", "time", "json", "argparse", "logging", "re",
-                       "random", "itertools", "abc", "copy", "warnings", "subprocess", "shutil"})
+_EXTERNAL = frozenset(
+    {
+        "torch",
+        "torchvision",
+        "numpy",
+        "typing",
+        "os",
+        "sys",
+        "collections",
+        "__future__",
+        "dataclasses",
+        "functools",
+        "pathlib",
+        "math",
+        "time",
+        "json",
+        "argparse",
+        "logging",
+        "re",
+        "random",
+        "itertools",
+        "abc",
+        "copy",
+        "warnings",
+        "subprocess",
+        "shutil",
+    }
+)
 
 
 def stamp(path: str) -> str:
@@ -133,8 +177,9 @@ class Summary:
         """It returns a new torch optimizer, built here or by a function it calls."""
         if self._returns is None:
             self._returns = False  # while it is worked out: a recursive call returns none
-            self._returns = self._depth < _DEPTH and self._owner()._returns_optimizer(self._module, self._scope,
-                                                                                     self._depth)
+            self._returns = self._depth < _DEPTH and self._owner()._returns_optimizer(
+                self._module, self._scope, self._depth
+            )
         return self._returns
 
     def _owner(self) -> "Program":
@@ -157,8 +202,13 @@ class Summary:
                     backward = True
                 elif attr == "step" and not call.node.keywords:
                     args = call.node.args
-                    stepped = call.receiver if not args else ref(args[0]) if len(args) == 1 \
-                        and "scaler" in (call.receiver or "").lower() else None
+                    stepped = (
+                        call.receiver
+                        if not args
+                        else ref(args[0])
+                        if len(args) == 1 and "scaler" in (call.receiver or "").lower()
+                        else None
+                    )
                     if stepped:
                         steps.add(stepped)
                 elif attr == "set_epoch":
@@ -318,7 +368,9 @@ class Program:
         other = self.module(target[0])
         return self.lookup(other, target[1], hops + 1) if other is not None else None
 
-    def resolve_call(self, module: Module, scope: FunctionScope, call: CallSite) -> Optional[tuple[Module, FunctionScope]]:
+    def resolve_call(
+        self, module: Module, scope: FunctionScope, call: CallSite
+    ) -> Optional[tuple[Module, FunctionScope]]:
         """The function a call runs, when the project defines it: a closure or local def, a method of the same
         class (`self.f()`), a module function, or an imported one (`f()`, `mod.f()`). The answer depends only on
         `scope` and the callee's name (`f` or `x.f`), which is what callers may memoise it by."""
@@ -346,7 +398,9 @@ class Program:
                 return self.lookup(other, func.attr) if other is not None else None
         return None
 
-    def method(self, module: Module, class_name: str, name: str, hops: int = 0) -> Optional[tuple[Module, FunctionScope]]:
+    def method(
+        self, module: Module, class_name: str, name: str, hops: int = 0
+    ) -> Optional[tuple[Module, FunctionScope]]:
         """The method `name` of class `class_name` of `module` as Python finds it: the class's own, else its
         bases' in order (project classes of this module or imported ones), else, for a method the class only
         calls, the one subclass in this module that defines it (a base's `train()` calling `self.run_step()`)."""
@@ -360,18 +414,21 @@ class Program:
             if found is not None:
                 return found
         if hops == 0:
-            subclasses = [c for c, bases in module.index.classes.items()
-                          if class_name in bases and (c, name) in module.methods]
+            subclasses = [
+                c for c, bases in module.index.classes.items() if class_name in bases and (c, name) in module.methods
+            ]
             if len(subclasses) == 1:
                 return module, module.methods[(subclasses[0], name)]
         return (module, own) if own is not None else None
 
-    def instance_method(self, module: Module, scope: FunctionScope, receiver: str,
-                        name: str) -> Optional[tuple[Module, FunctionScope]]:
+    def instance_method(
+        self, module: Module, scope: FunctionScope, receiver: str, name: str
+    ) -> Optional[tuple[Module, FunctionScope]]:
         """The method `name` of the project class `receiver` is an instance of: `receiver` is bound (only) to
         `Cls(...)` in this function or at module level, `Cls` a class of this module or one it imports."""
-        bound = [b.value for s in (scope, module.index.scopes[0]) for b in s.bindings_of(receiver)
-                 if b.value is not None]
+        bound = [
+            b.value for s in (scope, module.index.scopes[0]) for b in s.bindings_of(receiver) if b.value is not None
+        ]
         if len(bound) != 1 or not isinstance(bound[0], ast.Call) or not isinstance(bound[0].func, ast.Name):
             return None
         cls = bound[0].func.id
@@ -400,7 +457,7 @@ class Program:
             head, rest = local, ""
         else:
             head = next((k for k, v in module.index.aliases.items() if base.startswith(v + ".")), "")
-            rest = base[len(module.index.aliases[head]) + 1:] if head else ""
+            rest = base[len(module.index.aliases[head]) + 1 :] if head else ""
         target = module.imports(self).get(head) if head else None
         if target is None or target[0] is None:
             return None
@@ -430,12 +487,17 @@ class Program:
                     return module, method
         return None
 
-    def _imported_instance_call(self, module: Module, scope: FunctionScope,
-                                name: str) -> Optional[tuple[Module, FunctionScope]]:
+    def _imported_instance_call(
+        self, module: Module, scope: FunctionScope, name: str
+    ) -> Optional[tuple[Module, FunctionScope]]:
         """`name(...)` where `name` is bound to an instance of an imported class (project or library): its
         `__call__` (`loss_scaler = NativeScaler()` ... `loss_scaler(loss, optimizer)`)."""
-        if not any(isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)
-                   and b.value.func.id in module.index.imported for b in scope.bindings_of(name)):
+        if not any(
+            isinstance(b.value, ast.Call)
+            and isinstance(b.value.func, ast.Name)
+            and b.value.func.id in module.index.imported
+            for b in scope.bindings_of(name)
+        ):
             return None
         return self.instance_method(module, scope, name, "__call__")
 
@@ -446,8 +508,9 @@ class Program:
         key = (module.path, id(scope.node))
         found = self._summaries.get(key)
         if found is None:
-            found = self._summaries[key] = Summary(self, module, scope, scope.grad_off
-                                                   or self._wrapper_decorated(module, scope), depth)
+            found = self._summaries[key] = Summary(
+                self, module, scope, scope.grad_off or self._wrapper_decorated(module, scope), depth
+            )
         return found
 
     def _returns_optimizer(self, module: Module, scope: FunctionScope, depth: int) -> bool:
@@ -463,8 +526,11 @@ class Program:
                 call = next((c for c in scope.calls if c.node is value), None)
                 if call is not None:
                     callee = self.resolve_call(module, scope, call)
-                    if callee is not None and callee[1] is not scope \
-                            and self.summary(*callee, depth=depth + 1).returns_optimizer:
+                    if (
+                        callee is not None
+                        and callee[1] is not scope
+                        and self.summary(*callee, depth=depth + 1).returns_optimizer
+                    ):
                         return True
         return False
 
@@ -476,7 +542,9 @@ class Program:
             name = d.func if isinstance(d, ast.Call) else d
             if not isinstance(name, (ast.Name, ast.Attribute)):
                 continue
-            fake = CallSite(ast.Call(func=name, args=[], keywords=[]), "", last(resolve(name, {})), None, None, False, (0, 0))
+            fake = CallSite(
+                ast.Call(func=name, args=[], keywords=[]), "", last(resolve(name, {})), None, None, False, (0, 0)
+            )
             parent = module.parents.get(id(scope.node)) or module.index.scopes[0]
             found = self.resolve_call(module, parent, fake)
             if found is not None and self.is_grad_off_wrapper(*found):
@@ -493,8 +561,13 @@ class Program:
         for d in scope.node.decorator_list:
             name = d.func if isinstance(d, ast.Call) else d
             qual = resolve(name, module.index.aliases) if isinstance(name, (ast.Name, ast.Attribute)) else ""
-            if not qual or qual in _HARMLESS_DECORATORS or qual.startswith(_HARMLESS_DECORATOR_PREFIXES) \
-                    or last(qual) in _GRAD_OFF or last(qual) in ("setter", "getter", "deleter"):
+            if (
+                not qual
+                or qual in _HARMLESS_DECORATORS
+                or qual.startswith(_HARMLESS_DECORATOR_PREFIXES)
+                or last(qual) in _GRAD_OFF
+                or last(qual) in ("setter", "getter", "deleter")
+            ):
                 continue
             fake = CallSite(ast.Call(func=name, args=[], keywords=[]), "", last(qual), None, None, False, (0, 0))
             if self.resolve_call(module, parent, fake) is None:
@@ -533,8 +606,9 @@ class Program:
         found = self._tree_stamps.get(root)
         if found is None:
             listing = "\n".join(f"{p} {stamp(p)}" for p in self.project_files(root))
-            found = self._tree_stamps[root] = hashlib.blake2b(listing.encode("utf-8", "surrogatepass"),
-                                                              digest_size=16).hexdigest()
+            found = self._tree_stamps[root] = hashlib.blake2b(
+                listing.encode("utf-8", "surrogatepass"), digest_size=16
+            ).hexdigest()
         return found
 
     def callers(self, module: Module, scope: FunctionScope) -> Iterator[tuple[Module, FunctionScope, CallSite]]:
@@ -565,8 +639,9 @@ class Program:
             self._callers[key] = found
         return found
 
-    def _index_calls(self, module: Module, name: str,
-                     found: dict[int, list[tuple[Module, FunctionScope, CallSite]]]) -> None:
+    def _index_calls(
+        self, module: Module, name: str, found: dict[int, list[tuple[Module, FunctionScope, CallSite]]]
+    ) -> None:
         for s in module.index.scopes:
             for call in s.calls if name in s.call_attrs else ():
                 target = self.resolve_call(module, s, call) if call.attr == name else None
@@ -579,23 +654,57 @@ class Program:
 
 
 # Decorators known to leave autograd as it is (anything else the project does not define is unknown).
-_HARMLESS_DECORATORS = frozenset({
-    "staticmethod", "classmethod", "property", "abstractmethod", "abc.abstractmethod", "override",
-    "typing.override", "typing_extensions.override", "overload", "typing.overload", "dataclass",
-    "dataclasses.dataclass", "contextmanager", "contextlib.contextmanager", "pytest.fixture", "torch.enable_grad",
-    "torch.compile", "unittest.skip", "unittest.skipIf",
-})
-_HARMLESS_DECORATOR_PREFIXES = ("functools.", "torch.jit.", "torch.compiler.", "torch._dynamo.", "pytest.mark.",
-                                "click.", "typing.", "lru_cache", "cache", "wraps", "torch.autocast",
-                                "torch.cuda.amp.", "torch.amp.")
+_HARMLESS_DECORATORS = frozenset(
+    {
+        "staticmethod",
+        "classmethod",
+        "property",
+        "abstractmethod",
+        "abc.abstractmethod",
+        "override",
+        "typing.override",
+        "typing_extensions.override",
+        "overload",
+        "typing.overload",
+        "dataclass",
+        "dataclasses.dataclass",
+        "contextmanager",
+        "contextlib.contextmanager",
+        "pytest.fixture",
+        "torch.enable_grad",
+        "torch.compile",
+        "unittest.skip",
+        "unittest.skipIf",
+    }
+)
+_HARMLESS_DECORATOR_PREFIXES = (
+    "functools.",
+    "torch.jit.",
+    "torch.compiler.",
+    "torch._dynamo.",
+    "pytest.mark.",
+    "click.",
+    "typing.",
+    "lru_cache",
+    "cache",
+    "wraps",
+    "torch.autocast",
+    "torch.cuda.amp.",
+    "torch.amp.",
+)
 
 
 def _abstract(node: ast.AST) -> bool:
     """A method whose body only raises NotImplementedError, passes or is `...` (a docstring aside)."""
-    body = [stmt for stmt in getattr(node, "body", []) if not (isinstance(stmt, ast.Expr)
-                                                               and isinstance(stmt.value, ast.Constant))]
-    return all(isinstance(stmt, ast.Pass) or isinstance(stmt, ast.Raise) and "NotImplementedError" in ast.dump(stmt)
-               for stmt in body)
+    body = [
+        stmt
+        for stmt in getattr(node, "body", [])
+        if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant))
+    ]
+    return all(
+        isinstance(stmt, ast.Pass) or isinstance(stmt, ast.Raise) and "NotImplementedError" in ast.dump(stmt)
+        for stmt in body
+    )
 
 
 def _searchable_root(root: str, folder: str) -> str:
@@ -606,23 +715,32 @@ def _searchable_root(root: str, folder: str) -> str:
         return root
     parts = rel.split(os.sep)
     hidden = [i for i, part in enumerate(parts) if part.startswith(".") and part not in _SKIP_DIRS]
-    return os.path.join(root, *parts[:hidden[-1] + 1]) if hidden else root
+    return os.path.join(root, *parts[: hidden[-1] + 1]) if hidden else root
 
 
 def _wraps_in_grad_off(outer: ast.AST, module: Module) -> bool:
     """A nested function (the wrapper a decorator returns) calls a parameter of an enclosing function (the
     decorated target) inside `with torch.no_grad():` (`functools.wraps` decorators written by hand)."""
-    targets = {a.arg for n in ast.walk(outer) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-               for a in n.args.posonlyargs + n.args.args}
+    targets = {
+        a.arg
+        for n in ast.walk(outer)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for a in n.args.posonlyargs + n.args.args
+    }
     for inner in ast.walk(outer):
         if inner is outer or not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         own = {a.arg for a in inner.args.posonlyargs + inner.args.args + inner.args.kwonlyargs}
         for node in ast.walk(inner):
-            if isinstance(node, (ast.With, ast.AsyncWith)) \
-                    and any(_names_grad_off(item.context_expr, module) for item in node.items) \
-                    and any(isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in targets - own
-                            for stmt in node.body for c in ast.walk(stmt)):
+            if (
+                isinstance(node, (ast.With, ast.AsyncWith))
+                and any(_names_grad_off(item.context_expr, module) for item in node.items)
+                and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in targets - own
+                    for stmt in node.body
+                    for c in ast.walk(stmt)
+                )
+            ):
                 return True
     return False
 

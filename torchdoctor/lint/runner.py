@@ -1,4 +1,5 @@
 """Read, parse and check files: the engine behind `torchdoctor lint` (no pitfall-specific logic here)."""
+
 from __future__ import annotations
 
 import ast
@@ -19,7 +20,7 @@ from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
 
 MAX_FILE_BYTES = 2_000_000  # a larger .py file is generated data, not a training script: skipped with a finding
 _IGNORE = re.compile(r"#\s*torchdoctor:\s*ignore(?:\[([^\]]*)\])?")
-# ruff's and flake8's: `# noqa` alone silences every finding of the line, `# noqa: TD301, E501` those codes.
+# ruff's and flake8's: a bare noqa comment silences every finding of the line, one that lists codes only those.
 NOQA = re.compile(r"#\s*noqa(?::[\s]?(?P<codes>[A-Za-z]+[0-9]+(?:[,\s]+[A-Za-z]+[0-9]+)*))?", re.IGNORECASE)
 _ALL = "*"
 
@@ -35,8 +36,12 @@ class LintResult:
     unreadable: list[str] = field(default_factory=list)  # files that could not be read or parsed
 
     def facts(self) -> dict:
-        return {"files": len(self.files), "checked": self.checked, "unreadable": sorted(self.unreadable),
-                "seconds": round(self.seconds, 3)}
+        return {
+            "files": len(self.files),
+            "checked": self.checked,
+            "unreadable": sorted(self.unreadable),
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def read_source(path: str, display: str, project: Optional[ProjectFacts] = None) -> SourceFile:
@@ -51,8 +56,13 @@ def read_source(path: str, display: str, project: Optional[ProjectFacts] = None)
     except OSError as exc:
         return SourceFile(display, "", problem=f"could not be read: {exc.strerror or exc}", project=view)
     if len(data) > MAX_FILE_BYTES:
-        return SourceFile(display, "", problem=f"larger than the lint limit ({len(data) / 1e6:.1f} MB > "
-                          f"{MAX_FILE_BYTES / 1e6:.0f} MB); skipped", problem_line=1, project=view)
+        return SourceFile(
+            display,
+            "",
+            problem=f"larger than the lint limit ({len(data) / 1e6:.1f} MB > {MAX_FILE_BYTES / 1e6:.0f} MB); skipped",
+            problem_line=1,
+            project=view,
+        )
     text, problem, line = _decode(data)
     if problem:
         return SourceFile(display, "", problem=problem, problem_line=line, project=view)
@@ -67,8 +77,9 @@ def read_source(path: str, display: str, project: Optional[ProjectFacts] = None)
         line = exc.lineno or 1
         return SourceFile(display, text, problem=f"not valid Python: {exc.msg}", problem_line=line, project=view)
     except (ValueError, RecursionError, MemoryError) as exc:
-        return SourceFile(display, text, problem=f"cannot be parsed: {type(exc).__name__}: {exc}", problem_line=1,
-                          project=view)
+        return SourceFile(
+            display, text, problem=f"cannot be parsed: {type(exc).__name__}: {exc}", problem_line=1, project=view
+        )
     return SourceFile(display, text, tree, project=view)
 
 
@@ -144,9 +155,15 @@ def _check(src: SourceFile, checks: Sequence[registry.Pitfall]) -> FileResult:
     return FileResult(kept, src.project.asked, cacheable=not crashed, problem=src.problem)
 
 
-def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude: Iterable["str | Pattern"] = (),
-               cwd: Optional[str] = None, jobs: Optional[int] = None, cache: Optional[LintCache] = None,
-               progress: Optional[Callable[[int, int], None]] = None) -> LintResult:
+def lint_paths(
+    paths: Iterable[str],
+    checks: Sequence[registry.Pitfall],
+    exclude: Iterable["str | Pattern"] = (),
+    cwd: Optional[str] = None,
+    jobs: Optional[int] = None,
+    cache: Optional[LintCache] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> LintResult:
     """Lint every Python file under `paths`; raises FileNotFoundError for a path that does not exist.
 
     Large runs are spread over `jobs` forked worker processes (default: the usable CPUs). With a `cache`,
@@ -162,9 +179,15 @@ def lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude
             gc.enable()
 
 
-def _lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclude: Iterable["str | Pattern"],
-                cwd: Optional[str], jobs: Optional[int], cache: Optional[LintCache],
-                progress: Optional[Callable[[int, int], None]]) -> LintResult:
+def _lint_paths(
+    paths: Iterable[str],
+    checks: Sequence[registry.Pitfall],
+    exclude: Iterable["str | Pattern"],
+    cwd: Optional[str],
+    jobs: Optional[int],
+    cache: Optional[LintCache],
+    progress: Optional[Callable[[int, int], None]],
+) -> LintResult:
     started = time.perf_counter()
     cwd = cwd or os.getcwd()
     files = [(path, display_path(path, cwd)) for path in discover(paths, exclude, cwd)]
@@ -200,8 +223,13 @@ def _lint_paths(paths: Iterable[str], checks: Sequence[registry.Pitfall], exclud
     if cache:
         cache.save()
     findings.sort(key=location_order)
-    return LintResult(findings, [display for _, display in files], time.perf_counter() - started,
-                      checked=len(todo), unreadable=unreadable)
+    return LintResult(
+        findings,
+        [display for _, display in files],
+        time.perf_counter() - started,
+        checked=len(todo),
+        unreadable=unreadable,
+    )
 
 
 _POOL_MIN_FILES = 200
@@ -221,8 +249,12 @@ def _can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _lint_files(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall],
-                project: ProjectFacts, progress: Optional[Callable[[int, int], None]] = None) -> list[FileResult]:
+def _lint_files(
+    files: Sequence[tuple[str, str]],
+    checks: Sequence[registry.Pitfall],
+    project: ProjectFacts,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> list[FileResult]:
     results = []
     program, root = project.program, None
     for path, display in files:
@@ -246,15 +278,20 @@ def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:
     return _lint_files(files, _WORKER_STATE["checks"], _WORKER_STATE["project"])
 
 
-def _lint_in_workers(files: Sequence[tuple[str, str]], checks: Sequence[registry.Pitfall], project: ProjectFacts,
-                     jobs: int, progress: Optional[Callable[[int, int], None]] = None) -> list[FileResult]:
+def _lint_in_workers(
+    files: Sequence[tuple[str, str]],
+    checks: Sequence[registry.Pitfall],
+    project: ProjectFacts,
+    jobs: int,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> list[FileResult]:
     """Forked workers inherit the checks and project facts; each lints a slice of the files (results in order)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     _WORKER_STATE.update(checks=list(checks), project=project)
     size = max(16, len(files) // (jobs * 4))
-    chunks = [files[i:i + size] for i in range(0, len(files), size)]
+    chunks = [files[i : i + size] for i in range(0, len(files), size)]
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             results: list[FileResult] = []

@@ -1,4 +1,5 @@
 """The facts a source check sees: one parsed file (`SourceFile`) and what is known about the project."""
+
 from __future__ import annotations
 
 import ast
@@ -98,11 +99,15 @@ class ProjectView:
     def callers(self, scope: FunctionScope) -> list[tuple[FunctionScope, CallSite, bool]]:
         """Every call of this function in the project, with its scope and whether grad is off there (the call
         is under no_grad or its function is decorated so)."""
+
         def ask(program: Program, module: Module) -> list[tuple[FunctionScope, CallSite, bool]]:
             root = program.root_of(module.path)
             self.asked.append(("tree", root, program.tree_stamp(root)))  # covers every file the answer read
-            return [(s, call, call.grad_off or program.summary(other, s).grad_off)
-                    for other, s, call in program.callers(module, scope)]
+            return [
+                (s, call, call.grad_off or program.summary(other, s).grad_off)
+                for other, s, call in program.callers(module, scope)
+            ]
+
         return self._ask(ask, [], record_files=False)
 
     def callee(self, scope: FunctionScope, call: CallSite) -> Optional[tuple[FunctionScope, Summary]]:
@@ -131,6 +136,7 @@ class ProjectView:
 
     def imported_module_mentions(self, text: str) -> bool:
         """Whether a project module this file imports (or one those import) has the string constant `text`."""
+
         def ask(program: Program, module: Module) -> bool:
             seen, todo = {module.path}, [module]
             while todo and len(seen) < _MAX_IMPORTED:
@@ -145,6 +151,7 @@ class ProjectView:
                     if other is not None:
                         todo.append(other)
             return False
+
         return self._ask(ask, False)
 
     def _ask(self, question: Callable[[Program, Module], T], default: T, record_files: bool = True) -> T:
@@ -233,7 +240,7 @@ class SourceFile:
             return line.encode("utf-8")[col:end_col].decode("utf-8", "replace")
         head = self.lines[first].encode("utf-8")[col:].decode("utf-8", "replace")
         tail = self.lines[last].encode("utf-8")[:end_col].decode("utf-8", "replace")
-        return "\n".join([head, *self.lines[first + 1:last], tail])
+        return "\n".join([head, *self.lines[first + 1 : last], tail])
 
     def snippet(self, node: Spanned, limit: int = 70) -> str:
         """The source of `node` for a message: on one line, shortened when long."""

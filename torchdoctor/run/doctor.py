@@ -1,5 +1,6 @@
 """The runtime doctor attached to a whole program: a watch session that adopts every optimizer the program
 steps and the models those optimizers train (`torchdoctor.watch.follow`), around `run_target`."""
+
 from __future__ import annotations
 
 import os
@@ -29,16 +30,23 @@ class RunResult:
         return self.outcome.status if self.outcome.status != 0 else self.report.exit_code()
 
 
-def run_script(target: Target, *, select: Sequence[str] = (), ignore: Sequence[str] = (),
-               fail_on: Optional[str] = None, on_finding: Any = "warn") -> RunResult:
+def run_script(
+    target: Target,
+    *,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    fail_on: Optional[str] = None,
+    on_finding: Any = "warn",
+) -> RunResult:
     """Run `target` under a watch session that follows every optimizer and model; the session's report
     (scope ``run``) is built once the program ended, whichever way it ended."""
     from torchdoctor.settings import load_settings
     from torchdoctor.watch.session import WatchSession
 
     settings = load_settings(select=select, ignore=ignore, fail_on=fail_on)
-    session = WatchSession([], None, checks=list(select) or None, ignore=list(ignore) or None,
-                           on_finding=on_finding, report=False)
+    session = WatchSession(
+        [], None, checks=list(select) or None, ignore=list(ignore) or None, on_finding=on_finding, report=False
+    )
     session.discover_models = True
     session.start()
     outcome = Outcome(1)
@@ -47,8 +55,12 @@ def run_script(target: Target, *, select: Sequence[str] = (), ignore: Sequence[s
     finally:
         session.stop(outcome.exception if not isinstance(outcome.exception, KeyboardInterrupt) else None)
     facts = dict(session.facts)
-    facts["program"] = {"target": target.label, "args": list(target.args), "exit_status": outcome.status,
-                        **({"exception": _one_line(outcome.exception)} if outcome.exception is not None else {})}
+    facts["program"] = {
+        "target": target.label,
+        "args": list(target.args),
+        "exit_status": outcome.status,
+        **({"exception": _one_line(outcome.exception)} if outcome.exception is not None else {}),
+    }
     rank = os.environ.get("RANK")
     if rank is not None and os.environ.get("WORLD_SIZE", "1") != "1":
         facts["program"]["rank"] = int(rank) if rank.isdigit() else rank
@@ -62,9 +74,14 @@ def run_script(target: Target, *, select: Sequence[str] = (), ignore: Sequence[s
         from torchdoctor.watch.distributed import merge_ranks
 
         findings = merge_ranks(answer["received"])
-        facts["ranks"] = {"reported": sorted(answer["received"]), "missing": answer["missing"],
-                          "exit_status": answer["status"]}
-        subject = f"{target.label} ({len(answer['received'])} of {len(answer['received']) + len(answer['missing'])} ranks)"
+        facts["ranks"] = {
+            "reported": sorted(answer["received"]),
+            "missing": answer["missing"],
+            "exit_status": answer["status"],
+        }
+        subject = (
+            f"{target.label} ({len(answer['received'])} of {len(answer['received']) + len(answer['missing'])} ranks)"
+        )
     report = RunReport(scope="run", findings=findings, facts=facts, subject=subject, fail_on=settings.fail_on)
     return RunResult(outcome, report)
 

@@ -6,6 +6,7 @@ keys of this run (TORCHELASTIC_RUN_ID and the restart count). Rank 0 waits a sho
 a rank that died or never reported is named in the report. Nothing here raises: without the store, each
 rank reports on its own.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,15 +23,19 @@ def launched_ranks(environ: Mapping[str, str]) -> Optional[tuple[int, int, str, 
     """(rank, world size, master address, port, key prefix) when torchrun launched several ranks, else None."""
     run_id, rank, world = environ.get("TORCHELASTIC_RUN_ID"), environ.get("RANK"), environ.get("WORLD_SIZE")
     addr, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT")
-    if not (run_id and rank and world and addr and port) or not (rank.isdigit() and world.isdigit()
-                                                                  and port.isdigit()) or int(world) < 2:
+    if (
+        not (run_id and rank and world and addr and port)
+        or not (rank.isdigit() and world.isdigit() and port.isdigit())
+        or int(world) < 2
+    ):
         return None
     prefix = f"torchdoctor/run/{run_id}/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
     return int(rank), int(world), addr, int(port), prefix
 
 
-def exchange(findings: list[Finding], status: int, environ: Mapping[str, str] = os.environ,
-             wait: float = WAIT_SECONDS) -> Optional[dict[str, Any]]:
+def exchange(
+    findings: list[Finding], status: int, environ: Mapping[str, str] = os.environ, wait: float = WAIT_SECONDS
+) -> Optional[dict[str, Any]]:
     """Send this rank's findings; on rank 0, gather every rank's. Returns None when there is nothing to
     exchange with (or it failed: then the caller reports locally); `{"sent": True}` on the other ranks;
     on rank 0 `{"received": {rank: findings}, "status": {rank: exit status}, "missing": [ranks]}`."""

@@ -4,6 +4,7 @@ Same ``__main__`` (``runpy``), ``sys.argv``, ``sys.path[0]``, and the exit statu
 `SystemExit`'s code, 1 for an uncaught exception, the SIGINT death for ``KeyboardInterrupt``. The caller
 decides when to print the traceback (`print_traceback`) so that a report can come first.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,8 +15,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Optional
 
-_OUR_FILES = ("<frozen runpy>", os.path.dirname(runpy.__file__) + os.sep + "runpy.py",
-              os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+_OUR_FILES = (
+    "<frozen runpy>",
+    os.path.dirname(runpy.__file__) + os.sep + "runpy.py",
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
 
 
 @dataclass
@@ -61,8 +65,9 @@ def run_target(target: Target) -> Outcome:
         assert target.path is not None
         sys.argv = [target.path, *target.args]
         where = os.path.abspath(target.path)
-        sys.path[0:1] = [where if os.path.isdir(where) or not where.endswith(".py") and _is_zip(where)
-                         else os.path.dirname(where)]
+        sys.path[0:1] = [
+            where if os.path.isdir(where) or not where.endswith(".py") and _is_zip(where) else os.path.dirname(where)
+        ]
         run = lambda: runpy.run_path(target.path, run_name="__main__")  # type: ignore[arg-type]  # noqa: E731
     try:
         run()

@@ -13,9 +13,20 @@ torchdoctor is private and may change between releases:
 Importing ``torchdoctor.sdk`` (or ``.env``, ``.checkpoint``, ``.source``) never imports torch, so listing
 checks stays fast; the torch-backed runtime services load on first use.
 """
+
 from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.pitfall import Example, Pitfall, PitfallError, Scope
 from torchdoctor.units import byte_size
 from torchdoctor.wrappers import WRAPPER_PREFIXES
 
-__all__ = ["Example", "Finding", "Location", "Pitfall", "PitfallError", "Scope", "Severity", "WRAPPER_PREFIXES", "byte_size"]
+__all__ = [
+    "Example",
+    "Finding",
+    "Location",
+    "Pitfall",
+    "PitfallError",
+    "Scope",
+    "Severity",
+    "WRAPPER_PREFIXES",
+    "byte_size",
+]

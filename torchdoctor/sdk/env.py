@@ -1,4 +1,5 @@
 """What an environment detector (``@pitfall.env``) receives: `EnvFacts`, collected once per run."""
+
 from torchdoctor.env.facts import EnvFacts, GpuProcess, LibraryCopy, PathEntry, RankFacts, UnmetRequirement
 from torchdoctor.env.shadowing import THIRD_PARTY
 

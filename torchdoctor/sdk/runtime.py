@@ -6,10 +6,18 @@ The contract (events, their order, and the rules for handlers) is documented in
 fingerprints, the cross-rank exchange — are imported on first use, so a checks module can import this one
 at load time without importing torch.
 """
+
 from typing import Any
 
 from torchdoctor.watch.contract import (
-    CrashEvent, Event, ForwardEvent, Findings, LoaderEvent, RuntimeCheck, StepEvent, ZeroGradEvent,
+    CrashEvent,
+    Event,
+    Findings,
+    ForwardEvent,
+    LoaderEvent,
+    RuntimeCheck,
+    StepEvent,
+    ZeroGradEvent,
 )
 from torchdoctor.watch.handles import Restore
 from torchdoctor.watch.patches import MethodPatch
@@ -42,9 +50,28 @@ _LAZY = {
 # Modules offered whole: `evidence` for crash checks (failing frames, placement, memory held)
 _MODULES = {"evidence": "torchdoctor.watch.evidence"}
 
-__all__ = ["CrashEvent", "Event", "ForwardEvent", "Findings", "LoaderEvent", "MethodPatch", "Restore", "RuntimeCheck",
-           "StepEvent", "ZeroGradEvent", "frame_variables", "is_library", "unwrap", "unwrap_optimizer", "user_frame",
-           "user_frames", "user_line", "wrapper_chain", *_LAZY, *_MODULES]
+__all__ = [
+    "CrashEvent",
+    "Event",
+    "ForwardEvent",
+    "Findings",
+    "LoaderEvent",
+    "MethodPatch",
+    "Restore",
+    "RuntimeCheck",
+    "StepEvent",
+    "ZeroGradEvent",
+    "frame_variables",
+    "is_library",
+    "unwrap",
+    "unwrap_optimizer",
+    "user_frame",
+    "user_frames",
+    "user_line",
+    "wrapper_chain",
+    *_LAZY,
+    *_MODULES,
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,7 @@ when it binds an ``nn.Module`` (as ``check-ckpt --model`` does).
 example proposes must parse, and must be what makes the Good example good (Good = Bad with the fix's code
 pasted in); a checkpoint fix's code must run when pasted after the Bad example.
 """
+
 from __future__ import annotations
 
 import ast
@@ -34,10 +35,14 @@ def run_example(pitfall: Pitfall, example: Example, scope: "Scope | str") -> lis
         raise PitfallError(f"pitfall {pitfall.name} has no {scope} detector")
     if not example.runnable(scope):
         raise PitfallError(f"pitfall {pitfall.name}: this example is not runnable in {scope}")
-    runner = {Scope.SOURCE: _lint, Scope.RUNTIME: _watch, Scope.CHECKPOINT: lambda p, e: _check_files(p, e)[0]}.get(scope)
+    runner = {Scope.SOURCE: _lint, Scope.RUNTIME: _watch, Scope.CHECKPOINT: lambda p, e: _check_files(p, e)[0]}.get(
+        scope
+    )
     if runner is None:
-        raise PitfallError(f"pitfall {pitfall.name}: {scope} examples can't run in one process; "
-                           f"give Example(unseen={{'{scope}': why}})")
+        raise PitfallError(
+            f"pitfall {pitfall.name}: {scope} examples can't run in one process; "
+            f"give Example(unseen={{'{scope}': why}})"
+        )
     return [f for f in runner(pitfall, example) if f.name == pitfall.name]
 
 
@@ -58,11 +63,16 @@ def paste_problems(pitfall: Pitfall, scope: "Scope | str") -> list[str]:
             if not (_parses(snippet) or _parses(snippet + " pass")):
                 problems.append(f"{pitfall.name} [{scope}]: the fix's code does not parse: {snippet!r}")
             elif str(scope) not in good.recipe:
-                missing = [line for line in map(_code_line, snippet.splitlines())
-                           if line and line != "..." and line not in good_lines]
+                missing = [
+                    line
+                    for line in map(_code_line, snippet.splitlines())
+                    if line and line != "..." and line not in good_lines
+                ]
                 if missing:
-                    problems.append(f"{pitfall.name} [{scope}]: the Good example is not the Bad one with the fix "
-                                    f"pasted in; it lacks {missing} (or say why in Example(recipe=...))")
+                    problems.append(
+                        f"{pitfall.name} [{scope}]: the Good example is not the Bad one with the fix "
+                        f"pasted in; it lacks {missing} (or say why in Example(recipe=...))"
+                    )
     return problems
 
 
@@ -75,7 +85,7 @@ def _snippets(finding: Finding) -> list[str]:
     out = [fix.code] if fix.code else []
     quoted = re.search(r"`([^`]+)`", fix.title)
     first = quoted.group(1) if quoted else ""
-    for text in ((first, first + " pass") if first else ()):  # ` pass`: a block header such as `with x:`
+    for text in (first, first + " pass") if first else ():  # ` pass`: a block header such as `with x:`
         if _parses(text):
             body = ast.parse(text).body
             if body and not isinstance(body[0], ast.Expr):  # a statement, not a name or an expression
@@ -117,8 +127,13 @@ def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
         exec(compile(setup, "<example setup>", "exec"), namespace)
         if "model" not in namespace:
             raise PitfallError(f"pitfall {pitfall.name}: a runtime example's setup must bind `model`")
-        session = watch(namespace["model"], namespace.get("optimizer"), checks=[pitfall.name],
-                        on_finding=lambda finding: None, report=False)
+        session = watch(
+            namespace["model"],
+            namespace.get("optimizer"),
+            checks=[pitfall.name],
+            on_finding=lambda finding: None,
+            report=False,
+        )
         try:
             with session:
                 exec(compile(code, "<example>", "exec"), namespace)
@@ -152,17 +167,23 @@ def _check_files(pitfall: Pitfall, example: Example, paste: bool = False) -> tup
             raise PitfallError(f"pitfall {pitfall.name}: the checkpoint example wrote no checkpoint file")
         model = namespace.get("model")
         for path in written:
-            findings += [f for f in check_checkpoint(path, model if _is_module(model) else None,
-                                                     select=[pitfall.name], scan_values=True).findings
-                         if f.name == pitfall.name]
+            findings += [
+                f
+                for f in check_checkpoint(
+                    path, model if _is_module(model) else None, select=[pitfall.name], scan_values=True
+                ).findings
+                if f.name == pitfall.name
+            ]
         for snippet in (s for f in findings for s in _snippets(f)) if paste else ():
             before = {path: path.read_bytes() for path in written}
             try:
                 with _safe_globals_kept():
                     exec(compile(snippet, "<fix>", "exec"), dict(namespace))
             except Exception as exc:
-                problems.append(f"{pitfall.name} [checkpoint]: the fix fails when pasted after the Bad example: "
-                                f"{type(exc).__name__}: {exc}\n{snippet}")
+                problems.append(
+                    f"{pitfall.name} [checkpoint]: the fix fails when pasted after the Bad example: "
+                    f"{type(exc).__name__}: {exc}\n{snippet}"
+                )
                 continue
             for path in (p for p in written if p.read_bytes() != before[p]):  # a fix that rewrites the file
                 if any(f.name == pitfall.name for f in check_checkpoint(path, select=[pitfall.name]).findings):
@@ -210,8 +231,12 @@ def _torch_switches_kept() -> Iterator[None]:
     import torch
 
     cudnn = torch.backends.cudnn
-    saved = (cudnn.benchmark, cudnn.deterministic, torch.are_deterministic_algorithms_enabled(),
-             torch.is_deterministic_algorithms_warn_only_enabled())
+    saved = (
+        cudnn.benchmark,
+        cudnn.deterministic,
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
     threads = torch.get_num_threads()
     try:
         yield

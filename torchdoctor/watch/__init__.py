@@ -5,6 +5,7 @@ events and extension points are documented in `torchdoctor.watch.contract`; the 
 in `torchdoctor.watch.events`. This package's ``__init__`` and `contract` stay torch-free, because the
 built-in check modules import the contract when the registry loads.
 """
+
 from __future__ import annotations
 
 import sys

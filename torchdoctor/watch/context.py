@@ -1,4 +1,5 @@
 """What a watch session knows about the training loop, handed to every runtime check as ``ctx``."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,7 +36,9 @@ class WatchedModel:
     def mode_dependent_layers(self) -> list[str]:
         """Type names of the layers whose behaviour depends on train()/eval() (BatchNorm, Dropout)."""
         if self._mode_layers is None:
-            self._mode_layers = sorted({type(m).__name__ for m in self.inner.modules() if isinstance(m, MODE_DEPENDENT)})
+            self._mode_layers = sorted(
+                {type(m).__name__ for m in self.inner.modules() if isinstance(m, MODE_DEPENDENT)}
+            )
         return self._mode_layers
 
     def graph_footprint(self, output: Optional[torch.Tensor]) -> tuple[int, int]:

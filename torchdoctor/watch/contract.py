@@ -2,7 +2,8 @@
 
 This module is torch-free: the check modules in `checks/` import it when the registry loads.
 
-A runtime check is a `RuntimeCheck` subclass attached to its pitfall with ``@PITFALL.runtime``. Each session builds one instance per enabled check, ``Check(ctx)`` (`ctx` is the
+A runtime check is a `RuntimeCheck` subclass attached to its pitfall with ``@PITFALL.runtime``. Each session builds one
+instance per enabled check, ``Check(ctx)`` (`ctx` is the
 session's `torchdoctor.watch.context.WatchContext`), and calls its ``on_<event>`` methods. Which events
 a check receives is derived from the ``on_<event>`` methods it overrides, and the session installs only
 the hooks that the union of those events needs. A handler returns ``None`` or an iterable of `Finding`
@@ -57,6 +58,7 @@ rank 0 only (see ``WatchSession.start``). It uses the same events (``PERIODIC`` 
 ``on_<event>`` default on `RuntimeCheck` (its signature is what every handler must accept), a payload dataclass
 here and an installer in `torchdoctor.watch.events`.
 """
+
 from __future__ import annotations
 
 import enum
@@ -89,8 +91,16 @@ class ForwardEvent:
 
     __slots__ = ("model", "output", "training", "grad_enabled", "inference_mode", "_args", "_input_ref")
 
-    def __init__(self, model: "WatchedModel", output: Any, training: bool, grad_enabled: bool, inference_mode: bool,
-                 input_ref: Optional["weakref.ReferenceType[Any]"] = None, args: Any = None) -> None:
+    def __init__(
+        self,
+        model: "WatchedModel",
+        output: Any,
+        training: bool,
+        grad_enabled: bool,
+        inference_mode: bool,
+        input_ref: Optional["weakref.ReferenceType[Any]"] = None,
+        args: Any = None,
+    ) -> None:
         self.model, self.output, self.training = model, output, training
         self.grad_enabled, self.inference_mode = grad_enabled, inference_mode
         self._input_ref, self._args = input_ref, args  # the weak reference is made on first use, from args

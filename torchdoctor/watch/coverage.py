@@ -1,5 +1,6 @@
 """Which enabled checks could not run in a watch session, and why: a report never says "No problems found"
 for checks that saw nothing to judge. Decided at the end of the session from what the hooks saw."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -28,8 +29,9 @@ def needs_forward(check: RuntimeCheck) -> bool:
     return bool(declared) if declared is not None else Event.FORWARD in type(check).subscribed_events()
 
 
-def not_run(ctx: "WatchContext", checks: dict[str, RuntimeCheck], seen: dict[Event, int],
-            under_functorch: int, found: set[str]) -> list[dict[str, Any]]:
+def not_run(
+    ctx: "WatchContext", checks: dict[str, RuntimeCheck], seen: dict[Event, int], under_functorch: int, found: set[str]
+) -> list[dict[str, Any]]:
     """Groups of checks that could not run: {"checks": names, "why": ..., "how": ...}, with "applies": False
     for those that have nothing to judge in such a loop (no DataLoader); a check that found something ran."""
     groups: list[dict[str, Any]] = []
@@ -42,12 +44,17 @@ def not_run(ctx: "WatchContext", checks: dict[str, RuntimeCheck], seen: dict[Eve
             groups.append({"checks": names, "why": why, "how": how, **({} if applies else {"applies": False})})
 
     if not ctx.optimizers:
-        group([n for n, c in checks.items() if needs_optimizer(c)],
-              "no optimizer was given to watch() or seen in the session",
-              "pass it, watch(model, optimizer), or start the session after the trainer has built it")
+        group(
+            [n for n, c in checks.items() if needs_optimizer(c)],
+            "no optimizer was given to watch() or seen in the session",
+            "pass it, watch(model, optimizer), or start the session after the trainer has built it",
+        )
     elif not any(wo.steps for wo in ctx.optimizers):
-        group([n for n, c in checks.items() if needs_optimizer(c) or _STEP_EVENTS & set(type(c).subscribed_events())],
-              "no optimizer step ran in the session", "run at least one optimizer.step() inside the session")
+        group(
+            [n for n, c in checks.items() if needs_optimizer(c) or _STEP_EVENTS & set(type(c).subscribed_events())],
+            "no optimizer step ran in the session",
+            "run at least one optimizer.step() inside the session",
+        )
     listening = [n for n, c in checks.items() if needs_forward(c)]
     if not seen.get(Event.FORWARD):
         if under_functorch:
@@ -59,6 +66,10 @@ def not_run(ctx: "WatchContext", checks: dict[str, RuntimeCheck], seen: dict[Eve
         group(listening, why, how)
     loaders = [n for n, c in checks.items() if set(type(c).subscribed_events()) & _LOOP_EVENTS == {Event.LOADER_ITER}]
     if not seen.get(Event.LOADER_ITER):
-        group(loaders, "no DataLoader pass started in the session",  # nothing to judge in a loop without one
-              "nothing to do if the loop reads no DataLoader; otherwise iterate it inside the session", applies=False)
+        group(
+            loaders,
+            "no DataLoader pass started in the session",  # nothing to judge in a loop without one
+            "nothing to do if the loop reads no DataLoader; otherwise iterate it inside the session",
+            applies=False,
+        )
     return groups

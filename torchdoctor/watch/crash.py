@@ -1,5 +1,6 @@
 """The ``CRASH`` event: when the watched code raises, the checks that explain exceptions look at the
 evidence (`torchdoctor.watch.evidence`) and say what happened; their findings lead the report."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

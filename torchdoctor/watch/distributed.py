@@ -11,6 +11,7 @@ they never trip gloo's size checks, which abort the process; they read each othe
 comparing. A rank that is late past the timeout, or gone, ends the
 exchanges for the rest of the session; training goes on.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,10 @@ import torch
 from torch import nn
 
 from torchdoctor import registry
+from torchdoctor.findings import Finding
+from torchdoctor.findings import merge_ranks as merge_findings
 from torchdoctor.watch.fingerprint import batch_sums, digest
 from torchdoctor.wrappers import wrapper_chain
-from torchdoctor.findings import Finding, merge_ranks as merge_findings
 
 if TYPE_CHECKING:
     from torchdoctor.watch.context import WatchContext
@@ -58,8 +60,9 @@ def exchange_timeout() -> float:
     except ValueError:
         value = -1.0
     if not (value > 0 and math.isfinite(value)):
-        logger.warning("torchdoctor: %s=%r is not a positive number of seconds; using %g", TIMEOUT_ENV, text,
-                       DEFAULT_TIMEOUT_S)
+        logger.warning(
+            "torchdoctor: %s=%r is not a positive number of seconds; using %g", TIMEOUT_ENV, text, DEFAULT_TIMEOUT_S
+        )
         return DEFAULT_TIMEOUT_S
     return value
 
@@ -90,11 +93,15 @@ class SideGroup:
                 store = PrefixStore(self._prefix, _get_default_store())
                 self._pg = ProcessGroupGloo(store, self.rank, self.world_size, timedelta(seconds=self.timeout))
             except Exception as exc:
-                self.trouble = (f"the other ranks did not join torchdoctor's side group within {self.timeout:g} s "
-                                f"({_short(exc)}); is watch() called on every rank?")
+                self.trouble = (
+                    f"the other ranks did not join torchdoctor's side group within {self.timeout:g} s "
+                    f"({_short(exc)}); is watch() called on every rank?"
+                )
         return self._pg
 
-    def exchange(self, kind: int, step: int, payload: bytes, timeout: Optional[float] = None) -> Optional[list[Message]]:
+    def exchange(
+        self, kind: int, step: int, payload: bytes, timeout: Optional[float] = None
+    ) -> Optional[list[Message]]:
         """Every rank's message (index = rank), or None when a rank is late past the timeout or gone."""
         pg = self._connect()
         if pg is None:
@@ -106,22 +113,26 @@ class SideGroup:
             headers = [_HEADER.unpack_from(c) for c in first]
             if any(h[0] != _MAGIC for h in headers):
                 raise ValueError("a rank sent a chunk torchdoctor cannot read")
-            parts = [[c[_HEADER.size:]] for c in first]
-            for index in range(1, max(h[3] for h in headers)):  # the same count on every rank: they saw the same headers
-                for rank, c in enumerate(self._gather(pg, self._chunk(kind, index, chunks, payload, step, room), timeout)):
-                    parts[rank].append(c[_HEADER.size:])
+            parts = [[c[_HEADER.size :]] for c in first]
+            for index in range(
+                1, max(h[3] for h in headers)
+            ):  # the same count on every rank: they saw the same headers
+                for rank, c in enumerate(
+                    self._gather(pg, self._chunk(kind, index, chunks, payload, step, room), timeout)
+                ):
+                    parts[rank].append(c[_HEADER.size :])
         except Exception as exc:  # timeout, a closed connection, or garbage: give up for good
             waited = min(timeout or self.timeout, self.timeout)
             self.trouble = f"another rank did not join the exchange within {waited:g} s, or is gone ({_short(exc)})"
             self.close()
             return None
-        return [Message(h[1], h[5], b"".join(p)[:h[4]]) for h, p in zip(headers, parts)]
+        return [Message(h[1], h[5], b"".join(p)[: h[4]]) for h, p in zip(headers, parts)]
 
     def _chunk(self, kind: int, index: int, chunks: int, payload: bytes, step: int, room: int) -> torch.Tensor:
-        data = payload[index * room:(index + 1) * room]
+        data = payload[index * room : (index + 1) * room]
         buf = bytearray(CHUNK_BYTES)
         _HEADER.pack_into(buf, 0, _MAGIC, kind, index, chunks, len(payload), step)
-        buf[_HEADER.size:_HEADER.size + len(data)] = data
+        buf[_HEADER.size : _HEADER.size + len(data)] = data
         return torch.frombuffer(buf, dtype=torch.uint8)
 
     def _gather(self, pg: Any, chunk: torch.Tensor, timeout: Optional[float]) -> list[bytes]:
@@ -211,8 +222,7 @@ def stats_differ(a: "list[float] | tuple[float, ...]", b: "list[float] | tuple[f
     squares = max(abs(qa), abs(qb))
     if not math.isfinite(squares):
         return not (sa == sb or (math.isnan(sa) and math.isnan(sb)))
-    return (abs(sa - sb) > 1e-5 * math.sqrt(max(na, 1) * squares) + 1e-12
-            or abs(qa - qb) > 1e-5 * squares + 1e-12)
+    return abs(sa - sb) > 1e-5 * math.sqrt(max(na, 1) * squares) + 1e-12 or abs(qa - qb) > 1e-5 * squares + 1e-12
 
 
 @dataclasses.dataclass
@@ -233,8 +243,7 @@ class RankExchange:
         self.group = SideGroup(ctx.rank, ctx.world_size, self.timeout)
         self.parts: set[str] = set()
         self.owners: dict[str, "RuntimeCheck"] = {}  # part -> the check blamed when fingerprinting it fails
-        self.models = [(wm, ddp) for wm in ctx.models
-                       if (ddp := ddp_over_world(wm.module, ctx.world_size)) is not None]
+        self.models = [(wm, ddp) for wm in ctx.models if (ddp := ddp_over_world(wm.module, ctx.world_size)) is not None]
         self.notes: list[str] = []
         self.providers: dict[str, Callable[[], Any]] = {}  # part -> what a check sends in every exchange
         self.closed = False  # no more exchanges this session
@@ -282,8 +291,9 @@ class RankExchange:
         try:
             self._hooks.append(hooks.add(register_module_forward_hook(self._outer_forward, with_kwargs=True)))
         except TypeError:  # torch < 2.2: positional inputs only
-            self._hooks.append(hooks.add(register_module_forward_hook(
-                lambda m, args, out: self._outer_forward(m, args, {}, out))))
+            self._hooks.append(
+                hooks.add(register_module_forward_hook(lambda m, args, out: self._outer_forward(m, args, {}, out)))
+            )
         self._hooks.append(hooks.add(WarningFilter(r"Using `torch.compile\(module\)` when there are global hooks")))
 
     def disarm(self) -> None:
@@ -358,8 +368,11 @@ class RankExchange:
         if stopped:
             for r in stopped:
                 self.departed[r] = _load(messages[r].payload)
-            self._close(f"rank(s) {_ranks(stopped)} ended their watch session while rank {self.ctx.rank} was at step "
-                        f"{event.step}; the ranks are no longer compared", quiet=True)
+            self._close(
+                f"rank(s) {_ranks(stopped)} ended their watch session while rank {self.ctx.rank} was at step "
+                f"{event.step}; the ranks are no longer compared",
+                quiet=True,
+            )
             return None
         if any(m.kind != PERIODIC or m.step != event.step for m in messages):
             return None  # the ranks are at different steps: nothing comparable this time
@@ -406,16 +419,21 @@ class RankExchange:
                 busy = [r for r, m in enumerate(messages) if m.kind != STOP]
                 received.update({r: _findings(_load(m.payload)) for r, m in enumerate(messages) if m.kind == STOP})
                 if busy:
-                    self.notes.append(f"rank(s) {_ranks(busy)} were still training when rank {rank} ended its "
-                                      "session; their findings are not in this report")
+                    self.notes.append(
+                        f"rank(s) {_ranks(busy)} were still training when rank {rank} ended its "
+                        "session; their findings are not in this report"
+                    )
             self.group.close()
         missing = sorted(set(range(world)) - set(received))
         facts = {"world_size": world, "reported": sorted(received), "missing": missing, "notes": list(self.notes)}
         if rank != 0:
             return None, facts
         if missing:
-            logger.warning("torchdoctor: the report covers rank(s) %s only; rank(s) %s did not send their findings",
-                           _ranks(sorted(received)), _ranks(missing))
+            logger.warning(
+                "torchdoctor: the report covers rank(s) %s only; rank(s) %s did not send their findings",
+                _ranks(sorted(received)),
+                _ranks(missing),
+            )
         return merge_ranks(received), facts
 
 
@@ -445,8 +463,9 @@ def exchange_for(ctx: "WatchContext") -> RankExchange:
     return ex
 
 
-def gather_report(ctx: "WatchContext", findings: list[Finding],
-                  failed: bool = False) -> tuple[Optional[list[Finding]], dict[str, Any]]:
+def gather_report(
+    ctx: "WatchContext", findings: list[Finding], failed: bool = False
+) -> tuple[Optional[list[Finding]], dict[str, Any]]:
     """Called by the session at its end on every rank (a point they all reach in the same order): rank 0
     gets every rank's findings merged; never raises."""
     ex = _exchanges.pop(id(ctx), None)

@@ -27,18 +27,18 @@ the hooks return before touching anything, so compiled graphs get no breaks and 
 A handler that raises is unsubscribed from every event and reported once (``on_fault``). Findings are
 handed to the sink outside that guard, so ``on_finding="raise"`` and user callbacks reach the user.
 """
+
 from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable
 
 import torch
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from torchdoctor.findings import Finding
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer, first_graph_tensor
-from torchdoctor.watch.handles import WarningFilter
 from torchdoctor.watch.contract import (
     Event,
     ForwardEvent,
@@ -47,6 +47,7 @@ from torchdoctor.watch.contract import (
     StepEvent,
     ZeroGradEvent,
 )
+from torchdoctor.watch.handles import WarningFilter
 from torchdoctor.watch.patches import LoaderPatch, MethodPatch
 
 logger = logging.getLogger("torchdoctor")
@@ -63,7 +64,9 @@ class EventHub:
         self.on_fault = on_fault
         self.subs: dict[Event, list[tuple[RuntimeCheck, Callable[..., Any]]]] = {e: [] for e in Event}
         self._watched: dict[int, WatchedModel] = {}  # the models as the user calls them
-        self._members: dict[int, WatchedModel] = {}  # those and every submodule: a call of one outside the others is seen
+        self._members: dict[
+            int, WatchedModel
+        ] = {}  # those and every submodule: a call of one outside the others is seen
         self._depth = 0  # calls of members running now: a member called at depth 0 is the outermost
         self._stepped = False
         self.seen: dict[Event, int] = {}  # events dispatched (START/STOP aside), for the checks that could not run
@@ -127,8 +130,11 @@ class EventHub:
             if Event.ZERO_GRAD in wanted:  # optimizers only: their __getstate__ leaves the wrapper out of copies
                 attempt(f"{wo.label}.zero_grad", {Event.ZERO_GRAD}, functools.partial(self._hook_zero_grad, wo))
             # always: the post hook keeps the step count that locations and PERIODIC use
-            attempt(f"{wo.label}.step", {Event.STEP_PRE, Event.PERIODIC, Event.STEP_POST},
-                    functools.partial(self._hook_step, wo, wanted & {Event.STEP_PRE, Event.PERIODIC}))
+            attempt(
+                f"{wo.label}.step",
+                {Event.STEP_PRE, Event.PERIODIC, Event.STEP_POST},
+                functools.partial(self._hook_step, wo, wanted & {Event.STEP_PRE, Event.PERIODIC}),
+            )
         if Event.LOADER_ITER in wanted:
             attempt("DataLoader.__iter__", {Event.LOADER_ITER}, lambda: hooks.add(LoaderPatch(self._loader_iter)))
         if self.ctx.clock is not None:  # the step clock times every loader's __next__ (torchdoctor.watch.timing)
@@ -168,8 +174,14 @@ class EventHub:
                 hooks.add(opt.register_step_pre_hook(functools.partial(self._step_pre, wo)))
             hooks.add(opt.register_step_post_hook(functools.partial(self._step_post, wo)))
         else:
-            hooks.add(MethodPatch(opt, "step", before=functools.partial(self._step_pre, wo) if pre else None,
-                                  after=functools.partial(self._step_post, wo)))
+            hooks.add(
+                MethodPatch(
+                    opt,
+                    "step",
+                    before=functools.partial(self._step_pre, wo) if pre else None,
+                    after=functools.partial(self._step_post, wo),
+                )
+            )
 
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         if id(module) in self._members and not _is_compiling():
@@ -263,10 +275,10 @@ class EventHub:
         self.dispatch(Event.LOADER_ITER, LoaderEvent(loader, iterator))
 
 
-
 # True while dynamo traces: the forward hook must then add nothing to the graph (checked first, cheaply)
-_is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) \
-    or torch._dynamo.is_compiling
+_is_compiling: Callable[[], bool] = (
+    getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
+)
 _functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
 
 

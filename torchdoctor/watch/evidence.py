@@ -5,6 +5,7 @@ The traceback of the exception is the program's state at the failure: the innerm
 module that raised and the tensors it was given. Memory figures come from torch's allocator statistics
 (`cuda_memory`) and NVML; both are module-level functions so that tests can stand in for a GPU.
 """
+
 from __future__ import annotations
 
 import gc
@@ -78,10 +79,12 @@ def failing_call(exc: BaseException) -> Optional[FailingCall]:
     module = owner if isinstance(owner, nn.Module) else None
     params = {}
     if module is not None:
-        params = {n: str(t.device) for n, t in [*module.named_parameters(recurse=False),
-                                                 *module.named_buffers(recurse=False)]}
-    return FailingCall(chosen.f_code.co_name, chosen.f_code.co_filename, chosen.f_lineno, module,
-                       _tensor_locals(chosen), params)
+        params = {
+            n: str(t.device) for n, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        }
+    return FailingCall(
+        chosen.f_code.co_name, chosen.f_code.co_filename, chosen.f_lineno, module, _tensor_locals(chosen), params
+    )
 
 
 def module_path(ctx: "WatchContext", module: nn.Module) -> Optional[str]:
@@ -115,6 +118,7 @@ def placement(ctx: "WatchContext") -> list[str]:
 
 
 # -- memory ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class MemoryBreakdown:
@@ -222,7 +226,9 @@ def other_gpu_processes(device: torch.device) -> list[tuple[int, Optional[int]]]
             pass
 
 
-def largest_tensors(device: torch.device, n: int = 3, at_least: int = 1 << 20) -> list[tuple[tuple[int, ...], str, int]]:
+def largest_tensors(
+    device: torch.device, n: int = 3, at_least: int = 1 << 20
+) -> list[tuple[tuple[int, ...], str, int]]:
     """(shape, dtype, bytes) of the `n` largest tensors of `at_least` bytes alive on `device` (a pass over the
     collector's objects: only after a crash)."""
     sizes: dict[tuple[Any, ...], tuple[tuple[int, ...], str, int]] = {}

@@ -1,5 +1,6 @@
 """Batch fingerprints: a short value that is equal for identical batches and almost surely differs
 otherwise — used to compare data across ranks and across DataLoader workers without copying it."""
+
 from __future__ import annotations
 
 import hashlib

@@ -14,6 +14,7 @@ installed there and then, so that very step already reaches the checks), if `wan
 An adopted optimizer whose parameters a newer adopted optimizer steps is retired (its hooks removed, and
 the session drops it), so that a finished stage's optimizer state is not kept alive by the session.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,9 @@ if TYPE_CHECKING:
 
 # The outermost modules called most recently, kept weakly; a script calls few distinct ones.
 _MAX_ROOTS = 64
-_is_compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) \
-    or torch._dynamo.is_compiling
+_is_compiling: Callable[[], bool] = (
+    getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
+)
 
 
 class RootTracker:
@@ -53,8 +55,10 @@ class RootTracker:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
         if not self._handles:
-            self._handles = [register_module_forward_pre_hook(self._enter),
-                             register_module_forward_hook(self._leave, always_call=True)]
+            self._handles = [
+                register_module_forward_pre_hook(self._enter),
+                register_module_forward_hook(self._leave, always_call=True),
+            ]
 
     def remove(self) -> None:
         while self._handles:
@@ -93,8 +97,13 @@ def models_of(params: Sequence[torch.Tensor], roots: list[nn.Module], known: set
     ids = {id(p) for p in params}
     candidates = [m for m in roots if id(unwrap(m)[0]) not in known and any(id(p) in ids for p in m.parameters())]
     if candidates:  # modules called alongside that got gradients too (trained by this backward, stepped or not)
-        candidates += [m for m in roots if m not in candidates and id(unwrap(m)[0]) not in known
-                       and any(p.grad is not None and p.requires_grad for p in m.parameters())]
+        candidates += [
+            m
+            for m in roots
+            if m not in candidates
+            and id(unwrap(m)[0]) not in known
+            and any(p.grad is not None and p.requires_grad for p in m.parameters())
+        ]
     inside = {id(sub) for m in candidates for sub in m.modules() if sub is not m}
     outermost = [m for m in candidates if id(m) not in inside]
     if len(outermost) > 1:  # parts of one model called one by one (Lightning's training_step): the model
@@ -191,8 +200,9 @@ class Follower:
         except Exception as exc:  # never break the user's step: say it once, and leave this optimizer alone
             self.known.add(optimizer)
             self.waiting.discard(optimizer)
-            self.session.hook_errors.append(f"could not follow {type(optimizer).__name__} "
-                                            f"({type(exc).__name__}: {exc})")
+            self.session.hook_errors.append(
+                f"could not follow {type(optimizer).__name__} ({type(exc).__name__}: {exc})"
+            )
 
     def _adopt(self, optimizer: Any) -> None:
         ctx = self.session._ctx

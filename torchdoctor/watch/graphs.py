@@ -6,6 +6,7 @@ the graph is freed. Callbacks only update counters; checks turn them into findin
 No default ``saved_tensors_hooks`` are used: they would turn off autograd's in-place checks for saved
 tensors and make ``torch.func`` transforms refuse to run inside the session.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -76,8 +77,12 @@ class GraphTracker:
         """Tracked graphs still alive."""
         return len(self._handles)
 
-    def track(self, tensor: torch.Tensor, on_backward: Optional[Callable[[], None]] = None,
-              on_free: Optional[Callable[[bool], None]] = None) -> bool:
+    def track(
+        self,
+        tensor: torch.Tensor,
+        on_backward: Optional[Callable[[], None]] = None,
+        on_free: Optional[Callable[[bool], None]] = None,
+    ) -> bool:
         """Call `on_backward` when backward first reaches `tensor`'s graph and `on_free(reached)` when the graph
         is freed; False when it has none (no grad, or an inference tensor)."""
         fn = tensor.grad_fn
@@ -126,7 +131,9 @@ def _storage(tensor: torch.Tensor) -> tuple[Optional[int], int]:
 
 def _saved_tensors(fn: Any) -> list[torch.Tensor]:
     found = []
-    names = [a for a in dir(fn) if a.startswith("_saved_")] + (["saved_tensors"] if hasattr(fn, "saved_tensors") else [])
+    names = [a for a in dir(fn) if a.startswith("_saved_")] + (
+        ["saved_tensors"] if hasattr(fn, "saved_tensors") else []
+    )
     for name in names:
         try:
             value = getattr(fn, name)

@@ -1,5 +1,6 @@
 """Removable handles, torch-free: the session's `HookSet`, `Restore` for per-instance monkeypatches, and
 `WarningFilter` for a warning filter that lives as long as the session."""
+
 from __future__ import annotations
 
 import warnings
@@ -69,6 +70,8 @@ class WarningFilter:
         if self.entry in warnings.filters:
             warnings.filters.remove(self.entry)  # type: ignore[attr-defined]  # typeshed: a Sequence; it is a list
             # invalidate the per-module "already warned" caches (the name differs across Python versions)
-            mutated = getattr(warnings, "_filters_mutated", None) or getattr(warnings, "_filters_mutated_lock_held", None)
+            mutated = getattr(warnings, "_filters_mutated", None) or getattr(
+                warnings, "_filters_mutated_lock_held", None
+            )
             if mutated is not None:
                 mutated()

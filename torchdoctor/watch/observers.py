@@ -3,6 +3,7 @@
 Torch-free, so that subscribing (the plugin does it when pytest starts a test) imports neither torch nor
 the session.
 """
+
 from __future__ import annotations
 
 import logging

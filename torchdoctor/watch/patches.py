@@ -8,6 +8,7 @@
 One wrapper per patched thing, installed when the first listener subscribes and removed when the last
 one leaves, whichever session that is.
 """
+
 from __future__ import annotations
 
 import functools
@@ -89,8 +90,9 @@ class MethodPatch:
     """Handle of one session's listeners on ``obj.<attr>()``; ``remove()`` unsubscribes them and takes the
     wrapper off when no session listens any more."""
 
-    def __init__(self, obj: Any, attr: str, before: Optional[CallListener] = None,
-                 after: Optional[CallListener] = None) -> None:
+    def __init__(
+        self, obj: Any, attr: str, before: Optional[CallListener] = None, after: Optional[CallListener] = None
+    ) -> None:
         key = (id(obj), attr)
         wrapper = _wrappers.get(key)
         if wrapper is None or obj.__dict__.get(attr) is not wrapper.patched:

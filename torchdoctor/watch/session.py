@@ -1,4 +1,5 @@
 """`watch()`: the session that runs the runtime checks around a training loop and reports on exit."""
+
 from __future__ import annotations
 
 import functools
@@ -17,7 +18,6 @@ from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.notebook import cell_run
 from torchdoctor.settings import load_settings
 from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
-from torchdoctor.wrappers import unwrap, unwrap_optimizer
 from torchdoctor.watch.contract import Event, RuntimeCheck
 from torchdoctor.watch.coverage import not_run
 from torchdoctor.watch.crash import explain_crash
@@ -26,6 +26,7 @@ from torchdoctor.watch.follow import Follower
 from torchdoctor.watch.graphs import GraphTracker
 from torchdoctor.watch.observers import session_started
 from torchdoctor.watch.userframe import user_frame
+from torchdoctor.wrappers import unwrap, unwrap_optimizer
 
 if TYPE_CHECKING:
     from torchdoctor.report import Report
@@ -81,11 +82,14 @@ class WatchSession:
         self._targets: Union[tuple[list[Any], ...], tuple[list[weakref.ref], ...]] = (
             _as_list(model, nn.Module, "model"),
             _as_list(optimizer, torch.optim.Optimizer, "optimizer", allow_none=True),
-            _as_list(loader, DataLoader, "loader", allow_none=True))
+            _as_list(loader, DataLoader, "loader", allow_none=True),
+        )
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"watch(): every must be a positive number of steps, got {every!r}")
         if not callable(on_finding) and on_finding not in _MODES:
-            raise ValueError(f"watch(): on_finding must be one of {', '.join(_MODES)} or a callable, got {on_finding!r}")
+            raise ValueError(
+                f"watch(): on_finding must be one of {', '.join(_MODES)} or a callable, got {on_finding!r}"
+            )
         settings = load_settings(select=checks, ignore=ignore)  # one name or several, names or codes
         infos = selection.select_checks(selection.WATCH, settings)  # a bad name or setting: ValueError, before any hook
         self._infos = [i for i in infos if registry.Scope.RUNTIME in i.scopes]
@@ -142,8 +146,12 @@ class WatchSession:
         self._info_of = {}
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             ctx.rank, ctx.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-            infos += [i for i in self._ddp_infos if isinstance(i.impl(registry.Scope.DISTRIBUTED), type)
-                      and issubclass(i.impl(registry.Scope.DISTRIBUTED), RuntimeCheck)]
+            infos += [
+                i
+                for i in self._ddp_infos
+                if isinstance(i.impl(registry.Scope.DISTRIBUTED), type)
+                and issubclass(i.impl(registry.Scope.DISTRIBUTED), RuntimeCheck)
+            ]
         self._ctx = ctx
         checks: list[RuntimeCheck] = []
         for info in infos:
@@ -165,8 +173,10 @@ class WatchSession:
         self.hook_errors = []
         for what, error, off in self._hub.install():  # never break training: watch the rest and say what is off
             names = sorted(self._info_of[id(c)].name for c in off)
-            self.hook_errors.append(f"could not watch {what} ({type(error).__name__}: {error}); "
-                                    f"checks that go without it: {', '.join(names) or 'none'}")
+            self.hook_errors.append(
+                f"could not watch {what} ({type(error).__name__}: {error}); "
+                f"checks that go without it: {', '.join(names) or 'none'}"
+            )
             _warn_at_user_line(TorchDoctorWarning(f"torchdoctor.watch {self.hook_errors[-1]}"))
         try:  # optimizers built (or rebuilt) later are adopted as they step: torchdoctor.watch.follow
             self._follower = ctx.hooks.add(Follower(self, discover=self.discover_models).install())
@@ -292,11 +302,19 @@ class WatchSession:
 
     def _facts(self, ctx: WatchContext) -> dict[str, Any]:
         facts: dict[str, Any] = {
-            "models": [{"label": wm.label, "wrappers": wm.wrappers,
-                        "parameters": sum(p.numel() for p in wm.inner.parameters()),
-                        **({"forward_seen_through": wm.entry} if wm.entry else {})} for wm in ctx.models],
-            "optimizers": [{"label": wo.label, "steps": wo.steps, **({"wrappers": wo.wrappers} if wo.wrappers else {})}
-                           for wo in ctx.optimizers],
+            "models": [
+                {
+                    "label": wm.label,
+                    "wrappers": wm.wrappers,
+                    "parameters": sum(p.numel() for p in wm.inner.parameters()),
+                    **({"forward_seen_through": wm.entry} if wm.entry else {}),
+                }
+                for wm in ctx.models
+            ],
+            "optimizers": [
+                {"label": wo.label, "steps": wo.steps, **({"wrappers": wo.wrappers} if wo.wrappers else {})}
+                for wo in ctx.optimizers
+            ],
             "checks": self._enabled,
         }
         if self._follower is not None:
@@ -347,9 +365,15 @@ def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]
     file, line = at or (frame.f_code.co_filename, frame.f_lineno)
     # a notebook's cells share one module: its once-per-line registry would hide a later cell's warning
     registry = module_globals.setdefault("__warningregistry__", {}) if cell_run() is None else {}
-    warnings.warn_explicit(warning, TorchDoctorWarning, file, line,
-                           module=module_globals.get("__name__", "<string>"), registry=registry,
-                           module_globals=module_globals)
+    warnings.warn_explicit(
+        warning,
+        TorchDoctorWarning,
+        file,
+        line,
+        module=module_globals.get("__name__", "<string>"),
+        registry=registry,
+        module_globals=module_globals,
+    )
 
 
 def watch(
@@ -378,5 +402,14 @@ def watch(
     or a callable given every new finding. `deterministic=True` says the run must be reproducible.
     `report=False` skips the report printed (to stderr) when the session ends.
     """
-    return WatchSession(model, optimizer, loader=loader, checks=checks, ignore=ignore, every=every,
-                        on_finding=on_finding, deterministic=deterministic, report=report)
+    return WatchSession(
+        model,
+        optimizer,
+        loader=loader,
+        checks=checks,
+        ignore=ignore,
+        every=every,
+        on_finding=on_finding,
+        deterministic=deterministic,
+        report=report,
+    )

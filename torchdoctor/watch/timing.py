@@ -25,6 +25,7 @@ preallocated arrays (no allocation per step), and the whole run as medians of bl
 `MAX_BLOCKS`, merged pairwise when full) for trends. Host time only: with CUDA, kernels run
 asynchronously and the time shows up where the host waits for them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -46,8 +47,19 @@ WARMUP = 1  # the first steps (allocations, compilation, worker start) are left 
 class LoaderWait:
     """One pass over a loader: its settings (read once from the iterator) and the time waited in it."""
 
-    __slots__ = ("label", "batch_size", "workers", "pin_memory", "persistent", "prefetch", "wait", "first_wait",
-                 "last_wait", "batches", "opened")
+    __slots__ = (
+        "label",
+        "batch_size",
+        "workers",
+        "pin_memory",
+        "persistent",
+        "prefetch",
+        "wait",
+        "first_wait",
+        "last_wait",
+        "batches",
+        "opened",
+    )
 
     def __init__(self, iterator: Any) -> None:
         dataset = getattr(iterator, "_dataset", None)
@@ -70,9 +82,14 @@ class LoaderWait:
         return self.first_wait + (self.last_wait if self.batches > 1 else 0.0)
 
     def facts(self) -> dict[str, Any]:
-        return {"dataset": self.label, "batch_size": self.batch_size, "num_workers": self.workers,
-                "pin_memory": self.pin_memory, "persistent_workers": self.persistent,
-                "prefetch_factor": self.prefetch}
+        return {
+            "dataset": self.label,
+            "batch_size": self.batch_size,
+            "num_workers": self.workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent,
+            "prefetch_factor": self.prefetch,
+        }
 
 
 class StepClock:
@@ -184,8 +201,14 @@ class StepClock:
             total = data + forward + backward + optimize + other
             row = (self.steps % WINDOW) * (len(PHASES) + 1)
             window = self.window
-            window[row], window[row + 1], window[row + 2], window[row + 3], window[row + 4], window[row + 5] = \
-                data, forward, backward, optimize, other, total
+            window[row], window[row + 1], window[row + 2], window[row + 3], window[row + 4], window[row + 5] = (
+                data,
+                forward,
+                backward,
+                optimize,
+                other,
+                total,
+            )
             if data and self.last_loader is not None:
                 key = id(self.last_loader)
                 self.wait_by[key] = self.wait_by.get(key, 0.0) + data
@@ -218,7 +241,7 @@ class StepClock:
         rows = []
         for k in range(self.timed):
             row = ((self.steps - k) % WINDOW) * width
-            rows.append(tuple(self.window[row:row + width]))
+            rows.append(tuple(self.window[row : row + width]))
         return rows
 
     def shares(self) -> Optional[dict[str, float]]:
@@ -242,12 +265,19 @@ class StepClock:
         phases = {}
         for i, name in enumerate(PHASES):
             values = sorted(r[i] for r in rows)
-            phases[name] = {"share": round(shares[name], 4), "median_ms": round(_quantile(values, 0.5) * 1e3, 3),
-                            "p90_ms": round(_quantile(values, 0.9) * 1e3, 3)}
+            phases[name] = {
+                "share": round(shares[name], 4),
+                "median_ms": round(_quantile(values, 0.5) * 1e3, 3),
+                "p90_ms": round(_quantile(values, 0.9) * 1e3, 3),
+            }
         facts: dict[str, Any] = {
-            "steps": len(rows), "warmup_steps": min(self.steps, WARMUP),
-            "step_median_ms": round(_quantile(totals, 0.5) * 1e3, 3), "step_p90_ms": round(_quantile(totals, 0.9) * 1e3, 3),
-            "steps_per_s": round(len(totals) / sum(totals), 2), "phases": phases}
+            "steps": len(rows),
+            "warmup_steps": min(self.steps, WARMUP),
+            "step_median_ms": round(_quantile(totals, 0.5) * 1e3, 3),
+            "step_p90_ms": round(_quantile(totals, 0.9) * 1e3, 3),
+            "steps_per_s": round(len(totals) / sum(totals), 2),
+            "phases": phases,
+        }
         loader = self.data_loader()
         if loader is not None:
             facts["loader"] = loader.facts()
@@ -326,8 +356,10 @@ class NextPatch:
 
         self.clock = clock
         if not _originals:
-            for cls, name, wrap in ((dataloader._BaseDataLoaderIter, "__next__", _timed_next),
-                                    (dataloader._MultiProcessingDataLoaderIter, "__init__", _timed_start)):
+            for cls, name, wrap in (
+                (dataloader._BaseDataLoaderIter, "__next__", _timed_next),
+                (dataloader._MultiProcessingDataLoaderIter, "__init__", _timed_start),
+            ):
                 original = cls.__dict__[name]
                 _originals.append((cls, name, original))
                 setattr(cls, name, wrap(original))

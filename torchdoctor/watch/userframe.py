@@ -1,5 +1,6 @@
 """The user's line: the innermost frame of the user's own code, past torchdoctor, torch, the training
 frameworks and any installed library or the standard library. Torch-free (checks import it at load)."""
+
 from __future__ import annotations
 
 import inspect
@@ -10,11 +11,28 @@ from types import FrameType
 from typing import Any, Optional
 
 # Top-level packages whose frames stand between the user's line and a hook, wherever they are installed.
-NOT_USER_CODE = frozenset({"torchdoctor", "torch", "lightning", "pytorch_lightning", "lightning_fabric",
-                           "accelerate", "transformers", "deepspeed", "ignite"})
-_LIBRARY_ROOTS = tuple(sorted({os.path.normcase(os.path.realpath(p)) + os.sep for p in
-                               (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
-                               if p}))
+NOT_USER_CODE = frozenset(
+    {
+        "torchdoctor",
+        "torch",
+        "lightning",
+        "pytorch_lightning",
+        "lightning_fabric",
+        "accelerate",
+        "transformers",
+        "deepspeed",
+        "ignite",
+    }
+)
+_LIBRARY_ROOTS = tuple(
+    sorted(
+        {
+            os.path.normcase(os.path.realpath(p)) + os.sep
+            for p in (sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib"))
+            if p
+        }
+    )
+)
 _is_library: dict[str, bool] = {}  # by file name
 
 
