@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 
 _SETUP = """
@@ -117,10 +117,10 @@ class BackwardMissesParameters(RuntimeCheck):
             f"although {model} ran a forward with gradients since the last step: the loss that was "
             "back-propagated has no path to the parameters (rebuilt from .item(), .detach(), .data, "
             "torch.tensor(...) or numpy), so this step changes nothing.",
-            fix="Back-propagate the loss built from the model's output; log numbers separately:\n"
-            "loss = criterion(model(x), y)\n"
-            "loss.backward()\n"
-            "logged = loss.item()",
+            fix=Fix(
+                title="Back-propagate the loss built from the model's output; log numbers separately:",
+                code="loss = criterion(model(x), y)\nloss.backward()\nlogged = loss.item()",
+            ),
             location=Location(module=model, step=event.step),
         )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.checkpoint import UNREADABLE, CheckpointInfo
 
 from ._ckptutil import MODEL_SETUP
@@ -58,7 +58,7 @@ def checkpoint_unreadable(info: CheckpointInfo) -> Iterator[Finding]:
         yield Finding(
             f"The file could not be read as a checkpoint: {problems[0]}. Nothing in it was checked, so "
             "it is not a clean bill of health.",
-            fix="Re-download or re-save the file; if it comes from an untrusted source, do not load it.",
+            fix=Fix(title="Re-download or re-save the file; if it comes from an untrusted source, do not load it."),
             location=Location(file=info.path),
             key=problems[0],
         )
@@ -67,11 +67,13 @@ def checkpoint_unreadable(info: CheckpointInfo) -> Iterator[Finding]:
         yield Finding(
             f"Part of the file could not be read: {problem}. The report covers only what was read, so it is not "
             "a clean bill of health.",
-            fix="Re-download or re-save the file; if it comes from an untrusted source, do not load it.",
+            fix=Fix(title="Re-download or re-save the file; if it comes from an untrusted source, do not load it."),
             location=Location(file=info.path),
             key=problem,
         )
     if len(problems) > 10:
         yield Finding(
-            f"{len(problems) - 10} more unreadable part(s).", fix="As above.", location=Location(file=info.path)
+            f"{len(problems) - 10} more unreadable part(s).",
+            fix=Fix(title="As above."),
+            location=Location(file=info.path),
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, best_wheel_cuda, has_nvidia, local_tag, major_minor, pip_install
@@ -97,12 +97,12 @@ def cpu_only_build(facts: EnvFacts) -> Iterator[Finding]:
             f"torch {version} is a CPU-only build (torch.version.cuda is None) but this machine has {gpus} "
             f"({driver}): torch.cuda.is_available() is False and .cuda() raises "
             "'AssertionError: Torch not compiled with CUDA enabled'.",
-            fix=f"Install the CUDA build that matches the driver: {pip_install(facts, target or (12, 6))}",
+            fix=Fix(title=f"Install the CUDA build that matches the driver: {pip_install(facts, target or (12, 6))}"),
         )
     elif facts.toolkit.nvcc_path:
         yield Finding(
             f"torch {version} is a CPU-only build. A CUDA toolkit is installed (nvcc {facts.toolkit.nvcc_version} "
             f"at {facts.toolkit.nvcc_path}) but there is no NVIDIA driver or GPU, so the CPU build is right here.",
-            fix="Nothing to do on this machine; on a GPU machine install a CUDA build of torch.",
+            fix=Fix(title="Nothing to do on this machine; on a GPU machine install a CUDA build of torch."),
             severity=Severity.INFO,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import CrashEvent, ForwardEvent, Restore, RuntimeCheck
 
 _SETUP = """
@@ -194,9 +194,11 @@ class CudaDeviceAssert(RuntimeCheck):
             f"{what.capitalize()} range from {low} to {high}, but it has {size} rows (valid ids "
             f"0..{size - 1}) at step {self.ctx.step}: the tokenizer (or the data) has a larger "
             "vocabulary than the model.",
-            fix="Size the embedding for the tokenizer (a Hugging Face model: "
-            "model.resize_token_embeddings(len(tokenizer))):\n"
-            "embedding = nn.Embedding(len(tokenizer), dim)",
+            fix=Fix(
+                title="Size the embedding for the tokenizer (a Hugging Face model: "
+                "model.resize_token_embeddings(len(tokenizer))):",
+                code="embedding = nn.Embedding(len(tokenizer), dim)",
+            ),
         )
 
     def _from_batches(self) -> Finding:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, major_minor
@@ -97,7 +97,9 @@ def cuda_toolkit_mismatch(facts: EnvFacts) -> Iterator[Finding]:
         "but building CUDA extensions (torch.utils.cpp_extension, apex, flash-attn, DeepSpeed ops) fails with "
         "'The detected CUDA version mismatches the version that was used to compile PyTorch'."
         + (" CUDA_HOME/CUDA_PATH points at it, so extension builds will use it." if explicit else ""),
-        fix=f"Point CUDA_HOME at a CUDA {torch_cuda[0]}.x toolkit before building extensions, e.g. "
-        f"`export CUDA_HOME=/usr/local/cuda-{torch_cuda[0]}.{torch_cuda[1]}`",
+        fix=Fix(
+            title=f"Point CUDA_HOME at a CUDA {torch_cuda[0]}.x toolkit before building extensions, e.g. "
+            f"`export CUDA_HOME=/usr/local/cuda-{torch_cuda[0]}.{torch_cuda[1]}`"
+        ),
         severity=Severity.WARNING if explicit else Severity.INFO,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
@@ -94,7 +94,9 @@ def cuda_visible_devices(facts: EnvFacts) -> Iterator[Finding]:
             if gpus:
                 yield Finding(
                     f"CUDA_VISIBLE_DEVICES={value!r} hides all {len(gpus)} GPU(s): torch.cuda.is_available() is False.",
-                    fix="unset CUDA_VISIBLE_DEVICES (or list the GPUs to use, e.g. CUDA_VISIBLE_DEVICES=0,1)",
+                    fix=Fix(
+                        title="unset CUDA_VISIBLE_DEVICES (or list the GPUs to use, e.g. CUDA_VISIBLE_DEVICES=0,1)"
+                    ),
                     severity=Severity.INFO,
                 )
         else:
@@ -109,8 +111,10 @@ def cuda_visible_devices(facts: EnvFacts) -> Iterator[Finding]:
                 )
                 yield Finding(
                     f"CUDA_VISIBLE_DEVICES={value!r} is malformed: {reason}.",
-                    fix="List GPU indices or full UUIDs (`nvidia-smi -L`), comma-separated, e.g. "
-                    "CUDA_VISIBLE_DEVICES=0,1",
+                    fix=Fix(
+                        title="List GPU indices or full UUIDs (`nvidia-smi -L`), comma-separated, e.g. "
+                        "CUDA_VISIBLE_DEVICES=0,1"
+                    ),
                 )
             elif gpus:
                 uuids = {g.uuid for g in gpus if g.uuid}
@@ -124,7 +128,7 @@ def cuda_visible_devices(facts: EnvFacts) -> Iterator[Finding]:
                     yield Finding(
                         f"CUDA_VISIBLE_DEVICES={value!r} names {', '.join(absent)}, but this machine has "
                         f"{len(gpus)} GPU(s) (0-{len(gpus) - 1}): CUDA stops at the first absent one.",
-                        fix=f"Pick GPUs that exist: `nvidia-smi -L` lists them (indices 0-{len(gpus) - 1}).",
+                        fix=Fix(title=f"Pick GPUs that exist: `nvidia-smi -L` lists them (indices 0-{len(gpus) - 1})."),
                     )
     models = {g.name for g in gpus}
     if len(models) > 1 and facts.env_vars.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID":
@@ -133,5 +137,5 @@ def cuda_visible_devices(facts: EnvFacts) -> Iterator[Finding]:
             f"This machine mixes GPU models ({listing}) and CUDA_DEVICE_ORDER is not PCI_BUS_ID: CUDA numbers "
             "GPUs fastest-first, nvidia-smi by PCI bus, so cuda:0 and CUDA_VISIBLE_DEVICES=0 may not be "
             "nvidia-smi's GPU 0.",
-            fix="export CUDA_DEVICE_ORDER=PCI_BUS_ID (before Python starts, or before CUDA is initialised)",
+            fix=Fix(title="export CUDA_DEVICE_ORDER=PCI_BUS_ID (before Python starts, or before CUDA is initialised)"),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import CrashEvent, LoaderEvent, RuntimeCheck
 
 _SETUP = """
@@ -123,20 +123,20 @@ class DataLoaderWorkerDied(RuntimeCheck):
         if signal == "Bus error":
             yield Finding(
                 head + ": " + _shm_text(),
-                fix=(
-                    "Give the container more shared memory (`docker run --shm-size=8g ...` or `--ipc=host`), or "
-                    "make the batches in the training process, which needs no shared memory (slower):\n"
-                    f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)"
+                fix=Fix(
+                    title="Give the container more shared memory (`docker run --shm-size=8g ...` or `--ipc=host`), "
+                    "or make the batches in the training process, which needs no shared memory (slower):",
+                    code=f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)",
                 ),
                 location=Location(file="/dev/shm"),
             )
         elif signal == "Killed":
             yield Finding(
                 head + ": " + _ram_text(),
-                fix=(
-                    "Use fewer workers, and keep the dataset's bulk data in numpy arrays or memory-mapped files "
-                    "(Python lists of objects are copied into every worker as their reference counts change):\n"
-                    f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers={self.workers // 2})"
+                fix=Fix(
+                    title="Use fewer workers, and keep the dataset's bulk data in numpy arrays or memory-mapped "
+                    "files (Python lists of objects are copied into every worker as their reference counts change):",
+                    code=f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers={self.workers // 2})",
                 ),
             )
         else:
@@ -148,8 +148,10 @@ class DataLoaderWorkerDied(RuntimeCheck):
                 + _shm_text()
                 + " "
                 + _ram_text(),
-                fix="Run once with the workers in-process to see the worker's own error:\n"
-                f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)",
+                fix=Fix(
+                    title="Run once with the workers in-process to see the worker's own error:",
+                    code=f"loader = DataLoader(dataset, batch_size={self.batch}, num_workers=0)",
+                ),
             )
 
 

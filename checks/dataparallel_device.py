@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, wrapper_chain
 
 _NEEDS_GPUS = (
@@ -71,9 +71,11 @@ class DataParallelDevice(RuntimeCheck):
             f"{label} is wrapped in nn.DataParallel(device_ids={dp.device_ids}) but {len(wrong)} of its "
             f"{len(named)} parameters/buffers are not on {source} (e.g. `{name}` on {tensor.device}): forward() "
             "will fail with 'module must have its parameters and buffers on device'.",
-            fix="Move the model to the first device, then wrap it (and build the optimizer from it):\n"
-            "model = model.to('cuda:0')\n"
-            "model = nn.DataParallel(model, device_ids=[0, 1])\n"
-            "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+            fix=Fix(
+                title="Move the model to the first device, then wrap it (and build the optimizer from it):",
+                code="model = model.to('cuda:0')\n"
+                "model = nn.DataParallel(model, device_ids=[0, 1])\n"
+                "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",
+            ),
             location=Location(module=label, param=name, device=str(tensor.device)),
         )

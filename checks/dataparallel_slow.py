@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, wrapper_chain
 
 from ._perf import ms
@@ -104,12 +104,14 @@ class DataParallelSlow(RuntimeCheck):
             f"{label} is wrapped in nn.DataParallel over {gpus} GPUs: one process copies the model to every GPU "
             f"at each forward and gathers every output on GPU {dp.device_ids[0]}, which also runs the loss and "
             f"the optimizer; DistributedDataParallel (one process per GPU) is faster and balanced.{measured}",
-            fix=f"Run one process per GPU: torchrun --nproc_per_node={gpus} train.py, and in train.py:\n"
-            'torch.distributed.init_process_group("nccl")\n'
-            'rank = int(os.environ["LOCAL_RANK"])\n'
-            "torch.cuda.set_device(rank)\n"
-            "model = nn.parallel.DistributedDataParallel(model.to(rank), device_ids=[rank])\n"
-            "loader = DataLoader(dataset, batch_size=batch_size // world_size, "
-            "sampler=DistributedSampler(dataset))",
+            fix=Fix(
+                title=f"Run one process per GPU: torchrun --nproc_per_node={gpus} train.py, and in train.py:",
+                code='torch.distributed.init_process_group("nccl")\n'
+                'rank = int(os.environ["LOCAL_RANK"])\n'
+                "torch.cuda.set_device(rank)\n"
+                "model = nn.parallel.DistributedDataParallel(model.to(rank), device_ids=[rank])\n"
+                "loader = DataLoader(dataset, batch_size=batch_size // world_size, "
+                "sampler=DistributedSampler(dataset))",
+            ),
             location=Location(module=label),
         )

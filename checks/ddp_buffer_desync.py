@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import StepEvent
 
 from ._cross_rank import FingerprintedInForward, differing, listing, ranks_of
@@ -135,10 +135,12 @@ class DDPBufferDesync(FingerprintedInForward):
                 if only_bn
                 else "; a mask or counter that differs makes the ranks compute different models."
             ),
-            fix="Keep the buffers identical on every rank:\n"
-            "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics over all ranks' batches\n"
-            "model = DDP(model, device_ids=[local_rank])  # broadcast_buffers=True (the default) syncs them each "
-            "forward",
+            fix=Fix(
+                title="Keep the buffers identical on every rank:",
+                code="model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # statistics over all ranks' batches\n"
+                "model = DDP(model, device_ids=[local_rank])  # broadcast_buffers=True (the default) syncs them each "
+                "forward",
+            ),
             location=Location(key=diffs[0][0], step=rnd.step),
             severity=Severity.WARNING if only_bn else Severity.ERROR,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import StepEvent
 
 from ._cross_rank import FingerprintedInForward
@@ -105,12 +105,14 @@ class DDPSameData(FingerprintedInForward):
             f"{who} received identical input batches at steps {previous[0]} and {rnd.step} (the batches change "
             "from step to step, but not from rank to rank): the data is not split between ranks, so every rank "
             "trains on the same samples and the extra ranks add no data.",
-            fix="Give each rank its own shard with a DistributedSampler and advance its epoch:\n"
-            "sampler = DistributedSampler(dataset, shuffle=True)\n"
-            "loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler)\n"
-            "for epoch in range(epochs):\n"
-            "    sampler.set_epoch(epoch)\n"
-            "    for x, y in loader:\n"
-            "        ...",
+            fix=Fix(
+                title="Give each rank its own shard with a DistributedSampler and advance its epoch:",
+                code="sampler = DistributedSampler(dataset, shuffle=True)\n"
+                "loader = DataLoader(dataset, batch_size=per_rank_batch, sampler=sampler)\n"
+                "for epoch in range(epochs):\n"
+                "    sampler.set_epoch(epoch)\n"
+                "    for x, y in loader:\n"
+                "        ...",
+            ),
             location=Location(step=rnd.step),
         )

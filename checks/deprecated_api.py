@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.source import SourceFile, has_word, literal
 
 _SETUP = """
@@ -157,33 +157,40 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
                 yield Finding(
                     f"`{src.snippet(call.node)}`: volatile=True has had no effect since PyTorch 0.4, so this "
                     "inference records a full autograd graph.",
-                    fix="Run inference under `with torch.no_grad():` and drop Variable(..., volatile=True).",
+                    fix=Fix(title="Run inference under `with torch.no_grad():` and drop Variable(..., volatile=True)."),
                     location=src.location(call.node),
                     severity=Severity.WARNING,
                 )
                 continue
             yield Finding(
-                f"`{src.snippet(call.node)}`: {known[0]}.", fix=f"Use {known[1]}.", location=src.location(call.node)
+                f"`{src.snippet(call.node)}`: {known[0]}.",
+                fix=Fix(title=f"Use {known[1]}."),
+                location=src.location(call.node),
             )
         elif call.qualname in _CHECKPOINTS and call.kwarg("use_reentrant") is None and not call.has_star_kwargs:
             yield Finding(
                 f"`{src.snippet(call.node)}` does not pass use_reentrant: PyTorch warns and is changing the default "
                 "to False; the reentrant variant also ignores inputs without requires_grad and detached outputs.",
-                fix="Pass use_reentrant=False (the recommended variant) explicitly.",
+                fix=Fix(title="Pass use_reentrant=False (the recommended variant) explicitly."),
                 location=src.location(call.node),
             )
         elif call.qualname.startswith("torchvision.models.") and call.kwarg("pretrained") is not None:
             yield Finding(
                 f"`{src.snippet(call.node)}`: torchvision's `pretrained=` is deprecated since 0.13 and may be removed.",
-                fix="Pass `weights=` instead, e.g. `resnet50(weights=ResNet50_Weights.DEFAULT)` (or `weights=None`).",
+                fix=Fix(
+                    title="Pass `weights=` instead, e.g. `resnet50(weights=ResNet50_Weights.DEFAULT)` (or "
+                    "`weights=None`)."
+                ),
                 location=src.location(call.node),
             )
         elif call.qualname.startswith("apex.amp."):
             yield Finding(
                 f"`{src.snippet(call.node)}`: NVIDIA apex.amp is deprecated and unmaintained; its features are in "
                 "PyTorch itself.",
-                fix='Use torch.amp: `with torch.autocast("cuda"):` for the forward and '
-                '`scaler = torch.amp.GradScaler("cuda")` around backward/step.',
+                fix=Fix(
+                    title='Use torch.amp: `with torch.autocast("cuda"):` for the forward and '
+                    '`scaler = torch.amp.GradScaler("cuda")` around backward/step.'
+                ),
                 location=src.location(call.node),
             )
         elif launch_text and call.qualname.startswith(_PROCESS_STARTERS):
@@ -192,7 +199,10 @@ def deprecated_api(src: SourceFile) -> Iterator[Finding]:
                 yield Finding(
                     f"`{src.snippet(call.node)}` starts `python -m {_LAUNCH}`, which is deprecated in favour of "
                     "torchrun (and passes --local-rank, not --local_rank, since 2.0).",
-                    fix='Launch with `torchrun --nproc_per_node=N train.py` and read int(os.environ["LOCAL_RANK"]).',
+                    fix=Fix(
+                        title="Launch with `torchrun --nproc_per_node=N train.py` and read "
+                        'int(os.environ["LOCAL_RANK"]).'
+                    ),
                     location=src.location(command),
                 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, has_nvidia
@@ -95,7 +95,7 @@ def determinism_settings(facts: EnvFacts) -> Iterator[Finding]:
             f"CUBLAS_WORKSPACE_CONFIG={value!r} is not one of {' or '.join(_CUBLAS_OK)}: with "
             "torch.use_deterministic_algorithms(True) every cuBLAS call raises 'Deterministic behavior was "
             "enabled ... you must set an environment variable ... CUBLAS_WORKSPACE_CONFIG=:4096:8'.",
-            fix="export CUBLAS_WORKSPACE_CONFIG=:4096:8 (before the first matrix multiply)",
+            fix=Fix(title="export CUBLAS_WORKSPACE_CONFIG=:4096:8 (before the first matrix multiply)"),
             severity=Severity.WARNING,
         )
     elif value is None and "PYTHONHASHSEED" in facts.env_vars and has_nvidia(facts) and facts.torch_cuda:
@@ -103,6 +103,8 @@ def determinism_settings(facts: EnvFacts) -> Iterator[Finding]:
             "PYTHONHASHSEED is pinned, so you want reproducible runs, but CUBLAS_WORKSPACE_CONFIG is unset: "
             "cuBLAS results can differ run to run, and torch.use_deterministic_algorithms(True) raises on "
             "the first matrix multiply.",
-            fix="export CUBLAS_WORKSPACE_CONFIG=:4096:8; then in Python: torch.manual_seed(s); "
-            "torch.backends.cudnn.benchmark = False; torch.use_deterministic_algorithms(True)",
+            fix=Fix(
+                title="export CUBLAS_WORKSPACE_CONFIG=:4096:8; then in Python: torch.manual_seed(s); "
+                "torch.backends.cudnn.benchmark = False; torch.use_deterministic_algorithms(True)"
+            ),
         )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
@@ -113,8 +113,11 @@ def env_var_misconfigured(facts: EnvFacts) -> Iterator[Finding]:
         yield Finding(
             f"CUDA_LAUNCH_BLOCKING={env['CUDA_LAUNCH_BLOCKING']} is set: every CUDA kernel launch waits for the "
             "kernel to finish, which makes GPU training several times slower. It is a debugging switch.",
-            fix="unset CUDA_LAUNCH_BLOCKING (and remove it from ~/.bashrc or the job script once the error it was "
-            "set for is found).",
+            fix=Fix(
+                title="unset CUDA_LAUNCH_BLOCKING (and remove it from ~/.bashrc or the job script once the error "
+                "it was "
+                "set for is found)."
+            ),
         )
     for name in ALLOC_VARS:
         if name in env and (problem := alloc_conf_problem(env[name])):
@@ -132,5 +135,7 @@ def env_var_misconfigured(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 f"{name}={value!r} is not a positive whole number: OpenMP/BLAS ignore it "
                 f"('libgomp: Invalid value for environment variable {name}') and pick their own thread count.",
-                fix=f"export {name}=<threads per process> (e.g. usable CPUs / local processes), or unset {name}.",
+                fix=Fix(
+                    title=f"export {name}=<threads per process> (e.g. usable CPUs / local processes), or unset {name}."
+                ),
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, gpu_process
@@ -90,15 +90,18 @@ def gpu_health(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 f"{label} reports {gpu.ecc_uncorrected} uncorrected ECC memory error(s) since the driver loaded: "
                 "results computed on it may be wrong, and CUDA may fail with 'uncorrectable ECC error encountered'.",
-                fix=f"Drain the GPU and reset it (`sudo nvidia-smi -r -i {gpu.index}`); if errors return, have it "
-                f"replaced.",
+                fix=Fix(
+                    title=f"Drain the GPU and reset it (`sudo nvidia-smi -r -i {gpu.index}`); if errors return, "
+                    "have it "
+                    f"replaced."
+                ),
                 location=where,
             )
         if gpu.throttle_reasons:
             temp = f" at {gpu.temperature}°C" if gpu.temperature is not None else ""
             yield Finding(
                 f"{label} is slowed down{temp}: {', '.join(gpu.throttle_reasons)}.",
-                fix="Check cooling and power (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`).",
+                fix=Fix(title="Check cooling and power (`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER`)."),
                 location=where,
             )
         others = [p for p in gpu.processes if p.alive]
@@ -107,14 +110,14 @@ def gpu_health(facts: EnvFacts) -> Iterator[Finding]:
                 f"{label} is {gpu.utilization}% busy with other processes "
                 f"({'; '.join(gpu_process(p) for p in others)}): "
                 "your job will share its compute.",
-                fix="Pick an idle GPU with CUDA_VISIBLE_DEVICES (`nvidia-smi` shows utilisation).",
+                fix=Fix(title="Pick an idle GPU with CUDA_VISIBLE_DEVICES (`nvidia-smi` shows utilisation)."),
                 location=where,
             )
         if gpu.persistence_mode is False:
             yield Finding(
                 f"{label} has persistence mode off: the driver tears the GPU down when no process uses it, so "
                 "every new CUDA process pays seconds of initialisation.",
-                fix="sudo nvidia-smi -pm 1   (or run nvidia-persistenced)",
+                fix=Fix(title="sudo nvidia-smi -pm 1   (or run nvidia-persistenced)"),
                 location=where,
                 severity=Severity.INFO,
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity, byte_size
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, gpu_process
@@ -97,9 +97,11 @@ def gpu_memory_held(facts: EnvFacts) -> Iterator[Finding]:
                 yield Finding(
                     f"GPU{gpu.index} ({gpu.name}): {gpu_process(p)} holds GPU memory but the process no longer exists; "
                     "the memory stays allocated (nvidia-smi shows it, `kill` answers 'no such process').",
-                    fix="Find what still has the device open with `sudo fuser -v /dev/nvidia*` and kill those "
-                    "processes (often leftover DataLoader workers of the dead job). Only if nothing holds "
-                    f"it: `sudo nvidia-smi --gpu-reset -i {gpu.index}` with the GPU idle.",
+                    fix=Fix(
+                        title="Find what still has the device open with `sudo fuser -v /dev/nvidia*` and kill those "
+                        "processes (often leftover DataLoader workers of the dead job). Only if nothing holds "
+                        f"it: `sudo nvidia-smi --gpu-reset -i {gpu.index}` with the GPU idle."
+                    ),
                     location=where,
                     key=f"pid {p.pid}",
                 )
@@ -107,7 +109,9 @@ def gpu_memory_held(facts: EnvFacts) -> Iterator[Finding]:
                 yield Finding(
                     f"GPU{gpu.index} ({gpu.name}): {gpu_process(p)} is a zombie still holding GPU memory; its parent "
                     f"(pid {p.parent_pid}) has not reaped it.",
-                    fix=f"kill the parent: `kill {p.parent_pid}` (then `kill -9 {p.parent_pid}` if it ignores it)",
+                    fix=Fix(
+                        title=f"kill the parent: `kill {p.parent_pid}` (then `kill -9 {p.parent_pid}` if it ignores it)"
+                    ),
                     location=where,
                     key=f"pid {p.pid}",
                 )
@@ -116,7 +120,7 @@ def gpu_memory_held(facts: EnvFacts) -> Iterator[Finding]:
                     f"GPU{gpu.index} ({gpu.name}): {gpu_process(p)} is orphaned (its parent and the leader of its "
                     "process group are gone) and still holds GPU memory, typically a DataLoader worker or DDP rank "
                     "left behind by Ctrl-C.",
-                    fix=f"kill {p.pid}  (or `pkill -f <your script>` to get all leftovers)",
+                    fix=Fix(title=f"kill {p.pid}  (or `pkill -f <your script>` to get all leftovers)"),
                     location=where,
                     key=f"pid {p.pid}",
                 )
@@ -127,8 +131,10 @@ def gpu_memory_held(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 f"GPU{gpu.index} ({gpu.name}): {len(live)} other process(es) hold {byte_size(held)} of "
                 f"{byte_size(gpu.memory_total)}: " + "; ".join(gpu_process(p) for p in live) + ".",
-                fix="If they are yours and finished, `kill <pid>`; otherwise pick another GPU with "
-                "CUDA_VISIBLE_DEVICES.",
+                fix=Fix(
+                    title="If they are yours and finished, `kill <pid>`; otherwise pick another GPU with "
+                    "CUDA_VISIBLE_DEVICES."
+                ),
                 location=where,
                 severity=Severity.INFO,
             )

@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent, is_library
 
 SAMPLES = 3  # steps watched under torch.cuda.set_sync_debug_mode("warn"), after the first
@@ -162,8 +162,10 @@ class HostDeviceSync(RuntimeCheck):
         yield Finding(
             f"each of steps {step - SAMPLES + 1}-{step} waited for the GPU at least {per_step} time(s), at the same "
             f"line(s) every step: {shown}{more}. Each wait drains the GPU's queue of work.",
-            fix="Read values back every N steps, not every step (keep running sums on the GPU), e.g.:\n"
-            "if step % 100 == 0:",
+            fix=Fix(
+                title="Read values back every N steps, not every step (keep running sums on the GPU), e.g.:",
+                code="if step % 100 == 0:",
+            ),
             location=Location(file=file, line=line),
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
 _SETUP = """
@@ -131,7 +131,10 @@ class InplaceModifiedForBackward(RuntimeCheck):
             yield Finding(
                 f"backward() found {saved} changed in place at step {self.ctx.step} (no watched weight has that "
                 "shape: an activation was modified, e.g. `x += ...`, `x[mask] = 0`, `relu(inplace=True)`).",
-                fix="Use the out-of-place form, and let anomaly mode name the forward line that saved it:\n"
-                "x = x + residual  # not x += residual\ntorch.autograd.set_detect_anomaly(True)  # once, to locate",
+                fix=Fix(
+                    title="Use the out-of-place form, and let anomaly mode name the forward line that saved it:",
+                    code="x = x + residual  # not x += residual\n"
+                    "torch.autograd.set_detect_anomaly(True)  # once, to locate",
+                ),
                 location=Location(),
             )

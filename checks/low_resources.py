@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, byte_size
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, GiB
@@ -124,13 +124,18 @@ def low_resources(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 f"Only {byte_size(free)} free for {what} ({path}): downloads of weights and datasets, and "
                 "temporary files (torch.compile, DataLoader), fail half-way with 'No space left on device'.",
-                fix=f"Free space there, or point {what} at a disk with room (`export {what}=/big/disk/...`).",
+                fix=Fix(
+                    title=f"Free space there, or point {what} at a disk with room (`export {what}=/big/disk/...`)."
+                ),
                 location=Location(file=path),
             )
         else:
             yield Finding(
                 f"Only {byte_size(free)} free on the disk holding {path}: torch.save of a checkpoint can fail "
                 "half-way and leave a truncated file ('PytorchStreamReader failed reading zip archive').",
-                fix="Free space (old checkpoints, ~/.cache/torch, ~/.cache/huggingface) or save checkpoints elsewhere.",
+                fix=Fix(
+                    title="Free space (old checkpoints, ~/.cache/torch, ~/.cache/huggingface) or save "
+                    "checkpoints elsewhere."
+                ),
                 location=Location(file=path),
             )

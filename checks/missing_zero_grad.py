@@ -7,7 +7,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
@@ -185,11 +185,13 @@ class MissingZeroGrad(RuntimeCheck):
                         f"of {f'`{name}`' if name else 'its smallest parameter'} still held the previous iteration's "
                         "when the next backward added to it: gradients add up across updates, so each update "
                         "applies their running sum.",
-                        fix="Clear the gradients after each update:\n"
-                        "with torch.no_grad():\n"
-                        "    for p in model.parameters():\n"
-                        "        p -= lr * p.grad\n"
-                        "model.zero_grad()",
+                        fix=Fix(
+                            title="Clear the gradients after each update:",
+                            code="with torch.no_grad():\n"
+                            "    for p in model.parameters():\n"
+                            "        p -= lr * p.grad\n"
+                            "model.zero_grad()",
+                        ),
                         location=Location(module=m.label, param=name, step=m.updates),
                     )
                 )

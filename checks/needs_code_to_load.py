@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.checkpoint import CheckpointInfo, Use, Verdict, show_args
 
 from ._ckptutil import MODEL_SETUP
@@ -107,8 +107,10 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
             f"Loading this file with `torch.load(..., weights_only=False)` or `pickle.load` calls third-party or "
             f"user code: {runs}. That is how some libraries pickle their objects (an enum rebuilt by value), and "
             f"exactly how a payload would run; {called[0].qualname}: {called[0].reason or 'not inspected'}.",
-            fix="Load it only if you trust both the file and the code it calls; better, re-save plain values "
-            "(str/int/float/dicts) instead of library objects.",
+            fix=Fix(
+                title="Load it only if you trust both the file and the code it calls; better, re-save plain values "
+                "(str/int/float/dicts) instead of library objects."
+            ),
             location=Location(file=info.path),
             key="calls",
         )
@@ -119,7 +121,7 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
                 f"Loading this file needs code outside torch's and torchdoctor's allowlists: "
                 f"{', '.join(g.qualname for g in code[:12])}{' …' if len(code) > 12 else ''}. pickle.load imports "
                 f"it and builds objects with it; {code[0].qualname}: {code[0].reason or 'not inspected'}.",
-                fix="Load it only if you trust both the file and that code; better, re-save plain values.",
+                fix=Fix(title="Load it only if you trust both the file and that code; better, re-save plain values."),
                 location=Location(file=info.path),
                 key="code",
             )
@@ -183,6 +185,6 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
             f"The pickle uses opcodes the weights_only unpickler does not implement ({ops}; pickle protocol "
             f'{protocol}), so `torch.load(path)` fails with "Weights only load failed … Unsupported operand" '
             "even though every global is allowed.",
-            fix="Re-save with torch's default protocol (2): torch.save(obj, path)  # no pickle_protocol=4/5",
+            fix=Fix(title="Re-save with torch's default protocol (2): torch.save(obj, path)  # no pickle_protocol=4/5"),
             location=Location(file=info.path),
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.checkpoint import CheckpointInfo, show_path
 
 from ._ckptutil import MAX_LISTED, MODEL_SETUP
@@ -64,14 +64,16 @@ def nonfinite_weights(info: CheckpointInfo) -> Iterator[Finding]:
         yield Finding(
             f"{show_path(n.path)} holds {' and '.join(p for p in parts if p)} of its {n.numel:,} values; a model "
             "loaded from it produces NaN outputs (training had already diverged when this was saved).",
-            fix="Resume from an earlier checkpoint and find where the loss first became non-finite "
-            "(torch.autograd.set_detect_anomaly(True), a lower learning rate, gradient clipping, "
-            "or torchdoctor.watch).",
+            fix=Fix(
+                title="Resume from an earlier checkpoint and find where the loss first became non-finite "
+                "(torch.autograd.set_detect_anomaly(True), a lower learning rate, gradient clipping, "
+                "or torchdoctor.watch)."
+            ),
             location=Location(file=info.path, key=show_path(n.path)),
         )
     if len(bad) > MAX_LISTED:
         yield Finding(
             f"{len(bad) - MAX_LISTED} more tensor(s) hold NaN/Inf values (see the values facts).",
-            fix="As above.",
+            fix=Fix(title="As above."),
             location=Location(file=info.path),
         )

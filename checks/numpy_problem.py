@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, pip, torch_pin
@@ -107,7 +107,7 @@ def numpy_problem(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 "NumPy is not installed: `import torch` warns 'Failed to initialize NumPy: No module named "
                 "numpy', and tensor.numpy() / torch.from_numpy() / DataLoader collation of arrays fail.",
-                fix=f"{pip(facts)} install numpy",
+                fix=Fix(title=f"{pip(facts)} install numpy"),
             )
         return
     abi_text = " ".join(facts.torch.stderr_tail)
@@ -118,8 +118,10 @@ def numpy_problem(facts: EnvFacts) -> Iterator[Finding]:
         detail = facts.torch.numpy_error or "a module compiled using NumPy 1.x cannot run in NumPy 2.x"
         yield Finding(
             f"torch cannot use NumPy {numpy}: {detail}.",
-            fix=f'{pip(facts)} install "numpy<2" {torch_pin(facts)} (or upgrade the packages compiled against '
-            "NumPy 1.x)",
+            fix=Fix(
+                title=f'{pip(facts)} install "numpy<2" {torch_pin(facts)} (or upgrade the packages compiled against '
+                "NumPy 1.x)"
+            ),
         )
     elif excluded:
         names = ", ".join(f"{name} (numpy{spec})" for name, spec in excluded)
@@ -136,6 +138,9 @@ def numpy_problem(facts: EnvFacts) -> Iterator[Finding]:
             want = "numpy<2"
         yield Finding(
             f"NumPy {numpy} is installed, but {names} exclude it: {symptom}.",
-            fix=f'{pip(facts)} install "{want}" {torch_pin(facts)}, or move {", ".join(n for n, _ in excluded)} to '
-            "releases that accept the NumPy you keep",
+            fix=Fix(
+                title=f'{pip(facts)} install "{want}" {torch_pin(facts)}, or move '
+                f"{', '.join(n for n, _ in excluded)} to "
+                "releases that accept the NumPy you keep"
+            ),
         )

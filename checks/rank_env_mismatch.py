@@ -6,7 +6,7 @@ import functools
 from collections import defaultdict
 from typing import Any, Callable, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts, RankFacts
 
 from ._envutil import MACHINE_STATE
@@ -116,8 +116,11 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
                 f"{', '.join(f'{n}={facts.env_vars[n]}' for n in launch_vars)} are set, but no launcher started this "
                 "process, so only this machine was examined. Left in a shell, they make the next "
                 "`init_process_group()` wait for ranks that never come.",
-                fix=f"unset {' '.join(launch_vars)} (or launch with `torchrun --nproc-per-node N -m torchdoctor env`; "
-                "`--distributed` compares ranks started by another launcher).",
+                fix=Fix(
+                    title=f"unset {' '.join(launch_vars)} (or launch with `torchrun --nproc-per-node N -m "
+                    "torchdoctor env`; "
+                    "`--distributed` compares ranks started by another launcher)."
+                ),
                 severity=Severity.INFO,
             )
     if facts.missing_ranks:
@@ -134,8 +137,11 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
             f"Rank(s) {', '.join(map(str, facts.missing_ranks))} did not report to rank 0 in time: "
             + "; ".join(doing)
             + ".",
-            fix="Read those ranks' own reports: a rank that cannot reach rank 0 prints its own (torchrun shows it "
-            "with --tee 3 / --log-dir); check that every node can reach MASTER_ADDR:MASTER_PORT.",
+            fix=Fix(
+                title="Read those ranks' own reports: a rank that cannot reach rank 0 prints its own (torchrun "
+                "shows it "
+                "with --tee 3 / --log-dir); check that every node can reach MASTER_ADDR:MASTER_PORT."
+            ),
         )
     if len(ranks) < 2:
         return
@@ -143,27 +149,27 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
     if len(world) > 1:
         yield Finding(
             f"Ranks disagree on WORLD_SIZE: {_describe(world)}.",
-            fix="Launch every node with the same --nnodes and --nproc-per-node.",
+            fix=Fix(title="Launch every node with the same --nnodes and --nproc-per-node."),
         )
     dupes = {rank: n for rank, n in _by_value(ranks, lambda r: r.rank).items() if len(n) > 1}
     if dupes:
         yield Finding(
             f"Several processes claim the same RANK ({', '.join(map(str, dupes))}).",
-            fix="Give each node its own --node-rank (or use a rendezvous backend: --rdzv-backend=c10d).",
+            fix=Fix(title="Give each node its own --node-rank (or use a rendezvous backend: --rdzv-backend=c10d)."),
         )
     local = {key: n for key, n in _by_value(ranks, lambda r: (r.hostname, r.local_rank)).items() if len(n) > 1}
     for (host, local_rank), n in local.items():
         yield Finding(
             f"Ranks {', '.join(map(str, n))} on {host} share LOCAL_RANK={local_rank}: they will use the "
             "same GPU ('NCCL WARN Duplicate GPU detected').",
-            fix="Start one torchrun per node; don't set LOCAL_RANK by hand.",
+            fix=Fix(title="Start one torchrun per node; don't set LOCAL_RANK by hand."),
             key=f"{host} {local_rank}",
         )
     master = _by_value(ranks, lambda r: (r.master_addr, r.master_port))
     if len(master) > 1:
         yield Finding(
             f"Ranks disagree on MASTER_ADDR:MASTER_PORT: {_describe(master)}.",
-            fix="Pass the same --master-addr/--master-port (or --rdzv-endpoint) on every node.",
+            fix=Fix(title="Pass the same --master-addr/--master-port (or --rdzv-endpoint) on every node."),
         )
     for label, get in (
         ("torch", lambda r: r.torch.get("version")),
@@ -177,7 +183,7 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 f"Ranks run different {label} versions: {_describe(groups)}. Collectives can hang or fail with "
                 "mismatched builds, and results differ between ranks.",
-                fix="Use one environment image (or one shared venv/conda env) on every node.",
+                fix=Fix(title="Use one environment image (or one shared venv/conda env) on every node."),
                 key=label,
             )
     gpus = _by_value(ranks, lambda r: r.gpu)
@@ -185,7 +191,7 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
         yield Finding(
             f"Ranks use different GPU models: {_describe(gpus)}. Every step waits for the slowest GPU, and "
             "numerics (TF32, kernels chosen) can differ.",
-            fix="Schedule the job on identical GPUs (or accept the slowest GPU's pace).",
+            fix=Fix(title="Schedule the job on identical GPUs (or accept the slowest GPU's pace)."),
             severity=Severity.WARNING,
         )
     names = sorted({k for r in ranks for k in r.env_vars})
@@ -194,7 +200,9 @@ def rank_env_mismatch(facts: EnvFacts) -> Iterator[Finding]:
         if len(groups) > 1:
             yield Finding(
                 f"{name} differs between ranks: {_describe(groups)}.",
-                fix=f"Export the same {name} on every node (or pass it through the job launcher's environment).",
+                fix=Fix(
+                    title=f"Export the same {name} on every node (or pass it through the job launcher's environment)."
+                ),
                 severity=Severity.WARNING,
                 key=name,
             )

@@ -6,7 +6,7 @@ import logging
 import re
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
 
 RECOMPILES = 4  # recompilations of one function during the session (the first compile not counted)
@@ -194,9 +194,11 @@ class Recompiling(RuntimeCheck):
         yield Finding(
             f"the compiled code breaks into separate graphs at {len(sites)} place(s), running Python between "
             f"them at every step: {shown}{more}.",
-            fix="Move the breaking call out of the compiled code (log after the step, keep values as tensors), "
-            "or compile the parts around it:\n"
-            "torch._dynamo.config.capture_scalar_outputs = True  # for .item() calls",
+            fix=Fix(
+                title="Move the breaking call out of the compiled code (log after the step, keep values as tensors), "
+                "or compile the parts around it:",
+                code="torch._dynamo.config.capture_scalar_outputs = True  # for .item() calls",
+            ),
             location=Location(file=file, line=line),
             key=f"break:{file}:{line}",
         )

@@ -6,7 +6,7 @@ import ast
 import weakref
 from typing import Any, Callable, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import LoaderEvent, RuntimeCheck
 from torchdoctor.sdk.source import CallSite, FunctionScope, ModuleIndex, SourceFile, iter_names, last, literal, ref
 
@@ -163,11 +163,10 @@ class SamplerEpochNotSet(RuntimeCheck):
             f"{type(sampler).__name__} of the DataLoader over {passes.dataset} started another pass "
             f"with epoch still {passes.epoch}: set_epoch() was not called, "
             "so every epoch shuffles into the same order.",
-            fix="Advance the sampler's epoch before each pass:\n"
-            "for epoch in range(epochs):\n"
-            "    sampler.set_epoch(epoch)\n"
-            "    for x, y in loader:\n"
-            "        ...",
+            fix=Fix(
+                title="Advance the sampler's epoch before each pass:",
+                code="for epoch in range(epochs):\n    sampler.set_epoch(epoch)\n    for x, y in loader:\n        ...",
+            ),
             location=Location(key=type(sampler).__name__, step=self.ctx.step),
         )
 
@@ -202,7 +201,7 @@ def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
                 f"`{src.snippet(sampler.node)}` feeds `{loader}`, which is read once per epoch (loop at line {line}), "
                 "but set_epoch is never called in the linted files: DistributedSampler seeds its shuffle with the "
                 "epoch, so every epoch sees the same order.",
-                fix=f"At the start of every epoch call `{name or loader + '.sampler'}.set_epoch(epoch)`.",
+                fix=Fix(title=f"At the start of every epoch call `{name or loader + '.sampler'}.set_epoch(epoch)`."),
                 location=src.location(sampler.node),
             )
             break

@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import LoaderEvent, MethodPatch, RuntimeCheck, unwrap_optimizer, user_line
 
 _SETUP = """
@@ -174,12 +174,14 @@ class SchedulerSteppedPerBatch(RuntimeCheck):
                     f"has "
                     f"already cut {c.optimizer.label}'s learning rate from {c.base_lr:g} to {lr:g}: a per-epoch "
                     "schedule stepped after every batch.",
-                    fix="Step the scheduler once per epoch, after the batch loop:\n"
-                    "for epoch in range(epochs):\n"
-                    "    for x, y in loader:\n"
-                    "        ...\n"
-                    "        optimizer.step()\n"
-                    "    scheduler.step()",
+                    fix=Fix(
+                        title="Step the scheduler once per epoch, after the batch loop:",
+                        code="for epoch in range(epochs):\n"
+                        "    for x, y in loader:\n"
+                        "        ...\n"
+                        "        optimizer.step()\n"
+                        "    scheduler.step()",
+                    ),
                     location=Location(file=c.line[0], line=c.line[1], key=name, step=self.ctx.step),
                 )
                 return

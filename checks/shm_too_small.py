@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, byte_size
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, GiB
@@ -83,8 +83,11 @@ def shm_too_small(facts: EnvFacts) -> Iterator[Finding]:
         yield Finding(
             f"/dev/shm is {byte_size(shm)} but only {byte_size(free)} is free: segments left by killed DataLoader "
             "workers or crashed jobs fill it, and the next workers die with 'Bus error' / 'No space left on device'.",
-            fix="See what fills it (`ls -la --sort=size /dev/shm | head`; `df -h /dev/shm`) and delete the segments "
-            "of processes that are gone (torch_*, nccl-*, psm_*), or stop the jobs that hold them.",
+            fix=Fix(
+                title="See what fills it (`ls -la --sort=size /dev/shm | head`; `df -h /dev/shm`) and delete the "
+                "segments "
+                "of processes that are gone (torch_*, nccl-*, psm_*), or stop the jobs that hold them."
+            ),
             location=Location(file="/dev/shm"),
         )
     if shm is None or shm >= SHM_MIN:
@@ -93,7 +96,9 @@ def shm_too_small(facts: EnvFacts) -> Iterator[Finding]:
         f"/dev/shm is only {byte_size(shm)}: DataLoader workers pass batches through it and die with "
         "'RuntimeError: DataLoader worker (pid N) is killed by signal: Bus error', and NCCL fails with "
         "'No space left on device'.",
-        fix="Give the container more shared memory: `docker run --shm-size=8g ...` (or `--ipc=host`); on "
-        "Kubernetes mount an emptyDir with medium: Memory at /dev/shm. As a stop-gap: DataLoader(num_workers=0).",
+        fix=Fix(
+            title="Give the container more shared memory: `docker run --shm-size=8g ...` (or `--ipc=host`); on "
+            "Kubernetes mount an emptyDir with medium: Memory at /dev/shm. As a stop-gap: DataLoader(num_workers=0)."
+        ),
         location=Location(file="/dev/shm"),
     )

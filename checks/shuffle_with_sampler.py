@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.source import CallSite, SourceFile, last, literal
 
 _SETUP = """
@@ -81,8 +81,11 @@ def shuffle_with_sampler(src: SourceFile) -> Iterator[Finding]:
                 yield Finding(
                     f"`{src.snippet(call.node)}` passes shuffle=True together with {option}=: DataLoader raises "
                     f"'{option} option is mutually exclusive with shuffle'. The sampler decides the order.",
-                    fix=f"Drop shuffle=True and let the sampler shuffle (DistributedSampler(dataset, shuffle=True)), "
-                    f"e.g. `DataLoader(dataset, {option}=..., shuffle=False)`.",
+                    fix=Fix(
+                        title="Drop shuffle=True and let the sampler shuffle (DistributedSampler(dataset, "
+                        "shuffle=True)), "
+                        f"e.g. `DataLoader(dataset, {option}=..., shuffle=False)`."
+                    ),
                     location=src.location(call.node),
                 )
                 break

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
@@ -90,19 +90,23 @@ def slow_torch_import(facts: EnvFacts) -> Iterator[Finding]:
         yield Finding(
             f"`import torch`{where} spent {blocked:.0f} s waiting for its files to be read ({split}; "
             f"a local disk needs well under a second).",
-            fix="Move the environment to a local disk, or find the slow folder: `python -X importtime -c "
-            "\"import torch\" 2>&1 | sort -t'|' -k2 -n | tail`.",
+            fix=Fix(
+                title="Move the environment to a local disk, or find the slow folder: `python -X importtime -c "
+                "\"import torch\" 2>&1 | sort -t'|' -k2 -n | tail`."
+            ),
         )
     elif cpu > SLOW_IMPORT_S:
         yield Finding(
             f"`import torch`{where} used {cpu:.0f} s of CPU time ({split}; torch needs a few seconds).",
-            fix='Find the modules that take the time: `python -X importtime -c "import torch" 2>&1 | '
-            "sort -t'|' -k2 -n | tail` (a sitecustomize or a package torch imports doing heavy work).",
+            fix=Fix(
+                title='Find the modules that take the time: `python -X importtime -c "import torch" 2>&1 | '
+                "sort -t'|' -k2 -n | tail` (a sitecustomize or a package torch imports doing heavy work)."
+            ),
         )
     elif wall > SLOW_IMPORT_S and wait is not None and wait > wall / 2:
         yield Finding(
             f"`import torch` took {wall:.0f} s because the machine is loaded: it waited {wait:.0f} s for a "
             f"CPU ({split}); the install itself is fine.",
-            fix="Nothing to fix in the install; timings taken now reflect the load.",
+            fix=Fix(title="Nothing to fix in the install; timings taken now reflect the load."),
             severity=Severity.INFO,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.source import SourceFile
 
 SOURCE_UNREADABLE = Pitfall(
@@ -52,7 +52,7 @@ def source_unreadable(src: SourceFile) -> Iterator[Finding]:
         f"{src.path} was not checked: it is {src.problem}."
         if src.problem.startswith("not ")
         else f"{src.path} was not checked: it {src.problem}.",
-        fix="Fix the file (it will not import either), or exclude it with --exclude or .gitignore.",
+        fix=Fix(title="Fix the file (it will not import either), or exclude it with --exclude or .gitignore."),
         location=Location(file=src.path, line=src.problem_line),
         severity=Severity.WARNING if src.problem.startswith("larger than") else None,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.checkpoint import CheckpointInfo, Match, best_match, show_path, wrapper_prefix
 from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
@@ -92,7 +92,7 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
     if m is None:
         yield Finding(
             f"No state dict was found in the checkpoint to compare with the model {spec}.",
-            fix="Save model.state_dict() (or a dict holding it) rather than other objects.",
+            fix=Fix(title="Save model.state_dict() (or a dict holding it) rather than other objects."),
             location=Location(file=info.path),
         )
         return
@@ -139,8 +139,10 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
         rows = "; ".join(f"{k}: file {a} vs model {b}" for k, a, b in m.dtype[:8])
         yield Finding(
             f"{head}: {len(m.dtype)} dtype difference(s); load_state_dict casts them silently: {rows}.",
-            fix="Usually fine (e.g. fp16 weights into an fp32 model); convert the model (model.half()) if you "
-            "meant to keep the saved precision.",
+            fix=Fix(
+                title="Usually fine (e.g. fp16 weights into an fp32 model); convert the model (model.half()) if you "
+                "meant to keep the saved precision."
+            ),
             location=Location(file=info.path, key=m.dtype[0][0]),
             severity=Severity.INFO,
         )

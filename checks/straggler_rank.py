@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
 
 from ._ddp_examples import DDP_SETUP, UNSEEN
@@ -133,8 +133,10 @@ class StragglerRank(RuntimeCheck):
             f"ranks (medians over {int(mine[slow][0])} steps, at step {event.step}), so every rank waits about "
             f"{ms(own - others)} of its {ms(step)} step ({100 * (own - others) / step:.0f}%) in the all-reduce "
             "for it.",
-            fix=f"Give rank {slow} the same work as the others: move rank-only work out of the step, e.g.:\n"
-            "if dist.get_rank() == 0 and step % 100 == 0:",
+            fix=Fix(
+                title=f"Give rank {slow} the same work as the others: move rank-only work out of the step, e.g.:",
+                code="if dist.get_rank() == 0 and step % 100 == 0:",
+            ),
             location=Location(rank=slow),
             key="straggler",
         )

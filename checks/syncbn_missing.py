@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 
 from ._ddp_examples import DDP_SETUP, UNSEEN
@@ -120,9 +120,11 @@ class SyncBNMissing(RuntimeCheck):
                     "under DistributedDataParallel: with so few samples per "
                     f"rank the batch statistics are noisy, while {self.ctx.world_size} ranks together see "
                     f"{x.shape[0] * self.ctx.world_size}.",
-                    fix="Compute BatchNorm statistics over all ranks (convert before wrapping in DDP):\n"
-                    "model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
-                    "model = DDP(model.to(device), device_ids=[local_rank])",
+                    fix=Fix(
+                        title="Compute BatchNorm statistics over all ranks (convert before wrapping in DDP):",
+                        code="model = nn.SyncBatchNorm.convert_sync_batchnorm(model)\n"
+                        "model = DDP(model.to(device), device_ids=[local_rank])",
+                    ),
                     location=Location(module=name, step=self.ctx.step),
                 ),
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 
 FORWARDS = 3  # training forwards seen, all without autocast, before a verdict
@@ -127,8 +127,10 @@ class TensorCoresIdle(RuntimeCheck):
                     f"{label} trains in float32 on a GPU with tensor cores, but TF32 is off for matmuls "
                     f'(float32 matmul precision "highest") and its {count} training forwards so far ran '
                     "without autocast: its Linear/attention matmuls run on the slower float32 units.",
-                    fix="Allow TF32 for float32 matmuls once, before training:\n"
-                    'torch.set_float32_matmul_precision("high")',
+                    fix=Fix(
+                        title="Allow TF32 for float32 matmuls once, before training:",
+                        code='torch.set_float32_matmul_precision("high")',
+                    ),
                     location=Location(module=label),
                 )
                 return

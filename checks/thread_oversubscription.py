@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
@@ -110,11 +110,14 @@ def thread_oversubscription(facts: EnvFacts) -> Iterator[Finding]:
         yield Finding(
             f"torch will run {threads} threads × {procs} local process(es) = {threads * procs} threads on "
             f"{cpus} usable CPU(s){limit}: threads fight for cores and CPU ops get slower, not faster.",
-            fix=f"export OMP_NUM_THREADS={per} MKL_NUM_THREADS={per} (or torch.set_num_threads({per}) in each process)",
+            fix=Fix(
+                title=f"export OMP_NUM_THREADS={per} MKL_NUM_THREADS={per} (or torch.set_num_threads({per}) in "
+                "each process)"
+            ),
         )
     elif procs > 1 and "OMP_NUM_THREADS" not in env:
         yield Finding(
             f"{procs} local processes (LOCAL_WORLD_SIZE) and OMP_NUM_THREADS is unset: each process sizes its "
             "thread pool for the whole machine.",
-            fix=f"export OMP_NUM_THREADS={max(1, (cpus or procs) // procs)} before launching",
+            fix=Fix(title=f"export OMP_NUM_THREADS={max(1, (cpus or procs) // procs)} before launching"),
         )

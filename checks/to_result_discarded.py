@@ -6,7 +6,7 @@ import ast
 import re
 from typing import Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.source import (
     TENSOR_FACTORIES,
     Binding,
@@ -182,6 +182,6 @@ def to_result_discarded(src: SourceFile) -> Iterator[Finding]:
                 yield Finding(
                     f"`{src.snippet(call.node)}` throws its result away: unlike a module's .to(), a tensor's "
                     f".{call.attr}() returns a new tensor and leaves `{call.receiver}` where it was.",
-                    fix=f"{call.receiver} = {src.segment(call.node)}",
+                    fix=Fix(code=f"{call.receiver} = {src.segment(call.node)}"),
                     location=src.location(call.node),
                 )

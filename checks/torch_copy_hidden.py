@@ -6,7 +6,7 @@ import os
 import shlex
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
@@ -90,8 +90,10 @@ def torch_copy_hidden(facts: EnvFacts) -> Iterator[Finding]:
         f"Python imports torch from {named(winner)}, which hides {', '.join(named(h) for h in hidden)}: "
         f"it is in the user site, which Python searches before the environment's site-packages; "
         f"`python -s`, `python -I`, PYTHONNOUSERSITE=1 and venvs skip it and import the other one.",
-        fix=f"Keep one: skip the user site (this shell; add it to the environment's activation): "
-        f"`export PYTHONNOUSERSITE=1`, or remove that copy: "
-        f"`rm -rf {shlex.quote(winner)} {shlex.quote(os.path.dirname(winner))}/torch-*.dist-info`",
+        fix=Fix(
+            title=f"Keep one: skip the user site (this shell; add it to the environment's activation): "
+            f"`export PYTHONNOUSERSITE=1`, or remove that copy: "
+            f"`rm -rf {shlex.quote(winner)} {shlex.quote(os.path.dirname(winner))}/torch-*.dist-info`"
+        ),
         location=Location(file=winner),
     )

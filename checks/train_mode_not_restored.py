@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
@@ -168,14 +168,16 @@ class TrainModeNotRestored(RuntimeCheck):
                 f"{event.optimizer.label}.step() applied gradients from a forward of {wm.label} in eval() mode, "
                 f"although {since}: its {', '.join(layers)} layers run as in "
                 f"inference ({'; '.join(effects)}). model.train() was probably not called again after validation.",
-                fix="Switch back to training mode at the start of every epoch:\n"
-                "for epoch in range(epochs):\n"
-                "    model.train()\n"
-                "    for x, y in loader:\n"
-                "        ...\n"
-                "    model.eval()\n"
-                "    with torch.no_grad():\n"
-                "        val_loss = sum(criterion(model(x), y).item() for x, y in val_loader)",
+                fix=Fix(
+                    title="Switch back to training mode at the start of every epoch:",
+                    code="for epoch in range(epochs):\n"
+                    "    model.train()\n"
+                    "    for x, y in loader:\n"
+                    "        ...\n"
+                    "    model.eval()\n"
+                    "    with torch.no_grad():\n"
+                    "        val_loss = sum(criterion(model(x), y).item() for x, y in val_loader)",
+                ),
                 location=Location(module=wm.label, step=event.step),
             )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.checkpoint import CheckpointInfo, Use, Verdict, dangerous_reason, show_args
 
 from ._ckptutil import MODEL_SETUP
@@ -100,7 +100,7 @@ def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
         yield Finding(
             f"{where}, byte {event.pos}: {event.what}. A data-only checkpoint never does this; it is how "
             "pickle payloads hide the code they run from scanners.",
-            fix="Do not load this file with torch.load(weights_only=False) or pickle.load.",
+            fix=Fix(title="Do not load this file with torch.load(weights_only=False) or pickle.load."),
             location=Location(file=info.path, key=where),
             key=f"byte {event.pos}",
         )

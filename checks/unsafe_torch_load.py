@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.source import (
     CallSite,
     Edit,
@@ -126,8 +126,10 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
                     f"`{src.snippet(call.node)}` unpickles with weights_only=False: loading the file runs whatever "
                     "code its pickle names, so a checkpoint from elsewhere can take over the machine"
                     + (" (and this one is downloaded)." if downloaded else "; fine for files you made yourself."),
-                    fix="Load with weights_only=True (allow your own classes with "
-                    "torch.serialization.add_safe_globals([...])), or only load files you made.",
+                    fix=Fix(
+                        title="Load with weights_only=True (allow your own classes with "
+                        "torch.serialization.add_safe_globals([...])), or only load files you made."
+                    ),
                     location=src.location(call.node),
                     severity=Severity.WARNING if downloaded else None,
                 )
@@ -141,8 +143,11 @@ def unsafe_torch_load(src: SourceFile) -> Iterator[Finding]:
                     f"`{src.snippet(call.node)}` does not say weights_only: before torch 2.6 it unpickles "
                     "arbitrary objects (running any code the file names), and from 2.6 on it refuses files with "
                     "anything but tensors and plain containers, so the behaviour depends on the installed torch.",
-                    fix="Say what you mean: `torch.load(..., weights_only=True)` for a state dict or checkpoint of "
-                    "tensors; weights_only=False only for files you made yourself.",
+                    fix=Fix(
+                        title="Say what you mean: `torch.load(..., weights_only=True)` for a state dict or "
+                        "checkpoint of "
+                        "tensors; weights_only=False only for files you made yourself."
+                    ),
                     location=src.location(call.node),
                     edits=edits,
                 )
