@@ -64,7 +64,7 @@ class Cause:
     """One cause of the failure, with the fix that acts on it."""
 
     cause: str
-    fix: str
+    fix: str  # one line of advice (shell commands in backticks): the title of the finding's fix
     file: Optional[str] = None  # where the finding points
     requirement: Optional[UnmetRequirement] = None  # an unmet requirement this cause accounts for
     absorbs: Optional[str] = None  # the check whose finding this cause is (it stays quiet then)

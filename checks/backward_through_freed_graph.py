@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
 _SETUP = """
@@ -97,9 +97,9 @@ class BackwardThroughFreedGraph(RuntimeCheck):
         if live > 1:
             text += f" Graphs of watched forwards still alive: {live}."
         name = carried[0] if carried else "hidden"
-        fix = (
-            f"Detach what is carried to the next step, where it is carried:\n{name} = {name}.detach()\n"
-            "# and log losses with loss.item(); do not add retain_graph=True"
+        fix = Fix(
+            title="Detach what is carried to the next step, where it is carried:",
+            code=f"{name} = {name}.detach()\n# and log losses with loss.item(); do not add retain_graph=True",
         )
         yield Finding(text, fix=fix, location=Location())
 

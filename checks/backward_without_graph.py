@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import CrashEvent, ForwardEvent, RuntimeCheck
 
 _SETUP = """
@@ -98,21 +98,24 @@ class BackwardWithoutGraph(RuntimeCheck):
         if lf is not None and (lf.inference_mode or not lf.grad_enabled):
             cause = "the forward ran without gradients"
             block = "torch.inference_mode()" if lf.inference_mode else "torch.no_grad()"
-            fix = (
-                f"Move the training forward and its loss out of the `{block}` block, or remove that decorator "
+            fix = Fix(
+                title=f"Move the training forward and its loss out of the `{block}` block, or remove that decorator "
                 "from the training function: the loss needs the graph the forward records"
             )
         elif trainable and all(n == 0 for n, _ in trainable.values()):
             cause = "no parameter requires grad: the model is frozen"
-            fix = "Unfreeze what should train:\nfor p in model.parameters():\n    p.requires_grad_(True)"
+            fix = Fix(
+                title="Unfreeze what should train:",
+                code="for p in model.parameters():\n    p.requires_grad_(True)",
+            )
         else:
             cause = (
                 "the forward kept gradients, so the loss was rebuilt from values without a graph "
                 "(`.item()`, `.detach()`, numpy, `torch.tensor(...)` of outputs)"
             )
-            fix = (
-                "Build the loss from the model's output tensors:\nloss = criterion(output, target)  "
-                "# not torch.tensor(loss_value)"
+            fix = Fix(
+                title="Build the loss from the model's output tensors:",
+                code="loss = criterion(output, target)  # not torch.tensor(loss_value)",
             )
         yield Finding(
             f"backward() got a loss without an autograd graph at step {self.ctx.step}: {cause} ("

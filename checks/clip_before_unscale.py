@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import MethodPatch, RuntimeCheck, unwrap_optimizer
 from torchdoctor.sdk.source import SourceFile
 
@@ -76,10 +76,10 @@ CLIP_BEFORE_UNSCALE = Pitfall(
 )
 
 _CLIPS = ("clip_grad_norm_", "clip_grad_value_")
-_FIX = (
-    "Unscale before clipping: add this line after `scaler.scale(loss).backward()` and before the clip "
-    "(scaler.step then does not unscale again):\n"
-    "scaler.unscale_(optimizer)"
+_FIX = Fix(
+    title="Unscale before clipping: add this line after `scaler.scale(loss).backward()` and before the clip "
+    "(scaler.step then does not unscale again):",
+    code="scaler.unscale_(optimizer)",
 )
 
 
@@ -163,11 +163,11 @@ def clip_before_unscale(src: SourceFile) -> Iterator[Finding]:
                     )
 
 
-def _source_fix(src: SourceFile, scaler: str, clip: Any, steps: list[Any]) -> str:
+def _source_fix(src: SourceFile, scaler: str, clip: Any, steps: list[Any]) -> Fix:
     """Unscale with the optimizer the scaler steps, on a line of its own just before the clip."""
     after = [c for c in steps if c.pos > clip.pos]
     optimizer = src.snippet(after[0].node.args[0]) if after and after[0].node.args else "optimizer"
-    return (
-        f"Unscale first: insert this line just before line {clip.node.lineno}, at its indentation:\n"
-        f"{scaler}.unscale_({optimizer})"
+    return Fix(
+        title=f"Unscale first: insert this line just before line {clip.node.lineno}, at its indentation:",
+        code=f"{scaler}.unscale_({optimizer})",
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
 COLLECTIVE_TIMEOUT = Pitfall(
@@ -97,9 +97,12 @@ class CollectiveTimeout(RuntimeCheck):
             + f" on {who}, which had done {steps}: another rank did not join it. Compare the ranks' reports: "
             "the rank that is behind (fewer steps) or absent is the one that skipped or is stuck before this "
             "collective.",
-            fix="Call collectives on every rank, outside rank-only branches, and give every rank the same number "
-            "of batches:\nsampler = DistributedSampler(dataset, drop_last=True)\n"
-            "# long work on rank 0 only: follow it with dist.barrier() on every rank, or raise the timeout",
+            fix=Fix(
+                title="Call collectives on every rank, outside rank-only branches, and give every rank the same "
+                "number of batches:",
+                code="sampler = DistributedSampler(dataset, drop_last=True)\n"
+                "# long work on rank 0 only: follow it with dist.barrier() on every rank, or raise the timeout",
+            ),
             location=Location(rank=rank),
         )
 

@@ -7,7 +7,7 @@ from typing import Iterator, Optional
 
 from packaging.utils import canonicalize_name
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, base_version, local_tag, major_minor, pip, torch_pin
@@ -228,4 +228,4 @@ def companion_version_mismatch(facts: EnvFacts) -> Iterator[Finding]:
                 f"No {name} release exists for this torch: {pip(facts)} uninstall {name}, or install the torch "
                 f"release it was built for."
             )
-        yield Finding(_sentence(name, version, problems, torch_version) + seen, fix=fix, key=name)
+        yield Finding(_sentence(name, version, problems, torch_version) + seen, fix=Fix(title=fix), key=name)

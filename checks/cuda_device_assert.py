@@ -182,10 +182,13 @@ class CudaDeviceAssert(RuntimeCheck):
             + (": the labels look numbered from 1." if off_by_one else ".")
         )
         fix = (
-            "Shift labels numbered from 1 to start at 0:\ny = y - 1"
+            Fix(title="Shift labels numbered from 1 to start at 0:", code="y = y - 1")
             if off_by_one
-            else f"Give the head one output per class (num_classes = {high + 1} for these labels), or map the labels "
-            f"into 0..{classes - 1}:\nassert 0 <= y.min() and y.max() < num_classes"
+            else Fix(
+                title=f"Give the head one output per class (num_classes = {high + 1} for these labels), or map the "
+                f"labels into 0..{classes - 1}:",
+                code="assert 0 <= y.min() and y.max() < num_classes",
+            )
         )
         return Finding(text, fix=fix)
 
@@ -236,10 +239,11 @@ class CudaDeviceAssert(RuntimeCheck):
         )
         return Finding(
             text,
-            fix=(
-                "Locate it: run once with synchronous kernels (`CUDA_LAUNCH_BLOCKING=1 python "
+            fix=Fix(
+                title="Locate it: run once with synchronous kernels (`CUDA_LAUNCH_BLOCKING=1 python "
                 "train.py`), which report the failing line exactly, and check the labels on the "
-                "CPU, where the batch is made:\nassert 0 <= y.min() and y.max() < num_classes"
+                "CPU, where the batch is made:",
+                code="assert 0 <= y.min() and y.max() < num_classes",
             ),
             location=Location(device="cuda"),
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.checkpoint import CheckpointInfo, show_path
 
 from ._ckptutil import MODEL_SETUP
@@ -73,12 +73,12 @@ def cuda_tensors(info: CheckpointInfo) -> Iterator[Finding]:
         'torch.load raises "Attempting to deserialize object on a CUDA device but '
         'torch.cuda.is_available() is False".'
     )
-    fix = f"torch.load({info.path!r}, map_location='cpu')"
+    load = f"torch.load({info.path!r}, map_location='cpu')"
     if any(d.startswith("cuda:") and d != "cuda:0" for d in others):
         message += " Tensors on cuda:1 or higher also fail on machines with fewer GPUs."
         remap = ", ".join(f"'{d}': 'cuda:0'" for d in sorted(others) if d.startswith("cuda:"))
-        fix += f"  # or map_location={{{remap}}}"
-    fix += f"\nor write a CPU copy: torchdoctor check-ckpt {info.path} --fix cpu.pt"
+        load += f"  # or map_location={{{remap}}}"
+    fix = Fix(code=f"{load}\n# or write a CPU copy: torchdoctor check-ckpt {info.path} --fix cpu.pt")
     device = sorted(devices)[0]
     yield Finding(
         message,

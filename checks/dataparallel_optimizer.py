@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.source import SourceFile, is_optimizer, last, ref
 
 _SETUP = """
@@ -68,7 +68,7 @@ def dataparallel_optimizer(src: SourceFile) -> Iterator[Finding]:
                 )
 
 
-def _fix(src: SourceFile, scope: Any, call: Any, optimizer: Optional[str]) -> str:
+def _fix(src: SourceFile, scope: Any, call: Any, optimizer: Optional[str]) -> Fix:
     """Wrap the model where the optimizer was wrapped, then build the optimizer again as it was built."""
     wrapper = src.segment(call.node.func)
     built = [
@@ -100,7 +100,7 @@ def _fix(src: SourceFile, scope: Any, call: Any, optimizer: Optional[str]) -> st
         if built
         else f"{optimizer} = torch.optim.SGD({model}.parameters(), lr=0.1)  # with your optimizer's arguments"
     )
-    return (
-        f"Wrap the model instead, on line {call.node.lineno}, then build the optimizer again from it:\n"
-        f"{model} = {wrapper}({model})\n{rebuild}"
+    return Fix(
+        title=f"Wrap the model instead, on line {call.node.lineno}, then build the optimizer again from it:",
+        code=f"{model} = {wrapper}({model})\n{rebuild}",
     )

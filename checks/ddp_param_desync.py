@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import StepEvent
 
 from ._cross_rank import CrossRankCheck, differing, listing, ranks_of
@@ -97,10 +97,10 @@ class DDPParamDesync(CrossRankCheck):
             f"keeps them identical: {listing(diffs)}. They were changed outside DDP's averaged update on some ranks "
             "only (an update under `if rank == 0:`, a checkpoint loaded on one rank after wrapping, a per-rank "
             "learning rate or optimizer), so the ranks now train different models.",
-            fix="Change parameters identically on every rank; load checkpoints on every rank before wrapping in DDP,\n"
-            "or copy rank 0's values to all ranks:\n"
-            "with torch.no_grad():\n"
-            "    for p in model.module.parameters():\n"
-            "        dist.broadcast(p, src=0)",
+            fix=Fix(
+                title="Change parameters identically on every rank; load checkpoints on every rank before wrapping "
+                "in DDP, or copy rank 0's values to all ranks:",
+                code="with torch.no_grad():\n    for p in model.module.parameters():\n        dist.broadcast(p, src=0)",
+            ),
             location=Location(param=diffs[0][0], step=rnd.step),
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
 _SETUP = """
@@ -109,21 +109,22 @@ class DeviceMismatch(RuntimeCheck):
             odd = [(n, d) for n, d in inputs.items() if home is not None and d != home]
             if odd:
                 odd_name, odd_device = odd[0]
-                fix = (
-                    f"Move `{odd_name}` to {home}, the device of the model (`device` below), where the batch "
-                    "is prepared, assigning the result (tensors are not moved in place):\nx = x.to(device)"
+                fix = Fix(
+                    title=f"Move `{odd_name}` to {home}, the device of the model (`device` below), where the batch "
+                    "is prepared, assigning the result (tensors are not moved in place):",
+                    code="x = x.to(device)",
                 )
             elif len(params) > 1:
                 stray = sorted(params.items(), key=lambda kv: len(kv[1]))[0]
-                fix = (
-                    f"{where} has parameters on two devices ({stray[1][0]} on {stray[0]}): a layer was "
-                    "replaced or added after model.to(device). Move the model after its last change:\n"
-                    "model.to(device)"
+                fix = Fix(
+                    title=f"{where} has parameters on two devices ({stray[1][0]} on {stray[0]}): a layer was "
+                    "replaced or added after model.to(device). Move the model after its last change:",
+                    code="model.to(device)",
                 )
         if fix is None:
-            fix = (
-                "Move the model and every batch to one device, assigning the result:\n"
-                "model = model.to(device)\nx, y = x.to(device), y.to(device)"
+            fix = Fix(
+                title="Move the model and every batch to one device, assigning the result:",
+                code="model = model.to(device)\nx, y = x.to(device), y.to(device)",
             )
         text = (
             f"An operation got tensors on different devices at step {self.ctx.step}: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, best_wheel_cuda, major_minor, pip_install
@@ -111,5 +111,5 @@ def driver_too_old(facts: EnvFacts) -> Iterator[Finding]:
         f"NVIDIA driver {nv.driver_version} {supports}, but torch {facts.torch_version} was built with CUDA "
         f"{facts.torch_cuda}, which needs driver ≥ {need or '?'}: torch.cuda.is_available() is False and CUDA "
         "init warns 'The NVIDIA driver on your system is too old'.",
-        fix=f"Upgrade the NVIDIA driver to ≥ {need or 'a newer release'}{alt_text}",
+        fix=Fix(title=f"Upgrade the NVIDIA driver to ≥ {need or 'a newer release'}{alt_text}"),
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
 _SETUP = """
@@ -102,14 +102,14 @@ class DtypeMismatch(RuntimeCheck):
             f"An operation got floating tensors of different dtypes at step {self.ctx.step}: " + "; ".join(parts) + "."
         )
         if odd and home is not None:
-            fix = (
-                f"Convert `{odd[0][0]}` to {home} where the data is made (numpy arrays are float64):\n"
-                f"x = x.to(torch.{home})"
+            fix = Fix(
+                title=f"Convert `{odd[0][0]}` to {home} where the data is made (numpy arrays are float64):",
+                code=f"x = x.to(torch.{home})",
             )
         else:
-            fix = (
-                "Convert the data to the model's dtype, or run under autocast:\n"
-                "x = x.to(next(model.parameters()).dtype)"
+            fix = Fix(
+                title="Convert the data to the model's dtype, or run under autocast:",
+                code="x = x.to(next(model.parameters()).dtype)",
             )
         return Finding(text, fix=fix, location=Location(module=name))
 

@@ -6,7 +6,7 @@ import os
 import re
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
@@ -120,5 +120,5 @@ def duplicate_openmp(facts: EnvFacts) -> Iterator[Finding]:
         f"`import torch` + `import numpy` load several OpenMP runtimes: {'; '.join(libs)}. Two runtimes "
         "oversubscribe threads, and two libiomp5 copies abort with 'OMP: Error #15: Initializing "
         f"libiomp5.so, but found libiomp5.so already initialized'.{cause}{ok_var}",
-        fix=fix,
+        fix=Fix(title=fix),
     )

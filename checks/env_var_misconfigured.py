@@ -124,9 +124,11 @@ def env_var_misconfigured(facts: EnvFacts) -> Iterator[Finding]:
             yield Finding(
                 f"{name}={env[name]} is malformed ({problem}): the first CUDA allocation raises "
                 "'RuntimeError: Unrecognized key ... in Allocator Config' or a bad-value error.",
-                fix=f"Correct it, e.g. `export {name}=expandable_segments:True`, or unset {name}. Options: "
-                + ", ".join(ALLOC_OPTIONS)
-                + ".",
+                fix=Fix(
+                    title=f"Correct it, e.g. `export {name}=expandable_segments:True`, or unset {name}. Options: "
+                    + ", ".join(ALLOC_OPTIONS)
+                    + "."
+                ),
                 severity=Severity.ERROR,
             )
     for name in THREAD_VARS:

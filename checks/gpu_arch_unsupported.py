@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, best_wheel_cuda, major_minor, pip_install
@@ -132,7 +132,9 @@ def gpu_arch_unsupported(facts: EnvFacts) -> Iterator[Finding]:
             f"GPU{gpu.index} {gpu.name} has compute capability {cc[0]}.{cc[1]} ({sm}), but torch {facts.torch.version} "
             f"(CUDA {facts.torch.cuda}) only has kernels for {' '.join(arch_list)}: every CUDA op fails with "
             f"'CUDA error: no kernel image is available for execution on the device'.{seen}",
-            fix=f"Install a build that includes {sm} (CUDA ≥ {need[0]}.{need[1]}"
-            f"{' and ≤ 12.x' if cc < (7, 5) else ''}): {pip_install(facts, target)}",
+            fix=Fix(
+                title=f"Install a build that includes {sm} (CUDA ≥ {need[0]}.{need[1]}"
+                f"{' and ≤ 12.x' if cc < (7, 5) else ''}): {pip_install(facts, target)}"
+            ),
             location=Location(device=f"GPU{gpu.index}"),
         )

@@ -8,7 +8,7 @@ import linecache
 import re
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, frame_variables, user_frames
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
@@ -307,17 +307,18 @@ class GraphRetentionLeak(RuntimeCheck):
         if keeper is not None:
             name, what, file, line = keeper
             culprit = f"`{name}` ({what}) keeps them"
-            fix = f"Keep numbers, not graphs, in `{name}`:\n" + _detached(
-                linecache.getline(keeper[2], keeper[3]).strip(), name, "running" in what
+            fix = Fix(
+                title=f"Keep numbers, not graphs, in `{name}`:",
+                code=_detached(linecache.getline(keeper[2], keeper[3]).strip(), name, "running" in what),
             )
         else:
             culprit = (
                 "Something keeps a tensor that is still attached to its graph, e.g. `losses.append(loss)` or "
                 "`total_loss += loss`"
             )
-            fix = (
-                "Keep numbers, not graphs, across steps:\n"
-                "total_loss += loss.item()  # or loss.detach(); in a list: losses.append(loss.item())"
+            fix = Fix(
+                title="Keep numbers, not graphs, across steps:",
+                code="total_loss += loss.item()  # or loss.detach(); in a list: losses.append(loss.item())",
             )
         return Finding(
             f"Autograd graphs of {label}'s forward outputs stay alive across steps: {when}, {graphs} graphs built in "
@@ -517,7 +518,7 @@ def _leak_finding(src: SourceFile, node: Spanned, target: str, leaked: str, trai
     )
 
 
-def _source_fix(src: SourceFile, node: Spanned, leaked: str) -> str:
+def _source_fix(src: SourceFile, node: Spanned, leaked: str) -> Fix:
     """The reported line with `leaked` detached: `.item()` in a running sum (a number), `.detach()` in what
     is appended (it may be more than one number)."""
     method = "detach" if isinstance(node, ast.Call) else "item"
@@ -527,8 +528,11 @@ def _source_fix(src: SourceFile, node: Spanned, leaked: str) -> str:
         id(child) for n in ast.walk(node) if isinstance(n, (ast.Attribute, ast.Subscript)) for child in [n.value]
     }
     if node.lineno != node.end_lineno or not text.isascii() or not uses or any(id(n) in parents for n in uses):
-        return f"Keep a number, not the graph: use `{leaked}.{method}()` instead of `{leaked}` on line {node.lineno}."
+        return Fix(
+            title=f"Keep a number, not the graph: use `{leaked}.{method}()` instead of `{leaked}` on line "
+            f"{node.lineno}."
+        )
     for use in sorted(uses, key=lambda n: -n.col_offset):
         at = use.col_offset - node.col_offset
         text = text[:at] + f"{leaked}.{method}()" + text[at + len(leaked) :]
-    return f"Keep a number, not the graph: write line {node.lineno} as\n{text}"
+    return Fix(title=f"Keep a number, not the graph: write line {node.lineno} as", code=text)

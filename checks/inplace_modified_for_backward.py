@@ -121,10 +121,13 @@ class InplaceModifiedForBackward(RuntimeCheck):
                 f"its transpose): "
                 f"an optimizer.step() (steps so far: {steps or 'none watched'}) updated those weights between the "
                 "forward and this backward.",
-                fix="Back-propagate each loss before the step that changes the weights it went through, e.g. a "
-                "fresh discriminator forward after its step:\nopt_d.step()\n"
-                "g_loss = bce(D(fake), ones)  # not the output of D's forward from before opt_d.step()\n"
-                "g_loss.backward()",
+                fix=Fix(
+                    title="Back-propagate each loss before the step that changes the weights it went through, e.g. a "
+                    "fresh discriminator forward after its step:",
+                    code="opt_d.step()\n"
+                    "g_loss = bce(D(fake), ones)  # not the output of D's forward from before opt_d.step()\n"
+                    "g_loss.backward()",
+                ),
                 location=Location(module=weights[0][0], param=weights[0][1]),
             )
         else:

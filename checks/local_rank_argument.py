@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 from torchdoctor.sdk.source import CallSite, Edit, FixableFinding, SourceFile, has_word, literal
 
@@ -121,9 +121,11 @@ def parses_only_local_rank(src: SourceFile) -> Iterator[Finding]:
             f"2.0) "
             "passes --local-rank=N ('unrecognized arguments: --local-rank=0') and torchrun passes no argument at all, "
             "only the LOCAL_RANK environment variable.",
-            fix='Accept both spellings and fall back to the environment:\nparser.add_argument("--local_rank", '
-            '"--local-rank", type=int,\n    default=int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else '
-            "-1)",
+            fix=Fix(
+                title="Accept both spellings and fall back to the environment:",
+                code='parser.add_argument("--local_rank", "--local-rank", type=int,\n'
+                '    default=int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else -1)',
+            ),
             location=src.location(call.node),
             edits=tuple(_local_rank_edits(src, call, spelling)),
         )
@@ -140,9 +142,11 @@ def launched_with_local_rank(facts: EnvFacts) -> Iterator[Finding]:
         "(deprecated), which passes `--local-rank=N` since torch 2.0 (`--local_rank=N` before). A training "
         "script that declares only one spelling fails with 'error: unrecognized arguments: --local-rank=0', "
         "and under torchrun no such argument comes at all.",
-        fix="Launch with torchrun and read the rank from the environment:\n"
-        '    local_rank = int(os.environ["LOCAL_RANK"])\n'
-        'or accept both spellings: parser.add_argument("--local-rank", "--local_rank", type=int, '
-        'default=int(os.environ.get("LOCAL_RANK", 0)))',
+        fix=Fix(
+            title="Launch with torchrun and read the rank from the environment:",
+            code='local_rank = int(os.environ["LOCAL_RANK"])\n'
+            '# or accept both spellings: parser.add_argument("--local-rank", "--local_rank", type=int, '
+            'default=int(os.environ.get("LOCAL_RANK", 0)))',
+        ),
         severity=Severity.WARNING,
     )

@@ -7,7 +7,7 @@ import ast
 import math
 from typing import Any, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 
 from ._losstap import fixed_line, segment, tap_losses, user_location
@@ -116,19 +116,20 @@ class LossShapeBroadcast(RuntimeCheck):
         where = user_location()
         squeeze = a[-1:] == (1,) and len(a) == len(b) + 1
         if math.prod(a) != math.prod(b):
-            fix = (
-                "Check that the prediction has one row per target (the model's batch and the target's):\n"
-                "assert pred.shape == target.shape, (pred.shape, target.shape)"
+            fix = Fix(
+                title="Check that the prediction has one row per target (the model's batch and the target's):",
+                code="assert pred.shape == target.shape, (pred.shape, target.shape)",
             )
         else:
             line = fixed_line(where, lambda call, text: _same_shape(call, text, squeeze))
-            fix = "Give input and target the same shape:\n" + (
-                line
+            fix = Fix(
+                title="Give input and target the same shape:",
+                code=line
                 or (
                     f"loss = F.{name}(pred.squeeze(-1), target)"
                     if squeeze
                     else f"loss = F.{name}(pred, target.view_as(pred))"
-                )
+                ),
             )
         self.ctx.emit(
             self, Finding(f"{name} got input {list(a)} and target {list(b)}: {what}", fix=fix, location=where)

@@ -112,8 +112,11 @@ def low_resources(facts: EnvFacts) -> Iterator[Finding]:
             f"available: "
             "DataLoader workers and "
             "torch.load will be OOM-killed ('DataLoader worker ... is killed by signal: Killed').",
-            fix="Stop other jobs (`ps aux --sort=-rss | head`), lower num_workers, or load checkpoints with mmap=True"
-            + (", or give the container more memory (`docker run --memory=...`)." if where != "RAM" else "."),
+            fix=Fix(
+                title="Stop other jobs (`ps aux --sort=-rss | head`), lower num_workers, or load checkpoints with "
+                "mmap=True"
+                + (", or give the container more memory (`docker run --memory=...`)." if where != "RAM" else ".")
+            ),
         )
     disks = [("the working directory", s.disk_path, s.disk_free, s.disk_total)]
     disks += [(name, path, free, None) for name, (path, free) in sorted(s.cache_free.items())]

@@ -114,6 +114,7 @@ _LOOP_ORDER = """for x, y in loader:
     loss = criterion(model(x), y)
     loss.backward()
     optimizer.step()"""
+_FIX = Fix(title="Clear the gradients once per optimizer step:", code=_LOOP_ORDER)
 
 
 class _Sentinel:
@@ -227,7 +228,7 @@ class MissingZeroGrad(RuntimeCheck):
             f"{event.optimizer.label}.step() applied gradients that still contained those of the previous step: "
             f"the gradient of {shown} was not cleared after the last step() (no zero_grad() was seen), "
             "so gradients add up across steps and the updates grow.",
-            fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
+            fix=_FIX,
             location=Location(param=name, step=event.step),
         )
 
@@ -351,7 +352,7 @@ def _steps_in_helpers(
                 f"at line {call.loop.node.lineno}, but `{optimizer}.zero_grad()` is never called there: every "
                 "backward adds to the gradients of all previous iterations, so each step uses their running sum."
                 + verdict.caveat(src, optimizer),
-                fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
+                fix=_FIX,
                 location=src.location(call.node),
                 severity=Severity.WARNING if verdict.unknown is not None else None,
             )
@@ -576,7 +577,7 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
                 f"(line {backward.node.lineno}) but `{optimizer}.zero_grad()` {never}: every "
                 "backward adds to the gradients of all previous iterations, so each step uses their running sum."
                 + verdict.caveat(src, optimizer),
-                fix="Clear the gradients once per optimizer step:\n" + _LOOP_ORDER,
+                fix=_FIX,
                 location=src.location(call.node),
                 severity=Severity.WARNING if verdict.unknown is not None else None,
             )

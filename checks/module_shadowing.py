@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.env import THIRD_PARTY, EnvFacts
 
 from ._envutil import MACHINE_STATE, rename_fix
@@ -108,6 +108,6 @@ def module_shadowing(facts: EnvFacts) -> Iterator[Finding]:
             f"The {kind} {entry.path} shadows {what} `{entry.name}`: Python searches {entry.origin_dir} "
             f"({entry.via}) before site-packages, so `import {entry.name}` loads it instead, which shows up "
             f"as {symptom}.",
-            fix=rename_fix(entry),
+            fix=Fix(title=rename_fix(entry)),
             location=Location(file=entry.path),
         )

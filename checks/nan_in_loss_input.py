@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
 _SETUP = """
@@ -88,30 +88,33 @@ class NanInLossInput(RuntimeCheck):
         broken = self._broken_weights()
         if broken:
             cause = f"the weights already hold NaN/Inf ({broken}): training broke them before this step"
-            fix = (
-                "Find where NaN began with torchdoctor.watch (nonfinite-values), then lower the learning rate "
-                "or clip gradients:\ntorch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"
+            fix = Fix(
+                title="Find where NaN began with torchdoctor.watch (nonfinite-values), then lower the learning rate "
+                "or clip gradients:",
+                code="torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)",
             )
         elif values is not None and values[0]:
             cause = (
                 f"the input holds {values[0]} NaN value(s) while the weights are finite: the NaN came from "
                 "this batch or the forward"
             )
-            fix = "Check the batch where it is made:\nassert torch.isfinite(x).all(), 'a corrupt sample'"
+            fix = Fix(
+                title="Check the batch where it is made:", code="assert torch.isfinite(x).all(), 'a corrupt sample'"
+            )
         elif values is not None:
             cause = (
                 f"the input ranges from {values[1]:.3g} to {values[2]:.3g}: raw scores, not probabilities "
                 "(no sigmoid before the loss)"
             )
-            fix = (
-                "Give the raw scores to the with-logits loss (numerically safe):\n"
-                "loss = nn.functional.binary_cross_entropy_with_logits(scores, y)"
+            fix = Fix(
+                title="Give the raw scores to the with-logits loss (numerically safe):",
+                code="loss = nn.functional.binary_cross_entropy_with_logits(scores, y)",
             )
         else:
             cause = "the input could not be read (a CUDA assert leaves it unreadable); the weights are finite"
-            fix = (
-                "Use the with-logits loss on raw scores, and check the batch for NaN:\n"
-                "loss = nn.functional.binary_cross_entropy_with_logits(scores, y)"
+            fix = Fix(
+                title="Use the with-logits loss on raw scores, and check the batch for NaN:",
+                code="loss = nn.functional.binary_cross_entropy_with_logits(scores, y)",
             )
         yield Finding(
             f"A loss or sampling call got values outside [0, 1] at step {self.ctx.step}: {cause}.",

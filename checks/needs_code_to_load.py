@@ -138,9 +138,9 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
         # only names the file merely constructs may be allowed; never anything it calls or anything unsafe
         safe = [g.qualname for g in extra if g.use is not Use.CALLED or g.verdict is Verdict.BENIGN]
         if unsafe:
-            fix = (
-                "Do not allowlist anything from this file: it is unsafe (see unsafe-pickle). Ask for a safetensors "
-                "or plain state_dict copy."
+            fix = Fix(
+                title="Do not allowlist anything from this file: it is unsafe (see unsafe-pickle). Ask for a "
+                "safetensors or plain state_dict copy."
             )
         elif safe:
             allowed = [g for g in extra if g.qualname in safe[:12]]
@@ -150,9 +150,8 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
                 {g.module for g in allowed if g.module and g not in scripts}
                 | ({"numpy.dtypes"} if dtype_classes else set())
             )
-            fix = (
-                "If you trust the file, allow exactly these globals:\n"
-                + "".join(f"import {m}\n" for m in modules)
+            code = (
+                "".join(f"import {m}\n" for m in modules)
                 + "".join(
                     f"# {g.name}: the class the file was saved with, defined or imported in this script "
                     f"(it names it {g.qualname}: it was saved from a script)\n"
@@ -164,17 +163,18 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
                 )
                 + "])\n"
                 f"ckpt = torch.load({info.path!r})\n"
-                "Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
+                "# Better: re-save only tensors and plain Python values (model.state_dict(), optimizer.state_dict(), "
                 "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace)."
             )
             if called:
-                fix += (
-                    "\nThe file also calls " + ", ".join(g.qualname for g in called[:6]) + ": torchdoctor does not "
-                    "propose allowlisting callables (any file could then call them), so re-saving is the fix."
+                code += (
+                    "\n# The file also calls " + ", ".join(g.qualname for g in called[:6]) + ": torchdoctor does "
+                    "not propose allowlisting callables (any file could then call them), so re-saving is the fix."
                 )
+            fix = Fix(title="If you trust the file, allow exactly these globals:", code=code)
         else:
-            fix = (
-                "Re-save only tensors and plain Python values; the globals it needs are code it calls, which "
+            fix = Fix(
+                title="Re-save only tensors and plain Python values; the globals it needs are code it calls, which "
                 "add_safe_globals would let any file call."
             )
         yield Finding(message, fix=fix, location=Location(file=info.path))

@@ -7,7 +7,7 @@ import math
 import weakref
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import (
     ForwardEvent,
     MethodPatch,
@@ -97,8 +97,8 @@ NONFINITE_VALUES = Pitfall(
     },
 )
 
-_FIX = (
-    "Lower the learning rate, clip gradients (`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`), "
+_FIX = Fix(
+    title="Lower the learning rate, clip gradients (`torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)`), "
     "check the data for NaN/Inf, and guard logs/divisions (`torch.log(x + 1e-8)`); to find the op, run "
     "once under `torch.autograd.detect_anomaly()`."
 )

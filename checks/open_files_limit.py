@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall, Severity
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
@@ -84,6 +84,6 @@ def open_files_limit(facts: EnvFacts) -> Iterator[Finding]:
         f"The open-files limit is {soft} (hard limit {hard if hard is not None else 'unlimited'}): DataLoader "
         "workers passing many tensors per batch run out of descriptors ('received 0 items of ancdata', "
         "'Too many open files').",
-        fix=fix + ', or `torch.multiprocessing.set_sharing_strategy("file_system")`.',
+        fix=Fix(title=fix + ', or `torch.multiprocessing.set_sharing_strategy("file_system")`.'),
         severity=Severity.WARNING if soft < LOW_NOFILE else Severity.INFO,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import CrashEvent, RuntimeCheck
 
 _SETUP = """
@@ -218,7 +218,7 @@ class OutOfMemory(RuntimeCheck):
         if biggest:
             text += f" Largest tensors alive: {biggest}."
         title, code = _ranked(saves)
-        return Finding(text, fix=f"{title}\n{code}", location=Location(device=str(device)))
+        return Finding(text, fix=Fix(title=title, code=code), location=Location(device=str(device)))
 
     def _cpu(
         self, device: Any, requested: Optional[int], parts: list[str], biggest: str, largest: list[Any]
@@ -240,13 +240,13 @@ class OutOfMemory(RuntimeCheck):
                 " One allocation larger than the machine's memory is nearly always a shape mistake: two "
                 "operands that broadcast to a huge product, e.g. `(N, 1) - (N,)` giving `(N, N)`."
             )
-            fix = (
-                "Make the shapes match before the elementwise operation (check the shapes on the failing "
-                "line):\npred = model(x).squeeze(1)  # (N, 1) -> (N,), the shape of y"
+            fix = Fix(
+                title="Make the shapes match before the elementwise operation (check the shapes on the failing line):",
+                code="pred = model(x).squeeze(1)  # (N, 1) -> (N,), the shape of y",
             )
         else:
-            fix = (
-                "Use smaller batches (or load the data lazily, batch by batch):\n"
-                "loader = DataLoader(dataset, batch_size=64)"
+            fix = Fix(
+                title="Use smaller batches (or load the data lazily, batch by batch):",
+                code="loader = DataLoader(dataset, batch_size=64)",
             )
         return Finding(text, fix=fix, location=Location(device=str(device)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
 
 _BODY = """
@@ -69,7 +69,7 @@ def _module_expr(path: str) -> str:
     return "model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
 
 
-def _fix(missing: list[str], names: list[str]) -> str:
+def _fix(missing: list[str], names: list[str]) -> Fix:
     """Give the optimizer the modules that own the missing parameters (or freeze them); a module some of whose
     parameters the optimizer already holds gets only the missing ones (a parameter in two groups is an error)."""
     owners = list(dict.fromkeys(name.rpartition(".")[0] for name in missing))[:3]
@@ -83,9 +83,9 @@ def _fix(missing: list[str], names: list[str]) -> str:
 
     own = [params(o) for o in owners]
     adds = "\n".join(f'optimizer.add_param_group({{"params": {params}}})' for params in own)
-    return (
-        "Give them to the optimizer (or build the optimizer after adding the layers), or freeze them:\n"
-        f"{adds}\n# or: {_module_expr(owners[0] or missing[0])}.requires_grad_(False)"
+    return Fix(
+        title="Give them to the optimizer (or build the optimizer after adding the layers), or freeze them:",
+        code=f"{adds}\n# or: {_module_expr(owners[0] or missing[0])}.requires_grad_(False)",
     )
 
 

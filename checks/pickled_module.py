@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.checkpoint import CheckpointInfo, show_path
 
 from ._ckptutil import MODEL_SETUP
@@ -79,4 +79,4 @@ def pickled_module(info: CheckpointInfo) -> Iterator[Finding]:
                 "carries references to parameters and needs code to load."
             )
             fix = "Save optimizer.state_dict() and restore with optimizer.load_state_dict(...)."
-        yield Finding(message, fix=fix, location=Location(file=info.path, key=where), key=cls)
+        yield Finding(message, fix=Fix(title=fix), location=Location(file=info.path, key=where), key=cls)

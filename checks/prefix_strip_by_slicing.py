@@ -6,7 +6,7 @@ import ast
 import re
 from typing import TYPE_CHECKING, Iterator, Optional
 
-from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Pitfall
+from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.source import Edit, FixableFinding, SourceFile, end_of, literal, ref
 
 if TYPE_CHECKING:
@@ -155,13 +155,14 @@ def prefix_strip_by_slicing(src: SourceFile) -> Iterator[Finding]:
                     lines = f"{edits[0].start[0]}" + (
                         f"-{edits[0].end[0]}" if edits[0].end[0] > edits[0].start[0] else ""
                     )
-                    fix = f"Strip the prefix only where it is present: replace line {lines} with\n" + "\n".join(
-                        line.strip() for line in edits[0].text.splitlines()
+                    fix = Fix(
+                        title=f"Strip the prefix only where it is present: replace line {lines} with",
+                        code="\n".join(line.strip() for line in edits[0].text.splitlines()),
                     )
                 else:
-                    fix = (
-                        f"Strip the prefix only where it is present, in place:\n"
-                        f'{_CONSUME}({src.snippet(state)}, "{prefix}")'
+                    fix = Fix(
+                        title="Strip the prefix only where it is present, in place:",
+                        code=f'{_CONSUME}({src.snippet(state)}, "{prefix}")',
                     )
                 yield FixableFinding(
                     f"`{src.snippet(node)}` cuts {len(prefix)} characters off every key of `{src.snippet(state)}`, "

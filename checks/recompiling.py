@@ -178,14 +178,15 @@ class Recompiling(RuntimeCheck):
             key=where,
         )
 
-    def _fix(self, shapes: bool) -> str:
+    def _fix(self, shapes: bool) -> Fix:
         if not shapes:
-            return (
-                "Pass the changing number as a tensor (or keep it constant), e.g.:\nout = model(x, torch.tensor(step))"
+            return Fix(
+                title="Pass the changing number as a tensor (or keep it constant), e.g.:",
+                code="out = model(x, torch.tensor(step))",
             )
         backend = self._backend()
         extra = f'backend="{backend}", ' if backend and backend != "inductor" else ""
-        return f"Compile with dynamic shapes:\ntorch.compile(model, {extra}dynamic=True)"
+        return Fix(title="Compile with dynamic shapes:", code=f"torch.compile(model, {extra}dynamic=True)")
 
     def _breaks(self, sites: list[tuple[str, int]]) -> Iterator[Finding]:
         shown = "; ".join(f"{file}:{line}: {self.handler.sites[(file, line)]}" for file, line in sites[:SHOWN])

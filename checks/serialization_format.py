@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.checkpoint import CheckpointInfo
 
 from ._ckptutil import MODEL_SETUP
@@ -46,7 +46,7 @@ SERIALIZATION_FORMAT = Pitfall(
 )
 
 
-def _describe(info: CheckpointInfo) -> tuple[str, str]:
+def _describe(info: CheckpointInfo) -> tuple[str, Fix]:
     """The message and fix for a file of a format other than zip."""
     d = info.archive.details
     fmt = info.format
@@ -58,57 +58,72 @@ def _describe(info: CheckpointInfo) -> tuple[str, str]:
             "pickle with the raw storages after them. torch.load still reads it (weights_only works) but "
             'mmap=True fails ("mmap can only be used with files saved with ... '
             '_use_new_zipfile_serialization=True").',
-            "Re-save a copy in the zip format (then weights_only and mmap both work):\n"
-            f"torch.save(torch.load({path!r}, map_location='cpu'), {stem + '_zip' + (ext or '.pt')!r})",
+            Fix(
+                title="Re-save a copy in the zip format (then weights_only and mmap both work):",
+                code=f"torch.save(torch.load({path!r}, map_location='cpu'), {stem + '_zip' + (ext or '.pt')!r})",
+            ),
         )
     if fmt == "legacy-tar":
         return (
             'Legacy tar format of torch <= 0.1.x; torch.load(weights_only=True) refuses it ("Cannot use '
             'weights_only=True with files saved in the legacy .tar format"). Its pickles were scanned, '
             "tensors are not listed.",
-            "Load it once in a trusted environment and re-save: torch.save(obj.state_dict(), 'new.pt')",
+            Fix(title="Load it once in a trusted environment and re-save: torch.save(obj.state_dict(), 'new.pt')"),
         )
     if fmt == "torchscript":
         return (
             f"TorchScript archive (torch.jit.save): {len(info.table)} tensor(s) listed from data.pkl and "
             f"constants.pkl; its {d.get('code_files', 0)} code file(s) were not inspected. torch.load refuses it "
             '("Cannot use weights_only=True with TorchScript archives passed to torch.load").',
-            "Load it with torch.jit.load, and save its weights as a state dict if you need them elsewhere:\n"
-            f"scripted = torch.jit.load({path!r}, map_location='cpu')\n"
-            f"torch.save(scripted.state_dict(), {stem + '_weights.pt'!r})",
+            Fix(
+                title="Load it with torch.jit.load, and save its weights as a state dict if you need them elsewhere:",
+                code=f"scripted = torch.jit.load({path!r}, map_location='cpu')\n"
+                f"torch.save(scripted.state_dict(), {stem + '_weights.pt'!r})",
+            ),
         )
     if fmt == "zip-sequence":
         return (
             f"{d.get('zips', 0)} torch.save archives stored back to back, as torch.distributed.checkpoint writes "
             "a .distcp shard (its loader reads each item by offset; torch.load reads none of them). Each archive "
             "was read and scanned.",
-            "Load the checkpoint folder with torch.distributed.checkpoint.load(state_dict, checkpoint_id=folder), "
-            "or convert it once: torch.distributed.checkpoint.format_utils.dcp_to_torch_save(folder, 'model.pt')",
+            Fix(
+                title="Load the checkpoint folder with torch.distributed.checkpoint.load(state_dict, "
+                "checkpoint_id=folder), or convert it once: "
+                "torch.distributed.checkpoint.format_utils.dcp_to_torch_save(folder, 'model.pt')"
+            ),
         )
     if fmt == "joblib":
         return (
             f"joblib file ({d.get('compression', 'uncompressed')}): a pickle with numpy arrays stored raw after "
             "it; joblib.load runs whatever code the pickle names. Its pickles were decompressed and scanned.",
-            "If you trust it, load it with joblib.load once and re-save the arrays (numpy.save, safetensors).",
+            Fix(
+                title="If you trust it, load it with joblib.load once and re-save the arrays (numpy.save, safetensors)."
+            ),
         )
     if fmt == "pt2":
         return (
             "torch.export archive (.pt2): the graph as JSON, raw weights described by JSON, and pickled "
             "constants or sample inputs; torch.export.load unpickles those with weights_only=False. Its pickles "
             "were scanned.",
-            f"Load it with torch.export.load({path!r}) only if its pickles are clean; the weights are listed above.",
+            Fix(
+                title=f"Load it with torch.export.load({path!r}) only if its pickles are clean; the weights are "
+                "listed above."
+            ),
         )
     if fmt == "safetensors":
         return (
             "safetensors file: a JSON header plus raw tensor bytes, no pickle, nothing can execute; read from "
             "the header only.",
-            f"Load it with safetensors: `safetensors.torch.load_file({path!r})`.",
+            Fix(title=f"Load it with safetensors: `safetensors.torch.load_file({path!r})`."),
         )
     return (
         f"Plain pickle file (protocol {d.get('protocol', '?')}), not torch.save's format: torch.load "
         'fails on it ("Invalid magic number; corrupt file?" or "Weights only load failed") and pickle.load '
         "runs whatever code it names.",
-        "If you trust it, load it with pickle.load once and re-save tensors with torch.save(...) or safetensors.",
+        Fix(
+            title="If you trust it, load it with pickle.load once and re-save tensors with torch.save(...) or "
+            "safetensors."
+        ),
     )
 
 

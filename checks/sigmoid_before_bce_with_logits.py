@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 from torchdoctor.sdk.source import SourceFile
 
@@ -106,8 +106,10 @@ class SigmoidBeforeBceWithLogits(RuntimeCheck):
                 "binary_cross_entropy_with_logits was given a sigmoid's output: it applies the sigmoid itself, so "
                 "this is sigmoid(sigmoid(z)), which never drops below 0.5; the loss can't approach 0 and its "
                 "gradients shrink.",
-                fix="Pass the logits; drop the sigmoid in front of the loss:\n"
-                + (line or "loss = criterion(logits, target)"),
+                fix=Fix(
+                    title="Pass the logits; drop the sigmoid in front of the loss:",
+                    code=line or "loss = criterion(logits, target)",
+                ),
                 location=where,
             ),
         )
@@ -130,10 +132,13 @@ def sigmoid_before_bce_with_logits(src: SourceFile) -> Iterator[Finding]:
         tensor = first_argument(src, found.node)
         line = fixed_line(src, call, found, tensor) if tensor else None
         fix = (
-            f"Pass the logits: {loss} applies the sigmoid itself:\n{line}"
+            Fix(title=f"Pass the logits: {loss} applies the sigmoid itself:", code=line)
             if line
-            else "Pass the logits: return them from the model (apply sigmoid only for probabilities at inference):\n"
-            "return self.head(features)  # logits; no sigmoid before BCEWithLogitsLoss"
+            else Fix(
+                title="Pass the logits: return them from the model (apply sigmoid only for probabilities at "
+                "inference):",
+                code="return self.head(features)  # logits; no sigmoid before BCEWithLogitsLoss",
+            )
         )
         yield Finding(
             f"`{src.snippet(call.node)}`: its input {found.how} a sigmoid, but {loss} applies the sigmoid itself: "

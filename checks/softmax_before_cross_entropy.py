@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck
 from torchdoctor.sdk.source import SourceFile
 
@@ -131,8 +131,9 @@ class SoftmaxBeforeCrossEntropy(RuntimeCheck):
                 "is a softmax of a softmax; the loss can't approach 0 and its gradients shrink."
             )
             line = fixed_user_line(where, lambda call, text: activation_argument(call, text, ("softmax",), "Softmax"))
-            fix = "Pass the logits; drop the softmax in front of the loss:\n" + (
-                line or "loss = criterion(logits, target)"
+            fix = Fix(
+                title="Pass the logits; drop the softmax in front of the loss:",
+                code=line or "loss = criterion(logits, target)",
             )
         else:
             message = (
@@ -140,8 +141,9 @@ class SoftmaxBeforeCrossEntropy(RuntimeCheck):
                 "-log p and barely punishes confident mistakes."
             )
             line = fixed_user_line(where, _log_softmax)
-            fix = "Use log_softmax in front of nll_loss (or cross_entropy on the logits):\n" + (
-                line or "loss = F.nll_loss(F.log_softmax(logits, dim=1), target)"
+            fix = Fix(
+                title="Use log_softmax in front of nll_loss (or cross_entropy on the logits):",
+                code=line or "loss = F.nll_loss(F.log_softmax(logits, dim=1), target)",
             )
         self.ctx.emit(self, Finding(message, fix=fix, location=where))
 
@@ -179,11 +181,13 @@ def softmax_before_cross_entropy(src: SourceFile) -> Iterator[Finding]:
         if cross:
             line = fixed_line(src, call, found, tensor) if tensor else None
             fix = (
-                f"Pass the logits: {loss} applies log_softmax itself:\n{line}"
+                Fix(title=f"Pass the logits: {loss} applies log_softmax itself:", code=line)
                 if line
-                else "Pass the logits: return them from the model (apply softmax only for probabilities at "
-                "inference):\n"
-                "return self.classifier(features)  # logits; no softmax before CrossEntropyLoss"
+                else Fix(
+                    title="Pass the logits: return them from the model (apply softmax only for probabilities at "
+                    "inference):",
+                    code="return self.classifier(features)  # logits; no softmax before CrossEntropyLoss",
+                )
             )
         else:
             line = (
@@ -197,10 +201,12 @@ def softmax_before_cross_entropy(src: SourceFile) -> Iterator[Finding]:
                 else None
             )
             fix = (
-                f"Give {loss} log-probabilities:\n{line}"
+                Fix(title=f"Give {loss} log-probabilities:", code=line)
                 if line
-                else f"Give {loss} log-probabilities: use log_softmax instead of softmax:\n"
-                "return F.log_softmax(self.classifier(features), dim=1)"
+                else Fix(
+                    title=f"Give {loss} log-probabilities: use log_softmax instead of softmax:",
+                    code="return F.log_softmax(self.classifier(features), dim=1)",
+                )
             )
         expects = "applies log_softmax itself and expects logits" if cross else "expects log-probabilities"
         yield Finding(

@@ -117,8 +117,8 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
             )
         yield Finding(
             f'{head}: {"; ".join(parts)}. load_state_dict(strict=True) raises "Error(s) in loading state_dict".',
-            fix=(
-                f"{load}\n{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
+            fix=Fix(
+                code=f"{load}\n{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
                 "# check that only the layers you meant to re-initialise (e.g. a new head) are listed"
             ),
             location=Location(file=info.path, key=(m.missing or m.unexpected)[0]),
@@ -129,8 +129,8 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
         yield Finding(
             f"{head}: {len(m.shape)} shape mismatch(es), which load_state_dict rejects even with strict=False "
             f'("size mismatch for …"): {rows}.',
-            fix=(
-                f"{load}\n{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n"
+            fix=Fix(
+                code=f"{load}\n{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n"
                 "model.load_state_dict(sd, strict=False)"
             ),
             location=Location(file=info.path, key=m.shape[0][0]),
@@ -149,7 +149,7 @@ def state_dict_mismatch(info: CheckpointInfo) -> Iterator[Finding]:
     if remap and m.clean and not prefix_noted:
         yield Finding(
             f"{head}: every key matches only after the remap.",
-            fix=f"{load}\n{remap}model.load_state_dict(sd)",
+            fix=Fix(code=f"{load}\n{remap}model.load_state_dict(sd)"),
             location=Location(file=info.path, key=m.matched[0] if m.matched else None),
             severity=Severity.WARNING,
         )
@@ -209,15 +209,17 @@ class StateDictMismatchAtLoad(RuntimeCheck):
         )
         name = evidence.module_path(self.ctx, model) if self.ctx.models else None
         fix = (
-            f"Rename the keys as shown, then load:\n{remap}model.load_state_dict(sd)"
+            Fix(title="Rename the keys as shown, then load:", code=f"{remap}model.load_state_dict(sd)")
             if remap and not m.missing and not m.unexpected and not m.shape
-            else f"{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
-            "# check that only the layers you meant to re-initialise (e.g. a new head) are listed"
+            else Fix(
+                code=f"{remap}missing, unexpected = model.load_state_dict(sd, strict=False)\n"
+                "# check that only the layers you meant to re-initialise (e.g. a new head) are listed"
+            )
         )
         if m.shape:
             names = ", ".join(repr(k) for k, _, _ in m.shape[:8])
-            fix = (
-                f"{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n"
+            fix = Fix(
+                code=f"{remap}for k in [{names}]:\n    sd.pop(k)  # e.g. a classifier head of another size\n"
                 "model.load_state_dict(sd, strict=False)"
             )
         first = next(iter(m.missing or m.unexpected or [k for k, _, _ in m.shape] or m.matched), None)

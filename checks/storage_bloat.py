@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, byte_size
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, byte_size
 from torchdoctor.sdk.checkpoint import CheckpointInfo, show_path
 
 from ._ckptutil import MAX_LISTED
@@ -60,18 +60,18 @@ def _covered(spans: list[tuple[int, int]]) -> int:
     return total
 
 
-def _fix(info: CheckpointInfo, paths: list[tuple[str, ...]]) -> str:
+def _fix(info: CheckpointInfo, paths: list[tuple[str, ...]]) -> Fix:
     """Clone the listed views in a copy of the file: load it, clone each, save it again (or --fix)."""
 
     def access(path: tuple[str, ...]) -> str:
         return "ckpt" + "".join(f"[{int(p)}]" if p.isdigit() else f"[{p!r}]" for p in path)
 
     clones = "\n".join(f"{access(p)} = {access(p)}.clone()" for p in paths)
-    return (
-        "Clone views before saving (`torch.save(view.clone(), ...)`) so each tensor owns a storage of its own "
-        "size; to shrink this file:\n"
-        f"ckpt = torch.load({info.path!r}, map_location='cpu')\n{clones}\ntorch.save(ckpt, {info.path!r})\n"
-        f"or write a compact copy: torchdoctor check-ckpt {info.path} --fix compact.pt"
+    return Fix(
+        title="Clone views before saving (`torch.save(view.clone(), ...)`) so each tensor owns a storage of its own "
+        "size; to shrink this file:",
+        code=f"ckpt = torch.load({info.path!r}, map_location='cpu')\n{clones}\ntorch.save(ckpt, {info.path!r})\n"
+        f"# or write a compact copy: torchdoctor check-ckpt {info.path} --fix compact.pt",
     )
 
 

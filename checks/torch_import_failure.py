@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE
@@ -127,5 +127,8 @@ def torch_import_failure(facts: EnvFacts) -> Iterator[Finding]:
     )
     # ranks fold by key: the same error on several ranks is one finding, a hang and a failure are two
     yield Finding(
-        head, fix=cause.fix, location=Location(file=file) if file else None, key="hang" if probe.timed_out else error
+        head,
+        fix=Fix(title=cause.fix),
+        location=Location(file=file) if file else None,
+        key="hang" if probe.timed_out else error,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck
 
 _MODEL_AND_DATA = """
@@ -137,6 +137,9 @@ class TrainModeInEval(RuntimeCheck):
             f"{label} ran {st.streak} forwards under {mode} while in train() mode: this looks like validation "
             f"without model.eval(), so its {', '.join(layers)} layers behave as in training (Dropout drops, "
             "BatchNorm normalises with batch statistics and overwrites its running statistics with validation data).",
-            fix="Switch modes around validation:\nmodel.eval()\nwith torch.no_grad():\n    ...\nmodel.train()",
+            fix=Fix(
+                title="Switch modes around validation:",
+                code="model.eval()\nwith torch.no_grad():\n    ...\nmodel.train()",
+            ),
             location=Location(module=label, step=self.ctx.step),
         )

@@ -217,7 +217,7 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
                     f"`{src.snippet(call.node)}` runs inside the training loop at line {loop.node.lineno} and "
                     f"nothing in that loop calls `{model}.train()`: from its second iteration on, every training "
                     "step runs with Dropout off and BatchNorm frozen.",
-                    fix=f"Switch back to training mode at the top of the loop:\n{model}.train()",
+                    fix=Fix(title="Switch back to training mode at the top of the loop:", code=f"{model}.train()"),
                     location=src.location(call.node),
                 )
 

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from packaging.utils import canonicalize_name
 
-from torchdoctor.sdk import Example, Finding, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Pitfall
 from torchdoctor.sdk.env import EnvFacts
 
 from ._envutil import MACHINE_STATE, pip, torch_pin
@@ -89,5 +89,5 @@ def unmet_requirement(facts: EnvFacts) -> Iterator[Finding]:
     wanted = " ".join(sorted({f'"{u.requirement}"' for u in unmet}))
     yield Finding(
         f"{len(unmet)} declared requirement(s) not met: " + "; ".join(lines) + ".",
-        fix=f"{pip(facts)} install {wanted} {torch_pin(facts)}".rstrip(),
+        fix=Fix(title=f"{pip(facts)} install {wanted} {torch_pin(facts)}".rstrip()),
     )

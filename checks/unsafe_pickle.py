@@ -90,9 +90,11 @@ def unsafe_pickle(info: CheckpointInfo) -> Iterator[Finding]:
             f"{where} names {shown} and {what}: {g.reason or dangerous_reason(g.module, g.name, g.use)}. Loading this "
             f"file with "
             "`torch.load(..., weights_only=False)` or `pickle.load` executes that; torchdoctor only read it.",
-            fix="Do not load this file. If you trust its source anyway, know that loading runs exactly: "
-            + (runs if g.calls else f"an import of {g.qualname}")
-            + ". Ask for a safetensors or plain state_dict copy instead.",
+            fix=Fix(
+                title="Do not load this file. If you trust its source anyway, know that loading runs exactly: "
+                + (runs if g.calls else f"an import of {g.qualname}")
+                + ". Ask for a safetensors or plain state_dict copy instead."
+            ),
             location=Location(file=info.path, key=where),
             key=g.qualname,
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import LoaderEvent, RuntimeCheck, StepEvent
 
 _SETUP = """
@@ -199,8 +199,10 @@ class UnshuffledTrainingData(RuntimeCheck):
                     f"in a fixed order that follows the labels: its batches are {suspect.served:.0%} one class "
                     f"(shuffled they would be {suspect.shuffled:.0%}; {suspect.classes} classes), the same every "
                     "epoch, so each stretch of steps trains on one class and the epoch ends on the last one.",
-                    fix=f"Shuffle the training data:\nloader = DataLoader(dataset, batch_size={loader.batch_size}, "
-                    "shuffle=True)",
+                    fix=Fix(
+                        title="Shuffle the training data:",
+                        code=f"loader = DataLoader(dataset, batch_size={loader.batch_size}, shuffle=True)",
+                    ),
                     location=Location(key=type(loader.dataset).__name__),
                 )
 

@@ -7,7 +7,7 @@ import statistics
 import weakref
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
 
 _SETUP = """
@@ -200,9 +200,9 @@ class UpdateUnderflow(RuntimeCheck):
         label = event.optimizer.label
         if not low:
             cause = f"the learning rate of {label} is 0"
-            fix = (
-                "Check the scheduler and the parameter groups: the learning rate must be above 0 after warm-up:\n"
-                "print([g['lr'] for g in optimizer.param_groups])"
+            fix = Fix(
+                title="Check the scheduler and the parameter groups: the learning rate must be above 0 after warm-up:",
+                code="print([g['lr'] for g in optimizer.param_groups])",
             )
         else:
             q, lr = low[0]
@@ -214,9 +214,9 @@ class UpdateUnderflow(RuntimeCheck):
                 f"(mean |w| {scale:.2g}) are {spacing:.2g} apart: the updates "
                 f"(lr {lr:g}) fall below half of that and round away"
             )
-            fix = (
-                "Keep fp32 master weights and compute in bf16 with autocast:\n"
-                "model.float()  # fp32 master weights (compute in bf16 under torch.autocast for speed)"
+            fix = Fix(
+                title="Keep fp32 master weights and compute in bf16 with autocast:",
+                code="model.float()  # fp32 master weights (compute in bf16 under torch.autocast for speed)",
             )
         yield Finding(
             f"{len(stuck)} parameter(s) held by {label} have received gradients since step {since}, but its "

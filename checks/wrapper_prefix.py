@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Location, Pitfall
+from torchdoctor.sdk import WRAPPER_PREFIXES, Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.checkpoint import LOOSE_PREFIXES, CheckpointInfo, StateDict, share, show_path, wrapper_prefix
 
 from ._ckptutil import MODEL_SETUP, load_line
@@ -91,12 +91,12 @@ def prefixed_keys(info: CheckpointInfo) -> Iterator[Finding]:
             f"In state dict {where}, {count} starts with '{prefix}' (added by {whom}), e.g. '{example}'. "
             f'Loading it into the unwrapped model fails with "Missing key(s) … Unexpected key(s) in state_dict: '
             f'"{example}"".',
-            fix=(
-                f"{load_line(info, sd)}\n"
+            fix=Fix(
+                code=f"{load_line(info, sd)}\n"
                 "from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present\n"
                 + "".join(f"consume_prefix_in_state_dict_if_present(sd, {p + '.'!r})\n" for p in prefix.split(".") if p)
                 + "model.load_state_dict(sd)\n"
-                f"or write a fixed copy: torchdoctor check-ckpt {info.path} --fix fixed.pt"
+                f"# or write a fixed copy: torchdoctor check-ckpt {info.path} --fix fixed.pt"
             ),
             location=Location(file=info.path, key=example),
         )

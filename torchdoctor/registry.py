@@ -15,7 +15,7 @@ import sys
 from types import ModuleType
 from typing import Any, Iterable, NamedTuple, Optional
 
-from torchdoctor.findings import INTERNAL_ERROR, Finding, Severity
+from torchdoctor.findings import INTERNAL_ERROR, Finding, Fix, Severity
 from torchdoctor.pitfall import Pitfall, Scope
 from torchdoctor.plugins import GROUP as ENTRY_POINT_GROUP
 
@@ -253,8 +253,8 @@ def internal_error(info: Pitfall, exc: BaseException) -> Finding:
         severity=Severity.INFO,
         message=f"torchdoctor's check {info.name} failed internally and was skipped: "
         f"{type(exc).__name__}: {exc}{where}",
-        fix=(
-            "This is a torchdoctor bug, not a problem with your setup; please report it."
+        fix=Fix(
+            title="This is a torchdoctor bug, not a problem with your setup; please report it."
             if info.origin == BUILTIN_ORIGIN
             else f"This is a bug in the plug-in {info.origin}, not in your setup: report it to its authors, "
             f"and skip the check until then. {info.silence_advice(next(iter(info.scopes), Scope.ENV))}"
