@@ -25,27 +25,31 @@ DETECTOR = {
     "env": (
         "from torchdoctor.sdk.env import EnvFacts\n",
         "@{const}.env\ndef {func}(facts: EnvFacts) -> Iterator[Finding]:\n"
-        '    """What in the facts shows the pitfall."""\n    return iter(())\n',
+        '    """What in the facts shows the pitfall; each finding gets a `Fix(title, code)`."""\n'
+        "    return iter(())\n",
     ),
     "checkpoint": (
         "from torchdoctor.sdk.checkpoint import CheckpointInfo\n",
         "@{const}.checkpoint\ndef {func}(info: CheckpointInfo) -> Iterator[Finding]:\n"
-        '    """What in the checkpoint shows the pitfall."""\n    return iter(())\n',
+        '    """What in the checkpoint shows the pitfall; each finding gets a `Fix(title, code)`."""\n'
+        "    return iter(())\n",
     ),
     "runtime": (
         "from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent\n",
         "@{const}.runtime\nclass {cls}(RuntimeCheck):\n"
-        '    """What the check watches, and when it reports."""\n\n'
+        '    """What the check watches, and when it reports; each finding gets a `Fix(title, code)`."""\n\n'
         "    def on_step_pre(self, event: StepEvent) -> Iterator[Finding]:\n        return iter(())\n",
     ),
     "source": (
         "from torchdoctor.sdk.source import SourceFile\n",
         "@{const}.source\ndef {func}(src: SourceFile) -> Iterator[Finding]:\n"
-        '    """What in the source shows the pitfall."""\n    return iter(())\n',
+        '    """What in the source shows the pitfall; each finding gets a `Fix(title, code)`."""\n'
+        "    return iter(())\n",
     ),
 }
 
 DEFINITION = '''"""{name}: ONE LINE ON WHAT GOES WRONG."""
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -77,10 +81,12 @@ from torchdoctor.sdk import Example, Finding, Pitfall
 
 DETAIL = '        "{door}": """HOW THE {door} DETECTOR DECIDES, AND WHAT IT DELIBERATELY DOES NOT FLAG.""",'
 
+# checks/ is installed as torchdoctor.checks, so ruff's import order counts it as third-party (with pytest)
 TEST = '''"""{name} ({code}): fires on a real tiny program, stays quiet on correct code."""
-import pytest
 
+import pytest
 from torchdoctor.checks.{module} import {const}
+
 from torchdoctor.sdk.testing import run_example
 
 DOORS = [{doors}]
@@ -164,6 +170,7 @@ def new(name: str, doors: tuple[str, ...], family: "int | None", root: Path) -> 
     module = name.replace("-", "_")
     const = module.upper()
     cls = "".join(part.title() for part in name.split("-"))
+    functions = [d for d in doors if d != "runtime"]  # a runtime detector is a class
     definition = root / "checks" / f"{module}.py"
     test = root / "tests" / "pitfalls" / f"test_{module}.py"
     for path in (definition, test):
@@ -176,9 +183,12 @@ def new(name: str, doors: tuple[str, ...], family: "int | None", root: Path) -> 
             code=code,
             const=const,
             since=__version__,
-            imports="".join(DETECTOR[d][0] for d in doors),
+            imports="".join(sorted(DETECTOR[d][0] for d in doors)),
             details="\n" + "\n".join(DETAIL.format(door=d) for d in doors) + "\n    ",
-            detectors="\n\n".join(DETECTOR[d][1].format(const=const, func=module, cls=cls) for d in doors),
+            detectors="\n\n".join(
+                DETECTOR[d][1].format(const=const, func=module if len(functions) < 2 else f"{module}_{d}", cls=cls)
+                for d in doors
+            ),
         ),
         encoding="utf-8",
     )

@@ -52,3 +52,26 @@ def test_new_writes_a_loadable_definition_with_the_next_code(tmp_path):
         timeout=60,
     )
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_what_new_writes_passes_ruff_as_ci_runs_it(tmp_path):
+    """The stubs pass `ruff format --check` and `ruff check` under the project's configuration, for every door
+    (imports in order, one function name per function door)."""
+    doors = [arg for door in ("source", "env", "runtime", "checkpoint") for arg in ("--door", door)]
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "new", "every-door", *doors, "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    written = [tmp_path / "checks" / "every_door.py", tmp_path / "tests" / "pitfalls" / "test_every_door.py"]
+    config = str(SCRIPT.parents[1] / "pyproject.toml")
+    for command in (["format", "--check", "--diff"], ["check", "--no-cache"]):
+        ruff = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, "--config", config, *map(str, written)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ruff.returncode == 0, ruff.stdout + ruff.stderr

@@ -144,7 +144,8 @@ def _is_code(line: str) -> bool:
 
 
 class _FixField:
-    """`Finding.fix`: set from a `Fix` or from free text (`Fix.parse`: checks may pass either), read as a `Fix`."""
+    """`Finding.fix`: set from a `Fix` (built-in checks always pass one) or from free text (`Fix.parse`: plug-ins
+    may pass text), read as a `Fix`."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self._attr = f"_{name}"
@@ -166,8 +167,8 @@ def _parsed_fix(text: str) -> Optional[Fix]:
 class Finding:
     """One diagnosed problem: what and where (`message`, `location`), and what to do (`fix`).
 
-    A check usually builds it with just `message`, `fix` and `location`; the engine fills in
-    `code`, `name` and the check's default `severity` (see `Pitfall.complete`). `key` tells one
+    A check usually builds it with just `message`, `fix` (a `Fix`; a plug-in may give text) and `location`;
+    the engine fills in `code`, `name` and the check's default `severity` (see `Pitfall.complete`). `key` tells one
     problem from others of the same check at the same place when the wording of the message does not
     (see `fold_key`).
     """
