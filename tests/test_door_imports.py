@@ -4,6 +4,7 @@ Each case runs the door in a fresh interpreter (tests/door_imports.py), since an
 first time a process makes it.
 """
 
+import ast
 import json
 import pickle
 import subprocess
@@ -40,10 +41,25 @@ def under(modules: list[str], *packages: str) -> list[str]:
 
 
 def test_env_select_one_check_imports_only_that_check(tmp_path):
+    """No checkpoint, lint or watch module: neither their engines, nor their SDK doors, nor another check or a
+    helper module only other checks use (the checks loaded are module-shadowing and what it imports)."""
     modules = imported(["env", "--select", "module-shadowing"], tmp_path)
     assert under(modules, "torchdoctor.ckpt", "torchdoctor.lint", "torchdoctor.watch") == []
-    checks = [m for m in modules if m.startswith("torchdoctor.checks.") and not m.rpartition(".")[2].startswith("_")]
-    assert checks == ["torchdoctor.checks.module_shadowing"]
+    assert under(modules, "torchdoctor.sdk.checkpoint", "torchdoctor.sdk.source", "torchdoctor.sdk.runtime") == []
+    checks = sorted(m for m in modules if m.startswith("torchdoctor.checks."))
+    assert checks == sorted(f"torchdoctor.checks.{m}" for m in _check_and_helpers("module_shadowing") | {"_scopes"})
+
+
+def _check_and_helpers(name: str) -> set[str]:
+    """A check module and the private checks/ modules it imports, directly or through one another."""
+    found, todo = set(), [name]
+    while todo:
+        module = todo.pop()
+        if module not in found:
+            found.add(module)
+            tree = ast.parse((Path(__file__).resolve().parents[1] / "checks" / f"{module}.py").read_text("utf-8"))
+            todo += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1 and n.module]
+    return found
 
 
 def test_check_ckpt_loads_no_lint_watch_or_env_engine(tmp_path):

@@ -1,13 +1,15 @@
 """The contract every pitfall keeps: a complete definition, a fresh generated page, and examples that its
 own detectors judge right (Bad fires, Good stays quiet) in every door that can see them."""
 
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from test_builtin_fixes import NOT_YET
 from torchdoctor.docs import pages
 
-from torchdoctor import registry
+from torchdoctor import findings, registry
 from torchdoctor.cli import cli
 from torchdoctor.sdk import Scope
 from torchdoctor.sdk.testing import paste_problems, run_example
@@ -47,12 +49,31 @@ def test_every_door_either_sees_the_examples_or_says_why(pitfall):
 
 
 @pytest.mark.parametrize(("pitfall", "scope"), RUNNABLE, ids=lambda v: v.name if hasattr(v, "name") else str(v))
-def test_bad_example_fires_and_good_example_is_quiet(pitfall, scope):
+def test_bad_example_fires_and_good_example_is_quiet(pitfall, scope, text_fixes):
     if pitfall.bad.runnable(scope):
         assert run_example(pitfall, pitfall.bad, scope), f"{pitfall.name}: the Bad example passes {scope} unflagged"
+        built_in = [m for m in text_fixes if m.startswith("torchdoctor.checks.") and m.split(".")[2] not in NOT_YET]
+        assert built_in == [], f"{pitfall.name}: a built-in check gave a fix as text, not as Fix(title, code)"
     if pitfall.good.runnable(scope):
         found = run_example(pitfall, pitfall.good, scope)
         assert found == [], f"{pitfall.name}: the Good example is flagged in {scope}: {found[0].message}"
+
+
+@pytest.fixture
+def text_fixes(monkeypatch):
+    """`module:line` of each finding given its fix as text while the test runs (the path `Fix.parse` takes)."""
+    made = []
+    parse = findings._parsed_fix
+
+    def record(text):
+        frame = sys._getframe(1)
+        while frame.f_back is not None and frame.f_code.co_name in ("__set__", "__init__", "__post_init__"):
+            frame = frame.f_back
+        made.append(f"{frame.f_globals.get('__name__', '?')}:{frame.f_lineno}")
+        return parse(text)
+
+    monkeypatch.setattr(findings, "_parsed_fix", record)
+    return made
 
 
 @pytest.mark.parametrize(
