@@ -150,7 +150,7 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
                 {g.module for g in allowed if g.module and g not in scripts}
                 | ({"numpy.dtypes"} if dtype_classes else set())
             )
-            code = (
+            snippet = (
                 "".join(f"import {m}\n" for m in modules)
                 + "".join(
                     f"# {g.name}: the class the file was saved with, defined or imported in this script "
@@ -167,11 +167,11 @@ def needs_code_to_load(info: CheckpointInfo) -> Iterator[Finding]:
                 "int/float/str instead of numpy scalars, vars(args) instead of argparse.Namespace)."
             )
             if called:
-                code += (
+                snippet += (
                     "\n# The file also calls " + ", ".join(g.qualname for g in called[:6]) + ": torchdoctor does "
                     "not propose allowlisting callables (any file could then call them), so re-saving is the fix."
                 )
-            fix = Fix(title="If you trust the file, allow exactly these globals:", code=code)
+            fix = Fix(title="If you trust the file, allow exactly these globals:", code=snippet)
         else:
             fix = Fix(
                 title="Re-save only tensors and plain Python values; the globals it needs are code it calls, which "
