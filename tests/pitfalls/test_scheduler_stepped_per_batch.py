@@ -29,7 +29,7 @@ def _run(make, per_batch: bool, epochs: int = 3):
 
 
 def _own(session) -> list:
-    """This rule's findings only: the quiet cases judge this rule, not the timing checks that share the loop."""
+    """This rule's findings only: the tests judge this rule, not the timing checks that share the loop."""
     return [f for f in session.findings if f.name == "scheduler-stepped-per-batch"]
 
 
@@ -39,7 +39,7 @@ def test_fires_on_per_epoch_schedules_stepped_per_batch():
         lambda o: S.MultiStepLR(o, [2, 4, 6]),
         lambda o: S.ExponentialLR(o, gamma=0.6),
     ):
-        [f] = _run(make, per_batch=True).findings
+        [f] = _own(_run(make, per_batch=True))
         assert (f.code, f.name, f.location.step) == ("TD317", "scheduler-stepped-per-batch", 12)
         assert "stepped 12 times during the first epoch (12 optimizer steps)" in f.message
         assert "from 0.1 to " in f.message
