@@ -152,6 +152,33 @@ class EventHub:
         self._hook_step(wo, self.wanted & {Event.STEP_PRE, Event.PERIODIC})
         return self.ctx.hooks.added_since(before)
 
+    def add_checks(self, checks: list[RuntimeCheck]) -> None:
+        """Subscribe checks made while the session runs (the cross-rank ones, once torch.distributed is up),
+        hook the step events they need that no check wanted so far, and run their START."""
+        for chk in checks:
+            for event in type(chk).subscribed_events():
+                self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
+        pre = {e for chk in checks for e in type(chk).subscribed_events()} & {Event.STEP_PRE, Event.PERIODIC}
+        if pre - self.wanted:
+            for wo in self.ctx.optimizers:
+                if not self.wanted & {Event.STEP_PRE, Event.PERIODIC} and isinstance(
+                    wo.optimizer.__dict__.get("_optimizer_step_pre_hooks"), dict
+                ):
+                    handle = self.ctx.hooks.add(
+                        wo.optimizer.register_step_pre_hook(functools.partial(self._step_pre, wo))
+                    )
+                    getattr(wo, "handles", []).append(handle)
+        self.wanted |= {e for chk in checks for e in type(chk).subscribed_events()}
+        for chk in checks:
+            try:
+                found = list(chk.on_start() or ())
+            except Exception as exc:
+                self.disable(chk)
+                self.on_fault(chk, exc)
+                continue
+            for finding in found:
+                self.sink(chk, finding)
+
     def add_model(self, wm: WatchedModel) -> None:
         """Watch the forwards of a model adopted while the session runs (and of its submodules called alone)."""
         self._watched[id(wm.module)] = wm
