@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 import json
+import sys
 
 from run_programs import GOOD_STEP, LOOP, problems
 
@@ -31,6 +33,29 @@ def test_the_program_sees_what_python_gives_it(run_program, tmp_path):
         "main": script,
     }
     assert result.outcome.status == 0 and result.exit_status == 0
+
+
+def test_the_program_imports_from_pythonpath_and_runs_its_sitecustomize(run_program, tmp_path, monkeypatch):
+    """The command line takes PYTHONPATH's folders off its own search path (`torchdoctor.isolation`), and a
+    `sitecustomize.py` there makes it re-execute without them: the program gets both back, as under python."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "helper_of_the_project.py").write_text("VALUE = 7\n")
+    (shims / "sitecustomize.py").write_text("import builtins\nbuiltins.CUSTOMIZED = True\n")
+    monkeypatch.setenv("PYTHONPATH", str(shims))
+    monkeypatch.delitem(sys.modules, "sitecustomize", raising=False)
+    monkeypatch.setattr(builtins, "CUSTOMIZED", False, raising=False)
+    out = tmp_path / "seen.json"
+    result = run_program(
+        f"""
+        import json, sys
+        import helper_of_the_project
+        json.dump({{"value": helper_of_the_project.VALUE, "path1": sys.path[1], "custom": CUSTOMIZED}},
+                  open({str(out)!r}, "w"))
+    """
+    )
+    assert result.outcome.status == 0
+    assert json.loads(out.read_text()) == {"value": 7, "path1": str(shims), "custom": True}
 
 
 def test_exit_statuses_are_pythons(run_program):
