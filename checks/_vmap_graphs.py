@@ -6,8 +6,9 @@ inside) with autograd on whose parameters no backward ever reaches built graphs 
 
 from __future__ import annotations
 
+import sys
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from torchdoctor.findings import Fix
 from torchdoctor.sdk import Finding, Location, byte_size
@@ -23,16 +24,15 @@ class VmapGraphs:
     reached any of them (a trained ensemble: quiet)."""
 
     def __init__(self) -> None:
-        self.uses: dict[int, tuple["weakref.ReferenceType[Any]", int]] = {}  # id -> (tensor, calls using it)
+        self.uses: dict[int, "weakref.ReferenceType[Any]"] = {}  # id -> the tensor, hooked once
         self.reached = False
         self.reported = False
         self.label = ""
-        self.widest = 0  # parameters of the widest module seen: its label names the call
+        self.widest = 0  # parameters of the widest module seen: the outermost of the call, whose label names it
+        self.widest_calls: dict[int, int] = {}  # calls of each module that had that many (a submodule's are not)
+        self.calls = 0  # calls of the widest module
         self.broken = False  # functorch could not be read: look no further
-
-    @property
-    def calls(self) -> int:
-        return max((n for _, n in self.uses.values()), default=0)
+        self.site: Optional[tuple[str, int]] = None  # the user's line that called the transform
 
     def saw(self, event: "TransformedForwardEvent", hooks: Any) -> None:
         """A forward inside a transform: note its leaves when the call builds a graph that vmap alone made."""
@@ -47,16 +47,21 @@ class VmapGraphs:
         except Exception:  # a functorch this version does not know: nothing here can be read
             self.broken = True
             return
-        if leaves and len(leaves) >= self.widest:
-            self.widest = len(leaves)
+        if not leaves or len(leaves) < self.widest:
+            return
+        if len(leaves) > self.widest:
+            self.widest, self.widest_calls, self.calls = len(leaves), {}, 0
+        if self.site is None:
+            self.site = _call_site()
+        calls = self.widest_calls[id(event.module)] = self.widest_calls.get(id(event.module), 0) + 1
+        if calls >= self.calls:
+            self.calls = calls
             self.label = event.watched.label if event.watched is not None else type(event.module).__name__
         for t in leaves:
             known = self.uses.get(id(t))
-            if known is not None and known[0]() is t:
-                self.uses[id(t)] = (known[0], known[1] + 1)
-                continue
-            self.uses[id(t)] = (weakref.ref(t), 1)
-            hooks.add(t.register_hook(self._reached))  # a leaf's hook: removed with the session's hooks
+            if known is None or known() is not t:
+                self.uses[id(t)] = weakref.ref(t)
+                hooks.add(t.register_hook(self._reached))  # a leaf's hook: removed with the session's hooks
 
     def _reached(self, grad: Any) -> None:
         self.reached = True
@@ -64,7 +69,7 @@ class VmapGraphs:
     def verdict(self, step: int) -> Iterator[Finding]:
         if self.reported or self.reached or self.calls < MIN_CALLS:
             return
-        alive = [t for ref, _ in self.uses.values() if (t := ref()) is not None]
+        alive = [t for ref in self.uses.values() if (t := ref()) is not None]
         if not alive:
             return
         self.reported = True
@@ -78,5 +83,27 @@ class VmapGraphs:
                 "Evaluate the ensemble without autograd",
                 "with torch.no_grad():\n    predictions = vmap(fmodel, in_dims=(0, 0, None))(params, buffers, x)",
             ),
-            location=Location(module=self.label, step=step),
+            location=Location(
+                file=self.site[0] if self.site else None,
+                line=self.site[1] if self.site else None,
+                module=self.label,
+                step=step,
+            ),
         )
+
+
+def _call_site() -> Optional[tuple[str, int]]:
+    """(file, line) of the user's call of the transform: the first user frame outside the outermost of
+    torch.func's own (not `functional_call`'s caller inside the vmapped function)."""
+    from torchdoctor.sdk.runtime import is_library
+
+    frame = sys._getframe(1)
+    inside = False
+    site: Optional[tuple[str, int]] = None
+    while frame is not None:
+        if "_functorch" in frame.f_code.co_filename:
+            inside, site = True, None
+        elif inside and site is None and not is_library(frame):
+            site = frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back  # type: ignore[assignment]
+    return site

@@ -55,6 +55,9 @@ def _evaluate_an_ensemble(no_grad: bool, through_watched_model: bool):
     return s
 
 
+_VMAP_LINE = _evaluate_an_ensemble.__code__.co_firstlineno + 16
+
+
 def test_an_ensemble_evaluated_inside_vmap_with_autograd_on_is_found():
     for through_watched_model in (False, True):  # a meta copy (not watched), and a watched model
         s = _evaluate_an_ensemble(no_grad=False, through_watched_model=through_watched_model)
@@ -62,6 +65,7 @@ def test_an_ensemble_evaluated_inside_vmap_with_autograd_on_is_found():
         assert len(found) == 1 and "inside `torch.func.vmap`" in found[0].message, s.findings
         assert "4 parameter tensor(s)" in found[0].message  # 2 Linear layers, stacked
         assert found[0].fix.code.startswith("with torch.no_grad():")
+        assert (found[0].location.file, found[0].location.line) == (__file__, _VMAP_LINE)  # the vmap call
         assert problems(s) == ["eval-without-no-grad"]
 
 

@@ -407,7 +407,7 @@ def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]
         line,
         module=module_globals.get("__name__", "<string>"),
         registry=registry,
-        module_globals=module_globals,
+        module_globals=module_globals if at is None or at[0] == frame.f_code.co_filename else None,
     )
 
 
