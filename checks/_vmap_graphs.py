@@ -61,10 +61,17 @@ class VmapGraphs:
             known = self.uses.get(id(t))
             if known is None or known() is not t:
                 self.uses[id(t)] = weakref.ref(t)
-                hooks.add(t.register_hook(self._reached))  # a leaf's hook: removed with the session's hooks
+                hooks.add(t.register_hook(self._hook()))  # a leaf's hook: removed with the session's hooks
 
-    def _reached(self, grad: Any) -> None:
-        self.reached = True
+    def _hook(self) -> Any:
+        """The gradient hook: notes that a backward reached the ensemble; `torch.save` of the user's tensor
+        while the session runs leaves it out without a warning."""
+        from torch.utils.hooks import unserializable_hook
+
+        def reached(grad: Any) -> None:
+            self.reached = True
+
+        return unserializable_hook(reached)
 
     def verdict(self, step: int) -> Iterator[Finding]:
         if self.reported or self.reached or self.calls < MIN_CALLS:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
+import warnings
 
 import torch
 from conftest import batches, mlp, names, problems, session, train_step
@@ -52,6 +54,9 @@ def _evaluate_an_ensemble(no_grad: bool, through_watched_model: bool):
             with torch.no_grad() if no_grad else contextlib.nullcontext():
                 predictions = vmap(fmodel, in_dims=(0, 0, None))(params, buffers, x)
             predictions.argmax(-1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.save(params, io.BytesIO())  # watch's gradient hook on the user's tensors: not saved, no warning
     return s
 
 
