@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ast
+import itertools
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
-from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, TransformedForwardEvent
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
     CallSite,
@@ -18,6 +19,8 @@ from torchdoctor.sdk.source import (
     literal,
     ref,
 )
+
+from ._vmap_graphs import VmapGraphs
 
 _VALIDATION = """
 import torch
@@ -97,6 +100,12 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             eval-mode forwards that are back-propagated (fine-tuning with frozen BatchNorm). When backward goes
             through an eval-mode model none of whose parameters is in a watched optimizer, it adds an info note:
             a frozen teacher should be frozen (`requires_grad_(False)`) and run under `no_grad`.
+            Inside `torch.func.vmap` (an ensemble from `stack_module_state` called with `functional_call`), where
+            forward hooks see only the transform's wrappers, watch reads the tensors the wrapped parameters stand
+            for: when autograd is on, only vmap transforms run (no `grad`/`vjp`/`jacrev` differentiating inside),
+            and those tensors require grad, a gradient hook on them tells whether a backward ever reaches the
+            ensemble. At least two such calls that no backward reached are reported, eval() or not; a trained
+            ensemble and an evaluation under `no_grad` are quiet.
         """,
     },
 )
@@ -122,6 +131,7 @@ class EvalWithoutNoGrad(RuntimeCheck):
         self.state: dict[str, _EvalGraphs] = {}
         self.reported: set[str] = set()
         self.per_forward: dict[str, int] = {}  # bytes saved for backward by one eval forward, per model
+        self.vmapped = VmapGraphs()  # forwards inside torch.func.vmap (checks/_vmap_graphs.py)
 
     def on_forward(self, event: ForwardEvent) -> Optional[Iterator[Finding]]:
         if event.training or not event.grad_enabled:
@@ -155,12 +165,18 @@ class EvalWithoutNoGrad(RuntimeCheck):
                 self.per_forward[event.model.label] = footprint(out, owned)[1]
         yield from self._verdict(event.model)
 
+    def on_transformed_forward(self, event: TransformedForwardEvent) -> None:
+        self.vmapped.saw(event, self.ctx.hooks)
+
     def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
-        if not self.state:  # the every-step path: no eval forward with gradients so far
+        if not self.state and not self.vmapped.uses:  # the every-step path: no eval forward with gradients so far
             return None
-        return (f for wm in self.ctx.models for f in self._verdict(wm))
+        return itertools.chain(
+            (f for wm in self.ctx.models for f in self._verdict(wm)), self.vmapped.verdict(self.ctx.step)
+        )
 
     def on_stop(self) -> Iterator[Finding]:
+        yield from self.vmapped.verdict(self.ctx.step)
         for wm in self.ctx.models:
             yield from self._verdict(wm)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 import json
+import sys
 
 from run_programs import GOOD_STEP, LOOP, problems
 
@@ -31,6 +33,29 @@ def test_the_program_sees_what_python_gives_it(run_program, tmp_path):
         "main": script,
     }
     assert result.outcome.status == 0 and result.exit_status == 0
+
+
+def test_the_program_imports_from_pythonpath_and_runs_its_sitecustomize(run_program, tmp_path, monkeypatch):
+    """The command line takes PYTHONPATH's folders off its own search path (`torchdoctor.isolation`), and a
+    `sitecustomize.py` there makes it re-execute without them: the program gets both back, as under python."""
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    (shims / "helper_of_the_project.py").write_text("VALUE = 7\n")
+    (shims / "sitecustomize.py").write_text("import builtins\nbuiltins.CUSTOMIZED = True\n")
+    monkeypatch.setenv("PYTHONPATH", str(shims))
+    monkeypatch.delitem(sys.modules, "sitecustomize", raising=False)
+    monkeypatch.setattr(builtins, "CUSTOMIZED", False, raising=False)
+    out = tmp_path / "seen.json"
+    result = run_program(
+        f"""
+        import json, sys
+        import helper_of_the_project
+        json.dump({{"value": helper_of_the_project.VALUE, "path1": sys.path[1], "custom": CUSTOMIZED}},
+                  open({str(out)!r}, "w"))
+    """
+    )
+    assert result.outcome.status == 0
+    assert json.loads(out.read_text()) == {"value": 7, "path1": str(shims), "custom": True}
 
 
 def test_exit_statuses_are_pythons(run_program):
@@ -232,3 +257,74 @@ def test_a_part_the_optimizer_leaves_out_is_watched_with_its_model(run_program):
     """)  # noqa: E501 - the fixture's own line
     assert [m["label"] for m in result.report.facts["models"]] == ["Task"]
     assert problems(result) == ["param-not-in-optimizer"]
+
+
+# kuangliu/pytorch-cifar's main.py, in small: module-level loaders with workers, train()/test() functions over
+# globals, eval under no_grad, a per-epoch cosine schedule, a checkpoint saved when the accuracy improves
+CIFAR_STYLE = """
+import os
+import sys
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.linear = nn.Linear(8, 10)
+
+    def forward(self, x):
+        out = F.relu(self.bn(self.conv(x)))
+        return self.linear(F.adaptive_avg_pool2d(out, 1).flatten(1))
+
+def data(n):
+    return torch.utils.data.TensorDataset(torch.randn(n, 3, 8, 8), torch.randint(0, 10, (n,)))
+
+trainloader = torch.utils.data.DataLoader(data(64), batch_size=16, shuffle=True, num_workers=2)
+testloader = torch.utils.data.DataLoader(data(32), batch_size=16, shuffle=False, num_workers=2)
+net = Net()
+criterion = nn.CrossEntropyLoss()
+optimizer = optim.SGD(net.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
+scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=200)
+best_acc = 0
+
+def train(epoch):
+    net.train()
+    for batch_idx, (inputs, targets) in enumerate(trainloader):
+        optimizer.zero_grad()
+        loss = criterion(net(inputs), targets)
+        loss.backward()
+        optimizer.step()
+
+def test(epoch):
+    global best_acc
+    net.eval()
+    correct = total = 0
+    with torch.no_grad():
+        for inputs, targets in testloader:
+            correct += net(inputs).max(1)[1].eq(targets).sum().item()
+            total += targets.size(0)
+    acc = 100.0 * correct / total
+    if acc > best_acc:
+        torch.save({"net": net.state_dict(), "acc": acc, "epoch": epoch}, sys.argv[1])
+        best_acc = acc
+
+for epoch in range(2):
+    train(epoch)
+    test(epoch)
+    scheduler.step()
+"""
+
+
+def test_a_cifar_style_script_is_quiet_and_its_missing_zero_grad_caught(run_program, tmp_path):
+    ckpt = str(tmp_path / "ckpt.pth")
+    result = run_program(CIFAR_STYLE, ckpt)
+    assert problems(result) == [] and result.exit_status == 0
+    assert [m["label"] for m in result.report.facts["models"]] == ["Net"]
+    assert result.report.facts["optimizers"] == [{"label": "SGD", "steps": 8}]
+    bug = run_program(CIFAR_STYLE.replace("        optimizer.zero_grad()\n", ""), ckpt)
+    (finding,) = [f for f in bug.report.findings if f.name == "missing-zero-grad"]
+    assert finding.location.step == 1 and bug.exit_status == 1

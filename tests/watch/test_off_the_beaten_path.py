@@ -3,10 +3,13 @@ stops the run before any step, manual updates, submodules called directly, an op
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import warnings
 
 import torch
-from conftest import batches, mlp, names, problems, session
+from conftest import batches, mlp, names, problems, session, train_step
 from torch import nn
 
 
@@ -29,7 +32,51 @@ def test_a_vmap_ensemble_trained_through_stack_module_state_is_not_stale():
             nn.functional.cross_entropy(out.flatten(0, 1), y.repeat(3)).backward()
             opt.step()
     assert "stale-optimizer-params" not in names(s)
+    assert "eval-without-no-grad" not in names(s)  # vmap with autograd on, but a backward reaches the ensemble
     assert problems(s) == []
+
+
+def _evaluate_an_ensemble(no_grad: bool, through_watched_model: bool):
+    """The torch.func ensembling tutorial's evaluation: stacked members under vmap, predictions only."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    members = [mlp() for _ in range(3)]
+    params, buffers = stack_module_state(members)
+    base = members[0] if through_watched_model else copy.deepcopy(members[0]).to("meta")
+
+    def fmodel(p, b, x):
+        return functional_call(base, (p, b), (x,))
+
+    opt = torch.optim.SGD(members[0].parameters(), lr=0.1)
+    with session(members[0], opt, every=1) as s:
+        for x, y in batches(3):
+            train_step(members[0], opt, x, y)  # something else trains meanwhile
+            with torch.no_grad() if no_grad else contextlib.nullcontext():
+                predictions = vmap(fmodel, in_dims=(0, 0, None))(params, buffers, x)
+            predictions.argmax(-1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            torch.save(params, io.BytesIO())  # watch's gradient hook on the user's tensors: not saved, no warning
+    return s
+
+
+_VMAP_LINE = _evaluate_an_ensemble.__code__.co_firstlineno + 16
+
+
+def test_an_ensemble_evaluated_inside_vmap_with_autograd_on_is_found():
+    for through_watched_model in (False, True):  # a meta copy (not watched), and a watched model
+        s = _evaluate_an_ensemble(no_grad=False, through_watched_model=through_watched_model)
+        found = [f for f in s.findings if f.name == "eval-without-no-grad"]
+        assert len(found) == 1 and "inside `torch.func.vmap`" in found[0].message, s.findings
+        assert "4 parameter tensor(s)" in found[0].message  # 2 Linear layers, stacked
+        assert found[0].fix.code.startswith("with torch.no_grad():")
+        assert (found[0].location.file, found[0].location.line) == (__file__, _VMAP_LINE)  # the vmap call
+        assert problems(s) == ["eval-without-no-grad"]
+
+
+def test_an_ensemble_evaluated_inside_vmap_under_no_grad_is_quiet():
+    for through_watched_model in (False, True):
+        assert problems(_evaluate_an_ensemble(no_grad=True, through_watched_model=through_watched_model)) == []
 
 
 def test_functional_call_with_a_copy_of_the_parameters_is_not_stale_but_a_replaced_layer_is():

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import gc
+import importlib.machinery
 import logging
 import subprocess
 import sys
 import tracemalloc
+import warnings
 import weakref
 
 import pytest
@@ -17,6 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import torchdoctor
+from torchdoctor.watch import session as session_module
 from torchdoctor.watch.context import WatchContext
 
 
@@ -409,3 +412,21 @@ def test_saving_and_copying_the_model_during_a_session_carries_nothing_of_watch(
     for m in (loaded, ema):
         assert not any(sub._forward_hooks for sub in m.modules())
         assert not any(p._backward_hooks for p in m.parameters())
+
+
+def test_a_warning_at_a_line_of_another_file_than_the_callers_is_said_at_that_line(tmp_path):
+    """At the end of `torchdoctor run` the caller is the console script, and a finding names the user's
+    file and line: the warning must not read that line from the console script's source."""
+    launcher = tmp_path / "torchdoctor_script.py"
+    launcher.write_text("warn(TorchDoctorWarning('found'), (train, 40))\n")
+    script = {
+        "__name__": "__main__",
+        "__loader__": importlib.machinery.SourceFileLoader("__main__", str(launcher)),
+        "warn": session_module._warn_at_user_line,
+        "TorchDoctorWarning": torchdoctor.TorchDoctorWarning,
+        "train": str(tmp_path / "train.py"),
+    }
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(compile(launcher.read_text(), str(launcher), "exec"), script)
+    assert [(w.filename, w.lineno) for w in caught] == [(str(tmp_path / "train.py"), 40)]

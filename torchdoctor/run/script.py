@@ -55,6 +55,33 @@ class Outcome:
     exit_message: Optional[str] = None  # what `sys.exit("text")` prints
 
 
+def _user_search_path() -> None:
+    """Put the PYTHONPATH folders back after ``sys.path[0]``, where Python puts them (the command line took
+    them off its own search path: `torchdoctor.isolation`), and run their ``sitecustomize`` when Python
+    would have run it at start-up and this process did not."""
+    entries = os.environ.get("PYTHONPATH", "").split(os.pathsep) if os.environ.get("PYTHONPATH") else []
+    folders = list(dict.fromkeys(os.path.abspath(p) if p else os.getcwd() for p in entries))
+    sys.path[1:1] = [f for f in folders if f not in sys.path]
+    custom = next(
+        (os.path.join(f, "sitecustomize.py") for f in folders if os.path.isfile(os.path.join(f, "sitecustomize.py"))),
+        None,
+    )
+    loaded = getattr(sys.modules.get("sitecustomize"), "__file__", None)
+    if custom is None or (loaded is not None and os.path.realpath(loaded) == os.path.realpath(custom)):
+        return
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sitecustomize", custom)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # as Python's site module says it, and goes on
+        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 def run_target(target: Target) -> Outcome:
     """Run `target` as ``__main__`` with ``sys.argv`` and ``sys.path[0]`` set as Python sets them."""
     if target.module is not None:
@@ -69,6 +96,7 @@ def run_target(target: Target) -> Outcome:
             where if os.path.isdir(where) or not where.endswith(".py") and _is_zip(where) else os.path.dirname(where)
         ]
         run = lambda: runpy.run_path(target.path, run_name="__main__")  # type: ignore[arg-type]  # noqa: E731
+    _user_search_path()
     try:
         run()
     except SystemExit as exc:

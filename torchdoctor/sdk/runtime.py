@@ -17,6 +17,7 @@ from torchdoctor.watch.contract import (
     LoaderEvent,
     RuntimeCheck,
     StepEvent,
+    TransformedForwardEvent,
     ZeroGradEvent,
 )
 from torchdoctor.watch.handles import Restore
@@ -37,6 +38,9 @@ _LAZY = {
     "exchange_for": "torchdoctor.watch.distributed",
     "ddp_over_world": "torchdoctor.watch.distributed",
     "stats_differ": "torchdoctor.watch.distributed",
+    # inside torch.func transforms: what the wrapped parameters wrap (`TransformedForwardEvent`)
+    "transformed_leaves": "torchdoctor.watch.transformed",
+    "only_vmap": "torchdoctor.watch.transformed",
     # the step clock (``uses_clock``): phase indices of its readings, and its types
     "PHASES": "torchdoctor.watch.timing",
     "DATA": "torchdoctor.watch.timing",
@@ -60,6 +64,7 @@ __all__ = [
     "Restore",
     "RuntimeCheck",
     "StepEvent",
+    "TransformedForwardEvent",
     "ZeroGradEvent",
     "frame_variables",
     "is_library",

@@ -34,6 +34,10 @@ Events, in the order of a training step (payload types below):
 ``STOP``         the session is ending, also when the body raised. ``on_stop()``
 ===============  ====================================================================================
 
+``TRANSFORMED_FORWARD`` comes instead of ``FORWARD`` inside a ``torch.func`` transform (vmap, grad): a watched
+model's call, or any module's outside the watched ones (an ensemble's base copy under ``functional_call``).
+`TransformedForwardEvent`
+
 Rules for handlers:
 
 - Be cheap on per-step events: no ``.item()`` or other host sync in ``on_forward``; at most one sync per
@@ -83,6 +87,7 @@ class Event(str, enum.Enum):
     STEP_POST = "step_post"
     LOADER_ITER = "loader_iter"
     CRASH = "crash"
+    TRANSFORMED_FORWARD = "transformed_forward"
     STOP = "stop"
 
 
@@ -157,6 +162,19 @@ class CrashEvent:
     exception: BaseException
 
 
+@dataclass
+class TransformedForwardEvent:
+    """A module's forward returned inside a ``torch.func`` transform (vmap, grad, ...), where its parameters
+    are the transform's wrappers (`torchdoctor.watch.transformed` reads what they wrap). `watched` is the
+    watched model when `module` is one as the user calls it (its submodules' calls are not sent); None for a
+    module outside every watched model (``functional_call`` of an ensemble's base copy), each of whose
+    calls is sent, submodules included. Only valid during the handler: keep nothing of it."""
+
+    module: Any
+    watched: Optional["WatchedModel"]
+    grad_enabled: bool
+
+
 Findings = Optional[Iterable[Finding]]
 
 
@@ -208,6 +226,9 @@ class RuntimeCheck:
         return None
 
     def on_crash(self, event: CrashEvent) -> Findings:
+        return None
+
+    def on_transformed_forward(self, event: TransformedForwardEvent) -> Findings:
         return None
 
     def on_stop(self) -> Findings:

@@ -463,6 +463,14 @@ def exchange_for(ctx: "WatchContext") -> RankExchange:
     return ex
 
 
+def close_exchange(ctx: "WatchContext") -> None:
+    """Release the session's side group without gathering the ranks' findings (`torchdoctor run` does that
+    through the launcher's store, which outlives the program's process group); never raises."""
+    ex = _exchanges.pop(id(ctx), None)
+    if ex is not None and ex.ctx is ctx:  # its hooks went with the session's
+        ex.group.close()
+
+
 def gather_report(
     ctx: "WatchContext", findings: list[Finding], failed: bool = False
 ) -> tuple[Optional[list[Finding]], dict[str, Any]]:

@@ -16,6 +16,8 @@ STEP_PRE, PERIODIC, STEP_POST   ``Optimizer.register_step_pre_hook``/``register_
 LOADER_ITER                     a class-level patch of ``DataLoader.__iter__`` (`patches`)
 the step clock                  where a check sets ``uses_clock``: readings at the forward and step hooks
                                 above and a class-level patch of the loader iterators' ``__next__`` (`timing`)
+TRANSFORMED_FORWARD             the same forward hook, inside a ``torch.func`` transform: a watched model's call,
+                                or any module's outside the watched ones (read with `transformed`)
 START, STOP                     called by the session itself
 ==============================  ============================================================
 
@@ -45,6 +47,7 @@ from torchdoctor.watch.contract import (
     LoaderEvent,
     RuntimeCheck,
     StepEvent,
+    TransformedForwardEvent,
     ZeroGradEvent,
 )
 from torchdoctor.watch.handles import WarningFilter
@@ -152,6 +155,33 @@ class EventHub:
         self._hook_step(wo, self.wanted & {Event.STEP_PRE, Event.PERIODIC})
         return self.ctx.hooks.added_since(before)
 
+    def add_checks(self, checks: list[RuntimeCheck]) -> None:
+        """Subscribe checks made while the session runs (the cross-rank ones, once torch.distributed is up),
+        hook the step events they need that no check wanted so far, and run their START."""
+        for chk in checks:
+            for event in type(chk).subscribed_events():
+                self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
+        pre = {e for chk in checks for e in type(chk).subscribed_events()} & {Event.STEP_PRE, Event.PERIODIC}
+        if pre - self.wanted:
+            for wo in self.ctx.optimizers:
+                if not self.wanted & {Event.STEP_PRE, Event.PERIODIC} and isinstance(
+                    wo.optimizer.__dict__.get("_optimizer_step_pre_hooks"), dict
+                ):
+                    handle = self.ctx.hooks.add(
+                        wo.optimizer.register_step_pre_hook(functools.partial(self._step_pre, wo))
+                    )
+                    getattr(wo, "handles", []).append(handle)
+        self.wanted |= {e for chk in checks for e in type(chk).subscribed_events()}
+        for chk in checks:
+            try:
+                found = list(chk.on_start() or ())
+            except Exception as exc:
+                self.disable(chk)
+                self.on_fault(chk, exc)
+                continue
+            for finding in found:
+                self.sink(chk, finding)
+
     def add_model(self, wm: WatchedModel) -> None:
         """Watch the forwards of a model adopted while the session runs (and of its submodules called alone)."""
         self._watched[id(wm.module)] = wm
@@ -190,6 +220,8 @@ class EventHub:
     def _forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         wm = self._members.get(id(module))
         if wm is None or _is_compiling():
+            if wm is None and self.subs[Event.TRANSFORMED_FORWARD] and _in_functorch() and not _is_compiling():
+                self.dispatch(Event.TRANSFORMED_FORWARD, TransformedForwardEvent(module, None, torch.is_grad_enabled()))
             return
         self._depth = depth = self._depth - 1 if self._depth > 0 else 0
         root = self._watched.get(id(module)) is wm
@@ -199,6 +231,8 @@ class EventHub:
             return
         if _in_functorch():  # the output is a functorch wrapper, without storage or autograd graph
             self.under_functorch += 1
+            if root and self.subs[Event.TRANSFORMED_FORWARD]:
+                self.dispatch(Event.TRANSFORMED_FORWARD, TransformedForwardEvent(module, wm, torch.is_grad_enabled()))
             return
         if root:
             wm.called = True

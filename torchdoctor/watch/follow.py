@@ -230,8 +230,11 @@ class Follower:
         ctx = self.session._ctx
         assert ctx is not None
         known = {id(wm.inner) for wm in ctx.models}
-        for model in models_of(params, self.tracker.alive(), known):
+        found = models_of(params, self.tracker.alive(), known)
+        for model in found:
             adopt_model(self.session, model)
+        if any(isinstance(m, nn.parallel.DistributedDataParallel) for m in found):
+            self.session.enable_distributed()  # the cross-rank checks, now that the script's process group is up
         held = ctx.model_param_ids()
         if any(id(p) in held for p in params):
             self.waiting.discard(optimizer)

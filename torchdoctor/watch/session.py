@@ -186,6 +186,37 @@ class WatchSession:
         session_started(self)  # e.g. the pytest plugin, which follows a test's sessions
         return self
 
+    def enable_distributed(self) -> bool:
+        """Add the cross-rank checks to a running session once torch.distributed is up (`torchdoctor run`
+        starts before the script's ``init_process_group``). Called where every rank of the same program
+        gets to at the same step (the adoption of its first DDP model), so that their exchanges pair up;
+        each exchange has a timeout, so ranks that disagree stop comparing instead of hanging. Returns
+        whether checks were added."""
+        ctx, hub = self._ctx, self._hub
+        if ctx is None or hub is None or ctx.world_size > 1:
+            return False
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return False
+        ctx.rank, ctx.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        if ctx.world_size < 2:
+            return False
+        checks: list[RuntimeCheck] = []
+        for info in self._ddp_infos:
+            impl = info.detectors.get(registry.Scope.DISTRIBUTED)
+            if not (isinstance(impl, type) and issubclass(impl, RuntimeCheck)) or info.name in self._checks:
+                continue
+            try:
+                chk = impl(ctx)
+            except Exception as exc:
+                self._record(registry.internal_error(info, exc))
+                continue
+            self._info_of[id(chk)] = info
+            self._checks[info.name] = chk
+            checks.append(chk)
+        self._enabled = sorted(self._checks)
+        hub.add_checks(checks)
+        return bool(checks)
+
     def stop(self, exc: Optional[BaseException] = None) -> None:
         """Run the end-of-session checks, remove every hook, and print the report."""
         hub, ctx = self._hub, self._ctx
@@ -211,7 +242,11 @@ class WatchSession:
             if unseen:
                 self.facts["not_run"] = unseen
             self._checks = {}
-            if ctx.world_size > 1:  # every rank's findings go to rank 0's report (torchdoctor.watch.distributed)
+            if ctx.world_size > 1 and self.discover_models:  # `torchdoctor run` folds the ranks' reports itself
+                from torchdoctor.watch.distributed import close_exchange
+
+                close_exchange(ctx)
+            elif ctx.world_size > 1:  # every rank's findings go to rank 0's report (torchdoctor.watch.distributed)
                 from torchdoctor.watch.distributed import gather_report
 
                 self.rank_findings, self.facts["ranks"] = gather_report(ctx, self.findings, failed=exc is not None)
@@ -372,7 +407,7 @@ def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]
         line,
         module=module_globals.get("__name__", "<string>"),
         registry=registry,
-        module_globals=module_globals,
+        module_globals=module_globals if at is None or at[0] == frame.f_code.co_filename else None,
     )
 
 
