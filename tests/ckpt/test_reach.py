@@ -136,11 +136,11 @@ def lib(tmp_path, monkeypatch):
     canary = tmp_path / "imported"
     (tmp_path / "gadgetlib.py").write_text(GADGETS.format(canary=str(canary)))
     monkeypatch.syspath_prepend(str(tmp_path))
-    reach._spec.cache_clear()
+    reach._find.cache_clear()
     reach._module.cache_clear()
     reach._memory.clear()
     yield canary
-    reach._spec.cache_clear()
+    reach._find.cache_clear()
     reach._module.cache_clear()
     reach._memory.clear()
 
@@ -217,11 +217,56 @@ def test_verdicts_are_cached_per_distribution_version(tmp_path, monkeypatch):
     assert "PyYAML==" in cache
     data = json.loads((tmp_path / "ckpt-reach" / cache).read_text())
     assert data["yaml:unsafe_load:called"][1] == reach.UNPICKLE
-    data["yaml:unsafe_load:called"] = [["yaml.unsafe_load"], "", True, ""]  # a cached verdict is reused
+    depends = data["yaml:unsafe_load:called"][4]
+    assert depends == []  # a sink by its name: no module was looked for
+    data["yaml:unsafe_load:called"] = [["yaml.unsafe_load"], "", True, "", depends]  # a cached verdict is reused
     (tmp_path / "ckpt-reach" / cache).write_text(json.dumps(data))
     reach._memory.clear()
     assert not reach.judge("yaml", "unsafe_load", Use.CALLED).dangerous
     reach._memory.clear()
+
+
+def _distribution(root, name: str, source: str) -> None:
+    (root / f"{name}.py").write_text(source)
+    info = root / f"{name}-1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
+
+
+def test_a_cached_verdict_is_judged_again_when_a_library_its_calls_went_through_changes(tmp_path, monkeypatch):
+    """The cache file is named by the judged global's distribution version; the verdict also depends on the other
+    distributions the calls go into: upgrading one, or installing one that was missing, must not leave a stale
+    'reaches nothing' in the cache (each step below is a new process: the in-memory caches are cleared)."""
+    monkeypatch.setenv("TORCHDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    _distribution(
+        site,
+        "td_front",
+        "import td_middle, td_later\n\ndef run(x):\n    td_later.go(x)\n    return td_middle.helper(x)\n",
+    )
+    _distribution(site, "td_middle", "def helper(x):\n    return len(x)\n")
+
+    def fresh_judge():
+        for clear in (reach._memory.clear, reach._find.cache_clear, reach._module.cache_clear):
+            clear()
+        return reach.judge("td_front", "run", Use.CALLED)
+
+    assert not fresh_judge().dangerous
+    (cache,) = [n for n in os.listdir(tmp_path / "cache" / "ckpt-reach") if "distributions" not in n]
+    assert "td_front==1.0" in cache
+    assert not fresh_judge().dangerous  # unchanged: reused
+    _distribution(site, "td_middle", "import os\n\ndef helper(x):\n    return os.system(x)\n")  # upgraded
+    found = fresh_judge()
+    assert found.what == reach.PROCESS and found.path == ("td_front.run", "td_middle.helper", "os.system")
+    _distribution(site, "td_middle", "def helper(x):\n    return len(x)\n")
+    assert not fresh_judge().dangerous
+    _distribution(site, "td_later", "import subprocess\n\ndef go(x):\n    subprocess.run(x)\n")  # installed
+    assert fresh_judge().path == ("td_front.run", "td_later.go", "subprocess.run")
+    for clear in (reach._memory.clear, reach._find.cache_clear, reach._module.cache_clear):
+        clear()
 
 
 def _global(module: str, name: str) -> bytes:

@@ -9,7 +9,11 @@ the library's own code, breadth first and bounded, until one reaches a *sink*: p
 deserialisation (`pickle.load`, `torch.load` without `weights_only=True`, `yaml.load` with an unsafe loader,
 `numpy.load(allow_pickle=True)`) or `ctypes`. Standard-library, torch and numpy callees are judged by the
 sink table only (their code is not followed, except inside the package of the global being judged).
-Verdicts are cached in the per-user cache, per distribution version of the global's package.
+Verdicts are cached in the per-user cache, per distribution version of the global's package, each with
+the modules the analysis looked for (what each resolved to, with its file's size and modification time, or
+that it was not found): a cached verdict is reused only while every one of them still resolves the same, so
+an upgrade of any library the calls went through, or a library installed where one was missing, is judged
+again.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from torchdoctor.ckpt.policy import VETTED_ROOTS, Use, Verdict, classify, dangerous_reason
 
-_ANALYSIS = 1  # bump when the rules change: cached verdicts of older rules are not reused
+_ANALYSIS = 2  # bump when the rules change: cached verdicts of older rules are not reused
 _MAX_FUNCTIONS = 300  # function bodies read per verdict
 _MAX_DEPTH = 8  # calls followed from the global
 _VETTED_DEPTH = 2  # ... when the global is in the standard library, torch or numpy
@@ -263,14 +267,38 @@ def sink_with_arguments(qual: str, args: object) -> str:
 
 
 # -- locating and reading modules (never importing them) ----------------------------------------------
-@functools.lru_cache(maxsize=None)
+_consulted: Optional[dict[str, str]] = None  # while a verdict is computed: each module looked for -> its stamp
+
+
 def _spec(modname: str) -> Optional[importlib.machinery.ModuleSpec]:
-    """The module's spec found by path finders only: parents are located, never imported."""
+    """The module's spec found by path finders only: parents are located, never imported. While a verdict
+    is computed, what each module resolved to is recorded (the verdict depends on it)."""
+    spec = _find(modname)
+    if _consulted is not None and modname not in _consulted:
+        _consulted[modname] = _stamp(spec)
+    return spec
+
+
+def _stamp(spec: Optional[importlib.machinery.ModuleSpec]) -> str:
+    """What a module resolved to: its file with size and modification time ("" when it was not found)."""
+    if spec is None:
+        return ""
+    if not spec.origin or not spec.has_location:  # a namespace package, a built-in or frozen module
+        return f"{spec.origin}:{sorted(spec.submodule_search_locations or [])}"
+    try:
+        st = os.stat(spec.origin)
+    except OSError:
+        return spec.origin
+    return f"{spec.origin}:{st.st_size}:{st.st_mtime_ns}"
+
+
+@functools.lru_cache(maxsize=None)
+def _find(modname: str) -> Optional[importlib.machinery.ModuleSpec]:
     parent, _, _ = modname.rpartition(".")
     try:
         if not parent:
             return importlib.machinery.PathFinder.find_spec(modname)
-        up = _spec(parent)
+        up = _find(parent)
         if up is None or not up.submodule_search_locations:
             return None
         return importlib.machinery.PathFinder.find_spec(modname, list(up.submodule_search_locations))
@@ -747,8 +775,29 @@ def _distribution_key(module: str) -> str:
 _memory: dict[tuple[str, str, Use], Reach] = {}
 
 
+def _unchanged(depends: object) -> bool:
+    """Whether every module a cached verdict looked for still resolves as it did then."""
+    return isinstance(depends, list) and all(
+        isinstance(row, list) and len(row) == 2 and _stamp(_find(str(row[0]))) == row[1] for row in depends
+    )
+
+
+def _judge_recording(module: str, name: str, use: Use) -> tuple[Reach, list[list[str]]]:
+    """`judge_uncached` and the modules it looked for, each with its stamp."""
+    global _consulted
+    _consulted = {}
+    try:
+        result = judge_uncached(module, name, use)
+    except RecursionError:
+        result = Reach((f"{module}.{name}",), inspected=False, note="its source is too deeply nested to read")
+    finally:
+        consulted, _consulted = _consulted, None
+    return result, [[m, stamp] for m, stamp in sorted(consulted.items())]
+
+
 def judge(module: str, name: str, use: Use) -> Reach:
-    """`judge_uncached`, remembered per distribution version in the per-user cache (best effort)."""
+    """`judge_uncached`, remembered in the per-user cache (best effort) per distribution version of the global's
+    package, and reused while every module the analysis looked for resolves as it did (`_unchanged`)."""
     key = (module, name, use)
     if key in _memory:
         return _memory[key]
@@ -763,18 +812,15 @@ def judge(module: str, name: str, use: Use) -> Reach:
         try:
             with open(path, encoding="utf-8") as f:
                 known = json.load(f).get(entry)
-            if isinstance(known, list) and len(known) == 4:
+            if isinstance(known, list) and len(known) == 5 and _unchanged(known[4]):
                 _memory[key] = Reach(tuple(known[0]), str(known[1]), bool(known[2]), str(known[3]))
                 return _memory[key]
         except (OSError, ValueError, TypeError, AttributeError):
             pass
-    try:
-        result = judge_uncached(module, name, use)
-    except RecursionError:
-        result = Reach((f"{module}.{name}",), inspected=False, note="its source is too deeply nested to read")
+    result, depends = _judge_recording(module, name, use)
     _memory[key] = result
     if path:
-        _store(path, entry, [list(result.path), result.what, result.inspected, result.note])
+        _store(path, entry, [list(result.path), result.what, result.inspected, result.note, depends])
     return result
 
 
