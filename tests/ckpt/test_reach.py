@@ -21,6 +21,8 @@ import subprocess
 from socket import socket
 import ctypes
 import importlib
+import gzip
+from collections import defaultdict
 import yaml
 import numpy as np
 import torch
@@ -121,6 +123,34 @@ class Child(Restored):
     pass
 
 
+_OPENERS = {{".gz": gzip.open}}
+_BY_SUFFIX = defaultdict(lambda: open, **_OPENERS)  # networkx's @open_file dispatches like this
+
+
+def opens(mode="r"):
+    def wrap(func):
+        def inner(path, *args):
+            return func(_BY_SUFFIX[path[-3:]](path, mode=mode), *args)
+
+        return inner
+
+    return wrap
+
+
+@opens(mode="wb")
+def dump_lines(f, lines):
+    f.writelines(lines)
+
+
+@opens("rb")
+def load_lines(f):
+    return f.readlines()
+
+
+def apply(func, *args):
+    return func(*args)
+
+
 class Tool:
     def __init__(self, path):
         self.path = path
@@ -163,6 +193,7 @@ def lib(tmp_path, monkeypatch):
         ("Restored", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
         ("Child", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
         ("Tool", Use.CALLED, reach.WRITE, "gadgetlib.Tool._write"),
+        ("dump_lines", Use.CALLED, reach.WRITE, "gadgetlib.opens"),  # decorator → table of openers → open(…, "wb")
     ],
 )
 def test_each_sink_is_reached_and_the_path_is_named(lib, name, use, what, via):
@@ -183,11 +214,24 @@ def test_each_sink_is_reached_and_the_path_is_named(lib, name, use, what, via):
         ("Plain", Use.NEW),
         ("Launcher", Use.NEW),
         ("Quiet", Use.NEW),
+        ("load_lines", Use.CALLED),  # the same decorator and table, with a read mode
+        ("apply", Use.CALLED),  # calls only what it is passed: the pickle's own globals are judged themselves
     ],
 )
 def test_harmless_callees_reach_nothing(lib, name, use):
     found = reach.judge_uncached("gadgetlib", name, use)
     assert not found.dangerous and found.inspected, found
+
+
+def test_a_writer_a_pickle_passes_to_a_harmless_caller_is_judged_itself(tmp_path, lib):
+    """`gadgetlib.apply(gadgetlib.dump_lines, path, lines)`: `apply` reaches nothing by itself; the writer it is
+    handed is a global the pickle names, judged as if called."""
+    path = tmp_path / "apply.pkl"
+    args = b"(" + _global("gadgetlib", "dump_lines") + b"X\x03\x00\x00\x00out]tR."
+    path.write_bytes(b"\x80\x02" + _global("gadgetlib", "apply") + args)
+    (finding,) = [f for f in check_checkpoint(str(path)).findings if f.name == "unsafe-pickle"]
+    assert finding.key == "gadgetlib.dump_lines" and "gadgetlib.opens → builtins.open" in finding.message
+    assert not lib.exists()
 
 
 def test_code_that_cannot_be_read_is_unsafe_when_called_and_needs_code_when_only_instantiated(lib):

@@ -7,7 +7,10 @@ with `ast`; from the function (or, for a class, the methods loading runs: `__new
 the library's own code, breadth first and bounded, until one reaches a *sink*: process creation,
 `eval`/`exec`/`compile`, an import by name, a file write or delete, the network, a nested unsafe
 deserialisation (`pickle.load`, `torch.load` without `weights_only=True`, `yaml.load` with an unsafe loader,
-`numpy.load(allow_pickle=True)`) or `ctypes`. Standard-library, torch and numpy callees are judged by the
+`numpy.load(allow_pickle=True)`) or `ctypes`. A function's decorators are followed like its calls, a call
+through a module-level table (`OPENERS[suffix](path, mode=mode)`) reaches every callable the table holds, and
+the constants a call passes (or a parameter's constant default) stand in for the parameter inside the callee,
+so `@open_file(1, mode="wb")` writes and `@open_file(0, mode="rb")` does not. Standard-library, torch and numpy callees are judged by the
 sink table only (their code is not followed, except inside the package of the global being judged).
 Verdicts are cached in the per-user cache, per distribution version of the global's package, each with
 the modules the analysis looked for (what each resolved to, with its file's size and modification time, or
@@ -639,6 +642,88 @@ def _callees(found: _Def, judged: Optional[_Def]) -> Iterator[tuple[Target, str,
         if call is None and not (SINKS.get(qual) and isinstance(node, ast.Attribute)):
             continue  # a reference is followed only when it names a sink outright (functools.partial(os.system, …))
         yield None, qual, call
+    for call in calls.values():  # TABLE[key](...): a call of any callable a module-level table holds
+        if isinstance(call.func, ast.Subscript):
+            table = _lookup(_expr_qual(call.func.value, mod, local, imported) or "")
+            if isinstance(table, _Def):
+                for value in _table_values(table.node, table.module):
+                    yield None, value, call
+
+
+def _table_values(expr: ast.AST, mod: _Module, depth: int = 0) -> Iterator[str]:
+    """The callables a module-level table holds: the values of a dict display or a dict/defaultdict call
+    (`**other_table` followed), and what a defaultdict's factory returns (`defaultdict(lambda: open, ...)`)."""
+    if depth > 3:
+        return
+    values: list[ast.expr] = []
+    if isinstance(expr, ast.Dict):
+        values = [v for k, v in zip(expr.keys, expr.values) if k is not None]
+        spread = [v for k, v in zip(expr.keys, expr.values) if k is None]
+    elif isinstance(expr, ast.Call) and _expr_qual(expr.func, mod, set()) in _TABLE_TYPES:
+        args = list(expr.args)
+        factory = args[0] if args else None
+        if isinstance(factory, ast.Lambda) and _expr_qual(expr.func, mod, set()) == "collections.defaultdict":
+            values.append(factory.body)
+            args = args[1:]
+        values += [kw.value for kw in expr.keywords if kw.arg is not None]
+        spread = [kw.value for kw in expr.keywords if kw.arg is None] + args
+    else:
+        return
+    for value in values:
+        qual = _expr_qual(value, mod, set())
+        if qual:
+            yield qual
+    for other in spread:
+        found = (
+            _lookup(_expr_qual(other, mod, set()) or "") if not isinstance(other, ast.Dict) else _Def("", other, mod)
+        )
+        if isinstance(found, _Def):
+            yield from _table_values(found.node, found.module, depth + 1)
+
+
+_TABLE_TYPES = ("builtins.dict", "collections.defaultdict", "collections.OrderedDict")
+Bindings = tuple[tuple[str, Any], ...]
+
+
+def _bind(target: _Def, call: Optional[ast.Call]) -> Bindings:
+    """The constants a call passes to a module-level function's parameters (its constant defaults where the call
+    passes nothing), for parameters the function never rebinds: `open_file(1, mode="rb")` reads, "wb" writes."""
+    func = target.node
+    if (
+        call is None
+        or not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
+        or target.module.defs.get(target.qual.rpartition(".")[2]) is not func
+        or any(isinstance(a, ast.Starred) for a in call.args)
+        or any(kw.arg is None for kw in call.keywords)
+    ):
+        return ()
+    a = func.args
+    positional = a.posonlyargs + a.args
+    values: dict[str, ast.expr] = dict(
+        zip((p.arg for p in positional[len(positional) - len(a.defaults) :]), a.defaults)
+    )
+    values.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    values.update({p.arg: v for p, v in zip(positional, call.args)})
+    values.update({kw.arg: kw.value for kw in call.keywords if kw.arg is not None})
+    rebound = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for inner in ast.walk(func):
+        if inner is not func and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            rebound |= _locals(inner)
+    return tuple(sorted((k, v.value) for k, v in values.items() if isinstance(v, ast.Constant) and k not in rebound))
+
+
+def _bound_call(call: Optional[ast.Call], bindings: Bindings) -> Optional[ast.Call]:
+    """`call` with the arguments that name a bound parameter replaced by its constant."""
+    if call is None or not bindings:
+        return call
+    known = dict(bindings)
+
+    def value(expr: ast.expr) -> ast.expr:
+        return ast.Constant(known[expr.id]) if isinstance(expr, ast.Name) and expr.id in known else expr
+
+    return ast.Call(
+        call.func, [value(x) for x in call.args], [ast.keyword(k.arg, value(k.value)) for k in call.keywords]
+    )
 
 
 def judge_uncached(module: str, name: str, use: Use) -> Reach:
@@ -661,29 +746,35 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
     top = module.split(".")[0]
     max_depth = _VETTED_DEPTH if top in _NOT_FOLLOWED else _MAX_DEPTH
     judged = start if isinstance(start.node, ast.ClassDef) else None
-    queue: deque[tuple[_Def, tuple[str, ...]]] = deque()
-    seen: set[str] = set()  # definitions queued
-    called: set[str] = set()  # names of callees already looked at
+    queue: deque[tuple[_Def, tuple[str, ...], Bindings]] = deque()
+    seen: set[tuple[str, Bindings]] = set()  # definitions queued (with the constants bound to their parameters)
+    called: set[tuple[str, str]] = set()  # callees already looked at, with the constants passed to them
     for entry in _entry_points(start, use):
         if entry is None:
             continue
         name = entry if isinstance(entry, str) else entry.qual
         if sink(name):
             return Reach((root, name), sink(name))
-        if isinstance(entry, _Def) and entry.qual not in seen:
-            seen.add(entry.qual)
-            queue.append((entry, (root,) if entry.qual == root else (root, entry.qual)))
+        if isinstance(entry, _Def) and (entry.qual, ()) not in seen:
+            seen.add((entry.qual, ()))
+            queue.append((entry, (root,) if entry.qual == root else (root, entry.qual), ()))
     read = 0
     while queue and read < _MAX_FUNCTIONS:
-        found, path = queue.popleft()
+        found, path, bindings = queue.popleft()
         read += 1
         for target, qual, call in _callees(found, judged):
+            call = _bound_call(call, bindings)
             what = sink(qual, call)
             if what:
                 return Reach(path + (qual,), what)
-            if len(path) >= max_depth or qual in called:
+            passed = (
+                repr([x.value for x in call.args + [k.value for k in call.keywords] if isinstance(x, ast.Constant)])
+                if call
+                else ""
+            )
+            if len(path) >= max_depth or (qual, passed) in called:
                 continue
-            called.add(qual)
+            called.add((qual, passed))
             if target is None:
                 callee_top = qual.split(".")[0]
                 if callee_top in _NOT_FOLLOWED and callee_top != top:
@@ -707,9 +798,11 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
                     what = sink(entry if isinstance(entry, str) else entry.qual)
                     if what:
                         return Reach(step, what)
-                elif isinstance(entry, _Def) and entry.qual not in seen:
-                    seen.add(entry.qual)
-                    queue.append((entry, step))
+                elif isinstance(entry, _Def):
+                    bound = _bind(entry, call) if entry is target else ()
+                    if (entry.qual, bound) not in seen:
+                        seen.add((entry.qual, bound))
+                        queue.append((entry, step, bound))
     return Reach((root,))
 
 
