@@ -10,8 +10,9 @@ deserialisation (`pickle.load`, `torch.load` without `weights_only=True`, `yaml.
 `numpy.load(allow_pickle=True)`) or `ctypes`. A function's decorators are followed like its calls, a call
 through a module-level table (`OPENERS[suffix](path, mode=mode)`) reaches every callable the table holds, and
 the constants a call passes (or a parameter's constant default) stand in for the parameter inside the callee,
-so `@open_file(1, mode="wb")` writes and `@open_file(0, mode="rb")` does not. Standard-library, torch and numpy callees are judged by the
-sink table only (their code is not followed, except inside the package of the global being judged).
+so `@open_file(1, mode="wb")` writes and `@open_file(0, mode="rb")` does not. Standard-library, torch and
+numpy callees are judged by the sink table only (their code is not followed, except inside the package of
+the global being judged).
 Verdicts are cached in the per-user cache, per distribution version of the global's package, each with
 the modules the analysis looked for (what each resolved to, with its file's size and modification time, or
 that it was not found): a cached verdict is reused only while every one of them still resolves the same, so
