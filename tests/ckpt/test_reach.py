@@ -341,6 +341,51 @@ def test_a_user_enum_pickled_by_value_stays_a_warning(tmp_path, lib):
     assert "unsafe-pickle" not in names and "needs-code-to-load" in names
 
 
+def _main_pickle(tmp_path, name: str, arg: bytes) -> str:
+    """A plain pickle calling `__main__.NAME(arg)`, as pickling an object of a script's class or enum writes it."""
+    path = tmp_path / f"main_{name}.pkl"
+    path.write_bytes(b"\x80\x02" + _global("__main__", name) + arg + b"\x85R.")
+    return str(path)
+
+
+def _findings(path: str) -> dict:
+    reach._memory.clear()
+    return {f.name: f for f in check_checkpoint(path).findings}
+
+
+def test_a_main_enum_is_judged_as_the_projects_script_defines_it(tmp_path, monkeypatch):
+    """`__main__.Mode(2)`: `__main__` is the loading program; read as the project's script that defines Mode (never
+    imported), an enum rebuilt by value needs its code, as torch's weights_only does until add_safe_globals."""
+    project = tmp_path / "project"
+    (project / "runs").mkdir(parents=True)
+    canary = tmp_path / "imported"
+    (project / "train.py").write_text(
+        f"import enum\nopen({str(canary)!r}, 'w').close()\n\nclass Mode(enum.Enum):\n    FAST = 2\n"
+    )
+    monkeypatch.chdir(project)
+    found = _findings(_main_pickle(project / "runs", "Mode", b"K\x02"))
+    assert "unsafe-pickle" not in found and "train.py" in found["needs-code-to-load"].message
+    assert not canary.exists()
+
+
+def test_a_main_global_is_unsafe_when_the_script_binds_it_to_a_sink_or_nothing_defines_it(tmp_path, monkeypatch):
+    """A loading script's `from os import system` makes `__main__.system` os.system (verified: the canary appears
+    under torch.load); an enum whose `_missing_` runs a command is judged by it; a name no script of the working
+    directory defines cannot be read, and a called global that cannot be read is unsafe."""
+    (tmp_path / "load.py").write_text("from os import system\nimport torch\n")
+    (tmp_path / "modes.py").write_text(
+        "import enum, subprocess\n\nclass Mode(enum.Enum):\n    A = 1\n\n"
+        "    @classmethod\n    def _missing_(cls, value):\n        subprocess.call(value)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    unsafe = _findings(_main_pickle(tmp_path, "system", b"X\x04\x00\x00\x00true"))["unsafe-pickle"]
+    assert "__main__.system → os.system" in unsafe.message and "load.py" in unsafe.message
+    assert "__main__.Mode → " in _findings(_main_pickle(tmp_path, "Mode", b"K\x02"))["unsafe-pickle"].message
+    unknown = _findings(_main_pickle(tmp_path, "Helper", b"K\x02"))["unsafe-pickle"]
+    assert "program that loads the file" in unknown.message and "defines or imports it" in unknown.message
+    reach._memory.clear()
+
+
 def test_source_is_found_without_importing_parent_packages(tmp_path, monkeypatch):
     canary = tmp_path / "parent-imported"
     pkg = tmp_path / "parentpkg"

@@ -13,6 +13,10 @@ the constants a call passes (or a parameter's constant default) stand in for the
 so `@open_file(1, mode="wb")` writes and `@open_file(0, mode="rb")` does not. Standard-library, torch and
 numpy callees are judged by the sink table only (their code is not followed, except inside the package of
 the global being judged).
+A global of `__main__` names whatever the *loading* program defines or imports under that name: it is judged
+as each Python file under the working directory (the user's project) that binds the name at module level would
+run it, read as `__main__` (a script's `from os import system` reaches os.system; an enum class reaches
+nothing), and cannot be inspected when none binds it.
 Verdicts are cached in the per-user cache, per distribution version of the global's package, each with
 the modules the analysis looked for (what each resolved to, with its file's size and modification time, or
 that it was not found): a cached verdict is reused only while every one of them still resolves the same, so
@@ -189,12 +193,12 @@ class Reach:
     def reason(self) -> str:
         """One line for a finding."""
         if self.what:
-            return f"it reaches {self.what}: {' → '.join(self.path)}"
+            return f"it reaches {self.what}: {' → '.join(self.path)}" + (f" ({self.note})" if self.note else "")
         if not self.inspected:
             return f"its code could not be inspected ({self.note})"
         return (
             "its source (read, not run) reaches no process, eval/exec, import by name, file write, network, "
-            "nested unpickling or ctypes"
+            "nested unpickling or ctypes" + (f" ({self.note})" if self.note else "")
         )
 
 
@@ -326,12 +330,17 @@ def _module(modname: str) -> Optional[_Module]:
     origin = spec.origin if spec is not None else None
     if not origin or not origin.endswith(".py"):
         return None
+    return _parse(modname, origin, bool(spec and spec.submodule_search_locations))
+
+
+def _parse(modname: str, origin: str, is_package: bool) -> Optional[_Module]:
+    """The top-level names of the source file `origin`, read as module `modname`."""
     try:
         with open(origin, "rb") as f:
             tree = ast.parse(importlib.util.decode_source(f.read()), origin)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
-    mod = _Module(modname, origin, bool(spec and spec.submodule_search_locations), {}, {}, [])
+    mod = _Module(modname, origin, is_package, {}, {}, [])
     package = modname if mod.is_package else modname.rpartition(".")[0]
     _collect(tree.body, mod, package)
     lazy = mod.defs.get("__getattr__")
@@ -414,6 +423,8 @@ def _lookup(qual: str, depth: int = 0) -> Target:
     parts = qual.split(".")
     for cut in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module
         modname = ".".join(parts[:cut])
+        if modname == "__main__":  # the loading program: only a script read as it (`_judge_main`), never found
+            return _attribute(_main, parts[cut:], depth) if _main is not None else None
         if _spec(modname) is None:
             continue
         mod = _module(modname)
@@ -727,12 +738,87 @@ def _bound_call(call: Optional[ast.Call], bindings: Bindings) -> Optional[ast.Ca
     )
 
 
+_main: Optional[_Module] = None  # while a `__main__` global is judged: the script read as the loading program
+_MAIN = (
+    "`__main__` is the program that loads the file: `__main__.{name}` is whatever that program defines or imports "
+    "as {name} (a script's `from os import system` makes `__main__.system` os.system)"
+)
+_MAX_SCRIPTS = 2000  # Python files read under the working directory for a `__main__` global (first 1 MB each)
+_MAX_ENTRIES = 50_000  # folder entries walked there (a data folder of many files ends the search)
+_NOT_PROJECT = ("site-packages", "node_modules", "__pycache__")
+
+
+def _scripts_defining(name: str, root: str) -> list[_Module]:
+    """The Python files under `root` (the working directory: the user's project; hidden folders, virtual
+    environments and site-packages skipped; bounded by `_MAX_SCRIPTS` and `_MAX_ENTRIES`) that define or import
+    `name` at module level, each read as `__main__`."""
+    found: list[_Module] = []
+    word = name.encode()
+    looked = entries = 0
+    for folder, dirs, files in os.walk(root):
+        entries += len(dirs) + len(files)
+        if entries > _MAX_ENTRIES:
+            return found
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d not in _NOT_PROJECT
+            and not os.path.exists(os.path.join(folder, d, "pyvenv.cfg"))
+        )
+        for file in sorted(f for f in files if f.endswith(".py")):
+            looked += 1
+            if looked > _MAX_SCRIPTS:
+                return found
+            path = os.path.join(folder, file)
+            try:
+                with open(path, "rb") as f:
+                    if word not in f.read(1 << 20):
+                        continue
+            except OSError:
+                continue
+            mod = _parse("__main__", path, False)
+            if mod is not None and (name in mod.defs or name in mod.imports):
+                found.append(mod)
+    return found
+
+
+def _judge_main(name: str, use: Use) -> Reach:
+    """A global of `__main__`: judged as each script of the working directory that defines it would run it (the
+    loading program is most likely one of them); not inspected when none does."""
+    global _main
+    root = f"__main__.{name}"
+    scripts = _scripts_defining(name.split(".")[0], os.getcwd())
+    if not scripts:
+        note = f"{_MAIN.format(name=name)}; no Python file under {os.getcwd()} defines or imports it"
+        return Reach((root,), inspected=False, note=note)
+    where = ", ".join(os.path.relpath(m.path) for m in scripts[:3]) + (" …" if len(scripts) > 3 else "")
+    for script in scripts:
+        _main = script
+        try:
+            found = _follow(root, use)
+        finally:
+            _main = None
+        if found.dangerous or not found.inspected:
+            note = "; ".join(filter(None, (found.note, f"as {os.path.relpath(script.path)} defines it")))
+            return Reach(found.path, found.what, found.inspected, note)
+    return Reach((root,), note=f"as {where} under the working directory define{'s' * (len(scripts) == 1)} it")
+
+
 def judge_uncached(module: str, name: str, use: Use) -> Reach:
     """Follow what loading runs of `module`.`name` (used as `use`) to the first sink, without the cache."""
     root = f"{module}.{name}"
     direct = sink(root) if use is Use.CALLED else ""
     if direct:
         return Reach((root,), direct)
+    if module == "__main__":
+        return _judge_main(name, use)
+    return _follow(root, use)
+
+
+def _follow(root: str, use: Use) -> Reach:
+    """`judge_uncached` of the global `root` once it is known not to be a sink by name."""
+    module, _, name = root.rpartition(".")
     start = _lookup(root)
     if start is None:
         return Reach(
@@ -743,6 +829,8 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
             else f"module {module} is not installed here",
         )
     if isinstance(start, str):
+        if start != root and sink(start):  # an alias of a sink: `from os import system` in the loading script
+            return Reach((root, start), sink(start))
         return Reach((root,), inspected=False, note=f"{root} is compiled or built at run time; no Python source")
     top = module.split(".")[0]
     max_depth = _VETTED_DEPTH if top in _NOT_FOLLOWED else _MAX_DEPTH
@@ -822,6 +910,8 @@ def _version_key(module: str) -> str:
     """`_distribution_key`, remembered in the cache next to the verdicts, keyed by where the package's source
     is and when it was written (reading distribution metadata costs more than the cached verdict saves)."""
     top = module.split(".")[0]
+    if top == "__main__":
+        return ""  # the loading program, judged from the working directory's scripts: never cached
     spec = _spec(top)
     origin = spec.origin if spec is not None else None
     if not origin or not os.path.exists(origin):
@@ -866,7 +956,7 @@ def _distribution_key(module: str) -> str:
         return ""
 
 
-_memory: dict[tuple[str, str, Use], Reach] = {}
+_memory: dict[tuple[str, str, Use, str], Reach] = {}  # (module, name, use, the working directory for `__main__`)
 
 
 def _unchanged(depends: object) -> bool:
@@ -892,7 +982,7 @@ def _judge_recording(module: str, name: str, use: Use) -> tuple[Reach, list[list
 def judge(module: str, name: str, use: Use) -> Reach:
     """`judge_uncached`, remembered in the per-user cache (best effort) per distribution version of the global's
     package, and reused while every module the analysis looked for resolves as it did (`_unchanged`)."""
-    key = (module, name, use)
+    key = (module, name, use, os.getcwd() if module == "__main__" else "")
     if key in _memory:
         return _memory[key]
     version = _version_key(module)
