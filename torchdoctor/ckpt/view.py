@@ -1,4 +1,8 @@
-"""The console structure view of `check-ckpt` (the facts part of the report)."""
+"""The console structure view of `check-ckpt` (the facts part of the report).
+
+Every cell and title is a `Text`, printed verbatim: a key or path from the file is never read as rich markup
+or emoji codes (`[bold]w[/bold]` is shown as it is stored), and no markup parser runs.
+"""
 
 from __future__ import annotations
 
@@ -12,12 +16,16 @@ from torchdoctor.ckpt.info import UNREADABLE
 from torchdoctor.units import byte_size
 
 
+def _table(title: str, **options: Any) -> Table:
+    return Table(title=Text(title, style="bold"), title_justify="left", box=None, pad_edge=False, **options)
+
+
 def _pairs(title: str, rows: list[tuple[str, str]]) -> Table:
-    table = Table(title=title, title_justify="left", title_style="bold", box=None, pad_edge=False, show_header=False)
+    table = _table(title, show_header=False)
     table.add_column(style="dim", no_wrap=True)
     table.add_column(overflow="fold")
     for k, v in rows:
-        table.add_row(k, v)
+        table.add_row(Text(k), Text(v))
     return table
 
 
@@ -89,18 +97,18 @@ def one_view(facts: dict[str, Any]) -> RenderableType:
         rows.append(("values", "not read (use --scan-values to look for NaN/Inf)"))
     parts: list[RenderableType] = [Text(""), _pairs("Checkpoint", rows)]
     if t["groups"]:
-        groups = Table(title="Tensors by location", title_justify="left", title_style="bold", box=None, pad_edge=False)
+        groups = _table("Tensors by location")
         for col in ("path", "tensors", "elements", "bytes"):
-            groups.add_column(col, justify="left" if col == "path" else "right", overflow="fold")
+            groups.add_column(Text(col), justify="left" if col == "path" else "right", overflow="fold")
         for g in t["groups"][:15]:
-            groups.add_row(g["path"], str(g["tensors"]), f"{g['elements']:,}", byte_size(g["bytes"]))
+            groups.add_row(*map(Text, (g["path"], str(g["tensors"]), f"{g['elements']:,}", byte_size(g["bytes"]))))
         parts += [Text(""), groups]
     if t["largest"]:
-        largest = Table(title="Largest tensors", title_justify="left", title_style="bold", box=None, pad_edge=False)
+        largest = _table("Largest tensors")
         for col in ("key", "shape", "dtype", "device", "bytes"):
-            largest.add_column(col, overflow="fold")
+            largest.add_column(Text(col), overflow="fold")
         for e in t["largest"][:5]:
-            largest.add_row(e["key"], str(e["shape"]), e["dtype"], e["device"], byte_size(e["bytes"]))
+            largest.add_row(*map(Text, (e["key"], str(e["shape"]), e["dtype"], e["device"], byte_size(e["bytes"]))))
         parts += [Text(""), largest]
     if facts.get("fix"):
         parts += [Text(""), _pairs("--fix", [("", line) for line in facts["fix"]])]
