@@ -104,9 +104,11 @@ def emit(
     if fmt == "json":
         click.echo(to_json(report))
     else:
-        from torchdoctor.plainreport import off_terminal
+        lines = None
+        if plain is not None:
+            from torchdoctor.plainreport import off_terminal
 
-        lines = plain(report, fail_on) if plain is not None and off_terminal(sys.stdout) else None
+            lines = plain(report, fail_on) if off_terminal(sys.stdout) else None
         if lines is None:
             render_console(report, make_console(), fail_on=fail_on, facts_view=facts_view)
         else:
