@@ -1,4 +1,5 @@
-"""Run one front door in this process on inputs that need no probe, and print the torchdoctor modules it imported.
+"""Run one front door in this process on inputs that need no probe, and print the modules it imported (torchdoctor's,
+and the others it loaded beyond what the command line and the env door's test stub had loaded).
 
 `python tests/door_imports.py env --select module-shadowing` (tests/test_door_imports.py runs it per door).
 """
@@ -20,15 +21,18 @@ def main(argv: list[str]) -> None:
     from torchdoctor.env.facts import EnvFacts
 
     doctor.FactCollection = collection_of(EnvFacts)  # env runs on empty facts: no probe subprocess
+    preloaded = set(sys.modules)
     before = {m for m in sys.modules if m.startswith("torchdoctor")}
     result = CliRunner().invoke(cli, argv)
     imported = sorted(m for m in sys.modules if m.startswith("torchdoctor") and m not in before)
+    others = sorted(m for m in sys.modules if not m.startswith("torchdoctor") and m not in preloaded)
     print(
         json.dumps(
             {
                 "exit_code": result.exit_code,
                 "output": result.output,
                 "imported": imported,
+                "others": others,
                 "torch": "torch" in sys.modules,
             }
         )

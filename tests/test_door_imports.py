@@ -16,13 +16,19 @@ import pytest
 SCRIPT = Path(__file__).resolve().parent / "door_imports.py"
 
 
-def imported(args: list[str], cwd: Path) -> list[str]:
-    """The torchdoctor modules `torchdoctor ARGS` imports beyond the command line's own; torch must stay out."""
+def run_door(args: list[str], cwd: Path) -> dict:
+    """What `torchdoctor ARGS` imported beyond the command line's own ("imported": torchdoctor's modules,
+    "others": the rest); torch must stay out."""
     out = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, check=True)
     result = json.loads(out.stdout)
     assert result["exit_code"] in (0, 1), result["output"]
     assert not result["torch"], f"torchdoctor {' '.join(args)} imported torch"
-    return result["imported"]
+    return result
+
+
+def imported(args: list[str], cwd: Path) -> list[str]:
+    """The torchdoctor modules `torchdoctor ARGS` imports beyond the command line's own."""
+    return run_door(args, cwd)["imported"]
 
 
 # what `torchdoctor.sdk.runtime` loads: a check with a runtime detector besides its own door imports it, and it
@@ -67,6 +73,17 @@ def test_check_ckpt_loads_no_lint_watch_or_env_engine(tmp_path):
     modules = imported(["check-ckpt", "state.pkl"], tmp_path)
     assert under(modules, "torchdoctor.lint", "torchdoctor.env") == []
     assert set(under(modules, "torchdoctor.watch")) <= WATCH_CONTRACT
+
+
+def test_check_ckpt_of_a_state_dict_imports_only_what_reading_it_needs(tmp_path):
+    """A state dict names only allowlisted globals: no source is read (no reachability analysis); the runtime
+    detector of a checkpoint pitfall needs only the contract's base class (not the handlers' helpers); without a
+    declared plug-in no distribution metadata is read; JSON output needs no rich."""
+    (tmp_path / "state.pkl").write_bytes(pickle.dumps({"step": 1, "lr": [0.1, 0.01]}))
+    result = run_door(["check-ckpt", "--format", "json", "state.pkl"], tmp_path)
+    assert under(result["imported"], "torchdoctor.watch") == ["torchdoctor.watch", "torchdoctor.watch.contract"]
+    assert under(result["imported"], "torchdoctor.ckpt.reach", "torchdoctor.ckpt.view") == []
+    assert under(result["others"], "importlib.metadata", "rich", "sysconfig", "email") == []
 
 
 @pytest.mark.parametrize("select", [[], ["--select", "missing-zero-grad"]])

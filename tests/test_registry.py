@@ -189,3 +189,39 @@ def test_alternating_search_paths_keep_their_cached_answers(tmp_path, monkeypatc
     assert "alt" not in {p.name for p in plugins.plugins()}
     monkeypatch.setattr(sys, "path", [str(tmp_path), *before])
     assert "alt" in {p.name for p in plugins.plugins()}
+
+
+def test_without_a_declared_plug_in_no_metadata_is_read_and_files_beside_dists_change_nothing(tmp_path, monkeypatch):
+    """The survey of the search path: a distribution whose entry points name other groups is no plug-in, and
+    neither `importlib.metadata` nor the cache is consulted; a file saved in a search-path folder (a checkpoint in
+    the working directory) does not make the next run rediscover."""
+    from torchdoctor import plugins
+
+    other = tmp_path / "otherdist-1.0.dist-info"
+    other.mkdir()
+    (other / "entry_points.txt").write_text("[console_scripts]\nother = other:main\n")
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    monkeypatch.setattr(plugins, "_discover", lambda: pytest.fail("no distribution declares the group"))
+    monkeypatch.setattr(plugins, "cache_dir", lambda: pytest.fail("no plug-in: the cache is not needed"))
+    assert plugins.plugins() == []
+    monkeypatch.undo()
+    make_distribution(tmp_path, "declplug", "decl = declplug_checks\n", {})
+    monkeypatch.setattr(sys, "path", [str(tmp_path)])
+    assert "decl" in {p.name for p in plugins.plugins()}
+    (tmp_path / "model.pt").write_bytes(b"")
+    monkeypatch.setattr(plugins, "_discover", lambda: pytest.fail("only a checkpoint was saved"))
+    assert "decl" in {p.name for p in plugins.plugins()}
+
+
+def test_a_finder_of_distributions_beyond_the_search_path_is_always_asked(monkeypatch):
+    from torchdoctor import plugins
+
+    class Finder:
+        @staticmethod
+        def find_distributions(context=None):
+            return iter(())
+
+    monkeypatch.setattr(sys, "path", [])
+    assert plugins._survey()[1] is False
+    monkeypatch.setattr(sys, "meta_path", [*sys.meta_path, Finder])
+    assert plugins._survey()[1] is True

@@ -119,15 +119,22 @@ def isolate_cli() -> None:
 
 
 def loaded_from(real_dirs: set[str], files: dict[str, object]) -> list[str]:
-    """Modules other than torchdoctor's own already imported (`files`: module name -> its `__file__`) from one
-    of `real_dirs` (realpaths)."""
-    return [
-        name
-        for name, origin in files.items()
-        if isinstance(origin, str)
-        and name.partition(".")[0] != "torchdoctor"
-        and any(os.path.realpath(origin).startswith(d + os.sep) for d in real_dirs)
-    ]
+    """Modules other than torchdoctor's own already imported (`files`: module name -> its `__file__`) that an
+    import found in one of `real_dirs` (realpaths): the top-level module's file or package sits directly in it.
+    A module that merely lives below such a folder, found through another search-path entry (a `.venv` inside
+    the project, whose site-packages holds an editable install's finder or `_distutils_hack`), is not one."""
+    found = []
+    for name, origin in files.items():
+        top = name.partition(".")[0]
+        if not isinstance(origin, str) or top == "torchdoctor":
+            continue
+        path = os.path.realpath(origin)
+        for folder in real_dirs:
+            first = path[len(folder) + 1 :].partition(os.sep)[0] if path.startswith(folder + os.sep) else ""
+            if first == top or first.startswith(top + "."):
+                found.append(name)
+                break
+    return found
 
 
 def _reexec(root: str) -> None:

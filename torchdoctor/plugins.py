@@ -1,11 +1,15 @@
 """Discovery of plug-in checks: the installed distributions' `torchdoctor.checks` entry points.
 
 `importlib.metadata` answers by reading every distribution's metadata, and importing it is most of that
-cost (tens of milliseconds on every command). The answer is kept in the per-user cache, keyed by
-everything it depends on: the search path, and the modification time of each distribution's
-`entry_points.txt` on it (installing, removing or editing a distribution changes one of them); the last few
-search paths keep their answer (the console script and `python -m` from a project each see another). A cache
-that cannot be read or written only means asking `importlib.metadata` again.
+cost (tens of milliseconds on every command). So the search path is surveyed first, the way
+`importlib.metadata` finds distributions (each entry's `*.dist-info`/`*.egg-info` folders, an egg's
+`EGG-INFO`): when no `entry_points.txt` there mentions the group, there is no plug-in and nothing more is
+read. Otherwise the answer is kept in the per-user cache, keyed by everything it depends on: the search path,
+the distributions on each entry and the modification time of each `entry_points.txt` (installing, removing
+or editing a distribution changes one of them); the last few search paths keep their answer (the console
+script and `python -m` from a project each see another). A search path the survey cannot read (a zip on
+it, another finder of distributions installed) always asks. A cache that cannot be read or written only
+means asking `importlib.metadata` again.
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import json
 import os
 import sys
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 from typing import Any, Optional
 
 from torchdoctor.settings import cache_dir
 
 GROUP = "torchdoctor.checks"
 _FILE = "plugins.json"
-_FORMAT = 2
+_FORMAT = 3
 _KEPT = 8  # answers kept: the console script and `python -m` from a few folders see different search paths
 
 
@@ -44,7 +49,9 @@ class Plugin:
 
 def plugins() -> list[Plugin]:
     """The entry points of group `torchdoctor.checks`, from the cache when nothing they depend on changed."""
-    key = _fingerprint()
+    key, declared = _survey()
+    if not declared:
+        return []
     path = os.path.join(cache_dir(), _FILE)
     answers: list[Any] = []
     try:
@@ -80,19 +87,45 @@ def _discover() -> list[Plugin]:
     return out
 
 
-def _fingerprint() -> list[Any]:
-    """What discovery depends on: the interpreter, each search-path entry and its distributions' entry points."""
+def _survey() -> tuple[list[Any], bool]:
+    """What discovery depends on (the interpreter, each search-path entry, its distributions and the modification
+    times of their entry points), and whether any of them may declare the group."""
     key: list[Any] = [sys.version, sys.prefix]
+    declared = any(f is not PathFinder and hasattr(f, "find_distributions") for f in sys.meta_path)
     for entry in sys.path:
         folder = entry or "."
-        key.append([entry, _mtime(folder)])
         try:
             with os.scandir(folder) as children:
-                names = sorted(c.name for c in children if c.name.endswith((".dist-info", ".egg-info")))
-        except OSError:
+                names = sorted(c.name for c in children if _is_metadata(c.name, folder))
+        except NotADirectoryError:  # a zip: its distributions are not surveyed here
+            key.append([entry, _mtime(folder)])
+            declared = True
             continue
-        key.append([[n, _mtime(os.path.join(folder, n, "entry_points.txt"))] for n in names])
-    return key
+        except OSError:
+            key.append([entry, None])
+            continue
+        dists = []
+        for name in names:
+            mtime, mentions = _entry_points(os.path.join(folder, name, "entry_points.txt"))
+            dists.append([name, mtime])
+            declared = declared or mentions
+        key.append([entry, dists])
+    return key, declared
+
+
+def _is_metadata(name: str, folder: str) -> bool:
+    """A distribution's metadata folder, as `importlib.metadata` looks for them on a search-path entry."""
+    low = name.lower()
+    return low.endswith((".dist-info", ".egg-info")) or (low == "egg-info" and folder.lower().endswith(".egg"))
+
+
+def _entry_points(path: str) -> tuple[Optional[int], bool]:
+    """The modification time of an `entry_points.txt` (None: there is none) and whether it mentions the group."""
+    try:
+        with open(path, "rb") as f:
+            return os.fstat(f.fileno()).st_mtime_ns, GROUP.encode() in f.read()
+    except OSError:
+        return None, False
 
 
 def _mtime(path: str) -> Optional[int]:

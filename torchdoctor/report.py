@@ -226,12 +226,11 @@ def render_console(
     facts_view: Optional[Callable[[dict[str, Any]], "RenderableType"]] = None,
 ) -> None:
     """Print the doctor's report: facts (if a view is given), findings by severity, a summary."""
-    from rich.markup import escape
     from rich.text import Text
 
     title = f"torchdoctor {report.scope}"
     if report.subject:
-        title += f" · {escape(report.subject)}"
+        title += f" · {report.subject}"  # a Text is printed verbatim: no markup to escape
     console.print(Text(title, style="bold"), Text(f"(torchdoctor {__version__})", style="dim"))
     if facts_view is not None:
         console.print(facts_view(report.facts))

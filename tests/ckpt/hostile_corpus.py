@@ -191,6 +191,9 @@ THIRD_PARTY = {
     "tp-hf-create-symlink": "huggingface_hub.file_download._create_symlink",
     "tp-transformers-direct-import": "transformers.utils.import_utils.direct_transformers_import",
     "tp-tqdm-manpath": "tqdm.cli.main",
+    # writers that open their path through a decorator's table of openers (networkx's @open_file)
+    "tp-networkx-write-adjlist": "networkx.readwrite.adjlist.write_adjlist",
+    "tp-networkx-write-gml": "networkx.write_gml",
     "numpy-memmap-newobj": "numpy.memmap",
     "numpy-memmap-newobj-ex": "numpy.memmap",
     "numpy-memmap-copyreg-newobj": "numpy.memmap",
@@ -252,6 +255,12 @@ def third_party(canary: str) -> dict[str, tuple[bytes, str]]:
             ),
         ),
         "tp-tqdm-manpath": _run(_call("tqdm.cli.main", None, ["--manpath", os.path.dirname(canary)])),
+        "tp-networkx-write-adjlist": _run(
+            _g("networkx.readwrite.adjlist", "write_adjlist") + b"(" + _call("networkx.Graph") + _s(canary) + b"tR"
+        ),
+        "tp-networkx-write-gml": _run(
+            _g("networkx", "write_gml") + b"(" + _call("networkx.Graph") + _s(canary) + b"tR"
+        ),
         # numpy.memmap.__new__ creates the file: only instantiated (NEWOBJ), never called
         "numpy-memmap-newobj": b"\x80\x02" + _g("numpy", "memmap") + _v(memmap_args) + b"\x81.",
         "numpy-memmap-newobj-ex": b"\x80\x04" + _g("numpy", "memmap") + _v(memmap_args) + b"}\x92.",

@@ -36,6 +36,22 @@ def test_console_report_shows_structure_and_findings(capsys, files):
         assert text in out, text
 
 
+def test_keys_and_paths_from_the_file_are_printed_verbatim_never_as_markup(capsys, tmp_path):
+    """A key or a file name is shown as stored: rich markup or an emoji code in it is text, not formatting that
+    could hide or fake what the report says."""
+    import pickle
+
+    folder = tmp_path / "[bold]runs"
+    folder.mkdir()
+    path = folder / "sd.pkl"
+    path.write_bytes(pickle.dumps({"[bold]w[/bold]": 1.0, "emoji:smile:": 2, "[red]x": 3}, protocol=2))
+    code, out, _ = run(capsys, str(path))
+    assert code == 0
+    assert f"· {path} (torchdoctor" in out and "\\[" not in out
+    for key in ("[bold]w[/bold]=1.0", "emoji:smile:=2", "[red]x=3"):
+        assert key in out, key
+
+
 def test_json_document(capsys, files):
     code, out, _ = run(capsys, "--format", "json", files["dataparallel"], files["view"])
     doc = json.loads(out)

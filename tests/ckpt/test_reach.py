@@ -21,6 +21,8 @@ import subprocess
 from socket import socket
 import ctypes
 import importlib
+import gzip
+from collections import defaultdict
 import yaml
 import numpy as np
 import torch
@@ -121,6 +123,34 @@ class Child(Restored):
     pass
 
 
+_OPENERS = {{".gz": gzip.open}}
+_BY_SUFFIX = defaultdict(lambda: open, **_OPENERS)  # networkx's @open_file dispatches like this
+
+
+def opens(mode="r"):
+    def wrap(func):
+        def inner(path, *args):
+            return func(_BY_SUFFIX[path[-3:]](path, mode=mode), *args)
+
+        return inner
+
+    return wrap
+
+
+@opens(mode="wb")
+def dump_lines(f, lines):
+    f.writelines(lines)
+
+
+@opens("rb")
+def load_lines(f):
+    return f.readlines()
+
+
+def apply(func, *args):
+    return func(*args)
+
+
 class Tool:
     def __init__(self, path):
         self.path = path
@@ -136,11 +166,11 @@ def lib(tmp_path, monkeypatch):
     canary = tmp_path / "imported"
     (tmp_path / "gadgetlib.py").write_text(GADGETS.format(canary=str(canary)))
     monkeypatch.syspath_prepend(str(tmp_path))
-    reach._spec.cache_clear()
+    reach._find.cache_clear()
     reach._module.cache_clear()
     reach._memory.clear()
     yield canary
-    reach._spec.cache_clear()
+    reach._find.cache_clear()
     reach._module.cache_clear()
     reach._memory.clear()
 
@@ -163,6 +193,7 @@ def lib(tmp_path, monkeypatch):
         ("Restored", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
         ("Child", Use.NEW, reach.PROCESS, "gadgetlib.Restored.__setstate__"),
         ("Tool", Use.CALLED, reach.WRITE, "gadgetlib.Tool._write"),
+        ("dump_lines", Use.CALLED, reach.WRITE, "gadgetlib.opens"),  # decorator → table of openers → open(…, "wb")
     ],
 )
 def test_each_sink_is_reached_and_the_path_is_named(lib, name, use, what, via):
@@ -183,11 +214,24 @@ def test_each_sink_is_reached_and_the_path_is_named(lib, name, use, what, via):
         ("Plain", Use.NEW),
         ("Launcher", Use.NEW),
         ("Quiet", Use.NEW),
+        ("load_lines", Use.CALLED),  # the same decorator and table, with a read mode
+        ("apply", Use.CALLED),  # calls only what it is passed: the pickle's own globals are judged themselves
     ],
 )
 def test_harmless_callees_reach_nothing(lib, name, use):
     found = reach.judge_uncached("gadgetlib", name, use)
     assert not found.dangerous and found.inspected, found
+
+
+def test_a_writer_a_pickle_passes_to_a_harmless_caller_is_judged_itself(tmp_path, lib):
+    """`gadgetlib.apply(gadgetlib.dump_lines, path, lines)`: `apply` reaches nothing by itself; the writer it is
+    handed is a global the pickle names, judged as if called."""
+    path = tmp_path / "apply.pkl"
+    args = b"(" + _global("gadgetlib", "dump_lines") + b"X\x03\x00\x00\x00out]tR."
+    path.write_bytes(b"\x80\x02" + _global("gadgetlib", "apply") + args)
+    (finding,) = [f for f in check_checkpoint(str(path)).findings if f.name == "unsafe-pickle"]
+    assert finding.key == "gadgetlib.dump_lines" and "gadgetlib.opens → builtins.open" in finding.message
+    assert not lib.exists()
 
 
 def test_code_that_cannot_be_read_is_unsafe_when_called_and_needs_code_when_only_instantiated(lib):
@@ -217,11 +261,56 @@ def test_verdicts_are_cached_per_distribution_version(tmp_path, monkeypatch):
     assert "PyYAML==" in cache
     data = json.loads((tmp_path / "ckpt-reach" / cache).read_text())
     assert data["yaml:unsafe_load:called"][1] == reach.UNPICKLE
-    data["yaml:unsafe_load:called"] = [["yaml.unsafe_load"], "", True, ""]  # a cached verdict is reused
+    depends = data["yaml:unsafe_load:called"][4]
+    assert depends == []  # a sink by its name: no module was looked for
+    data["yaml:unsafe_load:called"] = [["yaml.unsafe_load"], "", True, "", depends]  # a cached verdict is reused
     (tmp_path / "ckpt-reach" / cache).write_text(json.dumps(data))
     reach._memory.clear()
     assert not reach.judge("yaml", "unsafe_load", Use.CALLED).dangerous
     reach._memory.clear()
+
+
+def _distribution(root, name: str, source: str) -> None:
+    (root / f"{name}.py").write_text(source)
+    info = root / f"{name}-1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
+
+
+def test_a_cached_verdict_is_judged_again_when_a_library_its_calls_went_through_changes(tmp_path, monkeypatch):
+    """The cache file is named by the judged global's distribution version; the verdict also depends on the other
+    distributions the calls go into: upgrading one, or installing one that was missing, must not leave a stale
+    'reaches nothing' in the cache (each step below is a new process: the in-memory caches are cleared)."""
+    monkeypatch.setenv("TORCHDOCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.syspath_prepend(str(site))
+    _distribution(
+        site,
+        "td_front",
+        "import td_middle, td_later\n\ndef run(x):\n    td_later.go(x)\n    return td_middle.helper(x)\n",
+    )
+    _distribution(site, "td_middle", "def helper(x):\n    return len(x)\n")
+
+    def fresh_judge():
+        for clear in (reach._memory.clear, reach._find.cache_clear, reach._module.cache_clear):
+            clear()
+        return reach.judge("td_front", "run", Use.CALLED)
+
+    assert not fresh_judge().dangerous
+    (cache,) = [n for n in os.listdir(tmp_path / "cache" / "ckpt-reach") if "distributions" not in n]
+    assert "td_front==1.0" in cache
+    assert not fresh_judge().dangerous  # unchanged: reused
+    _distribution(site, "td_middle", "import os\n\ndef helper(x):\n    return os.system(x)\n")  # upgraded
+    found = fresh_judge()
+    assert found.what == reach.PROCESS and found.path == ("td_front.run", "td_middle.helper", "os.system")
+    _distribution(site, "td_middle", "def helper(x):\n    return len(x)\n")
+    assert not fresh_judge().dangerous
+    _distribution(site, "td_later", "import subprocess\n\ndef go(x):\n    subprocess.run(x)\n")  # installed
+    assert fresh_judge().path == ("td_front.run", "td_later.go", "subprocess.run")
+    for clear in (reach._memory.clear, reach._find.cache_clear, reach._module.cache_clear):
+        clear()
 
 
 def _global(module: str, name: str) -> bytes:
@@ -250,6 +339,51 @@ def test_a_user_enum_pickled_by_value_stays_a_warning(tmp_path, lib):
     path.write_bytes(pickle.dumps(None, protocol=2)[:2] + _global("modes", "Mode") + b"K\x02\x85R.")
     names = {f.name for f in check_checkpoint(str(path)).findings}
     assert "unsafe-pickle" not in names and "needs-code-to-load" in names
+
+
+def _main_pickle(tmp_path, name: str, arg: bytes) -> str:
+    """A plain pickle calling `__main__.NAME(arg)`, as pickling an object of a script's class or enum writes it."""
+    path = tmp_path / f"main_{name}.pkl"
+    path.write_bytes(b"\x80\x02" + _global("__main__", name) + arg + b"\x85R.")
+    return str(path)
+
+
+def _findings(path: str) -> dict:
+    reach._memory.clear()
+    return {f.name: f for f in check_checkpoint(path).findings}
+
+
+def test_a_main_enum_is_judged_as_the_projects_script_defines_it(tmp_path, monkeypatch):
+    """`__main__.Mode(2)`: `__main__` is the loading program; read as the project's script that defines Mode (never
+    imported), an enum rebuilt by value needs its code, as torch's weights_only does until add_safe_globals."""
+    project = tmp_path / "project"
+    (project / "runs").mkdir(parents=True)
+    canary = tmp_path / "imported"
+    (project / "train.py").write_text(
+        f"import enum\nopen({str(canary)!r}, 'w').close()\n\nclass Mode(enum.Enum):\n    FAST = 2\n"
+    )
+    monkeypatch.chdir(project)
+    found = _findings(_main_pickle(project / "runs", "Mode", b"K\x02"))
+    assert "unsafe-pickle" not in found and "train.py" in found["needs-code-to-load"].message
+    assert not canary.exists()
+
+
+def test_a_main_global_is_unsafe_when_the_script_binds_it_to_a_sink_or_nothing_defines_it(tmp_path, monkeypatch):
+    """A loading script's `from os import system` makes `__main__.system` os.system (verified: the canary appears
+    under torch.load); an enum whose `_missing_` runs a command is judged by it; a name no script of the working
+    directory defines cannot be read, and a called global that cannot be read is unsafe."""
+    (tmp_path / "load.py").write_text("from os import system\nimport torch\n")
+    (tmp_path / "modes.py").write_text(
+        "import enum, subprocess\n\nclass Mode(enum.Enum):\n    A = 1\n\n"
+        "    @classmethod\n    def _missing_(cls, value):\n        subprocess.call(value)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    unsafe = _findings(_main_pickle(tmp_path, "system", b"X\x04\x00\x00\x00true"))["unsafe-pickle"]
+    assert "__main__.system → os.system" in unsafe.message and "load.py" in unsafe.message
+    assert "__main__.Mode → " in _findings(_main_pickle(tmp_path, "Mode", b"K\x02"))["unsafe-pickle"].message
+    unknown = _findings(_main_pickle(tmp_path, "Helper", b"K\x02"))["unsafe-pickle"]
+    assert "program that loads the file" in unknown.message and "defines or imports it" in unknown.message
+    reach._memory.clear()
 
 
 def test_source_is_found_without_importing_parent_packages(tmp_path, monkeypatch):

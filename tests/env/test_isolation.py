@@ -120,6 +120,20 @@ def test_folders_leave_sys_path_in_process_unless_one_of_their_modules_is_loaded
     ours = str(project / "torchdoctor" / "cli.py")  # torchdoctor itself, run from a checkout
     assert isolation.loaded_from(real, {"torchdoctor.cli": ours, "os": os.__file__, "sys": None}) == []
     assert isolation.loaded_from(real, {"helpers": str(project / "helpers.py"), "torchdoctor.cli": ours}) == ["helpers"]
+    package = {"pkg": str(project / "pkg" / "__init__.py"), "pkg.sub": str(project / "pkg" / "sub.py")}
+    assert isolation.loaded_from(real, package) == ["pkg", "pkg.sub"]
+    assert isolation.loaded_from(real, {"ext": str(project / "ext.cpython-311-x86_64-linux-gnu.so")}) == ["ext"]
+
+
+def test_a_venv_inside_the_project_does_not_count_as_the_project(tmp_path):
+    """A module found through the search-path entry of a `.venv` in the project folder (an editable install's
+    finder, `_distutils_hack`) was not imported from the project folder: no re-execution for it."""
+    project = shadow_dir(tmp_path, names=("helpers",))
+    site = project / ".venv" / "lib" / "python3.11" / "site-packages"
+    real = {os.path.realpath(project)}
+    loaded = {"_distutils_hack": str(site / "_distutils_hack" / "__init__.py"), "finder": str(site / "finder.py")}
+    assert isolation.loaded_from(real, loaded) == []
+    assert isolation.loaded_from(real, {"helpers2": str(project / "helpers.py")}) == []  # another name's file
 
 
 def test_a_sitecustomize_already_loaded_from_pythonpath_makes_it_re_execute(tmp_path):

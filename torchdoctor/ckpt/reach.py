@@ -7,9 +7,21 @@ with `ast`; from the function (or, for a class, the methods loading runs: `__new
 the library's own code, breadth first and bounded, until one reaches a *sink*: process creation,
 `eval`/`exec`/`compile`, an import by name, a file write or delete, the network, a nested unsafe
 deserialisation (`pickle.load`, `torch.load` without `weights_only=True`, `yaml.load` with an unsafe loader,
-`numpy.load(allow_pickle=True)`) or `ctypes`. Standard-library, torch and numpy callees are judged by the
-sink table only (their code is not followed, except inside the package of the global being judged).
-Verdicts are cached in the per-user cache, per distribution version of the global's package.
+`numpy.load(allow_pickle=True)`) or `ctypes`. A function's decorators are followed like its calls, a call
+through a module-level table (`OPENERS[suffix](path, mode=mode)`) reaches every callable the table holds, and
+the constants a call passes (or a parameter's constant default) stand in for the parameter inside the callee,
+so `@open_file(1, mode="wb")` writes and `@open_file(0, mode="rb")` does not. Standard-library, torch and
+numpy callees are judged by the sink table only (their code is not followed, except inside the package of
+the global being judged).
+A global of `__main__` names whatever the *loading* program defines or imports under that name: it is judged
+as each Python file under the working directory (the user's project) that binds the name at module level would
+run it, read as `__main__` (a script's `from os import system` reaches os.system; an enum class reaches
+nothing), and cannot be inspected when none binds it.
+Verdicts are cached in the per-user cache, per distribution version of the global's package, each with
+the modules the analysis looked for (what each resolved to, with its file's size and modification time, or
+that it was not found): a cached verdict is reused only while every one of them still resolves the same, so
+an upgrade of any library the calls went through, or a library installed where one was missing, is judged
+again.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 from torchdoctor.ckpt.policy import VETTED_ROOTS, Use, Verdict, classify, dangerous_reason
 
-_ANALYSIS = 1  # bump when the rules change: cached verdicts of older rules are not reused
+_ANALYSIS = 2  # bump when the rules change: cached verdicts of older rules are not reused
 _MAX_FUNCTIONS = 300  # function bodies read per verdict
 _MAX_DEPTH = 8  # calls followed from the global
 _VETTED_DEPTH = 2  # ... when the global is in the standard library, torch or numpy
@@ -181,12 +193,12 @@ class Reach:
     def reason(self) -> str:
         """One line for a finding."""
         if self.what:
-            return f"it reaches {self.what}: {' → '.join(self.path)}"
+            return f"it reaches {self.what}: {' → '.join(self.path)}" + (f" ({self.note})" if self.note else "")
         if not self.inspected:
             return f"its code could not be inspected ({self.note})"
         return (
             "its source (read, not run) reaches no process, eval/exec, import by name, file write, network, "
-            "nested unpickling or ctypes"
+            "nested unpickling or ctypes" + (f" ({self.note})" if self.note else "")
         )
 
 
@@ -263,14 +275,38 @@ def sink_with_arguments(qual: str, args: object) -> str:
 
 
 # -- locating and reading modules (never importing them) ----------------------------------------------
-@functools.lru_cache(maxsize=None)
+_consulted: Optional[dict[str, str]] = None  # while a verdict is computed: each module looked for -> its stamp
+
+
 def _spec(modname: str) -> Optional[importlib.machinery.ModuleSpec]:
-    """The module's spec found by path finders only: parents are located, never imported."""
+    """The module's spec found by path finders only: parents are located, never imported. While a verdict
+    is computed, what each module resolved to is recorded (the verdict depends on it)."""
+    spec = _find(modname)
+    if _consulted is not None and modname not in _consulted:
+        _consulted[modname] = _stamp(spec)
+    return spec
+
+
+def _stamp(spec: Optional[importlib.machinery.ModuleSpec]) -> str:
+    """What a module resolved to: its file with size and modification time ("" when it was not found)."""
+    if spec is None:
+        return ""
+    if not spec.origin or not spec.has_location:  # a namespace package, a built-in or frozen module
+        return f"{spec.origin}:{sorted(spec.submodule_search_locations or [])}"
+    try:
+        st = os.stat(spec.origin)
+    except OSError:
+        return spec.origin
+    return f"{spec.origin}:{st.st_size}:{st.st_mtime_ns}"
+
+
+@functools.lru_cache(maxsize=None)
+def _find(modname: str) -> Optional[importlib.machinery.ModuleSpec]:
     parent, _, _ = modname.rpartition(".")
     try:
         if not parent:
             return importlib.machinery.PathFinder.find_spec(modname)
-        up = _spec(parent)
+        up = _find(parent)
         if up is None or not up.submodule_search_locations:
             return None
         return importlib.machinery.PathFinder.find_spec(modname, list(up.submodule_search_locations))
@@ -294,12 +330,17 @@ def _module(modname: str) -> Optional[_Module]:
     origin = spec.origin if spec is not None else None
     if not origin or not origin.endswith(".py"):
         return None
+    return _parse(modname, origin, bool(spec and spec.submodule_search_locations))
+
+
+def _parse(modname: str, origin: str, is_package: bool) -> Optional[_Module]:
+    """The top-level names of the source file `origin`, read as module `modname`."""
     try:
         with open(origin, "rb") as f:
             tree = ast.parse(importlib.util.decode_source(f.read()), origin)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
-    mod = _Module(modname, origin, bool(spec and spec.submodule_search_locations), {}, {}, [])
+    mod = _Module(modname, origin, is_package, {}, {}, [])
     package = modname if mod.is_package else modname.rpartition(".")[0]
     _collect(tree.body, mod, package)
     lazy = mod.defs.get("__getattr__")
@@ -382,6 +423,8 @@ def _lookup(qual: str, depth: int = 0) -> Target:
     parts = qual.split(".")
     for cut in range(len(parts) - 1, 0, -1):  # the longest prefix that is a module
         modname = ".".join(parts[:cut])
+        if modname == "__main__":  # the loading program: only a script read as it (`_judge_main`), never found
+            return _attribute(_main, parts[cut:], depth) if _main is not None else None
         if _spec(modname) is None:
             continue
         mod = _module(modname)
@@ -611,6 +654,155 @@ def _callees(found: _Def, judged: Optional[_Def]) -> Iterator[tuple[Target, str,
         if call is None and not (SINKS.get(qual) and isinstance(node, ast.Attribute)):
             continue  # a reference is followed only when it names a sink outright (functools.partial(os.system, …))
         yield None, qual, call
+    for call in calls.values():  # TABLE[key](...): a call of any callable a module-level table holds
+        if isinstance(call.func, ast.Subscript):
+            table = _lookup(_expr_qual(call.func.value, mod, local, imported) or "")
+            if isinstance(table, _Def):
+                for value in _table_values(table.node, table.module):
+                    yield None, value, call
+
+
+def _table_values(expr: ast.AST, mod: _Module, depth: int = 0) -> Iterator[str]:
+    """The callables a module-level table holds: the values of a dict display or a dict/defaultdict call
+    (`**other_table` followed), and what a defaultdict's factory returns (`defaultdict(lambda: open, ...)`)."""
+    if depth > 3:
+        return
+    values: list[ast.expr] = []
+    if isinstance(expr, ast.Dict):
+        values = [v for k, v in zip(expr.keys, expr.values) if k is not None]
+        spread = [v for k, v in zip(expr.keys, expr.values) if k is None]
+    elif isinstance(expr, ast.Call) and _expr_qual(expr.func, mod, set()) in _TABLE_TYPES:
+        args = list(expr.args)
+        factory = args[0] if args else None
+        if isinstance(factory, ast.Lambda) and _expr_qual(expr.func, mod, set()) == "collections.defaultdict":
+            values.append(factory.body)
+            args = args[1:]
+        values += [kw.value for kw in expr.keywords if kw.arg is not None]
+        spread = [kw.value for kw in expr.keywords if kw.arg is None] + args
+    else:
+        return
+    for value in values:
+        qual = _expr_qual(value, mod, set())
+        if qual:
+            yield qual
+    for other in spread:
+        found = (
+            _lookup(_expr_qual(other, mod, set()) or "") if not isinstance(other, ast.Dict) else _Def("", other, mod)
+        )
+        if isinstance(found, _Def):
+            yield from _table_values(found.node, found.module, depth + 1)
+
+
+_TABLE_TYPES = ("builtins.dict", "collections.defaultdict", "collections.OrderedDict")
+Bindings = tuple[tuple[str, Any], ...]
+
+
+def _bind(target: _Def, call: Optional[ast.Call]) -> Bindings:
+    """The constants a call passes to a module-level function's parameters (its constant defaults where the call
+    passes nothing), for parameters the function never rebinds: `open_file(1, mode="rb")` reads, "wb" writes."""
+    func = target.node
+    if (
+        call is None
+        or not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef))
+        or target.module.defs.get(target.qual.rpartition(".")[2]) is not func
+        or any(isinstance(a, ast.Starred) for a in call.args)
+        or any(kw.arg is None for kw in call.keywords)
+    ):
+        return ()
+    a = func.args
+    positional = a.posonlyargs + a.args
+    values: dict[str, ast.expr] = dict(
+        zip((p.arg for p in positional[len(positional) - len(a.defaults) :]), a.defaults)
+    )
+    values.update({p.arg: d for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None})
+    values.update({p.arg: v for p, v in zip(positional, call.args)})
+    values.update({kw.arg: kw.value for kw in call.keywords if kw.arg is not None})
+    rebound = {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    for inner in ast.walk(func):
+        if inner is not func and isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            rebound |= _locals(inner)
+    return tuple(sorted((k, v.value) for k, v in values.items() if isinstance(v, ast.Constant) and k not in rebound))
+
+
+def _bound_call(call: Optional[ast.Call], bindings: Bindings) -> Optional[ast.Call]:
+    """`call` with the arguments that name a bound parameter replaced by its constant."""
+    if call is None or not bindings:
+        return call
+    known = dict(bindings)
+
+    def value(expr: ast.expr) -> ast.expr:
+        return ast.Constant(known[expr.id]) if isinstance(expr, ast.Name) and expr.id in known else expr
+
+    return ast.Call(
+        call.func, [value(x) for x in call.args], [ast.keyword(k.arg, value(k.value)) for k in call.keywords]
+    )
+
+
+_main: Optional[_Module] = None  # while a `__main__` global is judged: the script read as the loading program
+_MAIN = (
+    "`__main__` is the program that loads the file: `__main__.{name}` is whatever that program defines or imports "
+    "as {name} (a script's `from os import system` makes `__main__.system` os.system)"
+)
+_MAX_SCRIPTS = 2000  # Python files read under the working directory for a `__main__` global (first 1 MB each)
+_MAX_ENTRIES = 50_000  # folder entries walked there (a data folder of many files ends the search)
+_NOT_PROJECT = ("site-packages", "node_modules", "__pycache__")
+
+
+def _scripts_defining(name: str, root: str) -> list[_Module]:
+    """The Python files under `root` (the working directory: the user's project; hidden folders, virtual
+    environments and site-packages skipped; bounded by `_MAX_SCRIPTS` and `_MAX_ENTRIES`) that define or import
+    `name` at module level, each read as `__main__`."""
+    found: list[_Module] = []
+    word = name.encode()
+    looked = entries = 0
+    for folder, dirs, files in os.walk(root):
+        entries += len(dirs) + len(files)
+        if entries > _MAX_ENTRIES:
+            return found
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d not in _NOT_PROJECT
+            and not os.path.exists(os.path.join(folder, d, "pyvenv.cfg"))
+        )
+        for file in sorted(f for f in files if f.endswith(".py")):
+            looked += 1
+            if looked > _MAX_SCRIPTS:
+                return found
+            path = os.path.join(folder, file)
+            try:
+                with open(path, "rb") as f:
+                    if word not in f.read(1 << 20):
+                        continue
+            except OSError:
+                continue
+            mod = _parse("__main__", path, False)
+            if mod is not None and (name in mod.defs or name in mod.imports):
+                found.append(mod)
+    return found
+
+
+def _judge_main(name: str, use: Use) -> Reach:
+    """A global of `__main__`: judged as each script of the working directory that defines it would run it (the
+    loading program is most likely one of them); not inspected when none does."""
+    global _main
+    root = f"__main__.{name}"
+    scripts = _scripts_defining(name.split(".")[0], os.getcwd())
+    if not scripts:
+        note = f"{_MAIN.format(name=name)}; no Python file under {os.getcwd()} defines or imports it"
+        return Reach((root,), inspected=False, note=note)
+    where = ", ".join(os.path.relpath(m.path) for m in scripts[:3]) + (" …" if len(scripts) > 3 else "")
+    for script in scripts:
+        _main = script
+        try:
+            found = _follow(root, use)
+        finally:
+            _main = None
+        if found.dangerous or not found.inspected:
+            note = "; ".join(filter(None, (found.note, f"as {os.path.relpath(script.path)} defines it")))
+            return Reach(found.path, found.what, found.inspected, note)
+    return Reach((root,), note=f"as {where} under the working directory define{'s' * (len(scripts) == 1)} it")
 
 
 def judge_uncached(module: str, name: str, use: Use) -> Reach:
@@ -619,6 +811,14 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
     direct = sink(root) if use is Use.CALLED else ""
     if direct:
         return Reach((root,), direct)
+    if module == "__main__":
+        return _judge_main(name, use)
+    return _follow(root, use)
+
+
+def _follow(root: str, use: Use) -> Reach:
+    """`judge_uncached` of the global `root` once it is known not to be a sink by name."""
+    module, _, name = root.rpartition(".")
     start = _lookup(root)
     if start is None:
         return Reach(
@@ -629,33 +829,41 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
             else f"module {module} is not installed here",
         )
     if isinstance(start, str):
+        if start != root and sink(start):  # an alias of a sink: `from os import system` in the loading script
+            return Reach((root, start), sink(start))
         return Reach((root,), inspected=False, note=f"{root} is compiled or built at run time; no Python source")
     top = module.split(".")[0]
     max_depth = _VETTED_DEPTH if top in _NOT_FOLLOWED else _MAX_DEPTH
     judged = start if isinstance(start.node, ast.ClassDef) else None
-    queue: deque[tuple[_Def, tuple[str, ...]]] = deque()
-    seen: set[str] = set()  # definitions queued
-    called: set[str] = set()  # names of callees already looked at
+    queue: deque[tuple[_Def, tuple[str, ...], Bindings]] = deque()
+    seen: set[tuple[str, Bindings]] = set()  # definitions queued (with the constants bound to their parameters)
+    called: set[tuple[str, str]] = set()  # callees already looked at, with the constants passed to them
     for entry in _entry_points(start, use):
         if entry is None:
             continue
         name = entry if isinstance(entry, str) else entry.qual
         if sink(name):
             return Reach((root, name), sink(name))
-        if isinstance(entry, _Def) and entry.qual not in seen:
-            seen.add(entry.qual)
-            queue.append((entry, (root,) if entry.qual == root else (root, entry.qual)))
+        if isinstance(entry, _Def) and (entry.qual, ()) not in seen:
+            seen.add((entry.qual, ()))
+            queue.append((entry, (root,) if entry.qual == root else (root, entry.qual), ()))
     read = 0
     while queue and read < _MAX_FUNCTIONS:
-        found, path = queue.popleft()
+        found, path, bindings = queue.popleft()
         read += 1
         for target, qual, call in _callees(found, judged):
+            call = _bound_call(call, bindings)
             what = sink(qual, call)
             if what:
                 return Reach(path + (qual,), what)
-            if len(path) >= max_depth or qual in called:
+            passed = (
+                repr([x.value for x in call.args + [k.value for k in call.keywords] if isinstance(x, ast.Constant)])
+                if call
+                else ""
+            )
+            if len(path) >= max_depth or (qual, passed) in called:
                 continue
-            called.add(qual)
+            called.add((qual, passed))
             if target is None:
                 callee_top = qual.split(".")[0]
                 if callee_top in _NOT_FOLLOWED and callee_top != top:
@@ -679,9 +887,11 @@ def judge_uncached(module: str, name: str, use: Use) -> Reach:
                     what = sink(entry if isinstance(entry, str) else entry.qual)
                     if what:
                         return Reach(step, what)
-                elif isinstance(entry, _Def) and entry.qual not in seen:
-                    seen.add(entry.qual)
-                    queue.append((entry, step))
+                elif isinstance(entry, _Def):
+                    bound = _bind(entry, call) if entry is target else ()
+                    if (entry.qual, bound) not in seen:
+                        seen.add((entry.qual, bound))
+                        queue.append((entry, step, bound))
     return Reach((root,))
 
 
@@ -700,6 +910,8 @@ def _version_key(module: str) -> str:
     """`_distribution_key`, remembered in the cache next to the verdicts, keyed by where the package's source
     is and when it was written (reading distribution metadata costs more than the cached verdict saves)."""
     top = module.split(".")[0]
+    if top == "__main__":
+        return ""  # the loading program, judged from the working directory's scripts: never cached
     spec = _spec(top)
     origin = spec.origin if spec is not None else None
     if not origin or not os.path.exists(origin):
@@ -744,12 +956,33 @@ def _distribution_key(module: str) -> str:
         return ""
 
 
-_memory: dict[tuple[str, str, Use], Reach] = {}
+_memory: dict[tuple[str, str, Use, str], Reach] = {}  # (module, name, use, the working directory for `__main__`)
+
+
+def _unchanged(depends: object) -> bool:
+    """Whether every module a cached verdict looked for still resolves as it did then."""
+    return isinstance(depends, list) and all(
+        isinstance(row, list) and len(row) == 2 and _stamp(_find(str(row[0]))) == row[1] for row in depends
+    )
+
+
+def _judge_recording(module: str, name: str, use: Use) -> tuple[Reach, list[list[str]]]:
+    """`judge_uncached` and the modules it looked for, each with its stamp."""
+    global _consulted
+    _consulted = {}
+    try:
+        result = judge_uncached(module, name, use)
+    except RecursionError:
+        result = Reach((f"{module}.{name}",), inspected=False, note="its source is too deeply nested to read")
+    finally:
+        consulted, _consulted = _consulted, None
+    return result, [[m, stamp] for m, stamp in sorted(consulted.items())]
 
 
 def judge(module: str, name: str, use: Use) -> Reach:
-    """`judge_uncached`, remembered per distribution version in the per-user cache (best effort)."""
-    key = (module, name, use)
+    """`judge_uncached`, remembered in the per-user cache (best effort) per distribution version of the global's
+    package, and reused while every module the analysis looked for resolves as it did (`_unchanged`)."""
+    key = (module, name, use, os.getcwd() if module == "__main__" else "")
     if key in _memory:
         return _memory[key]
     version = _version_key(module)
@@ -763,18 +996,15 @@ def judge(module: str, name: str, use: Use) -> Reach:
         try:
             with open(path, encoding="utf-8") as f:
                 known = json.load(f).get(entry)
-            if isinstance(known, list) and len(known) == 4:
+            if isinstance(known, list) and len(known) == 5 and _unchanged(known[4]):
                 _memory[key] = Reach(tuple(known[0]), str(known[1]), bool(known[2]), str(known[3]))
                 return _memory[key]
         except (OSError, ValueError, TypeError, AttributeError):
             pass
-    try:
-        result = judge_uncached(module, name, use)
-    except RecursionError:
-        result = Reach((f"{module}.{name}",), inspected=False, note="its source is too deeply nested to read")
+    result, depends = _judge_recording(module, name, use)
     _memory[key] = result
     if path:
-        _store(path, entry, [list(result.path), result.what, result.inspected, result.note])
+        _store(path, entry, [list(result.path), result.what, result.inspected, result.note, depends])
     return result
 
 

@@ -692,15 +692,15 @@ def _pt2_payloads(archive: Archive, f: IO[bytes], infos: list[zipfile.ZipInfo], 
     return root
 
 
-_CODE_RISKS = (
-    (re.compile(r"\btorch\.load\("), "loads another file with torch.load"),
-    (re.compile(r"\btorch\.save\("), "writes files with torch.save"),
-    (re.compile(r"\btorch\.from_file\("), "maps an arbitrary file with torch.from_file"),
-    (re.compile(r"\bload_library\("), "loads a native library (torch.ops.load_library)"),
-    (re.compile(r"(?<![\w.])open\("), "opens a file"),
-    (re.compile(r"\b__import__\b"), "imports a module"),
-    (re.compile(r"\bos\.(system|popen|exec\w*|spawn\w*)\("), "runs a command"),
-    (re.compile(r"\bsubprocess\."), "runs a process"),
+_CODE_RISKS = (  # compiled (and cached by `re`) when a TorchScript archive is read, not at every start-up
+    (r"\btorch\.load\(", "loads another file with torch.load"),
+    (r"\btorch\.save\(", "writes files with torch.save"),
+    (r"\btorch\.from_file\(", "maps an arbitrary file with torch.from_file"),
+    (r"\bload_library\(", "loads a native library (torch.ops.load_library)"),
+    (r"(?<![\w.])open\(", "opens a file"),
+    (r"\b__import__\b", "imports a module"),
+    (r"\bos\.(system|popen|exec\w*|spawn\w*)\(", "runs a command"),
+    (r"\bsubprocess\.", "runs a process"),
 )
 
 
@@ -712,7 +712,8 @@ def _inspect_torchscript_code(archive: Archive, f: IO[bytes], infos: list[zipfil
         except CheckpointError as exc:
             archive.problems.append(str(exc))
             continue
-        for pattern, what in _CODE_RISKS:
+        for risk, what in _CODE_RISKS:
+            pattern = re.compile(risk)
             if pattern.search(text):
                 line = next(ln.strip() for ln in text.splitlines() if pattern.search(ln))
                 archive.events.append(

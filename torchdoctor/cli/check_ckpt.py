@@ -8,6 +8,7 @@ import click
 
 from torchdoctor import selection
 from torchdoctor.cli.options import InputError, checks_for, emit, report_options, settings_for
+from torchdoctor.report import Report
 
 
 @click.command("check-ckpt")
@@ -60,7 +61,7 @@ def check_ckpt(
         report = diagnose_checkpoints(files, checks, model=model_spec, fix=fix_out, scan_values=scan_values)
     except ValueError as exc:  # CheckpointError, a bad --model spec, a refused --fix, --fix with 2 FILEs
         raise InputError(str(exc)) from None
-    emit(report, fmt, settings.fail_on, None if quiet else _facts_view)
+    emit(report, fmt, settings.fail_on, None if quiet else _facts_view, lambda r, f: _plain(r, f, quiet))
 
 
 def _facts_view(facts: dict[str, Any]) -> Any:
@@ -68,3 +69,14 @@ def _facts_view(facts: dict[str, Any]) -> Any:
     from torchdoctor.ckpt.view import facts_view
 
     return facts_view(facts)
+
+
+def _plain(report: Report, fail_on: str, quiet: bool) -> Optional[list[str]]:
+    """The console report's lines off a terminal, without rich (None: rich prints it)."""
+    from torchdoctor.ckpt.view import plain_lines
+    from torchdoctor.plainreport import report_lines
+
+    facts = None if quiet else plain_lines(report.facts)
+    if facts is None and not quiet:
+        return None
+    return report_lines(report, fail_on, facts)

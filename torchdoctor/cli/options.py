@@ -90,14 +90,31 @@ def checks_for(door: Door, settings: Settings) -> list[registry.Pitfall]:
 
 
 def emit(
-    report: Report, fmt: str, fail_on: str, facts_view: Optional[Callable[[dict[str, Any]], Any]] = None
+    report: Report,
+    fmt: str,
+    fail_on: str,
+    facts_view: Optional[Callable[[dict[str, Any]], Any]] = None,
+    plain: Optional[Callable[[Report, str], Optional[list[str]]]] = None,
 ) -> NoReturn:
-    """Print the report in the chosen format and exit with its exit code under `fail_on`."""
+    """Print the report in the chosen format and exit with its exit code under `fail_on`. Off a terminal, a
+    door's `plain(report, fail_on)` lines (`torchdoctor.plainreport`) stand in for rich's same output."""
     report = dataclasses.replace(report, fail_on=fail_on)
     for message in registry.load_errors():
         click.echo(f"torchdoctor: warning: {message}", err=True)
     if fmt == "json":
         click.echo(to_json(report))
     else:
-        render_console(report, make_console(), fail_on=fail_on, facts_view=facts_view)
+        lines = None
+        if plain is not None:
+            from torchdoctor.plainreport import off_terminal
+
+            lines = plain(report, fail_on) if off_terminal(sys.stdout) else None
+        if lines is None:
+            render_console(report, make_console(), fail_on=fail_on, facts_view=facts_view)
+        else:
+            from torchdoctor.pasteable import PasteableStream
+
+            out = PasteableStream(sys.stdout)
+            out.write("\n".join(lines) + "\n")
+            out.flush()
     sys.exit(report.exit_code())

@@ -7,7 +7,7 @@ fingerprints, the cross-rank exchange — are imported on first use, so a checks
 at load time without importing torch.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchdoctor.watch.contract import (
     CrashEvent,
@@ -20,12 +20,27 @@ from torchdoctor.watch.contract import (
     TransformedForwardEvent,
     ZeroGradEvent,
 )
-from torchdoctor.watch.handles import Restore
-from torchdoctor.watch.patches import MethodPatch
-from torchdoctor.watch.userframe import frame_variables, is_library, user_frame, user_frames, user_line
 from torchdoctor.wrappers import unwrap, unwrap_optimizer, wrapper_chain
 
+if TYPE_CHECKING:
+    from torchdoctor.watch.handles import Restore as Restore
+    from torchdoctor.watch.patches import MethodPatch as MethodPatch
+    from torchdoctor.watch.userframe import frame_variables as frame_variables
+    from torchdoctor.watch.userframe import is_library as is_library
+    from torchdoctor.watch.userframe import user_frame as user_frame
+    from torchdoctor.watch.userframe import user_frames as user_frames
+    from torchdoctor.watch.userframe import user_line as user_line
+
 _LAZY = {
+    # helpers for handlers, loaded when first asked for: a checks module imports this one whatever door loads it
+    # (`torchdoctor check-ckpt` imports only the contract, for the base class of its runtime detectors)
+    "Restore": "torchdoctor.watch.handles",
+    "MethodPatch": "torchdoctor.watch.patches",
+    "frame_variables": "torchdoctor.watch.userframe",
+    "is_library": "torchdoctor.watch.userframe",
+    "user_frame": "torchdoctor.watch.userframe",
+    "user_frames": "torchdoctor.watch.userframe",
+    "user_line": "torchdoctor.watch.userframe",
     "MODE_DEPENDENT": "torchdoctor.watch.context",
     "first_graph_tensor": "torchdoctor.watch.context",
     "WatchedModel": "torchdoctor.watch.context",
@@ -60,19 +75,12 @@ __all__ = [
     "ForwardEvent",
     "Findings",
     "LoaderEvent",
-    "MethodPatch",
-    "Restore",
     "RuntimeCheck",
     "StepEvent",
     "TransformedForwardEvent",
     "ZeroGradEvent",
-    "frame_variables",
-    "is_library",
     "unwrap",
     "unwrap_optimizer",
-    "user_frame",
-    "user_frames",
-    "user_line",
     "wrapper_chain",
     *_LAZY,
     *_MODULES,
@@ -80,7 +88,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Load the torch-backed services on first use."""
+    """Load the helpers and the torch-backed services on first use."""
     import importlib
 
     if name in _MODULES:
