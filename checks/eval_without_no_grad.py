@@ -10,12 +10,18 @@ from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
     CallSite,
+    Effect,
+    Fact,
+    Function,
     FunctionScope,
     SourceFile,
     backprop_names,
     backward_targets,
     is_backward,
+    last,
     literal,
+    qualname,
+    rebind,
     ref,
 )
 
@@ -212,6 +218,112 @@ def _source_fix(scope: Any) -> str:
     return "Run the evaluation under `with torch.no_grad():` (or `torch.inference_mode()`)."
 
 
+_GRAD_OFF = ("no_grad", "inference_mode")
+
+
+def _wraps_in_grad_off_local(fn: Function) -> bool:
+    """The function (with its closures) names no_grad/inference_mode other than in a `with`, and returns
+    something: it builds a decorator or wrapped callable that runs its target without grad (yolov5's
+    `smart_inference_mode()` returning `torch.inference_mode()(fn)`, or a hand-written `functools.wraps` wrapper
+    calling its target inside `with torch.no_grad():`)."""
+    node, index = fn.scope.node, fn.module.index
+    used = withs = 0
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.With, ast.AsyncWith)):
+            withs += sum(1 for item in inner.items if _names_grad_off(item.context_expr, fn))
+        elif isinstance(inner, (ast.Attribute, ast.Name)) and last(qualname(inner, index)) in _GRAD_OFF:
+            used += 1
+    returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(node))
+    return returns and (used > withs or withs > 0 and _wraps_target_in_grad_off(fn))
+
+
+def _wraps_target_in_grad_off(fn: Function) -> bool:
+    """A nested function (the wrapper a decorator returns) calls a parameter of an enclosing function (the
+    decorated target) inside `with torch.no_grad():`."""
+    outer = fn.scope.node
+    targets = {
+        a.arg
+        for n in ast.walk(outer)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for a in n.args.posonlyargs + n.args.args
+    }
+    for inner in ast.walk(outer):
+        if inner is outer or not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        own = {a.arg for a in inner.args.posonlyargs + inner.args.args + inner.args.kwonlyargs}
+        for node in ast.walk(inner):
+            if (
+                isinstance(node, (ast.With, ast.AsyncWith))
+                and any(_names_grad_off(item.context_expr, fn) for item in node.items)
+                and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in targets - own
+                    for stmt in node.body
+                    for c in ast.walk(stmt)
+                )
+            ):
+                return True
+    return False
+
+
+def _names_grad_off(expr: ast.expr, fn: Function) -> int:
+    index = fn.module.index
+    return sum(
+        1 for n in ast.walk(expr) if isinstance(n, (ast.Attribute, ast.Name)) and last(qualname(n, index)) in _GRAD_OFF
+    )
+
+
+# A function that wraps what it is given in no_grad: a decorator it makes turns autograd off.
+GRAD_OFF_WRAPPER = Fact("grad-off-wrapper", _wraps_in_grad_off_local, False)
+
+
+def _grad_off_local(fn: Function) -> bool:
+    """Decorated with no_grad/inference_mode, directly or through a wrapper the project or a library defines."""
+    if fn.scope.grad_off:
+        return True
+    node = fn.scope.node
+    if isinstance(node, ast.Module):
+        return False
+    where = fn.enclosing()
+    for d in node.decorator_list:
+        wrapper = where.resolve_expr(d.func if isinstance(d, ast.Call) else d)
+        if wrapper is not None and wrapper.fact(GRAD_OFF_WRAPPER):
+            return True
+    return False
+
+
+# The function runs with autograd off whoever calls it (its decorators say so).
+GRAD_OFF = Fact("grad-off", _grad_off_local, False)
+
+
+def _forwards_local(fn: Function) -> frozenset[Effect]:
+    """Names (parameters or free variables) the function calls as models with grad enabled: `m(x)`,
+    `m.forward(x)`."""
+    if fn.fact(GRAD_OFF):
+        return frozenset()
+    out = set()
+    for call in fn.scope.calls:
+        if call.grad_off:
+            continue
+        if type(call.node.func) is ast.Name:
+            out.add(Effect(call.node.func.id))
+        elif call.attr == "forward" and call.receiver:
+            out.add(Effect(call.receiver))
+    return frozenset(out)
+
+
+def _forwards_through(value: frozenset[Effect], fn: Function, call: CallSite, callee: Function) -> frozenset[Effect]:
+    """A callee's forwards count at a call that runs with grad on, into a callee that does not turn it off."""
+    if call.grad_off or fn.fact(GRAD_OFF) or callee.fact(GRAD_OFF):
+        return frozenset()
+    return rebind(value, fn, call, callee)
+
+
+# The models a function runs forward with grad on (in its callers' names), itself or through its calls.
+FORWARDS: Fact[frozenset[Effect]] = Fact(
+    "forwards-with-grad", _forwards_local, frozenset(), join=lambda a, b: a | b, through=_forwards_through
+)
+
+
 @EVAL_WITHOUT_NO_GRAD.source
 def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or ".eval()" not in src.text:
@@ -278,23 +390,9 @@ def _forwarded(
         return
     if not any(state == "eval" for state, _ in mode.values()):
         return
-    found = src.project.callee(scope, call)
-    if found is None or found[1].grad_off:
-        return
-    callee, summary = found
-    params = (
-        [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args]
-        if not isinstance(callee.node, ast.Module)
-        else []
-    )
-    if callee.class_name is not None and params[:1] in (["self"], ["cls"]):
-        params = params[1:]
-    passed = {p: ref(a) for p, a in zip(params, call.node.args)}
-    passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg})
-    for name in sorted(summary.forwards):
-        model = passed.get(name) if name in params or name in passed else name  # a closure's free variable
-        if model is not None and mode.get(model, ("",))[0] == "eval":
-            yield model
+    for effect in sorted(src.project.at_call(scope, call, FORWARDS) or (), key=lambda e: e.receiver):
+        if mode.get(effect.receiver, ("",))[0] == "eval":
+            yield effect.receiver
 
 
 def _feeding_backward(scope: FunctionScope) -> set[int]:
@@ -351,10 +449,10 @@ def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
     (found through imports, closures and methods, whichever files this run was given) with grad on; then what
     the message adds: "" when every caller runs it with grad on, else the call that does (one no_grad caller
     does not excuse another that runs the same evaluation with autograd on)."""
-    if src.project.grad_off(scope):
+    if src.project.fact(src.project.function(scope), GRAD_OFF):
         return None
     callers = src.project.callers(scope)
-    on = [call for caller, call, off in callers if not off and _runs_with_grad(src, caller, {id(scope)})]
+    on = [call for caller, call in callers if not _off(src, caller, call) and _runs_with_grad(src, caller, {id(scope)})]
     if not on:
         return None
     if len(on) == len(callers):
@@ -366,12 +464,19 @@ def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
     )
 
 
-def _runs_with_grad(src: SourceFile, caller: FunctionScope, seen: set[int], depth: int = 0) -> bool:
+def _off(src: SourceFile, caller: Function, call: CallSite) -> bool:
+    """The call runs with grad off: under a no_grad block, or in a function decorated to run without grad."""
+    return call.grad_off or bool(src.project.fact(caller, GRAD_OFF))
+
+
+def _runs_with_grad(src: SourceFile, caller: Function, seen: set[int], depth: int = 0) -> bool:
     """Whether a calling function may run with autograd on: module level, a function nothing in the project calls
     (its caller is unknown), or one called with grad on somewhere (a helper that only a `@torch.no_grad()`
     function calls runs without grad, however many calls lie between)."""
-    if caller.name == "<module>" or depth >= 3 or id(caller) in seen:
+    if caller.name == "<module>" or depth >= 3 or id(caller.scope) in seen:
         return True
-    seen.add(id(caller))
-    callers = src.project.callers(caller)
-    return not callers or any(not off and _runs_with_grad(src, up, seen, depth + 1) for up, _, off in callers)
+    seen.add(id(caller.scope))
+    callers = src.project.callers(caller.scope)
+    return not callers or any(
+        not _off(src, up, call) and _runs_with_grad(src, up, seen, depth + 1) for up, call in callers
+    )

@@ -8,7 +8,17 @@ from typing import Any, Callable, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import LoaderEvent, RuntimeCheck
-from torchdoctor.sdk.source import CallSite, FunctionScope, ModuleIndex, SourceFile, iter_names, last, literal, ref
+from torchdoctor.sdk.source import (
+    CallSite,
+    Fact,
+    FunctionScope,
+    ModuleIndex,
+    SourceFile,
+    iter_names,
+    last,
+    literal,
+    ref,
+)
 
 _TWO_RANKS = """
 import torch
@@ -186,6 +196,10 @@ class _Passes:
         return self.batches is not None and self.batches > 1 and 0 <= self.counter[0] <= 1
 
 
+# The function calls `.set_epoch(...)`, itself or through the functions it calls.
+SETS_EPOCH = Fact.any("sets-epoch", lambda fn: "set_epoch" in fn.scope.call_attrs)
+
+
 @SAMPLER_EPOCH_NOT_SET.source
 def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "DistributedSampler" not in src.text:
@@ -213,8 +227,7 @@ def _set_epoch_in_callee(src: SourceFile, scope: FunctionScope, line: int) -> bo
     loop = next(lp for lp in scope.loops if lp.node.lineno == line)
     for call in scope.calls:
         if loop.encloses(call.loop):
-            found = src.project.callee(scope, call)
-            if found is not None and found[1].set_epoch:
+            if src.project.fact(src.project.callee(scope, call), SETS_EPOCH):
                 return True
     return False
 

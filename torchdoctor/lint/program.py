@@ -3,10 +3,9 @@
 Modules are read from disk on demand (the project root is found as ruff finds it: the nearest folder
 upward with a pyproject.toml, setup.py, setup.cfg or .git), so the answer for one file never depends on
 which other files a run was given. Per module: the import table (relative and absolute imports resolved to
-project files) and the functions it defines; per function: a `Summary` computed once (grad disabled by a
-decorator, including project-defined wrappers such as yolov5's `smart_inference_mode`; the names it calls
-as models outside no_grad; whether it calls `set_epoch`). Calls resolve through imports, methods of the same
-class and closures.
+project files, else installed libraries' source) and the functions it defines; per function: the facts rules
+declare (torchdoctor.lint.facts), each computed once. Calls resolve through closures, methods (the class
+hierarchy, `__call__`), imports and re-exports, into installed libraries too.
 """
 
 from __future__ import annotations
@@ -14,12 +13,11 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, TypeVar
 
-from torchdoctor.lint.flow import BACKWARD_METHODS, clears_every_grad, is_optimizer_ctor
-from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, ref, resolve
+from torchdoctor.lint.facts import DEPTH, Fact, Function
+from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _GRAD_OFF = ("no_grad", "inference_mode")
@@ -45,7 +43,8 @@ _SKIP_DIRS = frozenset(
     }
 )
 _MAX_MODULE_BYTES = 2_000_000  # larger files are not parsed to answer questions about other files
-_DEPTH = 3  # how many calls deep summaries follow other functions
+T = TypeVar("T")
+_MISSING = object()
 # Imports never resolved against the project (the commonest library roots, to save the file look-ups).
 _EXTERNAL = frozenset(
     {
@@ -131,124 +130,13 @@ class Module:
         return any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(self.tree))
 
 
-class Summary:
-    """What one function does, as far as the lint rules ask (one per function and run). Only `grad_off` is worked
-    out when it is made: most summaries are asked that alone (is a caller under no_grad?). The facts read from
-    the function's calls are found on first use, and those that follow the calls into other functions
-    (`set_epoch`, `clears_grads`, `returns_optimizer`) only when asked, each once."""
-
-    __slots__ = ("grad_off", "_program", "_module", "_scope", "_depth", "_local", "_reached", "_returns")
-
-    def __init__(self, program: "Program", module: Module, scope: FunctionScope, grad_off: bool, depth: int) -> None:
-        self.grad_off = grad_off  # decorated with no_grad/inference_mode, directly or through a project wrapper
-        # A weak reference: the program keeps its summaries, and a cycle would leave a run's trees to the collector.
-        self._program, self._module, self._scope, self._depth = weakref.ref(program), module, scope, depth
-        self._local: Optional[tuple[frozenset[str], bool, frozenset[str], bool, bool]] = None
-        self._reached: list[Optional[bool]] = [None, None]  # see _reach
-        self._returns: Optional[bool] = None
-
-    @property
-    def forwards(self) -> frozenset[str]:
-        """Names (parameters or free variables) it calls as models with grad enabled."""
-        return self._facts()[0]
-
-    @property
-    def backward(self) -> bool:
-        """It runs a backward itself."""
-        return self._facts()[1]
-
-    @property
-    def steps(self) -> frozenset[str]:
-        """Names it steps as optimizers (`opt.step()`, `scaler.step(opt)`)."""
-        return self._facts()[2]
-
-    @property
-    def set_epoch(self) -> bool:
-        """It calls `.set_epoch(...)`, itself or through the functions it calls."""
-        return self._reach(0)
-
-    @property
-    def clears_grads(self) -> bool:
-        """It calls zero_grad()/grad.zero_() or sets `.grad`, itself or through the functions it calls."""
-        return self._reach(1)
-
-    @property
-    def returns_optimizer(self) -> bool:
-        """It returns a new torch optimizer, built here or by a function it calls."""
-        if self._returns is None:
-            self._returns = False  # while it is worked out: a recursive call returns none
-            self._returns = self._depth < _DEPTH and self._owner()._returns_optimizer(
-                self._module, self._scope, self._depth
-            )
-        return self._returns
-
-    def _owner(self) -> "Program":
-        """The program whose run made this summary (alive for as long as its rules ask questions)."""
-        program = self._program()
-        assert program is not None, "a summary outlived its lint run"
-        return program
-
-    def _facts(self) -> tuple[frozenset[str], bool, frozenset[str], bool, bool]:
-        """(forwards, backward, steps, set_epoch, clears) from the function's own body."""
-        if self._local is None:
-            scope, grad_off = self._scope, self.grad_off
-            forwards: set[str] = set()
-            steps: set[str] = set()
-            backward = set_epoch = False
-            clears = any(clears_every_grad(b.target) for b in scope.bindings)
-            for call in scope.calls:
-                attr = call.attr
-                if attr in BACKWARD_METHODS:
-                    backward = True
-                elif attr == "step" and not call.node.keywords:
-                    args = call.node.args
-                    stepped = (
-                        call.receiver
-                        if not args
-                        else ref(args[0])
-                        if len(args) == 1 and "scaler" in (call.receiver or "").lower()
-                        else None
-                    )
-                    if stepped:
-                        steps.add(stepped)
-                elif attr == "set_epoch":
-                    set_epoch = True
-                elif attr == "zero_grad" or attr == "zero_" and clears_every_grad(call.receiver):
-                    clears = True
-                if not (grad_off or call.grad_off):
-                    if type(call.node.func) is ast.Name:
-                        forwards.add(call.node.func.id)
-                    elif attr == "forward" and call.receiver:
-                        forwards.add(call.receiver)
-            self._local = (frozenset(forwards), backward, frozenset(steps), set_epoch, clears)
-        return self._local
-
-    def _reach(self, which: int) -> bool:
-        """Set-epoch (0) or clears-gradients (1), through the calls up to `_DEPTH` calls deep from where the summary
-        was first asked; each is followed only until it is found."""
-        reached = self._reached
-        if reached[which] is None:
-            _, _, _, set_epoch, clears = self._facts()
-            found = clears if which else set_epoch
-            reached[which] = found  # while it is worked out: a recursive call adds nothing
-            if not found and self._depth < _DEPTH:
-                program, module, scope = self._owner(), self._module, self._scope
-                for call in scope.calls:
-                    callee = program.resolve_call(module, scope, call)
-                    if callee is not None and program.summary(*callee, depth=self._depth + 1)._reach(which):
-                        reached[which] = True
-                        break
-        return bool(reached[which])
-
-
 class Program:
     """The project model of one lint run: modules parsed on demand and cached, summaries cached per function."""
 
     def __init__(self) -> None:
         self._roots: dict[str, str] = {}
         self._modules: dict[str, Optional[Module]] = {}
-        self._summaries: dict[tuple[str, int], Summary] = {}
-        self._wrappers: dict[tuple[str, int], bool] = {}
+        self._facts: dict[tuple[str, int, Fact], object] = {}  # (file, id(def node), fact) -> value
         self._trees: dict[str, list[str]] = {}
         self._tree_stamps: dict[str, str] = {}
         self._found: dict[tuple[str, str, int], Optional[str]] = {}
@@ -275,8 +163,7 @@ class Program:
             return
         for path in gone:
             del self._modules[path]
-        self._summaries = {k: v for k, v in self._summaries.items() if k[0] not in gone}
-        self._wrappers = {k: v for k, v in self._wrappers.items() if k[0] not in gone}
+        self._facts = {k: v for k, v in self._facts.items() if k[0] not in gone}
         self._callers = {}  # keyed by the ids of functions that may be among the freed ones: found again on demand
 
     def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
@@ -501,55 +388,33 @@ class Program:
             return None
         return self.instance_method(module, scope, name, "__call__")
 
-    # ---- summaries ----------------------------------------------------------------------------------------
-    def summary(self, module: Module, scope: FunctionScope, depth: int = 0) -> Summary:
-        """The summary of one function (one per function and run; `depth` is how many calls deep it was first
-        reached, which bounds how far its own calls are followed)."""
-        key = (module.path, id(scope.node))
-        found = self._summaries.get(key)
-        if found is None:
-            found = self._summaries[key] = Summary(
-                self, module, scope, scope.grad_off or self._wrapper_decorated(module, scope), depth
-            )
-        return found
-
-    def _returns_optimizer(self, module: Module, scope: FunctionScope, depth: int) -> bool:
-        """A `return` gives back a torch optimizer built here (`torch.optim.X(...)`, directly or through a local
-        name) or by another project function."""
-        for ret in scope.returns:
-            values = [ret.value] if ret.value is not None else []
-            if isinstance(ret.value, ast.Name):
-                values += [b.value for b in scope.bindings_of(ret.value.id) if b.value is not None]
-            for value in values:
-                if is_optimizer_ctor(value, module.index):
-                    return True
-                call = next((c for c in scope.calls if c.node is value), None)
-                if call is not None:
-                    callee = self.resolve_call(module, scope, call)
-                    if (
-                        callee is not None
-                        and callee[1] is not scope
-                        and self.summary(*callee, depth=depth + 1).returns_optimizer
-                    ):
-                        return True
-        return False
-
-    def _wrapper_decorated(self, module: Module, scope: FunctionScope) -> bool:
-        """A decorator that is a project function wrapping its target in no_grad/inference_mode."""
-        if isinstance(scope.node, ast.Module):
-            return False
-        for d in scope.node.decorator_list:
-            name = d.func if isinstance(d, ast.Call) else d
-            if not isinstance(name, (ast.Name, ast.Attribute)):
-                continue
-            fake = CallSite(
-                ast.Call(func=name, args=[], keywords=[]), "", last(resolve(name, {})), None, None, False, (0, 0)
-            )
-            parent = module.parents.get(id(scope.node)) or module.index.scopes[0]
-            found = self.resolve_call(module, parent, fake)
-            if found is not None and self.is_grad_off_wrapper(*found):
-                return True
-        return False
+    # ---- facts --------------------------------------------------------------------------------------------
+    def fact(self, module: Module, scope: FunctionScope, fact: Fact[T], depth: int = 0) -> T:
+        """A rule's declared fact of one function (see torchdoctor.lint.facts), computed once per function and
+        run: its local predicate, joined (when the fact propagates) with the facts of the functions its calls
+        resolve to, up to `DEPTH` calls deep from where it was first asked. A call that resolves to nothing is
+        unknown and adds nothing; a recursive call sees `fact.empty`."""
+        key = (module.path, id(scope.node), fact)
+        cached = self._facts.get(key, _MISSING)
+        if cached is not _MISSING:
+            return cached  # type: ignore[no-any-return]
+        self._facts[key] = fact.empty  # while it is worked out
+        fn = Function(self, module, scope, depth)
+        value = fact.local(fn)
+        join, final = fact.join, fact.final
+        if join is not None and depth < DEPTH and not (final is not None and final(value)):
+            for call in scope.calls:
+                callee = fn.resolve(call)
+                if callee is None or callee.scope is scope:
+                    continue
+                got = callee.fact(fact)
+                if fact.through is not None:
+                    got = fact.through(got, fn, call, callee)
+                value = join(value, got)
+                if final is not None and final(value):
+                    break
+        self._facts[key] = value
+        return value
 
     def unknown_decorators(self, module: Module, scope: FunctionScope) -> list[ast.expr]:
         """Decorators of the function that the project does not define and that are not known to leave autograd
@@ -573,21 +438,6 @@ class Program:
             if self.resolve_call(module, parent, fake) is None:
                 out.append(d)
         return out
-
-    def is_grad_off_wrapper(self, module: Module, scope: FunctionScope) -> bool:
-        """The function (with its closures) names no_grad/inference_mode other than in a `with`, and returns
-        something: it builds a decorator or wrapped callable that runs its target without grad."""
-        key = (module.path, id(scope.node))
-        if key not in self._wrappers:
-            used = withs = 0
-            for node in ast.walk(scope.node):
-                if isinstance(node, (ast.With, ast.AsyncWith)):
-                    withs += sum(1 for item in node.items if _names_grad_off(item.context_expr, module))
-                elif isinstance(node, (ast.Attribute, ast.Name)) and _is_grad_off_name(node, module):
-                    used += 1
-            returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(scope.node))
-            self._wrappers[key] = returns and (used > withs or withs > 0 and _wraps_in_grad_off(scope.node, module))
-        return self._wrappers[key]
 
     # ---- callers -------------------------------------------------------------------------------------------
     def project_files(self, root: str) -> list[str]:
@@ -716,41 +566,6 @@ def _searchable_root(root: str, folder: str) -> str:
     parts = rel.split(os.sep)
     hidden = [i for i, part in enumerate(parts) if part.startswith(".") and part not in _SKIP_DIRS]
     return os.path.join(root, *parts[: hidden[-1] + 1]) if hidden else root
-
-
-def _wraps_in_grad_off(outer: ast.AST, module: Module) -> bool:
-    """A nested function (the wrapper a decorator returns) calls a parameter of an enclosing function (the
-    decorated target) inside `with torch.no_grad():` (`functools.wraps` decorators written by hand)."""
-    targets = {
-        a.arg
-        for n in ast.walk(outer)
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-        for a in n.args.posonlyargs + n.args.args
-    }
-    for inner in ast.walk(outer):
-        if inner is outer or not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        own = {a.arg for a in inner.args.posonlyargs + inner.args.args + inner.args.kwonlyargs}
-        for node in ast.walk(inner):
-            if (
-                isinstance(node, (ast.With, ast.AsyncWith))
-                and any(_names_grad_off(item.context_expr, module) for item in node.items)
-                and any(
-                    isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in targets - own
-                    for stmt in node.body
-                    for c in ast.walk(stmt)
-                )
-            ):
-                return True
-    return False
-
-
-def _is_grad_off_name(node: ast.expr, module: Module) -> bool:
-    return last(resolve(node, module.index.aliases)) in _GRAD_OFF
-
-
-def _names_grad_off(expr: ast.expr, module: Module) -> int:
-    return sum(1 for n in ast.walk(expr) if isinstance(n, (ast.Attribute, ast.Name)) and _is_grad_off_name(n, module))
 
 
 def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -> Module:
