@@ -259,7 +259,8 @@ class Program:
         self, module: Module, scope: FunctionScope, call: CallSite
     ) -> Optional[tuple[Module, FunctionScope]]:
         """The function a call runs, when the project defines it: a closure or local def, a method of the same
-        class (`self.f()`), a module function, or an imported one (`f()`, `mod.f()`). The answer depends only on
+        class (`self.f()`) or of an instance's class (`box = Box(); box.f()`), a module function, or an imported one
+        (`f()`, `mod.f()`). The answer depends only on
         `scope` and the callee's name (`f` or `x.f`), which is what callers may memoise it by."""
         func = call.node.func
         if type(func) is ast.Name:
@@ -283,6 +284,7 @@ class Program:
                 self.touched.add(target[0])
                 other = self.module(target[0])
                 return self.lookup(other, func.attr) if other is not None else None
+            return self.instance_method(module, scope, func.value.id, func.attr)  # `meter = Meter(); meter.f()`
         return None
 
     def method(
@@ -313,9 +315,8 @@ class Program:
     ) -> Optional[tuple[Module, FunctionScope]]:
         """The method `name` of the project class `receiver` is an instance of: `receiver` is bound (only) to
         `Cls(...)` in this function or at module level, `Cls` a class of this module or one it imports."""
-        bound = [
-            b.value for s in (scope, module.index.scopes[0]) for b in s.bindings_of(receiver) if b.value is not None
-        ]
+        scopes = (scope,) if scope is module.index.scopes[0] else (scope, module.index.scopes[0])
+        bound = [b.value for s in scopes for b in s.bindings_of(receiver) if b.value is not None]
         if len(bound) != 1 or not isinstance(bound[0], ast.Call) or not isinstance(bound[0].func, ast.Name):
             return None
         cls = bound[0].func.id
