@@ -18,6 +18,7 @@ from typing import Iterator, Optional, TypeVar
 
 from torchdoctor.lint.facts import DEPTH, Fact, Function
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
+from torchdoctor.lint.libraries import MISSING, LibraryFacts
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _GRAD_OFF = ("no_grad", "inference_mode")
@@ -144,6 +145,7 @@ class Program:
         self.touched: set[str] = set()  # modules consulted since the caller last cleared this
         self._libraries: dict[str, Optional[str]] = {}  # dotted module -> its source in site-packages
         self._library_paths: Optional[list[str]] = None
+        self.libraries: Optional[LibraryFacts] = None  # installed libraries' facts kept per version (see libraries)
 
     # ---- files and modules -------------------------------------------------------------------------------
     def root_of(self, path: str) -> str:
@@ -210,7 +212,7 @@ class Program:
         found = self._libraries.get(dotted)
         if found is None and dotted not in self._libraries:
             parts = dotted.split(".")
-            for base in self._library_folders():
+            for base in self.library_folders():
                 target = os.path.join(base, *parts)
                 for candidate in (target + ".py", os.path.join(target, "__init__.py")):
                     if os.path.isfile(candidate):
@@ -221,7 +223,7 @@ class Program:
             self._libraries[dotted] = found
         return found
 
-    def _library_folders(self) -> list[str]:
+    def library_folders(self) -> list[str]:
         if self._library_paths is None:
             self._library_paths = _library_folders()
         return self._library_paths
@@ -399,6 +401,12 @@ class Program:
         cached = self._facts.get(key, _MISSING)
         if cached is not _MISSING:
             return cached  # type: ignore[no-any-return]
+        libraries = self.libraries
+        if libraries is not None:
+            kept = libraries.get(module.path, scope, fact, depth)
+            if kept is not MISSING:
+                self._facts[key] = kept
+                return kept  # type: ignore[return-value]
         self._facts[key] = fact.empty  # while it is worked out
         fn = Function(self, module, scope, depth)
         value = fact.local(fn)
@@ -415,6 +423,8 @@ class Program:
                 if final is not None and final(value):
                     break
         self._facts[key] = value
+        if libraries is not None:
+            libraries.put(module.path, scope, fact, depth, value)
         return value
 
     def unknown_decorators(self, module: Module, scope: FunctionScope) -> list[ast.expr]:
