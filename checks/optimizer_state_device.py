@@ -7,7 +7,7 @@ from typing import Any, Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import FunctionScope, SourceFile, literal
+from torchdoctor.sdk.source import CallSite, Effect, Fact, Function, FunctionScope, SourceFile, literal, ref
 
 from ._optimizer_builds import optimizers_built, rebuilt_after
 
@@ -152,29 +152,64 @@ def _moved_before(scope: FunctionScope, model: str, pos: tuple) -> bool:
     )
 
 
+def _loads_state(fn: Function) -> frozenset[Effect]:
+    """What the function loads a state dict into (`x.load_state_dict(...)`)."""
+    return frozenset(Effect(c.receiver) for c in fn.scope.calls if c.attr == "load_state_dict" and c.receiver)
+
+
+def _moves(fn: Function) -> frozenset[Effect]:
+    """What the function moves off the CPU or casts (`x.cuda()`, `x.to("cuda")`, `x.to(torch.bfloat16)`)."""
+    return frozenset(
+        Effect(c.receiver)
+        for c in fn.scope.calls
+        if c.receiver and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
+    )
+
+
+# What helpers do to the optimizer and the model: a load in `resume(path, model, optimizer)` in another file, a
+# move in `to_device(model, device)`, count as the caller's own.
+LOADS_STATE = Fact.effects("loads-state-dict", _loads_state)
+MOVES = Fact.effects("moves-off-cpu", _moves)
+
+
+def _through_helper(src: SourceFile, scope: FunctionScope, call: CallSite, fact: Fact, name: str) -> bool:
+    """`call` hands `name` to a function that, itself or through its calls, does what `fact` says to it."""
+    if not any(ref(a) == name for a in [*call.node.args, *(k.value for k in call.node.keywords)]):
+        return False
+    return any(e.receiver == name for e in src.project.at_call(scope, call, fact) or ())
+
+
 @OPTIMIZER_STATE_DEVICE.source
 def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or "load_state_dict" not in src.text:
+    if src.tree is None or "load_state_dict" not in src.text and ".to(" not in src.text and ".cuda(" not in src.text:
         return
     index = src.index
     for scope in index.scopes:
         for built in optimizers_built(scope, index):
+            moves = [
+                c
+                for c in scope.calls
+                if c.pos > built.binding.pos
+                and (
+                    c.receiver == built.model
+                    and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
+                    or _through_helper(src, scope, c, MOVES, built.model)
+                )
+            ]
+            if not moves:
+                continue
             loads = [
                 c
                 for c in scope.calls
-                if c.receiver == built.optimizer and c.attr == "load_state_dict" and c.pos > built.binding.pos
+                if built.binding.pos < c.pos < moves[-1].pos
+                and (
+                    c.receiver == built.optimizer
+                    and c.attr == "load_state_dict"
+                    or _through_helper(src, scope, c, LOADS_STATE, built.optimizer)
+                )
             ]
             for load in loads[:1]:
-                move = next(
-                    (
-                        c
-                        for c in scope.calls
-                        if c.pos > load.pos
-                        and c.receiver == built.model
-                        and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
-                    ),
-                    None,
-                )
+                move = next((c for c in moves if c.pos > load.pos), None)
                 if (
                     move is None
                     or _moved_before(scope, built.model, load.pos)
@@ -185,11 +220,13 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
                     )
                 ):
                     continue
+                via = f" (it loads `{built.optimizer}`'s state)" if load.attr != "load_state_dict" else ""
+                moved = f" (it moves `{built.model}`)" if move.receiver != built.model else ""
                 yield Finding(
-                    f"`{src.snippet(load.node)}` (line {load.pos[0]}) runs before `{src.snippet(move.node)}` "
-                    f"(line {move.pos[0]}): load_state_dict casts the state to the device and dtype the parameters "
-                    "have at that moment, so it stays behind when the model is moved or cast, and `step()` fails "
-                    "with 'Expected all tensors to be on the same device' (or mixes precisions).",
+                    f"`{src.snippet(load.node)}` (line {load.pos[0]}){via} runs before `{src.snippet(move.node)}` "
+                    f"(line {move.pos[0]}){moved}: load_state_dict casts the state to the device and dtype the "
+                    "parameters have at that moment, so it stays behind when the model is moved or cast, and "
+                    "`step()` fails with 'Expected all tensors to be on the same device' (or mixes precisions).",
                     fix=f"Move or cast the model first, then load the state: put line {move.pos[0]} before line "
                     f"{load.pos[0]}:\n{src.segment(move.node)}\n{src.segment(load.node)}",
                     location=src.location(load.node),

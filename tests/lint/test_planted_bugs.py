@@ -1223,6 +1223,43 @@ model.eval()
 labels = model.predict(torch.randn(8, 4))
 """
 
+RESUME_HELPER = """
+import torch
+
+def resume(path, model, optimizer):
+    ckpt = torch.load(path)
+    model.load_state_dict(ckpt["model"])
+    {load}
+    return ckpt["epoch"]
+"""
+
+RESUME_THEN_MOVE = """
+import torch
+from torch import nn
+from utils import resume
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+{first}
+{second}
+"""
+
+TO_DEVICE = """
+def to_device(model, device):
+    {body}
+"""
+
+LOAD_THEN_HELPER_MOVE = """
+import torch
+from torch import nn
+from utils import to_device
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+optimizer.load_state_dict(torch.load("last.pt")["optimizer"])
+model = to_device(model, "cuda")
+"""
+
 ENGINE_CASES = [
     # whose gradients a helper clears: `reset(optimizerG)` does not clear the discriminator's optimizer
     case(
@@ -1284,6 +1321,55 @@ ENGINE_CASES = [
         {"infer.py": PREDICT.format(decorator="")},
         {"infer.py": PREDICT.format(decorator="@torch.no_grad()")},
         20,
+    ),
+    # optimizer state loaded by a helper in another file, the model moved afterwards
+    case(
+        "optimizer-state-device",
+        "train.py",
+        {
+            "train.py": RESUME_THEN_MOVE.format(
+                first='start = resume("last.pt", model, optimizer)', second='model.to("cuda")'
+            ),
+            "utils.py": RESUME_HELPER.format(load='optimizer.load_state_dict(ckpt["optimizer"])'),
+        },
+        {
+            "train.py": RESUME_THEN_MOVE.format(
+                first='model.to("cuda")', second='start = resume("last.pt", model, optimizer)'
+            ),
+            "utils.py": RESUME_HELPER.format(load='optimizer.load_state_dict(ckpt["optimizer"])'),
+        },
+        8,
+        message="(it loads `optimizer`'s state)",
+    ),
+    # ... and its look-alike: the helper loads only the model's weights
+    case(
+        "optimizer-state-device",
+        "train.py",
+        {
+            "train.py": RESUME_THEN_MOVE.format(
+                first='start = resume("last.pt", model, optimizer)', second='model.to("cuda")'
+            ),
+            "utils.py": RESUME_HELPER.format(load='optimizer.load_state_dict(ckpt["optimizer"])'),
+        },
+        {
+            "train.py": RESUME_THEN_MOVE.format(
+                first='start = resume("last.pt", model, optimizer)', second='model.to("cuda")'
+            ),
+            "utils.py": RESUME_HELPER.format(load="optimizer.zero_grad()"),
+        },
+        8,
+    ),
+    # state loaded here, the model moved by a helper in another file
+    case(
+        "optimizer-state-device",
+        "train.py",
+        {"train.py": LOAD_THEN_HELPER_MOVE, "utils.py": TO_DEVICE.format(body="return model.to(device)")},
+        {
+            "train.py": LOAD_THEN_HELPER_MOVE,
+            "utils.py": TO_DEVICE.format(body='print(f"{model} on {device}")\n    return model'),
+        },
+        8,
+        message="(it moves `model`)",
     ),
 ]
 
