@@ -138,6 +138,7 @@ class Program:
         self._roots: dict[str, str] = {}
         self._modules: dict[str, Optional[Module]] = {}
         self._facts: dict[tuple[str, int, Fact], object] = {}  # (file, id(def node), fact) -> value
+        self._fact_files: dict[tuple[str, int, Fact], frozenset[str]] = {}  # the modules each answer read
         self._trees: dict[str, list[str]] = {}
         self._tree_stamps: dict[str, str] = {}
         self._found: dict[tuple[str, str, int], Optional[str]] = {}
@@ -166,6 +167,7 @@ class Program:
         for path in gone:
             del self._modules[path]
         self._facts = {k: v for k, v in self._facts.items() if k[0] not in gone}
+        self._fact_files = {k: v for k, v in self._fact_files.items() if k[0] not in gone}
         self._callers = {}  # keyed by the ids of functions that may be among the freed ones: found again on demand
 
     def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
@@ -400,6 +402,9 @@ class Program:
         key = (module.path, id(scope.node), fact)
         cached = self._facts.get(key, _MISSING)
         if cached is not _MISSING:
+            read = self._fact_files.get(key)
+            if read:
+                self.touched |= read  # the answer read those modules: whoever asks depends on them too
             return cached  # type: ignore[no-any-return]
         libraries = self.libraries
         if libraries is not None:
@@ -407,22 +412,29 @@ class Program:
             if kept is not MISSING:
                 self._facts[key] = kept
                 return kept  # type: ignore[return-value]
+        asker, self.touched = self.touched, set()
         self._facts[key] = fact.empty  # while it is worked out
-        fn = Function(self, module, scope, depth)
-        value = fact.local(fn)
-        join, final = fact.join, fact.final
-        if join is not None and depth < DEPTH and not (final is not None and final(value)):
-            for call in scope.calls:
-                callee = fn.resolve(call)
-                if callee is None or callee.scope is scope:
-                    continue
-                got = callee.fact(fact)
-                if fact.through is not None:
-                    got = fact.through(got, fn, call, callee)
-                value = join(value, got)
-                if final is not None and final(value):
-                    break
+        try:
+            fn = Function(self, module, scope, depth)
+            value = fact.local(fn)
+            join, final = fact.join, fact.final
+            if join is not None and depth < DEPTH and not (final is not None and final(value)):
+                for call in scope.calls:
+                    callee = fn.resolve(call)
+                    if callee is None or callee.scope is scope:
+                        continue
+                    got = callee.fact(fact)
+                    if fact.through is not None:
+                        got = fact.through(got, fn, call, callee)
+                    value = join(value, got)
+                    if final is not None and final(value):
+                        break
+        finally:
+            read, self.touched = self.touched, asker
+            asker |= read
         self._facts[key] = value
+        if read:
+            self._fact_files[key] = frozenset(read)
         if libraries is not None:
             libraries.put(module.path, scope, fact, depth, value)
         return value
