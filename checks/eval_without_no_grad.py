@@ -358,6 +358,9 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
             for model in _forwarded(src, scope, call, mode):
                 if model in reported or model in frozen:
                     continue
+                if _frozen_by_helper(src, model):
+                    frozen.add(model)
+                    continue
                 reported.add(model)
                 through = "" if ref(call.node.func) == model or call.attr == "forward" else f" (it calls `{model}`)"
                 if unknown is None:
@@ -416,7 +419,15 @@ def _volatile(call: CallSite) -> bool:
 def _frozen_models(src: SourceFile) -> set[str]:
     """Models frozen in this file: `m.requires_grad_(False)`, or `p.requires_grad = False` in a loop over
     `m.parameters()` (their forwards record no graph of their own)."""
-    calls = src.index.all_calls() if "requires_grad_" in src.text else ()
+    if src.tree is None:
+        return set()
+    calls = list(src.index.all_calls()) if "requires_grad_" in src.text else []
+    return _freezing(src.tree, calls, "requires_grad = False" in src.text)
+
+
+def _freezing(node: ast.AST, calls: list[CallSite], assigns: bool) -> set[str]:
+    """The models frozen whole in `node`: `m.requires_grad_(False)` among `calls`, or (when `assigns`)
+    `p.requires_grad = False` unconditionally in a loop over `m.parameters()`."""
     frozen = {
         c.receiver
         for c in calls
@@ -426,22 +437,40 @@ def _frozen_models(src: SourceFile) -> set[str]:
         and isinstance(c.node.args[0], ast.Constant)
         and c.node.args[0].value is False
     }
-    for node in ast.walk(src.tree) if src.tree is not None and "requires_grad = False" in src.text else ():
+    for loop in ast.walk(node) if assigns else ():
         if (
-            isinstance(node, ast.For)
-            and isinstance(node.iter, ast.Call)
-            and isinstance(node.iter.func, ast.Attribute)
-            and node.iter.func.attr in ("parameters", "named_parameters")
+            isinstance(loop, ast.For)
+            and isinstance(loop.iter, ast.Call)
+            and isinstance(loop.iter.func, ast.Attribute)
+            and loop.iter.func.attr in ("parameters", "named_parameters")
         ):
-            owner = ref(node.iter.func.value)
+            owner = ref(loop.iter.func.value)
             # unconditional, in the loop's own body: `if "bn" in name: p.requires_grad = False` freezes a part
             if owner and any(
                 isinstance(n, ast.Assign)
                 and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in n.targets)
-                for n in node.body
+                for n in loop.body
             ):
                 frozen.add(owner)
     return {name for name in frozen if name}
+
+
+def _freezes(fn: Function) -> frozenset[Effect]:
+    return frozenset(Effect(name) for name in _freezing(fn.scope.node, fn.scope.calls, True))
+
+
+# The models a function freezes whole (`freeze(teacher)` in a utils module), itself or through its calls.
+FREEZES = Fact.effects("freezes-model", _freezes)
+
+
+def _frozen_by_helper(src: SourceFile, model: str) -> bool:
+    """A call of this file hands `model` to a function that freezes it whole."""
+    return any(
+        any(ref(a) == model for a in call.node.args)
+        and any(e.receiver == model for e in src.project.at_call(scope, call, FREEZES) or ())
+        for scope in src.index.scopes
+        for call in scope.calls
+    )
 
 
 def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:

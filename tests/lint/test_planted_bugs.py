@@ -1260,7 +1260,36 @@ optimizer.load_state_dict(torch.load("last.pt")["optimizer"])
 model = to_device(model, "cuda")
 """
 
+PREPARE = """
+def prepare(module):
+    {body}
+    return module
+"""
+
+EXTRACT = """
+from utils import prepare
+
+def extract(model, loader):
+    prepare(model)
+    model.eval()
+    for x in loader:
+        print(model(x).shape)
+
+extract(model, loader)
+"""
+
 ENGINE_CASES = [
+    # a model frozen whole by a helper in another file records no graph: quiet; a helper that does not freeze it
+    case(
+        "eval-without-no-grad",
+        "extract.py",
+        {"extract.py": EXTRACT, "utils.py": PREPARE.format(body="module.cpu()")},
+        {
+            "extract.py": EXTRACT,
+            "utils.py": PREPARE.format(body="for p in module.parameters():\n        p.requires_grad = False"),
+        },
+        8,
+    ),
     # whose gradients a helper clears: `reset(optimizerG)` does not clear the discriminator's optimizer
     case(
         "missing-zero-grad",
