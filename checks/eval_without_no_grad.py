@@ -456,7 +456,18 @@ def _freezing(node: ast.AST, calls: list[CallSite], assigns: bool) -> set[str]:
 
 
 def _freezes(fn: Function) -> frozenset[Effect]:
-    return frozenset(Effect(name) for name in _freezing(fn.scope.node, fn.scope.calls, True))
+    scope = fn.scope
+    assigns = any(b.target.endswith(".requires_grad") for b in scope.bindings)
+    if not assigns and "requires_grad_" not in scope.call_attrs:
+        return frozenset()
+    return frozenset(Effect(name) for name in _freezing(scope.node, scope.calls, assigns))
+
+
+def _passes(call: CallSite, name: str) -> bool:
+    """`call` hands `name` (a name or attribute chain) to its callee as a positional argument."""
+    if "." not in name:
+        return any(type(a) is ast.Name and a.id == name for a in call.node.args)
+    return any(type(a) is ast.Attribute and ref(a) == name for a in call.node.args)
 
 
 # The models a function freezes whole (`freeze(teacher)` in a utils module), itself or through its calls.
@@ -466,8 +477,7 @@ FREEZES = Fact.effects("freezes-model", _freezes)
 def _frozen_by_helper(src: SourceFile, model: str) -> bool:
     """A call of this file hands `model` to a function that freezes it whole."""
     return any(
-        any(ref(a) == model for a in call.node.args)
-        and any(e.receiver == model for e in src.project.at_call(scope, call, FREEZES) or ())
+        _passes(call, model) and any(e.receiver == model for e in src.project.at_call(scope, call, FREEZES) or ())
         for scope in src.index.scopes
         for call in scope.calls
     )

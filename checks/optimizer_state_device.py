@@ -174,7 +174,11 @@ MOVES = Fact.effects("moves-off-cpu", _moves)
 
 def _through_helper(src: SourceFile, scope: FunctionScope, call: CallSite, fact: Fact, name: str) -> bool:
     """`call` hands `name` to a function that, itself or through its calls, does what `fact` says to it."""
-    if not any(ref(a) == name for a in [*call.node.args, *(k.value for k in call.node.keywords)]):
+    plain = "." not in name
+    if not any(
+        (type(a) is ast.Name and a.id == name) if plain else (type(a) is ast.Attribute and ref(a) == name)
+        for a in [*call.node.args, *(k.value for k in call.node.keywords)]
+    ):
         return False
     return any(e.receiver == name for e in src.project.at_call(scope, call, fact) or ())
 

@@ -139,6 +139,8 @@ class Program:
         self._modules: dict[str, Optional[Module]] = {}
         self._facts: dict[tuple[str, int, Fact], object] = {}  # (file, id(def node), fact) -> value
         self._fact_files: dict[tuple[str, int, Fact], frozenset[str]] = {}  # the modules each answer read
+        self._resolved: dict[tuple[str, int], list[tuple[CallSite, Optional[tuple[Module, FunctionScope]]]]] = {}
+        self._resolved_files: dict[tuple[str, int], frozenset[str]] = {}
         self._trees: dict[str, list[str]] = {}
         self._tree_stamps: dict[str, str] = {}
         self._found: dict[tuple[str, str, int], Optional[str]] = {}
@@ -168,6 +170,8 @@ class Program:
             del self._modules[path]
         self._facts = {k: v for k, v in self._facts.items() if k[0] not in gone}
         self._fact_files = {k: v for k, v in self._fact_files.items() if k[0] not in gone}
+        self._resolved = {k: v for k, v in self._resolved.items() if k[0] not in gone}
+        self._resolved_files = {k: v for k, v in self._resolved_files.items() if k[0] not in gone}
         self._callers = {}  # keyed by the ids of functions that may be among the freed ones: found again on demand
 
     def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
@@ -283,6 +287,9 @@ class Program:
         if type(func) is ast.Attribute and type(func.value) is ast.Name:
             if func.value.id in ("self", "cls") and scope.class_name is not None:
                 return self.method(module, scope.class_name, func.attr)
+            alias = module.index.aliases.get(func.value.id)
+            if alias is not None and alias.split(".", 1)[0] in _EXTERNAL:
+                return None  # `torch.zeros(...)`, `np.mean(...)`: never a project or followed library function
             target = module.imports(self).get(func.value.id)
             if target is not None and target[0] is not None and target[1] is None:  # a project module
                 self.touched.add(target[0])
@@ -419,10 +426,10 @@ class Program:
             value = fact.local(fn)
             join, final = fact.join, fact.final
             if join is not None and depth < DEPTH and not (final is not None and final(value)):
-                for call in scope.calls:
-                    callee = fn.resolve(call)
-                    if callee is None or callee.scope is scope:
+                for call, found in self._resolved_calls(module, scope):
+                    if found is None or found[1] is scope:
                         continue
+                    callee = Function(self, found[0], found[1], depth + 1)
                     got = callee.fact(fact)
                     if fact.through is not None:
                         got = fact.through(got, fn, call, callee)
@@ -438,6 +445,26 @@ class Program:
         if libraries is not None:
             libraries.put(module.path, scope, fact, depth, value)
         return value
+
+    def _resolved_calls(
+        self, module: Module, scope: FunctionScope
+    ) -> list[tuple[CallSite, Optional[tuple[Module, FunctionScope]]]]:
+        """The function's calls with what each runs (None: unknown), resolved once for all the facts that follow
+        them; the modules the resolution read are recorded with it, as a fact's are."""
+        key = (module.path, id(scope.node))
+        found = self._resolved.get(key)
+        if found is None:
+            asker, self.touched = self.touched, set()
+            try:
+                found = self._resolved[key] = [(call, self.resolve_call(module, scope, call)) for call in scope.calls]
+            finally:
+                read, self.touched = self.touched, asker
+                asker |= read
+            if read:
+                self._resolved_files[key] = frozenset(read)
+        else:
+            self.touched |= self._resolved_files.get(key, frozenset())
+        return found
 
     def unknown_decorators(self, module: Module, scope: FunctionScope) -> list[ast.expr]:
         """Decorators of the function that the project does not define and that are not known to leave autograd
