@@ -174,10 +174,13 @@ MOVES = Fact.effects("moves-off-cpu", _moves)
 
 def _through_helper(src: SourceFile, scope: FunctionScope, call: CallSite, fact: Fact, name: str) -> bool:
     """`call` hands `name` to a function that, itself or through its calls, does what `fact` says to it."""
+    node = call.node
+    if not node.args and not node.keywords or type(node.func) is ast.Attribute and call.qualname.startswith("torch."):
+        return False
     plain = "." not in name
     if not any(
         (type(a) is ast.Name and a.id == name) if plain else (type(a) is ast.Attribute and ref(a) == name)
-        for a in [*call.node.args, *(k.value for k in call.node.keywords)]
+        for a in [*node.args, *(k.value for k in node.keywords)]
     ):
         return False
     return any(e.receiver == name for e in src.project.at_call(scope, call, fact) or ())
@@ -190,26 +193,26 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
     index = src.index
     for scope in index.scopes:
         for built in optimizers_built(scope, index):
-            moves = [
+            loads = [
                 c
                 for c in scope.calls
                 if c.pos > built.binding.pos
                 and (
-                    c.receiver == built.model
-                    and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
-                    or _through_helper(src, scope, c, MOVES, built.model)
-                )
-            ]
-            if not moves:
-                continue
-            loads = [
-                c
-                for c in scope.calls
-                if built.binding.pos < c.pos < moves[-1].pos
-                and (
                     c.receiver == built.optimizer
                     and c.attr == "load_state_dict"
                     or _through_helper(src, scope, c, LOADS_STATE, built.optimizer)
+                )
+            ]
+            if not loads:
+                continue
+            moves = [
+                c
+                for c in scope.calls
+                if c.pos > loads[0].pos
+                and (
+                    c.receiver == built.model
+                    and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
+                    or _through_helper(src, scope, c, MOVES, built.model)
                 )
             ]
             for load in loads[:1]:

@@ -1278,7 +1278,34 @@ def extract(model, loader):
 extract(model, loader)
 """
 
+EPOCHS = """
+from torch.utils.data import DataLoader, DistributedSampler
+from {where} import train_one_epoch
+
+def main(dataset, model, epochs):
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, sampler=sampler)
+    for epoch in range(epochs):
+        train_one_epoch(loader, model, epoch)
+"""
+
+ONE_EPOCH = """
+def train_one_epoch(loader, model, epoch):
+    loader.sampler.set_epoch(epoch)
+    for x in loader:
+        model(x).sum().backward()
+"""
+
 ENGINE_CASES = [
+    # the epoch loop hands the loader to a function nobody can read: reported, and the message says so
+    case(
+        "sampler-epoch-not-set",
+        "train.py",
+        {"train.py": EPOCHS.format(where="somelib.engine")},
+        {"train.py": EPOCHS.format(where="engine"), "engine.py": ONE_EPOCH},
+        6,
+        message="`train_one_epoch(loader, model, epoch)` (line 9) receives `loader` but is not defined in the project",
+    ),
     # a model frozen whole by a helper in another file records no graph: quiet; a helper that does not freeze it
     case(
         "eval-without-no-grad",
