@@ -7,7 +7,17 @@ from typing import Any, Iterator
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import CallSite, Effect, Fact, Function, FunctionScope, SourceFile, literal, ref
+from torchdoctor.sdk.source import (
+    CallSite,
+    Effect,
+    Fact,
+    Function,
+    FunctionScope,
+    ModuleIndex,
+    SourceFile,
+    literal,
+    ref,
+)
 
 from ._optimizer_builds import optimizers_built, rebuilt_after
 
@@ -172,18 +182,34 @@ LOADS_STATE = Fact.effects("loads-state-dict", _loads_state)
 MOVES = Fact.effects("moves-off-cpu", _moves)
 
 
-def _through_helper(src: SourceFile, scope: FunctionScope, call: CallSite, fact: Fact, name: str) -> bool:
-    """`call` hands `name` to a function that, itself or through its calls, does what `fact` says to it."""
-    node = call.node
-    if not node.args and not node.keywords or type(node.func) is ast.Attribute and call.qualname.startswith("torch."):
-        return False
-    plain = "." not in name
-    if not any(
-        (type(a) is ast.Name and a.id == name) if plain else (type(a) is ast.Attribute and ref(a) == name)
-        for a in [*node.args, *(k.value for k in node.keywords)]
-    ):
-        return False
-    return any(e.receiver == name for e in src.project.at_call(scope, call, fact) or ())
+def _passing(scope: FunctionScope, index: ModuleIndex) -> dict[str, list[CallSite]]:
+    """The calls of `scope` that may run a project or library function, by the names they are handed (as an
+    argument or keyword value); worked out once per function."""
+    question = ("calls passing", id(scope))
+    found = index.memo.get(question)
+    if found is None:
+        found = index.memo[question] = {}
+        for call in scope.calls:
+            node = call.node
+            if not node.args and not node.keywords or call.qualname.startswith(("torch.", "builtins.")):
+                continue
+            for arg in [*node.args, *(k.value for k in node.keywords)]:
+                name = arg.id if type(arg) is ast.Name else ref(arg) if type(arg) is ast.Attribute else None
+                if name is not None:
+                    found.setdefault(name, []).append(call)
+    return found
+
+
+def _through_helpers(
+    src: SourceFile, scope: FunctionScope, name: str, after: tuple, fact: Fact[frozenset[Effect]]
+) -> list[CallSite]:
+    """The calls after `after` that hand `name` to a function that, itself or through its calls, does what `fact`
+    says to it (`resume(path, model, optimizer)` loading the optimizer's state)."""
+    return [
+        c
+        for c in _passing(scope, src.index).get(name, ())
+        if c.pos > after and any(e.receiver == name for e in src.project.at_call(scope, c, fact) or ())
+    ]
 
 
 @OPTIMIZER_STATE_DEVICE.source
@@ -196,25 +222,22 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
             loads = [
                 c
                 for c in scope.calls
-                if c.pos > built.binding.pos
-                and (
-                    c.receiver == built.optimizer
-                    and c.attr == "load_state_dict"
-                    or _through_helper(src, scope, c, LOADS_STATE, built.optimizer)
-                )
+                if c.pos > built.binding.pos and c.receiver == built.optimizer and c.attr == "load_state_dict"
             ]
+            loads = sorted(
+                loads + _through_helpers(src, scope, built.optimizer, built.binding.pos, LOADS_STATE),
+                key=lambda c: c.pos,
+            )
             if not loads:
                 continue
             moves = [
                 c
                 for c in scope.calls
                 if c.pos > loads[0].pos
-                and (
-                    c.receiver == built.model
-                    and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
-                    or _through_helper(src, scope, c, MOVES, built.model)
-                )
+                and c.receiver == built.model
+                and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
             ]
+            moves = sorted(moves + _through_helpers(src, scope, built.model, loads[0].pos, MOVES), key=lambda c: c.pos)
             for load in loads[:1]:
                 move = next((c for c in moves if c.pos > load.pos), None)
                 if (
