@@ -475,12 +475,17 @@ FREEZES = Fact.effects("freezes-model", _freezes)
 
 
 def _frozen_by_helper(src: SourceFile, model: str) -> bool:
-    """A call of this file hands `model` to a function that freezes it whole."""
-    return any(
-        _passes(call, model) and any(e.receiver == model for e in src.project.at_call(scope, call, FREEZES) or ())
-        for scope in src.index.scopes
-        for call in scope.calls
-    )
+    """A call of this file hands `model` to a function that freezes it whole (asked once per file and model)."""
+    question = ("frozen by a helper", model)
+    memo = src.index.memo
+    if question not in memo:
+        memo[question] = any(
+            _passes(call, model) and any(e.receiver == model for e in src.project.at_call(scope, call, FREEZES) or ())
+            for scope in src.index.scopes
+            for call in scope.calls
+            if call.node.args
+        )
+    return bool(memo[question])
 
 
 def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:

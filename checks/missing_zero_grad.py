@@ -419,13 +419,15 @@ def _steps_in_helpers(
         ):
             continue
         steps = _callee_effects(src, scope, call, STEPS) or frozenset()
-        clears = _callee_effects(src, scope, call, CLEARS) or frozenset()
+        clears: Optional[frozenset[Effect]] = None  # asked once a step of an optimizer of this function is found
         for step in sorted(steps, key=lambda e: e.receiver):
             optimizer = step.receiver
             if optimizer in reported or not (
                 is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer)
             ):
                 continue
+            if clears is None:
+                clears = _callee_effects(src, scope, call, CLEARS) or frozenset()
             mine = [c for c in clears if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # the helper clears them itself (every step, or with its accumulation window)

@@ -128,7 +128,9 @@ class Function:
     def arguments(self, call: CallSite) -> dict[str, Optional[str]]:
         """What a call passes to this function: parameter -> the caller's name for the argument (None when the
         argument is not a name or attribute chain)."""
-        params = self.parameters()
+        return self._arguments(call, self.parameters())
+
+    def _arguments(self, call: CallSite, params: list[str]) -> dict[str, Optional[str]]:
         node = self.scope.node
         passed: dict[str, Optional[str]] = {p: ref(a) for p, a in zip(params, call.node.args)}
         if not isinstance(node, ast.Module):
@@ -160,10 +162,10 @@ def rebind(
     names kept; the call's path condition in `fn` (the tests `guard` keeps) is added to each."""
     if not effects:
         return effects
-    passed = callee.arguments(call)
+    params = callee.parameters()
+    passed = callee._arguments(call, params)
     func = call.node.func
     owner = ref(func.value) if isinstance(func, ast.Attribute) else None
-    params = callee.parameters()
     around = fn.condition(call.node, guard)
     out = set()
     for effect in effects:
