@@ -76,6 +76,7 @@ class ProjectView:
     # (id(scope), callee name) -> answer: several checks ask about the same calls, and a function calls the same
     # names again and again; the first ask recorded what the answer read, so a repeat reads and records nothing.
     _callees: dict[tuple, Optional[Function]] = field(default_factory=dict, repr=False)
+    _recorded: set[str] = field(default_factory=set, repr=False)  # the files `asked` holds a stamp of
 
     @cached_property
     def module(self) -> Optional[Module]:
@@ -184,10 +185,12 @@ class ProjectView:
 
     def _record(self, program: Program, module: Module) -> None:
         """Record the stamps of the other modules the last answer read (most answers read none)."""
-        if program.touched:
-            recorded = {q[1] for q in self.asked if q[0] == "file"}
-            for path in sorted(program.touched - recorded - {module.path}):
+        touched = program.touched
+        if touched:
+            recorded = self._recorded
+            for path in sorted(touched - recorded - {module.path}):
                 self.asked.append(("file", path, stamp(path)))
+                recorded.add(path)
 
 
 @dataclass(frozen=True)
