@@ -358,7 +358,7 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
             for model in _forwarded(src, scope, call, mode):
                 if model in reported or model in frozen:
                     continue
-                if _frozen_by_helper(src, model):
+                if _frozen_by_helper(src, scope, model):
                     frozen.add(model)
                     continue
                 reported.add(model)
@@ -474,18 +474,14 @@ def _passes(call: CallSite, name: str) -> bool:
 FREEZES = Fact.effects("freezes-model", _freezes)
 
 
-def _frozen_by_helper(src: SourceFile, model: str) -> bool:
-    """A call of this file hands `model` to a function that freezes it whole (asked once per file and model)."""
-    question = ("frozen by a helper", model)
-    memo = src.index.memo
-    if question not in memo:
-        memo[question] = any(
-            _passes(call, model) and any(e.receiver == model for e in src.project.at_call(scope, call, FREEZES) or ())
-            for scope in src.index.scopes
-            for call in scope.calls
-            if call.node.args
-        )
-    return bool(memo[question])
+def _frozen_by_helper(src: SourceFile, scope: FunctionScope, model: str) -> bool:
+    """A call of the function (or of the module body) hands `model` to a function that freezes it whole."""
+    return any(
+        any(e.receiver == model for e in src.project.at_call(where, call, FREEZES) or ())
+        for where in ((scope,) if scope is src.index.scopes[0] else (scope, src.index.scopes[0]))
+        for call in where.calls
+        if call.node.args and _passes(call, model)
+    )
 
 
 def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:

@@ -191,12 +191,18 @@ def _passing(scope: FunctionScope, index: ModuleIndex) -> dict[str, list[CallSit
         found = index.memo[question] = {}
         for call in scope.calls:
             node = call.node
-            if not node.args and not node.keywords or call.qualname.startswith(("torch.", "builtins.")):
-                continue
-            for arg in [*node.args, *(k.value for k in node.keywords)]:
-                name = arg.id if type(arg) is ast.Name else ref(arg) if type(arg) is ast.Attribute else None
-                if name is not None:
-                    found.setdefault(name, []).append(call)
+            if type(node.func) is ast.Attribute and call.qualname.startswith("torch."):
+                continue  # `torch.save(model, ...)`, `x.to(...)` on a torch name: never a helper
+            for arg in node.args:
+                kind = type(arg)
+                if kind is ast.Name:
+                    found.setdefault(arg.id, []).append(call)
+                elif kind is ast.Attribute:
+                    found.setdefault(ref(arg) or "", []).append(call)
+            for kw in node.keywords:
+                value = kw.value
+                if type(value) is ast.Name or type(value) is ast.Attribute:
+                    found.setdefault(ref(value) or "", []).append(call)
     return found
 
 
@@ -212,32 +218,42 @@ def _through_helpers(
     ]
 
 
+def _position(call: CallSite) -> tuple:
+    return call.pos
+
+
 @OPTIMIZER_STATE_DEVICE.source
 def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "load_state_dict" not in src.text and ".to(" not in src.text and ".cuda(" not in src.text:
         return
     index = src.index
+    direct = "load_state_dict" in src.text  # else only a helper can load the state
     for scope in index.scopes:
         for built in optimizers_built(scope, index):
-            loads = [
+            after = built.binding.pos
+            moved = [
                 c
                 for c in scope.calls
-                if c.pos > built.binding.pos and c.receiver == built.optimizer and c.attr == "load_state_dict"
-            ]
-            loads = sorted(
-                loads + _through_helpers(src, scope, built.optimizer, built.binding.pos, LOADS_STATE),
-                key=lambda c: c.pos,
-            )
-            if not loads:
-                continue
-            moves = [
-                c
-                for c in scope.calls
-                if c.pos > loads[0].pos
+                if c.pos > after
                 and c.receiver == built.model
                 and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
             ]
-            moves = sorted(moves + _through_helpers(src, scope, built.model, loads[0].pos, MOVES), key=lambda c: c.pos)
+            loaded = (
+                [
+                    c
+                    for c in scope.calls
+                    if c.pos > after and c.receiver == built.optimizer and c.attr == "load_state_dict"
+                ]
+                if direct
+                else []
+            )
+            if not moved and not loaded:
+                continue  # a load and a move both done by helpers is not looked for
+            loads = sorted(loaded + _through_helpers(src, scope, built.optimizer, after, LOADS_STATE), key=_position)
+            if not loads:
+                continue
+            moves = [c for c in moved if c.pos > loads[0].pos]
+            moves = sorted(moves + _through_helpers(src, scope, built.model, loads[0].pos, MOVES), key=_position)
             for load in loads[:1]:
                 move = next((c for c in moves if c.pos > load.pos), None)
                 if (
