@@ -506,7 +506,8 @@ def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
 
 def _off(src: SourceFile, caller: Function, call: CallSite) -> bool:
     """The call runs with grad off: under a no_grad block, or in a function decorated to run without grad."""
-    return call.grad_off or bool(src.project.fact(caller, GRAD_OFF))
+    off = src.project.fact(caller, GRAD_OFF)
+    return call.grad_off or bool(off)
 
 
 def _runs_with_grad(src: SourceFile, caller: Function, seen: set[int], depth: int = 0) -> bool:

@@ -539,7 +539,8 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     call = next((c for c in scope.calls if c.node is bound[0].value), None)
     if call is None or call.qualname.startswith(("torch.", "torchvision.", "numpy.")):
         return False
-    return bool(src.project.fact(src.project.callee(scope, call), RETURNS_OPTIMIZER))
+    returns = src.project.fact(src.project.callee(scope, call), RETURNS_OPTIMIZER)
+    return bool(returns)
 
 
 def _clears_grads(call: CallSite, optimizer: str, others: set[str], scope: FunctionScope, index: ModuleIndex) -> bool:
@@ -742,7 +743,7 @@ def _loop_clears(
         if effects is not None:  # a known function: its declared fact says whose gradients it clears, and when
             mine = [e for e in effects if _may_clear(e.receiver, optimizer, scope, index)]
             if mine and step_periodic is None:
-                step_periodic = step is not None and any(_periodic(g.test) for g in enclosing_ifs(loop.node.body, step))
+                step_periodic = step is not None and any(_periodic(g.test) for g in enclosing_ifs(_body(loop), step))
             if any(not e.condition or step_periodic for e in mine) and counts(call):
                 return _Verdict(True)
             if mine and verdict.every_kth is None:
@@ -760,12 +761,17 @@ def _loop_clears(
     return verdict
 
 
+def _body(loop: Loop) -> list[ast.stmt]:
+    """The statements of a loop (a framework step method's body for a `training_step` loop)."""
+    return list(getattr(loop.node, "body", []))
+
+
 def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
     """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
-    clear_ifs = enclosing_ifs(loop.node.body, clear)
+    clear_ifs = enclosing_ifs(_body(loop), clear)
     if not clear_ifs:
         return None  # the common case: an unconditional clear
-    step_ifs = enclosing_ifs(loop.node.body, step)
+    step_ifs = enclosing_ifs(_body(loop), step)
     if any(_periodic(g.test) for g in step_ifs):
         return None  # both periodic: gradient accumulation, judged by its own clears
     return next((g for g in clear_ifs if g not in step_ifs and _periodic(g.test)), None)

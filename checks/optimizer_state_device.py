@@ -194,10 +194,9 @@ def _passing(scope: FunctionScope, index: ModuleIndex) -> dict[str, list[CallSit
             if type(node.func) is ast.Attribute and call.qualname.startswith("torch."):
                 continue  # `torch.save(model, ...)`, `x.to(...)` on a torch name: never a helper
             for arg in node.args:
-                kind = type(arg)
-                if kind is ast.Name:
+                if isinstance(arg, ast.Name):
                     found.setdefault(arg.id, []).append(call)
-                elif kind is ast.Attribute:
+                elif isinstance(arg, ast.Attribute):
                     found.setdefault(ref(arg) or "", []).append(call)
             for kw in node.keywords:
                 value = kw.value
@@ -267,10 +266,10 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
                 ):
                     continue
                 via = f" (it loads `{built.optimizer}`'s state)" if load.attr != "load_state_dict" else ""
-                moved = f" (it moves `{built.model}`)" if move.receiver != built.model else ""
+                by_helper = f" (it moves `{built.model}`)" if move.receiver != built.model else ""
                 yield Finding(
                     f"`{src.snippet(load.node)}` (line {load.pos[0]}){via} runs before `{src.snippet(move.node)}` "
-                    f"(line {move.pos[0]}){moved}: load_state_dict casts the state to the device and dtype the "
+                    f"(line {move.pos[0]}){by_helper}: load_state_dict casts the state to the device and dtype the "
                     "parameters have at that moment, so it stays behind when the model is moved or cast, and "
                     "`step()` fails with 'Expected all tensors to be on the same device' (or mixes precisions).",
                     fix=f"Move or cast the model first, then load the state: put line {move.pos[0]} before line "

@@ -63,7 +63,7 @@ class Fact(Generic[T]):
     @classmethod
     def any(cls, name: str, local: Callable[["Function"], bool]) -> "Fact[bool]":
         """A yes/no fact true when the function or any function it calls (followed `DEPTH` calls) satisfies it."""
-        return Fact(name, local, False, join=_or, final=_true)  # type: ignore[return-value]
+        return Fact(name, local, False, join=_or, final=_true)
 
     @classmethod
     def effects(
@@ -77,7 +77,7 @@ class Fact(Generic[T]):
         def through(value: frozenset[Effect], fn: Function, call: CallSite, callee: Function) -> frozenset[Effect]:
             return rebind(value, fn, call, callee, guard)
 
-        return Fact(name, local, frozenset(), join=_union, through=through, guard=guard)  # type: ignore[return-value]
+        return Fact(name, local, frozenset(), join=_union, through=through, guard=guard)
 
 
 class Function:

@@ -14,7 +14,7 @@ import ast
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, TypeVar
+from typing import Iterator, Optional, TypeVar, cast
 
 from torchdoctor.lint.facts import DEPTH, Fact, Function
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
@@ -326,11 +326,17 @@ class Program:
     ) -> Optional[tuple[Module, FunctionScope]]:
         """The method `name` of the project class `receiver` is an instance of: `receiver` is bound (only) to
         `Cls(...)` in this function or at module level, `Cls` a class of this module or one it imports."""
-        scopes = (scope,) if scope is module.index.scopes[0] else (scope, module.index.scopes[0])
-        bound = [b.value for s in scopes for b in s.bindings_of(receiver) if b.value is not None]
-        if len(bound) != 1 or not isinstance(bound[0], ast.Call) or not isinstance(bound[0].func, ast.Name):
+        top = module.index.scopes[0]
+        value: Optional[ast.expr] = None
+        for where in (scope,) if scope is top else (scope, top):
+            for b in where.bindings_of(receiver):
+                if b.value is not None:
+                    if value is not None:
+                        return None  # bound more than once: which instance is unknown
+                    value = b.value
+        if type(value) is not ast.Call or type(value.func) is not ast.Name:
             return None
-        cls = bound[0].func.id
+        cls = value.func.id
         if cls in module.index.classes:
             return self.method(module, cls, name)
         target = module.imports(self).get(cls)
@@ -409,16 +415,16 @@ class Program:
         key = (module.path, id(scope.node), fact)
         cached = self._facts.get(key, _MISSING)
         if cached is not _MISSING:
-            read = self._fact_files.get(key)
-            if read:
-                self.touched |= read  # the answer read those modules: whoever asks depends on them too
-            return cached  # type: ignore[no-any-return]
+            files = self._fact_files.get(key)
+            if files:
+                self.touched |= files  # the answer read those modules: whoever asks depends on them too
+            return cast(T, cached)
         libraries = self.libraries
         if libraries is not None:
             kept = libraries.get(module.path, scope, fact, depth)
             if kept is not MISSING:
                 self._facts[key] = kept
-                return kept  # type: ignore[return-value]
+                return cast(T, kept)
         asker, self.touched = self.touched, set()
         self._facts[key] = fact.empty  # while it is worked out
         try:

@@ -92,9 +92,14 @@ class ProjectView:
     def fact(self, fn: Optional[Function], fact: Fact[T]) -> Optional[T]:
         """The declared fact of a function (`function()`, `callee()`, `callers()`), recording the files the
         answer read; None when there is no function to ask about."""
-        if fn is None:
+        module = self.module
+        if fn is None or module is None:
             return None
-        return self._ask(lambda p, m: fn.fact(fact), None)
+        program = self.facts.program
+        program.touched = set()
+        answer = fn.fact(fact)
+        self._record(program, module)
+        return answer
 
     def at_call(self, scope: FunctionScope, call: CallSite, fact: Fact[T]) -> Optional[T]:
         """The fact of the function `call` runs, as it reads at that call of `scope` (an effects fact: receivers
