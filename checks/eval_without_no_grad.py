@@ -80,7 +80,8 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             The lint rule follows `model.eval()` / `model.train()` in statement order inside one function and
             reports the first call of that model after `eval()` that is not under
             `no_grad`/`inference_mode`/`set_grad_enabled(...)`, in a function without any backward, including calls
-            of project functions that run the model (passed as an argument, or a closure's free variable). A
+            of functions that run the model, up to three calls deep (passed as an argument, a closure's free
+            variable, or the model's own method: `model.predict(x)` calling `self(x)`). A
             function is only judged when the program model finds its callers in the project (through imports,
             closures and methods, read from disk whichever files were given) and one of them runs it with autograd
             on (the message names that call when another runs it under `no_grad`), and
@@ -90,8 +91,8 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             known to leave autograd alone, like `functools.lru_cache`) is reported as a note that names the
             decorator: what it does is unknown. A scope that passes `Variable(..., volatile=True)` is left to
             deprecated-api, which reports that line. Models frozen in the file (`m.requires_grad_(False)`, or a loop
-            setting
-            `requires_grad = False` over `m.parameters()`) are skipped. `watch` sees the remaining cases at run
+            setting `requires_grad = False` over `m.parameters()`), or frozen by a function the model is handed to
+            (`freeze(teacher)` in another file), are skipped. `watch` sees the remaining cases at run
             time.
         """,
         "runtime": """

@@ -97,8 +97,10 @@ MISSING_ZERO_GRAD = Pitfall(
             `scaler.step(optimizer)`, and reports it when nothing in that loop clears the gradients: no
             `zero_grad()` of that optimizer, of a model or of another optimizer that may hold the same parameters
             (built from the same model, or from sources it cannot see, such as `self.optimizers()`), no
-            `p.grad = None`, no project function called there (resolved through imports, closures and methods)
-            whose summary clears gradients, no helper defined in the file
+            `p.grad = None`, no function called there (resolved through imports, closures, methods and installed
+            libraries) that clears that optimizer's gradients (its own clears, rebound to the loop's names: a
+            `clear(optimizerG)` helper does not clear the discriminator's optimizer; one that clears only under
+            `if (i + 1) % k == 0` does not clear every step), no helper defined in the file
             that does so, no closure that does so. Optimizers returned by a project function that builds one
             (`solver = make_optimizer(model)`) count as optimizers. A clear counts only for the optimizers whose
             parameters it may touch: `netG.zero_grad()` does not clear an optimizer built from `netD.parameters()`

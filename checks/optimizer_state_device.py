@@ -86,7 +86,10 @@ OPTIMIZER_STATE_DEVICE = Pitfall(
         "source": """
             The lint rule reports `optimizer.load_state_dict(...)` followed, in the same function, by
             `model.to(<not cpu>)` (a device or a dtype) or `model.cuda()` of the model the optimizer was built from,
-            with no reload or rebuild after the move. `watch` compares the actual devices and dtypes of state and
+            with no reload or rebuild after the move. A helper handed the optimizer that loads its state
+            (`resume(path, model, optimizer)`, in this file, another or an installed library) counts as the load,
+            and a helper handed the model that moves it (`to_device(model, "cuda")`) as the move, as long as one of
+            the two is written in the function itself. `watch` compares the actual devices and dtypes of state and
             parameters at run time.
         """,
     },
