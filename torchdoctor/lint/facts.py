@@ -91,6 +91,7 @@ class Function:
 
     @property
     def name(self) -> str:
+        """The function's name (what a message names as `in `f``)."""
         return self.scope.name
 
     def fact(self, fact: Fact[T]) -> T:
