@@ -85,3 +85,26 @@ def test_a_library_of_no_installed_distribution_is_followed_but_not_kept(tmp_pat
     (site / "fakelib" / "__init__.py").write_text(textwrap.dedent(SCALER.format(clear="")), encoding="utf-8")
     assert lint_project(tmp_path, "a") == [8]
     assert not (tmp_path / "cache" / "lint" / "libraries").exists()
+
+
+def test_an_answer_that_met_a_recursive_call_is_not_kept(tmp_path, site):
+    # ping() is asked first: pong() is worked out while ping() is, sees it as empty, and so depends on the order
+    # the questions came in; only ping()'s answer (complete) is kept on disk
+    from torchdoctor.lint.facts import Effect, Fact
+    from torchdoctor.lint.libraries import LibraryFacts
+    from torchdoctor.lint.program import Program
+
+    install(site, "1.0")
+    (site / "fakelib" / "loop.py").write_text(
+        "def ping(x):\n    pong(x)\n    x.touch()\n\ndef pong(x):\n    ping(x)\n", encoding="utf-8"
+    )
+    touches = Fact.effects(
+        "touches", lambda fn: frozenset(Effect(str(c.receiver)) for c in fn.scope.calls if c.attr == "touch")
+    )
+    program = Program()
+    program.libraries = LibraryFacts(str(tmp_path / "kept"), lambda: "fp", [str(site)])
+    module = program.module(str(site / "fakelib" / "loop.py"))
+    assert {e.receiver for e in program.fact(module, module.functions["ping"], touches)} == {"x"}
+    program.libraries.save()
+    kept = json.loads((tmp_path / "kept" / "fakelib==1.0.json").read_text(encoding="utf-8"))["facts"]
+    assert [key.split(":")[1] for key in kept] == [".ping"]

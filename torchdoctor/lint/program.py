@@ -139,6 +139,8 @@ class Program:
         self._modules: dict[str, Optional[Module]] = {}
         self._facts: dict[tuple[str, int, Fact], object] = {}  # (file, id(def node), fact) -> value
         self._fact_files: dict[tuple[str, int, Fact], frozenset[str]] = {}  # the modules each answer read
+        self._working: list[tuple[str, int, Fact]] = []  # the facts being worked out, outermost first
+        self._partial: set[tuple[str, int, Fact]] = set()  # answers that met a recursive call (order-dependent)
         self._resolved: dict[tuple[str, int], list[tuple[CallSite, Optional[tuple[Module, FunctionScope]]]]] = {}
         self._resolved_files: dict[tuple[str, int], frozenset[str]] = {}
         self._trees: dict[str, list[str]] = {}
@@ -170,6 +172,7 @@ class Program:
             del self._modules[path]
         self._facts = {k: v for k, v in self._facts.items() if k[0] not in gone}
         self._fact_files = {k: v for k, v in self._fact_files.items() if k[0] not in gone}
+        self._partial = {k for k in self._partial if k[0] not in gone}
         self._resolved = {k: v for k, v in self._resolved.items() if k[0] not in gone}
         self._resolved_files = {k: v for k, v in self._resolved_files.items() if k[0] not in gone}
         self._callers = {}  # keyed by the ids of functions that may be among the freed ones: found again on demand
@@ -415,6 +418,8 @@ class Program:
         key = (module.path, id(scope.node), fact)
         cached = self._facts.get(key, _MISSING)
         if cached is not _MISSING:
+            if key in self._working:  # a recursive call: every answer on the way back rests on a partial one
+                self._partial.update(self._working[self._working.index(key) + 1 :])
             files = self._fact_files.get(key)
             if files:
                 self.touched |= files  # the answer read those modules: whoever asks depends on them too
@@ -427,6 +432,7 @@ class Program:
                 return cast(T, kept)
         asker, self.touched = self.touched, set()
         self._facts[key] = fact.empty  # while it is worked out
+        self._working.append(key)
         try:
             fn = Function(self, module, scope, depth)
             value = fact.local(fn)
@@ -443,12 +449,13 @@ class Program:
                     if final is not None and final(value):
                         break
         finally:
+            self._working.pop()
             read, self.touched = self.touched, asker
             asker |= read
         self._facts[key] = value
         if read:
             self._fact_files[key] = frozenset(read)
-        if libraries is not None:
+        if libraries is not None and key not in self._partial:  # kept only when asking again gives the same
             libraries.put(module.path, scope, fact, depth, value)
         return value
 
