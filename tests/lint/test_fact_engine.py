@@ -148,3 +148,23 @@ def test_recursion_and_depth_are_bounded(tmp_path):
     fresh = Program()  # d2 was first reached one call deep above, and keeps that answer for the run
     m = fresh.module(m.path)
     assert {e.receiver for e in fresh.fact(m, m.functions["d2"], TOUCHES)} == {"x"}
+
+
+def test_a_predicate_that_fails_leaves_no_answer_behind(tmp_path):
+    program, modules = program_of(tmp_path, {"m.py": "def f(x):\n    x.touch()\n"})
+    m = modules["m.py"]
+    calls = []
+
+    def flaky(fn):
+        calls.append(fn.name)
+        if len(calls) == 1:
+            raise ValueError("a bug in a rule")
+        return True
+
+    fact = Fact.any("flaky", flaky)
+    try:
+        program.fact(m, m.functions["f"], fact)
+    except ValueError:
+        pass
+    assert program.fact(m, m.functions["f"], fact) is True  # asked again, not the placeholder of the failed try
+    assert program._working == []

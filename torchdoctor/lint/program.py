@@ -448,6 +448,9 @@ class Program:
                     value = join(value, got)
                     if final is not None and final(value):
                         break
+        except BaseException:
+            del self._facts[key]  # a predicate that failed leaves no answer behind (its rule reports the error)
+            raise
         finally:
             self._working.pop()
             read, self.touched = self.touched, asker
