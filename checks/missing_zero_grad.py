@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -348,7 +349,12 @@ def _returns_optimizer(fn: Function) -> bool:
 
 # The facts this rule asks of the functions a training loop calls.
 RUNS_BACKWARD = Fact.any("runs-backward", _runs_backward)
-STEPS = Fact.effects("steps-optimizer", _steps, guard=_periodic)
+# Steps are followed into the functions a helper calls only until one is found (a helper stepping one optimizer
+# itself and another in a sub-helper is judged on the first: fewer findings, never a false one), which spares
+# resolving every call of every training helper.
+STEPS = dataclasses.replace(
+    Fact.effects("steps-optimizer", _steps, guard=_periodic), final=lambda effects: bool(effects)
+)
 CLEARS = Fact.effects("clears-gradients", _clears, guard=_periodic)
 RETURNS_OPTIMIZER = Fact("returns-optimizer", _returns_optimizer, False)
 
@@ -421,18 +427,25 @@ def _steps_in_helpers(
         ):
             continue
         steps = _callee_effects(src, scope, call, STEPS) or frozenset()
-        clears: Optional[frozenset[Effect]] = None  # asked once a step of an optimizer of this function is found
+        own: Optional[frozenset[Effect]] = None  # what the helper's own body clears (the commonest answer)
+        clears: Optional[frozenset[Effect]] = None  # and through its calls: asked only when its body does not
         for step in sorted(steps, key=lambda e: e.receiver):
             optimizer = step.receiver
             if optimizer in reported or not (
                 is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer)
             ):
                 continue
+            caller = src.project.function(scope)
+            if own is None and caller is not None:
+                own = rebind(_clears(callee), caller, call, callee)
+            mine = [c for c in own or () if _may_clear(c.receiver, optimizer, scope, index)]
+            if any(not c.condition or step.condition for c in mine):
+                continue  # the helper clears them itself (every step, or with its accumulation window)
             if clears is None:
                 clears = _callee_effects(src, scope, call, CLEARS) or frozenset()
             mine = [c for c in clears if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
-                continue  # the helper clears them itself (every step, or with its accumulation window)
+                continue  # ... or through a function it calls
             verdict = _loop_clears(src, call.loop, optimizer, scope, index, step=call.node)
             if verdict:
                 continue

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
@@ -209,14 +209,21 @@ def _passing(scope: FunctionScope, index: ModuleIndex) -> dict[str, list[CallSit
 
 
 def _through_helpers(
-    src: SourceFile, scope: FunctionScope, name: str, after: tuple, fact: Fact[frozenset[Effect]]
+    src: SourceFile,
+    scope: FunctionScope,
+    name: str,
+    after: tuple,
+    fact: Fact[frozenset[Effect]],
+    until: Optional[tuple] = None,
 ) -> list[CallSite]:
-    """The calls after `after` that hand `name` to a function that, itself or through its calls, does what `fact`
-    says to it (`resume(path, model, optimizer)` loading the optimizer's state)."""
+    """The calls after `after` (and before `until`) that hand `name` to a function that, itself or through its
+    calls, does what `fact` says to it (`resume(path, model, optimizer)` loading the optimizer's state)."""
     return [
         c
         for c in _passing(scope, src.index).get(name, ())
-        if c.pos > after and any(e.receiver == name for e in src.project.at_call(scope, c, fact) or ())
+        if c.pos > after
+        and (until is None or c.pos < until)
+        and any(e.receiver == name for e in src.project.at_call(scope, c, fact) or ())
     ]
 
 
@@ -251,11 +258,17 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
             )
             if not moved and not loaded:
                 continue  # a load and a move both done by helpers is not looked for
-            loads = sorted(loaded + _through_helpers(src, scope, built.optimizer, after, LOADS_STATE), key=_position)
+            # the first load and the first move after it decide: a helper is followed only where it could be either
+            first: tuple = loaded[0].pos if loaded else max(c.pos for c in moved)
+            helped = _through_helpers(src, scope, built.optimizer, after, LOADS_STATE, first)
+            loads = sorted(loaded + helped, key=_position)
             if not loads:
                 continue
             moves = [c for c in moved if c.pos > loads[0].pos]
-            moves = sorted(moves + _through_helpers(src, scope, built.model, loads[0].pos, MOVES), key=_position)
+            before = moves[0].pos if moves else None
+            moves = sorted(
+                moves + _through_helpers(src, scope, built.model, loads[0].pos, MOVES, before), key=_position
+            )
             for load in loads[:1]:
                 move = next((c for c in moves if c.pos > load.pos), None)
                 if (
