@@ -11,12 +11,18 @@ from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, Trans
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
     CallSite,
+    Effect,
+    Fact,
+    Function,
     FunctionScope,
     SourceFile,
     backprop_names,
     backward_targets,
     is_backward,
+    last,
     literal,
+    qualname,
+    rebind,
     ref,
 )
 
@@ -77,7 +83,8 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             The lint rule follows `model.eval()` / `model.train()` in statement order inside one function and
             reports the first call of that model after `eval()` that is not under
             `no_grad`/`inference_mode`/`set_grad_enabled(...)`, in a function without any backward, including calls
-            of project functions that run the model (passed as an argument, or a closure's free variable). A
+            of functions that run the model, up to three calls deep (passed as an argument, a closure's free
+            variable, or the model's own method: `model.predict(x)` calling `self(x)`). A
             function is only judged when the program model finds its callers in the project (through imports,
             closures and methods, read from disk whichever files were given) and one of them runs it with autograd
             on (the message names that call when another runs it under `no_grad`), and
@@ -87,8 +94,8 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
             known to leave autograd alone, like `functools.lru_cache`) is reported as a note that names the
             decorator: what it does is unknown. A scope that passes `Variable(..., volatile=True)` is left to
             deprecated-api, which reports that line. Models frozen in the file (`m.requires_grad_(False)`, or a loop
-            setting
-            `requires_grad = False` over `m.parameters()`) are skipped. `watch` sees the remaining cases at run
+            setting `requires_grad = False` over `m.parameters()`), or frozen by a function the model is handed to
+            (`freeze(teacher)` in another file), are skipped. `watch` sees the remaining cases at run
             time.
         """,
         "runtime": """
@@ -228,6 +235,112 @@ def _source_fix(scope: Any) -> str:
     return "Run the evaluation under `with torch.no_grad():` (or `torch.inference_mode()`)."
 
 
+_GRAD_OFF = ("no_grad", "inference_mode")
+
+
+def _wraps_in_grad_off_local(fn: Function) -> bool:
+    """The function (with its closures) names no_grad/inference_mode other than in a `with`, and returns
+    something: it builds a decorator or wrapped callable that runs its target without grad (yolov5's
+    `smart_inference_mode()` returning `torch.inference_mode()(fn)`, or a hand-written `functools.wraps` wrapper
+    calling its target inside `with torch.no_grad():`)."""
+    node, index = fn.scope.node, fn.module.index
+    used = withs = 0
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.With, ast.AsyncWith)):
+            withs += sum(1 for item in inner.items if _names_grad_off(item.context_expr, fn))
+        elif isinstance(inner, (ast.Attribute, ast.Name)) and last(qualname(inner, index)) in _GRAD_OFF:
+            used += 1
+    returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(node))
+    return returns and (used > withs or withs > 0 and _wraps_target_in_grad_off(fn))
+
+
+def _wraps_target_in_grad_off(fn: Function) -> bool:
+    """A nested function (the wrapper a decorator returns) calls a parameter of an enclosing function (the
+    decorated target) inside `with torch.no_grad():`."""
+    outer = fn.scope.node
+    targets = {
+        a.arg
+        for n in ast.walk(outer)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for a in n.args.posonlyargs + n.args.args
+    }
+    for inner in ast.walk(outer):
+        if inner is outer or not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        own = {a.arg for a in inner.args.posonlyargs + inner.args.args + inner.args.kwonlyargs}
+        for node in ast.walk(inner):
+            if (
+                isinstance(node, (ast.With, ast.AsyncWith))
+                and any(_names_grad_off(item.context_expr, fn) for item in node.items)
+                and any(
+                    isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in targets - own
+                    for stmt in node.body
+                    for c in ast.walk(stmt)
+                )
+            ):
+                return True
+    return False
+
+
+def _names_grad_off(expr: ast.expr, fn: Function) -> int:
+    index = fn.module.index
+    return sum(
+        1 for n in ast.walk(expr) if isinstance(n, (ast.Attribute, ast.Name)) and last(qualname(n, index)) in _GRAD_OFF
+    )
+
+
+# A function that wraps what it is given in no_grad: a decorator it makes turns autograd off.
+GRAD_OFF_WRAPPER = Fact("grad-off-wrapper", _wraps_in_grad_off_local, False)
+
+
+def _grad_off_local(fn: Function) -> bool:
+    """Decorated with no_grad/inference_mode, directly or through a wrapper the project or a library defines."""
+    if fn.scope.grad_off:
+        return True
+    node = fn.scope.node
+    if isinstance(node, ast.Module):
+        return False
+    where = fn.enclosing()
+    for d in node.decorator_list:
+        wrapper = where.resolve_expr(d.func if isinstance(d, ast.Call) else d)
+        if wrapper is not None and wrapper.fact(GRAD_OFF_WRAPPER):
+            return True
+    return False
+
+
+# The function runs with autograd off whoever calls it (its decorators say so).
+GRAD_OFF = Fact("grad-off", _grad_off_local, False)
+
+
+def _forwards_local(fn: Function) -> frozenset[Effect]:
+    """Names (parameters or free variables) the function calls as models with grad enabled: `m(x)`,
+    `m.forward(x)`."""
+    if fn.fact(GRAD_OFF):
+        return frozenset()
+    out = set()
+    for call in fn.scope.calls:
+        if call.grad_off:
+            continue
+        if type(call.node.func) is ast.Name:
+            out.add(Effect(call.node.func.id))
+        elif call.attr == "forward" and call.receiver:
+            out.add(Effect(call.receiver))
+    return frozenset(out)
+
+
+def _forwards_through(value: frozenset[Effect], fn: Function, call: CallSite, callee: Function) -> frozenset[Effect]:
+    """A callee's forwards count at a call that runs with grad on, into a callee that does not turn it off."""
+    if call.grad_off or fn.fact(GRAD_OFF) or callee.fact(GRAD_OFF):
+        return frozenset()
+    return rebind(value, fn, call, callee)
+
+
+# The models a function runs forward with grad on (in its callers' names), itself or through its calls.
+FORWARDS: Fact[frozenset[Effect]] = Fact(
+    "forwards-with-grad", _forwards_local, frozenset(), join=lambda a, b: a | b, through=_forwards_through
+)
+
+
 @EVAL_WITHOUT_NO_GRAD.source
 def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or ".eval()" not in src.text:
@@ -262,6 +375,9 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
             for model in _forwarded(src, scope, call, mode):
                 if model in reported or model in frozen:
                     continue
+                if _frozen_by_helper(src, scope, model):
+                    frozen.add(model)
+                    continue
                 reported.add(model)
                 through = "" if ref(call.node.func) == model or call.attr == "forward" else f" (it calls `{model}`)"
                 if unknown is None:
@@ -294,23 +410,9 @@ def _forwarded(
         return
     if not any(state == "eval" for state, _ in mode.values()):
         return
-    found = src.project.callee(scope, call)
-    if found is None or found[1].grad_off:
-        return
-    callee, summary = found
-    params = (
-        [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args]
-        if not isinstance(callee.node, ast.Module)
-        else []
-    )
-    if callee.class_name is not None and params[:1] in (["self"], ["cls"]):
-        params = params[1:]
-    passed = {p: ref(a) for p, a in zip(params, call.node.args)}
-    passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg})
-    for name in sorted(summary.forwards):
-        model = passed.get(name) if name in params or name in passed else name  # a closure's free variable
-        if model is not None and mode.get(model, ("",))[0] == "eval":
-            yield model
+    for effect in sorted(src.project.at_call(scope, call, FORWARDS) or (), key=lambda e: e.receiver):
+        if mode.get(effect.receiver, ("",))[0] == "eval":
+            yield effect.receiver
 
 
 def _feeding_backward(scope: FunctionScope) -> set[int]:
@@ -334,7 +436,15 @@ def _volatile(call: CallSite) -> bool:
 def _frozen_models(src: SourceFile) -> set[str]:
     """Models frozen in this file: `m.requires_grad_(False)`, or `p.requires_grad = False` in a loop over
     `m.parameters()` (their forwards record no graph of their own)."""
-    calls = src.index.all_calls() if "requires_grad_" in src.text else ()
+    if src.tree is None:
+        return set()
+    calls = list(src.index.all_calls()) if "requires_grad_" in src.text else []
+    return _freezing(src.tree, calls, "requires_grad = False" in src.text)
+
+
+def _freezing(node: ast.AST, calls: list[CallSite], assigns: bool) -> set[str]:
+    """The models frozen whole in `node`: `m.requires_grad_(False)` among `calls`, or (when `assigns`)
+    `p.requires_grad = False` unconditionally in a loop over `m.parameters()`."""
     frozen = {
         c.receiver
         for c in calls
@@ -344,22 +454,51 @@ def _frozen_models(src: SourceFile) -> set[str]:
         and isinstance(c.node.args[0], ast.Constant)
         and c.node.args[0].value is False
     }
-    for node in ast.walk(src.tree) if src.tree is not None and "requires_grad = False" in src.text else ():
+    for loop in ast.walk(node) if assigns else ():
         if (
-            isinstance(node, ast.For)
-            and isinstance(node.iter, ast.Call)
-            and isinstance(node.iter.func, ast.Attribute)
-            and node.iter.func.attr in ("parameters", "named_parameters")
+            isinstance(loop, ast.For)
+            and isinstance(loop.iter, ast.Call)
+            and isinstance(loop.iter.func, ast.Attribute)
+            and loop.iter.func.attr in ("parameters", "named_parameters")
         ):
-            owner = ref(node.iter.func.value)
+            owner = ref(loop.iter.func.value)
             # unconditional, in the loop's own body: `if "bn" in name: p.requires_grad = False` freezes a part
             if owner and any(
                 isinstance(n, ast.Assign)
                 and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in n.targets)
-                for n in node.body
+                for n in loop.body
             ):
                 frozen.add(owner)
     return {name for name in frozen if name}
+
+
+def _freezes(fn: Function) -> frozenset[Effect]:
+    scope = fn.scope
+    assigns = any(b.target.endswith(".requires_grad") for b in scope.bindings)
+    if not assigns and "requires_grad_" not in scope.call_attrs:
+        return frozenset()
+    return frozenset(Effect(name) for name in _freezing(scope.node, scope.calls, assigns))
+
+
+def _passes(call: CallSite, name: str) -> bool:
+    """`call` hands `name` (a name or attribute chain) to its callee as a positional argument."""
+    if "." not in name:
+        return any(type(a) is ast.Name and a.id == name for a in call.node.args)
+    return any(type(a) is ast.Attribute and ref(a) == name for a in call.node.args)
+
+
+# The models a function freezes whole (`freeze(teacher)` in a utils module), itself or through its calls.
+FREEZES = Fact.effects("freezes-model", _freezes)
+
+
+def _frozen_by_helper(src: SourceFile, scope: FunctionScope, model: str) -> bool:
+    """A call of the function (or of the module body) hands `model` to a function that freezes it whole."""
+    return any(
+        any(e.receiver == model for e in src.project.at_call(where, call, FREEZES) or ())
+        for where in ((scope,) if scope is src.index.scopes[0] else (scope, src.index.scopes[0]))
+        for call in where.calls
+        if call.node.args and _passes(call, model)
+    )
 
 
 def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
@@ -367,10 +506,10 @@ def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
     (found through imports, closures and methods, whichever files this run was given) with grad on; then what
     the message adds: "" when every caller runs it with grad on, else the call that does (one no_grad caller
     does not excuse another that runs the same evaluation with autograd on)."""
-    if src.project.grad_off(scope):
+    if src.project.fact(src.project.function(scope), GRAD_OFF):
         return None
     callers = src.project.callers(scope)
-    on = [call for caller, call, off in callers if not off and _runs_with_grad(src, caller, {id(scope)})]
+    on = [call for caller, call in callers if not _off(src, caller, call) and _runs_with_grad(src, caller, {id(scope)})]
     if not on:
         return None
     if len(on) == len(callers):
@@ -382,12 +521,20 @@ def _reached_with_grad(src: SourceFile, scope: FunctionScope) -> Optional[str]:
     )
 
 
-def _runs_with_grad(src: SourceFile, caller: FunctionScope, seen: set[int], depth: int = 0) -> bool:
+def _off(src: SourceFile, caller: Function, call: CallSite) -> bool:
+    """The call runs with grad off: under a no_grad block, or in a function decorated to run without grad."""
+    off = src.project.fact(caller, GRAD_OFF)
+    return call.grad_off or bool(off)
+
+
+def _runs_with_grad(src: SourceFile, caller: Function, seen: set[int], depth: int = 0) -> bool:
     """Whether a calling function may run with autograd on: module level, a function nothing in the project calls
     (its caller is unknown), or one called with grad on somewhere (a helper that only a `@torch.no_grad()`
     function calls runs without grad, however many calls lie between)."""
-    if caller.name == "<module>" or depth >= 3 or id(caller) in seen:
+    if caller.name == "<module>" or depth >= 3 or id(caller.scope) in seen:
         return True
-    seen.add(id(caller))
-    callers = src.project.callers(caller)
-    return not callers or any(not off and _runs_with_grad(src, up, seen, depth + 1) for up, _, off in callers)
+    seen.add(id(caller.scope))
+    callers = src.project.callers(caller.scope)
+    return not callers or any(
+        not _off(src, up, call) and _runs_with_grad(src, up, seen, depth + 1) for up, call in callers
+    )

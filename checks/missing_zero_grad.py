@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -12,15 +13,21 @@ from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroG
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
     CallSite,
+    Effect,
+    Fact,
+    Function,
     FunctionScope,
     Loop,
     ModuleIndex,
     SourceFile,
     calls_in,
     clears_every_grad,
+    enclosing_ifs,
     inner_scopes,
     is_backward,
     is_optimizer,
+    is_optimizer_ctor,
+    rebind,
     ref,
 )
 
@@ -91,8 +98,10 @@ MISSING_ZERO_GRAD = Pitfall(
             `scaler.step(optimizer)`, and reports it when nothing in that loop clears the gradients: no
             `zero_grad()` of that optimizer, of a model or of another optimizer that may hold the same parameters
             (built from the same model, or from sources it cannot see, such as `self.optimizers()`), no
-            `p.grad = None`, no project function called there (resolved through imports, closures and methods)
-            whose summary clears gradients, no helper defined in the file
+            `p.grad = None`, no function called there (resolved through imports, closures, methods and installed
+            libraries) that clears that optimizer's gradients (its own clears, rebound to the loop's names: a
+            `clear(optimizerG)` helper does not clear the discriminator's optimizer; one that clears only under
+            `if (i + 1) % k == 0` does not clear every step), no helper defined in the file
             that does so, no closure that does so. Optimizers returned by a project function that builds one
             (`solver = make_optimizer(model)`) count as optimizers. A clear counts only for the optimizers whose
             parameters it may touch: `netG.zero_grad()` does not clear an optimizer built from `netD.parameters()`
@@ -279,6 +288,103 @@ class MissingZeroGrad(RuntimeCheck):
 _HARMLESS_WITH_OPTIMIZER = frozenset({"step", "unscale_", "update", "scale", "clip_grad_norm_", "print", "log", "info"})
 
 
+def _periodic(test: ast.expr) -> bool:
+    """A condition on a remainder (`(i + 1) % k == 0`, `step % log_every`): true every k-th iteration."""
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(test))
+
+
+def _runs_backward(fn: Function) -> bool:
+    return not BACKWARD_METHODS.isdisjoint(fn.scope.call_attrs)
+
+
+def _steps(fn: Function) -> frozenset[Effect]:
+    """The optimizers the function steps (`opt.step()`, `scaler.step(opt)`), under its `% k` conditions."""
+    out = set()
+    for call in fn.scope.calls:
+        if call.attr != "step" or call.node.keywords:
+            continue
+        args = call.node.args
+        stepped = (
+            call.receiver
+            if not args
+            else ref(args[0])
+            if len(args) == 1 and "scaler" in (call.receiver or "").lower()
+            else None
+        )
+        if stepped:
+            out.add(Effect(stepped, fn.condition(call.node, _periodic)))
+    return frozenset(out)
+
+
+def _clears(fn: Function) -> frozenset[Effect]:
+    """Whose gradients the function clears: `x.zero_grad()` clears x's; `p.grad = None` or `p.grad.zero_()`
+    of a loop variable clears parameters no name says ("?"); one named parameter (`model.head.weight.grad`)
+    clears nothing whole."""
+    out = set()
+    for call in fn.scope.calls:
+        if call.attr == "zero_grad":
+            out.add(Effect(call.receiver or "?", fn.condition(call.node, _periodic)))
+        elif call.attr == "zero_" and clears_every_grad(call.receiver):
+            out.add(Effect("?", fn.condition(call.node, _periodic)))
+    for b in fn.scope.bindings:
+        if clears_every_grad(b.target):
+            out.add(Effect("?", fn.condition(b.node, _periodic)))
+    return frozenset(out)
+
+
+def _returns_optimizer(fn: Function) -> bool:
+    """A `return` gives back a torch optimizer built here (`torch.optim.X(...)`, directly or through a local
+    name) or by a function it calls (followed through returned calls only)."""
+    scope, index = fn.scope, fn.module.index
+    for ret in scope.returns:
+        values = [ret.value] if ret.value is not None else []
+        if isinstance(ret.value, ast.Name):
+            values += [b.value for b in scope.bindings_of(ret.value.id) if b.value is not None]
+        for value in values:
+            if is_optimizer_ctor(value, index):
+                return True
+            call = next((c for c in scope.calls if c.node is value), None)
+            callee = fn.resolve(call) if call is not None and fn.depth < 3 else None
+            if callee is not None and callee.scope is not scope and callee.fact(RETURNS_OPTIMIZER):
+                return True
+    return False
+
+
+# The facts this rule asks of the functions a training loop calls.
+RUNS_BACKWARD = Fact.any("runs-backward", _runs_backward)
+# Steps are followed into the functions a helper calls only until one is found (a helper stepping one optimizer
+# itself and another in a sub-helper is judged on the first: fewer findings, never a false one), which spares
+# resolving every call of every training helper.
+STEPS = dataclasses.replace(
+    Fact.effects("steps-optimizer", _steps, guard=_periodic), final=lambda effects: bool(effects)
+)
+CLEARS = Fact.effects("clears-gradients", _clears, guard=_periodic)
+RETURNS_OPTIMIZER = Fact("returns-optimizer", _returns_optimizer, False)
+
+
+def _callee_effects(
+    src: SourceFile, scope: FunctionScope, call: CallSite, fact: Fact[frozenset[Effect]]
+) -> Optional[frozenset[Effect]]:
+    """What the function `call` runs touches, in this function's names, with the callee's own path conditions
+    (the call's place in the loop is judged by the caller); None when the call is unknown."""
+    callee = src.project.callee(scope, call)
+    caller = src.project.function(scope)
+    if callee is None or caller is None:
+        return None
+    return rebind(src.project.fact(callee, fact) or frozenset(), caller, call, callee)
+
+
+def _may_clear(receiver: str, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> bool:
+    """Clearing `receiver`'s gradients may clear `optimizer`'s: the optimizer itself, something no name says,
+    another optimizer not known to hold other parameters, a model the optimizer's parameters may come from."""
+    if receiver in ("?", optimizer):
+        return True
+    if is_optimizer(receiver, scope, index):
+        return _may_share_parameters(scope, index, receiver, optimizer)
+    sources = _parameter_sources(scope, index, optimizer)
+    return sources is None or any(_related(receiver, source) for source in sources)
+
+
 def _stepped_optimizer(
     call: CallSite, scope: FunctionScope, index: ModuleIndex, src: Optional[SourceFile] = None
 ) -> Optional[str]:
@@ -313,8 +419,8 @@ def _steps_in_helpers(
             or not _may_run_backward(call.node.func, index)
         ):
             continue
-        found = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
-        if found is None or not found[1].backward or found[1].clears_grads:
+        callee = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
+        if callee is None or not src.project.fact(callee, RUNS_BACKWARD):
             continue
         same_instance = isinstance(call.node.func, ast.Attribute) and ref(call.node.func.value) == "self"
         if (
@@ -323,29 +429,31 @@ def _steps_in_helpers(
             and not any(optimizer_arg(k.value) for k in call.node.keywords)
         ):
             continue
-        callee, summary = found
-        params = (
-            [a.arg for a in callee.node.args.posonlyargs + callee.node.args.args]
-            if not isinstance(callee.node, ast.Module)
-            else []
-        )
-        if callee.class_name is not None and params[:1] == ["self"]:
-            params = params[1:]
-        passed = {p: ref(a) for p, a in zip(params, call.node.args)}
-        passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg})
-        if same_instance and callee.class_name is not None:  # `self.run_step()`: its `self.x` is the caller's
-            passed.update({name: name for name in summary.steps if name.startswith("self.")})
-        for param in sorted(summary.steps):
-            optimizer = passed.get(param)
-            if (
-                optimizer is None
-                or optimizer in reported
-                or not (is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer))
+        steps = _callee_effects(src, scope, call, STEPS) or frozenset()
+        own: Optional[frozenset[Effect]] = None  # what the helper's own body clears (the commonest answer)
+        clears: Optional[frozenset[Effect]] = None  # and through its calls: asked only when its body does not
+        for step in sorted(steps, key=lambda e: e.receiver):
+            optimizer = step.receiver
+            if optimizer in reported or not (
+                is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer)
             ):
                 continue
+            caller = src.project.function(scope)
+            if own is None and caller is not None:
+                own = rebind(_clears(callee), caller, call, callee)
+            mine = [c for c in own or () if _may_clear(c.receiver, optimizer, scope, index)]
+            if any(not c.condition or step.condition for c in mine):
+                continue  # the helper clears them itself (every step, or with its accumulation window)
+            if clears is None:
+                clears = _callee_effects(src, scope, call, CLEARS) or frozenset()
+            mine = [c for c in clears if _may_clear(c.receiver, optimizer, scope, index)]
+            if any(not c.condition or step.condition for c in mine):
+                continue  # ... or through a function it calls
             verdict = _loop_clears(src, call.loop, optimizer, scope, index, step=call.node)
             if verdict:
                 continue
+            if mine and verdict.every_kth is None:
+                verdict.every_kth = (call, mine[0].condition, f"in `{mine[0].via[0]}`" if mine[0].via else "")
             reported.add(optimizer)
             yield Finding(
                 f"`{src.snippet(call.node)}` runs backward and `{optimizer}.step()` (in `{callee.name}`) in the loop "
@@ -449,8 +557,8 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     call = next((c for c in scope.calls if c.node is bound[0].value), None)
     if call is None or call.qualname.startswith(("torch.", "torchvision.", "numpy.")):
         return False
-    found = src.project.callee(scope, call)
-    return found is not None and found[1].returns_optimizer
+    returns = src.project.fact(src.project.callee(scope, call), RETURNS_OPTIMIZER)
+    return bool(returns)
 
 
 def _clears_grads(call: CallSite, optimizer: str, others: set[str], scope: FunctionScope, index: ModuleIndex) -> bool:
@@ -588,7 +696,8 @@ class _Verdict:
     """Whether a loop clears an optimizer's gradients before each step, and what a "no" rests on."""
 
     cleared: bool
-    every_kth: Optional[tuple[CallSite, ast.If]] = None  # a clear that runs only under `if i % k == 0`
+    # a clear that runs only under `if i % k == 0`: the call, the condition, where the condition is ("" = here)
+    every_kth: Optional[tuple[CallSite, str, str]] = None
     unknown: Optional[CallSite] = None  # a call outside the project that receives the optimizer (not followed)
 
     def __bool__(self) -> bool:
@@ -598,11 +707,11 @@ class _Verdict:
         """What the message adds about the clears the loop has but that do not count."""
         out = ""
         if self.every_kth is not None:
-            clear, guard = self.every_kth
+            clear, condition, where = self.every_kth
             out += (
                 f" `{src.snippet(clear.node)}` (line {clear.node.lineno}) runs only when "
-                f"`{src.snippet(guard.test)}`, while the step runs every iteration: the steps between clears "
-                "apply the running sum."
+                f"`{condition}`{' ' + where if where else ''}, while the step runs every iteration: the steps "
+                "between clears apply the running sum."
             )
         if self.unknown is not None:
             out += (
@@ -630,7 +739,7 @@ def _loop_clears(
     def counts(clear: CallSite) -> bool:
         guard = _only_every_kth(loop, clear.node, step) if step is not None else None
         if guard is not None:
-            verdict.every_kth = verdict.every_kth or (clear, guard)
+            verdict.every_kth = verdict.every_kth or (clear, src.snippet(guard.test), "")
             return False
         return True
 
@@ -646,11 +755,17 @@ def _loop_clears(
             }
         if _clears_grads(call, optimizer, others or set(), scope, index) and counts(call):
             return _Verdict(True)
+    step_periodic: Optional[bool] = None
     for call in calls:
-        found = src.project.callee(scope, call) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None
-        if found is not None:  # a project function: its summary says whether it clears gradients
-            if found[1].clears_grads and counts(call):
+        effects = _callee_effects(src, scope, call, CLEARS) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None
+        if effects is not None:  # a known function: its declared fact says whose gradients it clears, and when
+            mine = [e for e in effects if _may_clear(e.receiver, optimizer, scope, index)]
+            if mine and step_periodic is None:
+                step_periodic = step is not None and any(_periodic(g.test) for g in enclosing_ifs(_body(loop), step))
+            if any(not e.condition or step_periodic for e in mine) and counts(call):
                 return _Verdict(True)
+            if mine and verdict.every_kth is None:
+                verdict.every_kth = (call, mine[0].condition, f"in `{mine[0].via[0]}`" if mine[0].via else "")
         elif _helper_clears(call, index) and counts(call):
             return _Verdict(True)
         elif verdict.unknown is None and _receives(call, optimizer) and call.attr not in _HARMLESS_WITH_OPTIMIZER:
@@ -664,51 +779,20 @@ def _loop_clears(
     return verdict
 
 
-def _enclosing_ifs(loop: Loop, call: ast.Call) -> tuple[ast.If, ...]:
-    """The `if` statements inside `loop` whose body (or else branch) holds `call`, outermost first: found by
-    descending the blocks whose lines span the call (a few statements per level, no walk of the loop)."""
-    found: list[ast.If] = []
-    block: list[ast.stmt] = list(getattr(loop.node, "body", []))
-    where = (call.lineno, call.col_offset)
-    while block:
-        stmt = next(
-            (
-                s
-                for s in block
-                if (s.lineno, s.col_offset) <= where <= (s.end_lineno or s.lineno, s.end_col_offset or 0)
-            ),
-            None,
-        )
-        if stmt is None or isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            break
-        if isinstance(stmt, ast.If):
-            if stmt.test.lineno <= call.lineno <= (stmt.test.end_lineno or stmt.test.lineno) and any(
-                n is call for n in ast.walk(stmt.test)
-            ):
-                break  # the call is the condition itself
-            found.append(stmt)
-        block = (
-            [s for name in ("body", "orelse", "finalbody") for s in getattr(stmt, name, [])]
-            + [s for h in getattr(stmt, "handlers", []) for s in h.body]
-            + [s for c in getattr(stmt, "cases", []) for s in c.body]
-        )
-    return tuple(found)
+def _body(loop: Loop) -> list[ast.stmt]:
+    """The statements of a loop (a framework step method's body for a `training_step` loop)."""
+    return list(getattr(loop.node, "body", []))
 
 
 def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
     """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
-    clear_ifs = _enclosing_ifs(loop, clear)
+    clear_ifs = enclosing_ifs(_body(loop), clear)
     if not clear_ifs:
         return None  # the common case: an unconditional clear
-    step_ifs = _enclosing_ifs(loop, step)
+    step_ifs = enclosing_ifs(_body(loop), step)
     if any(_periodic(g.test) for g in step_ifs):
         return None  # both periodic: gradient accumulation, judged by its own clears
     return next((g for g in clear_ifs if g not in step_ifs and _periodic(g.test)), None)
-
-
-def _periodic(test: ast.expr) -> bool:
-    """A condition on a remainder (`(i + 1) % k == 0`, `step % log_every`): true every k-th iteration."""
-    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(test))
 
 
 def _receives(call: CallSite, optimizer: str) -> bool:

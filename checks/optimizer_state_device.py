@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import ast
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
-from torchdoctor.sdk.source import FunctionScope, SourceFile, literal
+from torchdoctor.sdk.source import (
+    CallSite,
+    Effect,
+    Fact,
+    Function,
+    FunctionScope,
+    ModuleIndex,
+    SourceFile,
+    literal,
+    ref,
+)
 
 from ._optimizer_builds import optimizers_built, rebuilt_after
 
@@ -76,7 +86,10 @@ OPTIMIZER_STATE_DEVICE = Pitfall(
         "source": """
             The lint rule reports `optimizer.load_state_dict(...)` followed, in the same function, by
             `model.to(<not cpu>)` (a device or a dtype) or `model.cuda()` of the model the optimizer was built from,
-            with no reload or rebuild after the move. `watch` compares the actual devices and dtypes of state and
+            with no reload or rebuild after the move. A helper handed the optimizer that loads its state
+            (`resume(path, model, optimizer)`, in this file, another or an installed library) counts as the load,
+            and a helper handed the model that moves it (`to_device(model, "cuda")`) as the move, as long as one of
+            the two is written in the function itself. `watch` compares the actual devices and dtypes of state and
             parameters at run time.
         """,
     },
@@ -152,29 +165,112 @@ def _moved_before(scope: FunctionScope, model: str, pos: tuple) -> bool:
     )
 
 
+def _loads_state(fn: Function) -> frozenset[Effect]:
+    """What the function loads a state dict into (`x.load_state_dict(...)`)."""
+    return frozenset(Effect(c.receiver) for c in fn.scope.calls if c.attr == "load_state_dict" and c.receiver)
+
+
+def _moves(fn: Function) -> frozenset[Effect]:
+    """What the function moves off the CPU or casts (`x.cuda()`, `x.to("cuda")`, `x.to(torch.bfloat16)`)."""
+    return frozenset(
+        Effect(c.receiver)
+        for c in fn.scope.calls
+        if c.receiver and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
+    )
+
+
+# What helpers do to the optimizer and the model: a load in `resume(path, model, optimizer)` in another file, a
+# move in `to_device(model, device)`, count as the caller's own.
+LOADS_STATE = Fact.effects("loads-state-dict", _loads_state)
+MOVES = Fact.effects("moves-off-cpu", _moves)
+
+
+def _passing(scope: FunctionScope, index: ModuleIndex) -> dict[str, list[CallSite]]:
+    """The calls of `scope` that may run a project or library function, by the names they are handed (as an
+    argument or keyword value); worked out once per function."""
+    question = ("calls passing", id(scope))
+    found = index.memo.get(question)
+    if found is None:
+        found = index.memo[question] = {}
+        for call in scope.calls:
+            node = call.node
+            if type(node.func) is ast.Attribute and call.qualname.startswith("torch."):
+                continue  # `torch.save(model, ...)`, `x.to(...)` on a torch name: never a helper
+            for arg in node.args:
+                if isinstance(arg, ast.Name):
+                    found.setdefault(arg.id, []).append(call)
+                elif isinstance(arg, ast.Attribute):
+                    found.setdefault(ref(arg) or "", []).append(call)
+            for kw in node.keywords:
+                value = kw.value
+                if type(value) is ast.Name or type(value) is ast.Attribute:
+                    found.setdefault(ref(value) or "", []).append(call)
+    return found
+
+
+def _through_helpers(
+    src: SourceFile,
+    scope: FunctionScope,
+    name: str,
+    after: tuple,
+    fact: Fact[frozenset[Effect]],
+    until: Optional[tuple] = None,
+) -> list[CallSite]:
+    """The calls after `after` (and before `until`) that hand `name` to a function that, itself or through its
+    calls, does what `fact` says to it (`resume(path, model, optimizer)` loading the optimizer's state)."""
+    return [
+        c
+        for c in _passing(scope, src.index).get(name, ())
+        if c.pos > after
+        and (until is None or c.pos < until)
+        and any(e.receiver == name for e in src.project.at_call(scope, c, fact) or ())
+    ]
+
+
+def _position(call: CallSite) -> tuple:
+    return call.pos
+
+
 @OPTIMIZER_STATE_DEVICE.source
 def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
-    if src.tree is None or "load_state_dict" not in src.text:
+    if src.tree is None or "load_state_dict" not in src.text and ".to(" not in src.text and ".cuda(" not in src.text:
         return
     index = src.index
+    direct = "load_state_dict" in src.text  # else only a helper can load the state
     for scope in index.scopes:
         for built in optimizers_built(scope, index):
-            loads = [
+            after = built.binding.pos
+            moved = [
                 c
                 for c in scope.calls
-                if c.receiver == built.optimizer and c.attr == "load_state_dict" and c.pos > built.binding.pos
+                if c.pos > after
+                and c.receiver == built.model
+                and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
             ]
+            loaded = (
+                [
+                    c
+                    for c in scope.calls
+                    if c.pos > after and c.receiver == built.optimizer and c.attr == "load_state_dict"
+                ]
+                if direct
+                else []
+            )
+            if not moved and not loaded:
+                continue  # a load and a move both done by helpers is not looked for
+            # the first load and the first move after it decide: a helper is followed only where it could be either
+            first: tuple = loaded[0].pos if loaded else max(c.pos for c in moved)
+            helped = _through_helpers(src, scope, built.optimizer, after, LOADS_STATE, first)
+            loads = sorted(loaded + helped, key=_position)
+            if not loads:
+                continue
+            moves = [c for c in moved if c.pos > loads[0].pos]
+            before = moves[0].pos if moves else None
+            moves = sorted(
+                moves + _through_helpers(src, scope, built.model, loads[0].pos, MOVES, before), key=_position
+            )
             for load in loads[:1]:
-                move = next(
-                    (
-                        c
-                        for c in scope.calls
-                        if c.pos > load.pos
-                        and c.receiver == built.model
-                        and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
-                    ),
-                    None,
-                )
+                move = next((c for c in moves if c.pos > load.pos), None)
                 if (
                     move is None
                     or _moved_before(scope, built.model, load.pos)
@@ -185,11 +281,13 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
                     )
                 ):
                     continue
+                via = f" (it loads `{built.optimizer}`'s state)" if load.attr != "load_state_dict" else ""
+                by_helper = f" (it moves `{built.model}`)" if move.receiver != built.model else ""
                 yield Finding(
-                    f"`{src.snippet(load.node)}` (line {load.pos[0]}) runs before `{src.snippet(move.node)}` "
-                    f"(line {move.pos[0]}): load_state_dict casts the state to the device and dtype the parameters "
-                    "have at that moment, so it stays behind when the model is moved or cast, and `step()` fails "
-                    "with 'Expected all tensors to be on the same device' (or mixes precisions).",
+                    f"`{src.snippet(load.node)}` (line {load.pos[0]}){via} runs before `{src.snippet(move.node)}` "
+                    f"(line {move.pos[0]}){by_helper}: load_state_dict casts the state to the device and dtype the "
+                    "parameters have at that moment, so it stays behind when the model is moved or cast, and "
+                    "`step()` fails with 'Expected all tensors to be on the same device' (or mixes precisions).",
                     fix=f"Move or cast the model first, then load the state: put line {move.pos[0]} before line "
                     f"{load.pos[0]}:\n{src.segment(move.node)}\n{src.segment(load.node)}",
                     location=src.location(load.node),

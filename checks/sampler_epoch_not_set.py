@@ -8,7 +8,17 @@ from typing import Any, Callable, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import LoaderEvent, RuntimeCheck
-from torchdoctor.sdk.source import CallSite, FunctionScope, ModuleIndex, SourceFile, iter_names, last, literal, ref
+from torchdoctor.sdk.source import (
+    CallSite,
+    Fact,
+    FunctionScope,
+    ModuleIndex,
+    SourceFile,
+    iter_names,
+    last,
+    literal,
+    ref,
+)
 
 _TWO_RANKS = """
 import torch
@@ -185,6 +195,10 @@ class _Passes:
         return self.batches is not None and self.batches > 1 and 0 <= self.counter[0] <= 1
 
 
+# The function calls `.set_epoch(...)`, itself or through the functions it calls.
+SETS_EPOCH = Fact.any("sets-epoch", lambda fn: "set_epoch" in fn.scope.call_attrs)
+
+
 @SAMPLER_EPOCH_NOT_SET.source
 def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "DistributedSampler" not in src.text:
@@ -195,27 +209,54 @@ def sampler_epoch_not_set(src: SourceFile) -> Iterator[Finding]:
     for scope, sampler, name in _shuffling_samplers(index):
         for loader in _loaders_of(scope, sampler, name):
             line = _epoch_loop_line(scope, loader)
-            if line is None or _set_epoch_in_callee(src, scope, line):
+            if line is None:
                 continue
+            known, unknown = _set_epoch_in_callee(src, scope, line, {loader, name} - {None})
+            if known:
+                continue
+            caveat = (
+                f" `{src.snippet(unknown.node)}` (line {unknown.node.lineno}) receives `{ref(unknown.node.args[0])}` "
+                "but is not defined in the project, so it was not followed: if it calls set_epoch, silence this line."
+                if unknown is not None
+                else ""
+            )
             yield Finding(
                 f"`{src.snippet(sampler.node)}` feeds `{loader}`, which is read once per epoch (loop at line {line}), "
                 "but set_epoch is never called in the linted files: DistributedSampler seeds its shuffle with the "
-                "epoch, so every epoch sees the same order.",
+                "epoch, so every epoch sees the same order." + caveat,
                 fix=Fix(title=f"At the start of every epoch call `{name or loader + '.sampler'}.set_epoch(epoch)`."),
                 location=src.location(sampler.node),
             )
             break
 
 
-def _set_epoch_in_callee(src: SourceFile, scope: FunctionScope, line: int) -> bool:
-    """A project function called in the epoch loop calls set_epoch (itself or through its own calls)."""
+def _set_epoch_in_callee(
+    src: SourceFile, scope: FunctionScope, line: int, names: set[Optional[str]]
+) -> tuple[bool, Optional[CallSite]]:
+    """Whether a function called in the epoch loop calls set_epoch (itself or through its own calls), and else the
+    first call there that is unknown (not followed) and receives the loader or sampler first: the verdict rests
+    on it."""
     loop = next(lp for lp in scope.loops if lp.node.lineno == line)
+    unknown = None
     for call in scope.calls:
         if loop.encloses(call.loop):
-            found = src.project.callee(scope, call)
-            if found is not None and found[1].set_epoch:
-                return True
-    return False
+            callee = src.project.callee(scope, call)
+            if src.project.fact(callee, SETS_EPOCH):
+                return True, None
+            if (
+                callee is None
+                and unknown is None
+                and call.node.args
+                and ref(call.node.args[0]) in names
+                and not call.qualname.startswith(("torch.", "builtins."))
+                and call.attr not in _NOT_EPOCH_CALLS
+            ):
+                unknown = call
+    return False, unknown
+
+
+# Calls that receive a loader without advancing its sampler's epoch.
+_NOT_EPOCH_CALLS = frozenset({"len", "iter", "next", "enumerate", "zip", "print", "tqdm", "range", "list"})
 
 
 def _shuffling_samplers(index: ModuleIndex) -> Iterator[tuple[FunctionScope, CallSite, Optional[str]]]:

@@ -146,9 +146,9 @@ def _unpacked_tensor(
         return loader is not None and _is_loader(loader, scope, index)
     site = next((c for c in scope.calls if c.node is call), None)
     found = src.project.callee(scope, site) if site is not None else None
-    if found is None or not found[0].returns:
+    if found is None or not found.scope.returns:
         return False
-    callee = found[0]
+    callee, index = found.scope, found.module.index  # its names resolve with its own imports
     for ret in callee.returns:
         if not isinstance(ret.value, ast.Tuple) or len(ret.value.elts) != len(names):
             return False

@@ -10,6 +10,9 @@ from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
     CallSite,
+    Effect,
+    Fact,
+    Function,
     FunctionScope,
     Loop,
     ModuleIndex,
@@ -17,6 +20,7 @@ from torchdoctor.sdk.source import (
     calls_in,
     is_backward,
     qualname,
+    rebind,
     ref,
 )
 
@@ -189,6 +193,33 @@ def _layers_in_eval(model: Any) -> list[str]:
     return sorted({type(m).__name__ for m in model.modules() if isinstance(m, MODE_DEPENDENT) and not m.training})
 
 
+def _evals_before_training(fn: Function) -> frozenset[Effect]:
+    """The models a training function switches to eval() before its first backward (linear probing on frozen
+    features, fine-tuning with frozen BatchNorm): it trains them in eval mode on purpose, whatever ran before."""
+    backwards = [c.pos for c in fn.scope.calls if c.attr in BACKWARD_METHODS and is_backward(c)]
+    if not backwards:
+        return frozenset()
+    first = min(backwards)
+    return frozenset(Effect(str(c.receiver)) for c in fn.scope.calls if c.pos < first and _switches_to_eval(c))
+
+
+def _as_called(value: frozenset[Effect], fn: Function, call: CallSite, callee: Function) -> frozenset[Effect]:
+    return rebind(value, fn, call, callee)
+
+
+# Read from the training function's own body (not followed further), in the caller's names.
+EVAL_BEFORE_TRAINING: Fact[frozenset[Effect]] = Fact(
+    "evals-before-training", _evals_before_training, frozenset(), through=_as_called
+)
+
+
+def _training_sets_eval(src: SourceFile, scope: FunctionScope, calls: list[CallSite], model: str) -> bool:
+    """A function the loop calls switches `model` to eval() before its own backward."""
+    return any(
+        any(e.receiver == model for e in src.project.at_call(scope, call, EVAL_BEFORE_TRAINING) or ()) for call in calls
+    )
+
+
 @TRAIN_MODE_NOT_RESTORED.source
 def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
     """A training loop that calls model.eval() and never model.train() again."""
@@ -210,6 +241,8 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
                     continue
                 if not _trains_before(calls, call, index):
                     continue  # eval() before the iteration's training: every step, the first too, trains so on purpose
+                if _training_sets_eval(src, scope, calls, model):
+                    continue  # the training function puts the model in eval() itself: frozen BN on purpose
                 if _without_mode_layers(src, scope, model):
                     continue  # eval() changes nothing in this model
                 reported.add(model)

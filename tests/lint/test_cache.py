@@ -262,3 +262,27 @@ def test_a_recent_file_rewritten_with_the_same_size_and_time_is_read_again(tmp_p
     os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
     second = lint(src, tmp_path / "cache")
     assert second.checked == 1 and found(second) == []
+
+
+def test_a_fact_shared_by_two_files_records_what_it_read_for_both(tmp_path):
+    # a.py and b.py ask the same fact of engine.train_step, which follows reset() into helpers.py: the second
+    # file gets the answer from the run's fact cache, and must depend on helpers.py all the same
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "pyproject.toml").write_text("[project]\nname = 'demo'\n", encoding="utf-8")
+    (src / "helpers.py").write_text("def reset(opt):\n    opt.zero_grad()\n", encoding="utf-8")
+    (src / "engine.py").write_text(
+        "from helpers import reset\n\n"
+        "def train_step(model, x, opt):\n    reset(opt)\n    model(x).sum().backward()\n    opt.step()\n",
+        encoding="utf-8",
+    )
+    loop = (
+        "import torch\nfrom engine import train_step\n\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\nfor x in loader:\n    train_step(model, x, opt)\n"
+    )
+    for name in ("a.py", "b.py"):
+        (src / name).write_text(loop, encoding="utf-8")
+    assert found(lint(src, tmp_path / "cache")) == []
+    (src / "helpers.py").write_text("def reset(opt):\n    pass\n", encoding="utf-8")
+    again = lint(src, tmp_path / "cache")
+    assert [(f[0], f[2]) for f in found(again)] == [("a.py", "missing-zero-grad"), ("b.py", "missing-zero-grad")]

@@ -1115,3 +1115,323 @@ def test_a_library_no_grad_decorator_is_followed(tmp_path, monkeypatch, grad_off
     library = {"__init__.py": "", "torch_utils.py": SMART_LIB.format(grad_off=grad_off)}
     found = lint_with_library(tmp_path, monkeypatch, library, LIB_EVAL, "eval-without-no-grad")
     assert [f.location.line for f in found] == expected
+
+
+# ---- facts declared by rules, followed through helpers (the fact engine) -----------------------------------------
+
+RESET = """
+def reset(opt):
+    opt.zero_grad()
+"""
+
+GAN_RESET = """
+import torch
+from utils import reset
+
+def train(netG, netD, loader, criterion, noise):
+    optimizerD = torch.optim.Adam(netD.parameters(), lr=2e-4)
+    optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-4)
+    for real in loader:
+        reset({cleared})
+        lossD = criterion(netD(real), 1)
+        lossD.backward()
+        optimizerD.step()
+        reset(optimizerG)
+        lossG = criterion(netD(netG(noise)), 1)
+        lossG.backward()
+        optimizerG.step()
+"""
+
+MAYBE_CLEAR = """
+def maybe_clear(optimizer, i, k):
+    {guard}
+        optimizer.zero_grad()
+"""
+
+STEP_EVERY = """
+from utils import maybe_clear
+
+def train(model, loader, optimizer, criterion, k=4):
+    for i, (x, y) in enumerate(loader):
+        loss = criterion(model(x), y)
+        loss.backward()
+        {step}
+        maybe_clear(optimizer, i, k)
+"""
+
+TRAINER_STEP = """
+import torch
+
+class Trainer:
+    def __init__(self, gen, disc):
+        self.opt_g = torch.optim.Adam(gen.parameters())
+        self.opt_d = torch.optim.Adam(disc.parameters())
+
+    def clear(self):
+        self.{cleared}.zero_grad()
+
+    def fit(self, loader, loss_fn):
+        for x in loader:
+            self.clear()
+            loss_fn(x).backward()
+            self.opt_d.step()
+"""
+
+RUN_BATCH = """
+def run_batch(net, x):
+    return net(x)
+
+def predict_all(net, loader):
+    outs = []
+    for x in loader:
+        outs.append(run_batch(net, x))
+    return outs
+"""
+
+VALIDATE = """
+from utils import predict_all
+
+def validate(model, loader):
+    model.eval()
+    outs = predict_all(model, loader)
+    model.train()
+    return outs
+
+for epoch in range(3):
+    validate(model, val_loader)
+"""
+
+PREDICT = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.fc(self.drop(x))
+
+    {decorator}
+    def predict(self, x):
+        return self(x).argmax(1)
+
+model = Net()
+model.eval()
+labels = model.predict(torch.randn(8, 4))
+"""
+
+RESUME_HELPER = """
+import torch
+
+def resume(path, model, optimizer):
+    ckpt = torch.load(path)
+    model.load_state_dict(ckpt["model"])
+    {load}
+    return ckpt["epoch"]
+"""
+
+RESUME_THEN_MOVE = """
+import torch
+from torch import nn
+from utils import resume
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+{first}
+{second}
+"""
+
+TO_DEVICE = """
+def to_device(model, device):
+    {body}
+"""
+
+LOAD_THEN_HELPER_MOVE = """
+import torch
+from torch import nn
+from utils import to_device
+
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+optimizer.load_state_dict(torch.load("last.pt")["optimizer"])
+model = to_device(model, "cuda")
+"""
+
+PREPARE = """
+def prepare(module):
+    {body}
+    return module
+"""
+
+EXTRACT = """
+from utils import prepare
+
+def extract(model, loader):
+    prepare(model)
+    model.eval()
+    for x in loader:
+        print(model(x).shape)
+
+extract(model, loader)
+"""
+
+EPOCHS = """
+from torch.utils.data import DataLoader, DistributedSampler
+from {where} import train_one_epoch
+
+def main(dataset, model, epochs):
+    sampler = DistributedSampler(dataset)
+    loader = DataLoader(dataset, sampler=sampler)
+    for epoch in range(epochs):
+        train_one_epoch(loader, model, epoch)
+"""
+
+ONE_EPOCH = """
+def train_one_epoch(loader, model, epoch):
+    loader.sampler.set_epoch(epoch)
+    for x in loader:
+        model(x).sum().backward()
+"""
+
+ENGINE_CASES = [
+    # the epoch loop hands the loader to a function nobody can read: reported, and the message says so
+    case(
+        "sampler-epoch-not-set",
+        "train.py",
+        {"train.py": EPOCHS.format(where="somelib.engine")},
+        {"train.py": EPOCHS.format(where="engine"), "engine.py": ONE_EPOCH},
+        6,
+        message="`train_one_epoch(loader, model, epoch)` (line 9) receives `loader` but is not defined in the project",
+    ),
+    # a model frozen whole by a helper in another file records no graph: quiet; a helper that does not freeze it
+    case(
+        "eval-without-no-grad",
+        "extract.py",
+        {"extract.py": EXTRACT, "utils.py": PREPARE.format(body="module.cpu()")},
+        {
+            "extract.py": EXTRACT,
+            "utils.py": PREPARE.format(body="for p in module.parameters():\n        p.requires_grad = False"),
+        },
+        8,
+    ),
+    # whose gradients a helper clears: `reset(optimizerG)` does not clear the discriminator's optimizer
+    case(
+        "missing-zero-grad",
+        "gan.py",
+        {"gan.py": GAN_RESET.format(cleared="optimizerG"), "utils.py": RESET},
+        {"gan.py": GAN_RESET.format(cleared="optimizerD"), "utils.py": RESET},
+        12,
+    ),
+    # a method that clears the other optimizer of its own instance (`self.clear()` -> `self.opt_g`)
+    case(
+        "missing-zero-grad",
+        "trainer.py",
+        {"trainer.py": TRAINER_STEP.format(cleared="opt_g")},
+        {"trainer.py": TRAINER_STEP.format(cleared="opt_d")},
+        16,
+    ),
+    # a helper that clears only every k-th call, while the loop steps every iteration
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {
+            "train.py": STEP_EVERY.format(step="optimizer.step()"),
+            "utils.py": MAYBE_CLEAR.format(guard="if (i + 1) % k == 0:"),
+        },
+        {"train.py": STEP_EVERY.format(step="optimizer.step()"), "utils.py": MAYBE_CLEAR.format(guard="if k:")},
+        8,
+        message="runs only when `(i + 1) % k == 0` in `maybe_clear`",
+    ),
+    # ... and its accumulation look-alike: the step is every k-th too
+    case(
+        "missing-zero-grad",
+        "train.py",
+        {
+            "train.py": STEP_EVERY.format(step="optimizer.step()"),
+            "utils.py": MAYBE_CLEAR.format(guard="if (i + 1) % k == 0:"),
+        },
+        {
+            "train.py": STEP_EVERY.format(step="if (i + 1) % k == 0:\n            optimizer.step()"),
+            "utils.py": MAYBE_CLEAR.format(guard="if (i + 1) % k == 0:"),
+        },
+        8,
+    ),
+    # an evaluation forward two helpers away, in another file
+    case(
+        "eval-without-no-grad",
+        "val.py",
+        {"val.py": VALIDATE, "utils.py": RUN_BATCH},
+        {
+            "val.py": VALIDATE,
+            "utils.py": "import torch\n" + RUN_BATCH.replace("def run_batch", "@torch.no_grad()\ndef run_batch"),
+        },
+        6,
+    ),
+    # a forward through a custom method of the model (`model.predict(x)` calling `self(x)`)
+    case(
+        "eval-without-no-grad",
+        "infer.py",
+        {"infer.py": PREDICT.format(decorator="")},
+        {"infer.py": PREDICT.format(decorator="@torch.no_grad()")},
+        20,
+    ),
+    # optimizer state loaded by a helper in another file, the model moved afterwards
+    case(
+        "optimizer-state-device",
+        "train.py",
+        {
+            "train.py": RESUME_THEN_MOVE.format(
+                first='start = resume("last.pt", model, optimizer)', second='model.to("cuda")'
+            ),
+            "utils.py": RESUME_HELPER.format(load='optimizer.load_state_dict(ckpt["optimizer"])'),
+        },
+        {
+            "train.py": RESUME_THEN_MOVE.format(
+                first='model.to("cuda")', second='start = resume("last.pt", model, optimizer)'
+            ),
+            "utils.py": RESUME_HELPER.format(load='optimizer.load_state_dict(ckpt["optimizer"])'),
+        },
+        8,
+        message="(it loads `optimizer`'s state)",
+    ),
+    # ... and its look-alike: the helper loads only the model's weights
+    case(
+        "optimizer-state-device",
+        "train.py",
+        {
+            "train.py": RESUME_THEN_MOVE.format(
+                first='start = resume("last.pt", model, optimizer)', second='model.to("cuda")'
+            ),
+            "utils.py": RESUME_HELPER.format(load='optimizer.load_state_dict(ckpt["optimizer"])'),
+        },
+        {
+            "train.py": RESUME_THEN_MOVE.format(
+                first='start = resume("last.pt", model, optimizer)', second='model.to("cuda")'
+            ),
+            "utils.py": RESUME_HELPER.format(load="optimizer.zero_grad()"),
+        },
+        8,
+    ),
+    # state loaded here, the model moved by a helper in another file
+    case(
+        "optimizer-state-device",
+        "train.py",
+        {"train.py": LOAD_THEN_HELPER_MOVE, "utils.py": TO_DEVICE.format(body="return model.to(device)")},
+        {
+            "train.py": LOAD_THEN_HELPER_MOVE,
+            "utils.py": TO_DEVICE.format(body='print(f"{model} on {device}")\n    return model'),
+        },
+        8,
+        message="(it moves `model`)",
+    ),
+]
+
+
+@pytest.mark.parametrize("rule, target, bug, control, line, extra", ENGINE_CASES)
+def test_planted_fact_engine_bug_is_found_and_its_look_alike_is_quiet(
+    tmp_path, rule, target, bug, control, line, extra
+):
+    test_planted_bug_is_found_and_its_look_alike_is_quiet(tmp_path, rule, target, bug, control, line, extra)

@@ -516,6 +516,7 @@ def test_a_run_over_several_projects_frees_each_and_finds_what_single_file_runs_
 
 
 def test_releasing_a_project_forgets_its_modules_and_keeps_the_others(tmp_path):
+    from torchdoctor.lint.facts import Fact
     from torchdoctor.lint.program import Program
 
     for project in ("a", "ab"):  # `ab` shares a's name as a prefix, not its folder
@@ -524,9 +525,10 @@ def test_releasing_a_project_forgets_its_modules_and_keeps_the_others(tmp_path):
     program = Program()
     a, ab = (program.module(str(tmp_path / project / "m.py")) for project in ("a", "ab"))
     assert a is not None and ab is not None
-    program.summary(a, a.functions["f"])
+    program.fact(a, a.functions["f"], Fact.any("returns-something", lambda fn: bool(fn.scope.returns)))
     program.release(str(tmp_path / "a"))
     assert program.parsed(a.path) is None and program.parsed(ab.path) is ab
+    assert all(key[0] != a.path for key in program._facts)  # its facts are forgotten with it
     assert program.module(a.path) is not a  # parsed again on demand
 
 
@@ -545,37 +547,6 @@ def test_a_run_leaves_nothing_for_the_garbage_collector(tmp_path):
     gc.collect()
     assert lint_one(tmp_path, files, ".") == [("eval-without-no-grad", 8), ("missing-zero-grad", 7)]
     assert gc.collect() == 0
-
-
-def test_a_summary_follows_calls_only_for_the_facts_asked(tmp_path):
-    from torchdoctor.lint.program import Program
-
-    (tmp_path / "m.py").write_text(
-        textwrap.dedent("""
-        import torch
-
-        def clear(opt):
-            opt.zero_grad()
-
-        def epoch(opt, sampler):
-            sampler.set_epoch(1)
-            clear(opt)
-
-        def outer(opt, sampler):
-            epoch(opt, sampler)
-    """),
-        encoding="utf-8",
-    )
-    program = Program()
-    module = program.module(str(tmp_path / "m.py"))
-    assert module is not None
-    outer = program.summary(module, module.functions["outer"])
-    assert not outer.backward and outer.forwards == {"epoch"}  # its own calls: nothing else is summarised
-    assert set(program._summaries) == {(module.path, id(module.functions["outer"].node))}
-    assert outer.set_epoch  # through epoch(); not through clear(), which is not needed for the answer
-    assert (module.path, id(module.functions["clear"].node)) not in program._summaries
-    assert outer.clears_grads  # two calls deep
-    assert not program.summary(module, module.functions["clear"]).set_epoch
 
 
 def test_the_project_root_is_found_as_ruff_finds_it(tmp_path):

@@ -1,6 +1,7 @@
 """train-mode-not-restored (TD314): fires on real tiny loops left in eval() after validation; quiet on
 correct loops, on deliberately frozen BatchNorm, on models without Dropout/BatchNorm, and on teachers."""
 
+import pytest
 import torch
 from torch import nn
 
@@ -154,3 +155,23 @@ def test_lint_quiet_for_batchnorm_frozen_layer_by_layer():
 
 def test_lint_quiet_when_the_model_goes_to_code_it_cannot_see():
     assert lint(EPOCH.format(body=TRAIN + "    evaluate(model, val_loader)\n    trainer_utils.prepare(model)\n")) == []
+
+
+@pytest.mark.parametrize(
+    "first, expected", [("net.eval()  # linear probing: BatchNorm statistics stay frozen", 0), ("", 1)]
+)
+def test_lint_quiet_when_the_training_function_sets_eval_itself(first, expected):
+    # simsiam's main_lincls.py: train() switches the model to eval() before its steps on purpose, so the
+    # evaluation's eval() after it leaves nothing behind; the look-alike without it is reported
+    code = EPOCH.replace(
+        "for epoch",
+        f"""def train_one_epoch(net):
+    {first}
+    for x, y in loader:
+        optimizer.zero_grad()
+        loss_fn(net(x), y).backward()
+        optimizer.step()
+
+for epoch""",
+    ).format(body="    train_one_epoch(model)\n    evaluate(model, val_loader)\n")
+    assert len(lint(code)) == expected

@@ -164,6 +164,12 @@ def _finding(d: dict[str, Any], display: str) -> Finding:
     return fixable
 
 
+def library_fingerprint() -> str:
+    """What installed libraries' kept facts depend on: the lint engine and the built-in checks (which declare the
+    facts), not the selection."""
+    return _fingerprint(())
+
+
 def _fingerprint(checks: Sequence[registry.Pitfall]) -> str:
     """Changes whenever a result could: torchdoctor's lint engine, a built-in check module or a selected
     plug-in check's module is edited, the selection changes, or another Python (another `ast`) runs it."""

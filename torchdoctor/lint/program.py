@@ -3,10 +3,9 @@
 Modules are read from disk on demand (the project root is found as ruff finds it: the nearest folder
 upward with a pyproject.toml, setup.py, setup.cfg or .git), so the answer for one file never depends on
 which other files a run was given. Per module: the import table (relative and absolute imports resolved to
-project files) and the functions it defines; per function: a `Summary` computed once (grad disabled by a
-decorator, including project-defined wrappers such as yolov5's `smart_inference_mode`; the names it calls
-as models outside no_grad; whether it calls `set_epoch`). Calls resolve through imports, methods of the same
-class and closures.
+project files, else installed libraries' source) and the functions it defines; per function: the facts rules
+declare (torchdoctor.lint.facts), each computed once. Calls resolve through closures, methods (the class
+hierarchy, `__call__`), imports and re-exports, into installed libraries too.
 """
 
 from __future__ import annotations
@@ -14,12 +13,12 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
-import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Iterator, Optional, TypeVar, cast
 
-from torchdoctor.lint.flow import BACKWARD_METHODS, clears_every_grad, is_optimizer_ctor
-from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, ref, resolve
+from torchdoctor.lint.facts import DEPTH, Fact, Function
+from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
+from torchdoctor.lint.libraries import MISSING, LibraryFacts
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _GRAD_OFF = ("no_grad", "inference_mode")
@@ -45,7 +44,8 @@ _SKIP_DIRS = frozenset(
     }
 )
 _MAX_MODULE_BYTES = 2_000_000  # larger files are not parsed to answer questions about other files
-_DEPTH = 3  # how many calls deep summaries follow other functions
+T = TypeVar("T")
+_MISSING = object()
 # Imports never resolved against the project (the commonest library roots, to save the file look-ups).
 _EXTERNAL = frozenset(
     {
@@ -131,124 +131,18 @@ class Module:
         return any(isinstance(n, ast.Constant) and n.value == text for n in ast.walk(self.tree))
 
 
-class Summary:
-    """What one function does, as far as the lint rules ask (one per function and run). Only `grad_off` is worked
-    out when it is made: most summaries are asked that alone (is a caller under no_grad?). The facts read from
-    the function's calls are found on first use, and those that follow the calls into other functions
-    (`set_epoch`, `clears_grads`, `returns_optimizer`) only when asked, each once."""
-
-    __slots__ = ("grad_off", "_program", "_module", "_scope", "_depth", "_local", "_reached", "_returns")
-
-    def __init__(self, program: "Program", module: Module, scope: FunctionScope, grad_off: bool, depth: int) -> None:
-        self.grad_off = grad_off  # decorated with no_grad/inference_mode, directly or through a project wrapper
-        # A weak reference: the program keeps its summaries, and a cycle would leave a run's trees to the collector.
-        self._program, self._module, self._scope, self._depth = weakref.ref(program), module, scope, depth
-        self._local: Optional[tuple[frozenset[str], bool, frozenset[str], bool, bool]] = None
-        self._reached: list[Optional[bool]] = [None, None]  # see _reach
-        self._returns: Optional[bool] = None
-
-    @property
-    def forwards(self) -> frozenset[str]:
-        """Names (parameters or free variables) it calls as models with grad enabled."""
-        return self._facts()[0]
-
-    @property
-    def backward(self) -> bool:
-        """It runs a backward itself."""
-        return self._facts()[1]
-
-    @property
-    def steps(self) -> frozenset[str]:
-        """Names it steps as optimizers (`opt.step()`, `scaler.step(opt)`)."""
-        return self._facts()[2]
-
-    @property
-    def set_epoch(self) -> bool:
-        """It calls `.set_epoch(...)`, itself or through the functions it calls."""
-        return self._reach(0)
-
-    @property
-    def clears_grads(self) -> bool:
-        """It calls zero_grad()/grad.zero_() or sets `.grad`, itself or through the functions it calls."""
-        return self._reach(1)
-
-    @property
-    def returns_optimizer(self) -> bool:
-        """It returns a new torch optimizer, built here or by a function it calls."""
-        if self._returns is None:
-            self._returns = False  # while it is worked out: a recursive call returns none
-            self._returns = self._depth < _DEPTH and self._owner()._returns_optimizer(
-                self._module, self._scope, self._depth
-            )
-        return self._returns
-
-    def _owner(self) -> "Program":
-        """The program whose run made this summary (alive for as long as its rules ask questions)."""
-        program = self._program()
-        assert program is not None, "a summary outlived its lint run"
-        return program
-
-    def _facts(self) -> tuple[frozenset[str], bool, frozenset[str], bool, bool]:
-        """(forwards, backward, steps, set_epoch, clears) from the function's own body."""
-        if self._local is None:
-            scope, grad_off = self._scope, self.grad_off
-            forwards: set[str] = set()
-            steps: set[str] = set()
-            backward = set_epoch = False
-            clears = any(clears_every_grad(b.target) for b in scope.bindings)
-            for call in scope.calls:
-                attr = call.attr
-                if attr in BACKWARD_METHODS:
-                    backward = True
-                elif attr == "step" and not call.node.keywords:
-                    args = call.node.args
-                    stepped = (
-                        call.receiver
-                        if not args
-                        else ref(args[0])
-                        if len(args) == 1 and "scaler" in (call.receiver or "").lower()
-                        else None
-                    )
-                    if stepped:
-                        steps.add(stepped)
-                elif attr == "set_epoch":
-                    set_epoch = True
-                elif attr == "zero_grad" or attr == "zero_" and clears_every_grad(call.receiver):
-                    clears = True
-                if not (grad_off or call.grad_off):
-                    if type(call.node.func) is ast.Name:
-                        forwards.add(call.node.func.id)
-                    elif attr == "forward" and call.receiver:
-                        forwards.add(call.receiver)
-            self._local = (frozenset(forwards), backward, frozenset(steps), set_epoch, clears)
-        return self._local
-
-    def _reach(self, which: int) -> bool:
-        """Set-epoch (0) or clears-gradients (1), through the calls up to `_DEPTH` calls deep from where the summary
-        was first asked; each is followed only until it is found."""
-        reached = self._reached
-        if reached[which] is None:
-            _, _, _, set_epoch, clears = self._facts()
-            found = clears if which else set_epoch
-            reached[which] = found  # while it is worked out: a recursive call adds nothing
-            if not found and self._depth < _DEPTH:
-                program, module, scope = self._owner(), self._module, self._scope
-                for call in scope.calls:
-                    callee = program.resolve_call(module, scope, call)
-                    if callee is not None and program.summary(*callee, depth=self._depth + 1)._reach(which):
-                        reached[which] = True
-                        break
-        return bool(reached[which])
-
-
 class Program:
     """The project model of one lint run: modules parsed on demand and cached, summaries cached per function."""
 
     def __init__(self) -> None:
         self._roots: dict[str, str] = {}
         self._modules: dict[str, Optional[Module]] = {}
-        self._summaries: dict[tuple[str, int], Summary] = {}
-        self._wrappers: dict[tuple[str, int], bool] = {}
+        self._facts: dict[tuple[str, int, Fact], object] = {}  # (file, id(def node), fact) -> value
+        self._fact_files: dict[tuple[str, int, Fact], frozenset[str]] = {}  # the modules each answer read
+        self._working: list[tuple[str, int, Fact]] = []  # the facts being worked out, outermost first
+        self._partial: set[tuple[str, int, Fact]] = set()  # answers that met a recursive call (order-dependent)
+        self._resolved: dict[tuple[str, int], list[tuple[CallSite, Optional[tuple[Module, FunctionScope]]]]] = {}
+        self._resolved_files: dict[tuple[str, int], frozenset[str]] = {}
         self._trees: dict[str, list[str]] = {}
         self._tree_stamps: dict[str, str] = {}
         self._found: dict[tuple[str, str, int], Optional[str]] = {}
@@ -256,6 +150,7 @@ class Program:
         self.touched: set[str] = set()  # modules consulted since the caller last cleared this
         self._libraries: dict[str, Optional[str]] = {}  # dotted module -> its source in site-packages
         self._library_paths: Optional[list[str]] = None
+        self.libraries: Optional[LibraryFacts] = None  # installed libraries' facts kept per version (see libraries)
 
     # ---- files and modules -------------------------------------------------------------------------------
     def root_of(self, path: str) -> str:
@@ -275,8 +170,11 @@ class Program:
             return
         for path in gone:
             del self._modules[path]
-        self._summaries = {k: v for k, v in self._summaries.items() if k[0] not in gone}
-        self._wrappers = {k: v for k, v in self._wrappers.items() if k[0] not in gone}
+        self._facts = {k: v for k, v in self._facts.items() if k[0] not in gone}
+        self._fact_files = {k: v for k, v in self._fact_files.items() if k[0] not in gone}
+        self._partial = {k for k in self._partial if k[0] not in gone}
+        self._resolved = {k: v for k, v in self._resolved.items() if k[0] not in gone}
+        self._resolved_files = {k: v for k, v in self._resolved_files.items() if k[0] not in gone}
         self._callers = {}  # keyed by the ids of functions that may be among the freed ones: found again on demand
 
     def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
@@ -323,7 +221,7 @@ class Program:
         found = self._libraries.get(dotted)
         if found is None and dotted not in self._libraries:
             parts = dotted.split(".")
-            for base in self._library_folders():
+            for base in self.library_folders():
                 target = os.path.join(base, *parts)
                 for candidate in (target + ".py", os.path.join(target, "__init__.py")):
                     if os.path.isfile(candidate):
@@ -334,7 +232,7 @@ class Program:
             self._libraries[dotted] = found
         return found
 
-    def _library_folders(self) -> list[str]:
+    def library_folders(self) -> list[str]:
         if self._library_paths is None:
             self._library_paths = _library_folders()
         return self._library_paths
@@ -372,7 +270,8 @@ class Program:
         self, module: Module, scope: FunctionScope, call: CallSite
     ) -> Optional[tuple[Module, FunctionScope]]:
         """The function a call runs, when the project defines it: a closure or local def, a method of the same
-        class (`self.f()`), a module function, or an imported one (`f()`, `mod.f()`). The answer depends only on
+        class (`self.f()`) or of an instance's class (`box = Box(); box.f()`), a module function, or an imported one
+        (`f()`, `mod.f()`). The answer depends only on
         `scope` and the callee's name (`f` or `x.f`), which is what callers may memoise it by."""
         func = call.node.func
         if type(func) is ast.Name:
@@ -391,11 +290,15 @@ class Program:
         if type(func) is ast.Attribute and type(func.value) is ast.Name:
             if func.value.id in ("self", "cls") and scope.class_name is not None:
                 return self.method(module, scope.class_name, func.attr)
+            alias = module.index.aliases.get(func.value.id)
+            if alias is not None and alias.split(".", 1)[0] in _EXTERNAL:
+                return None  # `torch.zeros(...)`, `np.mean(...)`: never a project or followed library function
             target = module.imports(self).get(func.value.id)
             if target is not None and target[0] is not None and target[1] is None:  # a project module
                 self.touched.add(target[0])
                 other = self.module(target[0])
                 return self.lookup(other, func.attr) if other is not None else None
+            return self.instance_method(module, scope, func.value.id, func.attr)  # `meter = Meter(); meter.f()`
         return None
 
     def method(
@@ -426,12 +329,17 @@ class Program:
     ) -> Optional[tuple[Module, FunctionScope]]:
         """The method `name` of the project class `receiver` is an instance of: `receiver` is bound (only) to
         `Cls(...)` in this function or at module level, `Cls` a class of this module or one it imports."""
-        bound = [
-            b.value for s in (scope, module.index.scopes[0]) for b in s.bindings_of(receiver) if b.value is not None
-        ]
-        if len(bound) != 1 or not isinstance(bound[0], ast.Call) or not isinstance(bound[0].func, ast.Name):
+        top = module.index.scopes[0]
+        value: Optional[ast.expr] = None
+        for where in (scope,) if scope is top else (scope, top):
+            for b in where.bindings_of(receiver):
+                if b.value is not None:
+                    if value is not None:
+                        return None  # bound more than once: which instance is unknown
+                    value = b.value
+        if type(value) is not ast.Call or type(value.func) is not ast.Name:
             return None
-        cls = bound[0].func.id
+        cls = value.func.id
         if cls in module.index.classes:
             return self.method(module, cls, name)
         target = module.imports(self).get(cls)
@@ -501,55 +409,78 @@ class Program:
             return None
         return self.instance_method(module, scope, name, "__call__")
 
-    # ---- summaries ----------------------------------------------------------------------------------------
-    def summary(self, module: Module, scope: FunctionScope, depth: int = 0) -> Summary:
-        """The summary of one function (one per function and run; `depth` is how many calls deep it was first
-        reached, which bounds how far its own calls are followed)."""
+    # ---- facts --------------------------------------------------------------------------------------------
+    def fact(self, module: Module, scope: FunctionScope, fact: Fact[T], depth: int = 0) -> T:
+        """A rule's declared fact of one function (see torchdoctor.lint.facts), computed once per function and
+        run: its local predicate, joined (when the fact propagates) with the facts of the functions its calls
+        resolve to, up to `DEPTH` calls deep from where it was first asked. A call that resolves to nothing is
+        unknown and adds nothing; a recursive call sees `fact.empty`."""
+        key = (module.path, id(scope.node), fact)
+        cached = self._facts.get(key, _MISSING)
+        if cached is not _MISSING:
+            if key in self._working:  # a recursive call: every answer on the way back rests on a partial one
+                self._partial.update(self._working[self._working.index(key) + 1 :])
+            files = self._fact_files.get(key)
+            if files:
+                self.touched |= files  # the answer read those modules: whoever asks depends on them too
+            return cast(T, cached)
+        libraries = self.libraries
+        if libraries is not None:
+            kept = libraries.get(module.path, scope, fact, depth)
+            if kept is not MISSING:
+                self._facts[key] = kept
+                return cast(T, kept)
+        asker, self.touched = self.touched, set()
+        self._facts[key] = fact.empty  # while it is worked out
+        self._working.append(key)
+        try:
+            fn = Function(self, module, scope, depth)
+            value = fact.local(fn)
+            join, final = fact.join, fact.final
+            if join is not None and depth < DEPTH and not (final is not None and final(value)):
+                for call, found in self._resolved_calls(module, scope):
+                    if found is None or found[1] is scope:
+                        continue
+                    callee = Function(self, found[0], found[1], depth + 1)
+                    got = callee.fact(fact)
+                    if fact.through is not None:
+                        got = fact.through(got, fn, call, callee)
+                    value = join(value, got)
+                    if final is not None and final(value):
+                        break
+        except BaseException:
+            del self._facts[key]  # a predicate that failed leaves no answer behind (its rule reports the error)
+            raise
+        finally:
+            self._working.pop()
+            read, self.touched = self.touched, asker
+            asker |= read
+        self._facts[key] = value
+        if read:
+            self._fact_files[key] = frozenset(read)
+        if libraries is not None and key not in self._partial:  # kept only when asking again gives the same
+            libraries.put(module.path, scope, fact, depth, value)
+        return value
+
+    def _resolved_calls(
+        self, module: Module, scope: FunctionScope
+    ) -> list[tuple[CallSite, Optional[tuple[Module, FunctionScope]]]]:
+        """The function's calls with what each runs (None: unknown), resolved once for all the facts that follow
+        them; the modules the resolution read are recorded with it, as a fact's are."""
         key = (module.path, id(scope.node))
-        found = self._summaries.get(key)
+        found = self._resolved.get(key)
         if found is None:
-            found = self._summaries[key] = Summary(
-                self, module, scope, scope.grad_off or self._wrapper_decorated(module, scope), depth
-            )
+            asker, self.touched = self.touched, set()
+            try:
+                found = self._resolved[key] = [(call, self.resolve_call(module, scope, call)) for call in scope.calls]
+            finally:
+                read, self.touched = self.touched, asker
+                asker |= read
+            if read:
+                self._resolved_files[key] = frozenset(read)
+        else:
+            self.touched |= self._resolved_files.get(key, frozenset())
         return found
-
-    def _returns_optimizer(self, module: Module, scope: FunctionScope, depth: int) -> bool:
-        """A `return` gives back a torch optimizer built here (`torch.optim.X(...)`, directly or through a local
-        name) or by another project function."""
-        for ret in scope.returns:
-            values = [ret.value] if ret.value is not None else []
-            if isinstance(ret.value, ast.Name):
-                values += [b.value for b in scope.bindings_of(ret.value.id) if b.value is not None]
-            for value in values:
-                if is_optimizer_ctor(value, module.index):
-                    return True
-                call = next((c for c in scope.calls if c.node is value), None)
-                if call is not None:
-                    callee = self.resolve_call(module, scope, call)
-                    if (
-                        callee is not None
-                        and callee[1] is not scope
-                        and self.summary(*callee, depth=depth + 1).returns_optimizer
-                    ):
-                        return True
-        return False
-
-    def _wrapper_decorated(self, module: Module, scope: FunctionScope) -> bool:
-        """A decorator that is a project function wrapping its target in no_grad/inference_mode."""
-        if isinstance(scope.node, ast.Module):
-            return False
-        for d in scope.node.decorator_list:
-            name = d.func if isinstance(d, ast.Call) else d
-            if not isinstance(name, (ast.Name, ast.Attribute)):
-                continue
-            fake = CallSite(
-                ast.Call(func=name, args=[], keywords=[]), "", last(resolve(name, {})), None, None, False, (0, 0)
-            )
-            parent = module.parents.get(id(scope.node)) or module.index.scopes[0]
-            found = self.resolve_call(module, parent, fake)
-            if found is not None and self.is_grad_off_wrapper(*found):
-                return True
-        return False
 
     def unknown_decorators(self, module: Module, scope: FunctionScope) -> list[ast.expr]:
         """Decorators of the function that the project does not define and that are not known to leave autograd
@@ -573,21 +504,6 @@ class Program:
             if self.resolve_call(module, parent, fake) is None:
                 out.append(d)
         return out
-
-    def is_grad_off_wrapper(self, module: Module, scope: FunctionScope) -> bool:
-        """The function (with its closures) names no_grad/inference_mode other than in a `with`, and returns
-        something: it builds a decorator or wrapped callable that runs its target without grad."""
-        key = (module.path, id(scope.node))
-        if key not in self._wrappers:
-            used = withs = 0
-            for node in ast.walk(scope.node):
-                if isinstance(node, (ast.With, ast.AsyncWith)):
-                    withs += sum(1 for item in node.items if _names_grad_off(item.context_expr, module))
-                elif isinstance(node, (ast.Attribute, ast.Name)) and _is_grad_off_name(node, module):
-                    used += 1
-            returns = any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(scope.node))
-            self._wrappers[key] = returns and (used > withs or withs > 0 and _wraps_in_grad_off(scope.node, module))
-        return self._wrappers[key]
 
     # ---- callers -------------------------------------------------------------------------------------------
     def project_files(self, root: str) -> list[str]:
@@ -716,41 +632,6 @@ def _searchable_root(root: str, folder: str) -> str:
     parts = rel.split(os.sep)
     hidden = [i for i, part in enumerate(parts) if part.startswith(".") and part not in _SKIP_DIRS]
     return os.path.join(root, *parts[: hidden[-1] + 1]) if hidden else root
-
-
-def _wraps_in_grad_off(outer: ast.AST, module: Module) -> bool:
-    """A nested function (the wrapper a decorator returns) calls a parameter of an enclosing function (the
-    decorated target) inside `with torch.no_grad():` (`functools.wraps` decorators written by hand)."""
-    targets = {
-        a.arg
-        for n in ast.walk(outer)
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-        for a in n.args.posonlyargs + n.args.args
-    }
-    for inner in ast.walk(outer):
-        if inner is outer or not isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        own = {a.arg for a in inner.args.posonlyargs + inner.args.args + inner.args.kwonlyargs}
-        for node in ast.walk(inner):
-            if (
-                isinstance(node, (ast.With, ast.AsyncWith))
-                and any(_names_grad_off(item.context_expr, module) for item in node.items)
-                and any(
-                    isinstance(c, ast.Call) and isinstance(c.func, ast.Name) and c.func.id in targets - own
-                    for stmt in node.body
-                    for c in ast.walk(stmt)
-                )
-            ):
-                return True
-    return False
-
-
-def _is_grad_off_name(node: ast.expr, module: Module) -> bool:
-    return last(resolve(node, module.index.aliases)) in _GRAD_OFF
-
-
-def _names_grad_off(expr: ast.expr, module: Module) -> int:
-    return sum(1 for n in ast.walk(expr) if isinstance(n, (ast.Attribute, ast.Name)) and _is_grad_off_name(n, module))
 
 
 def _module(path: str, tree: ast.Module, index: ModuleIndex, program: Program) -> Module:

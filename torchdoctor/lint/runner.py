@@ -14,8 +14,9 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from torchdoctor import registry
 from torchdoctor.findings import Finding, Location, fold
-from torchdoctor.lint.cache import FileResult, LintCache
+from torchdoctor.lint.cache import FileResult, LintCache, library_fingerprint
 from torchdoctor.lint.files import Pattern, discover, display_path
+from torchdoctor.lint.libraries import LibraryFacts
 from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
 
 MAX_FILE_BYTES = 2_000_000  # a larger .py file is generated data, not a training script: skipped with a finding
@@ -193,6 +194,11 @@ def _lint_paths(
     files = [(path, display_path(path, cwd)) for path in discover(paths, exclude, cwd)]
     project = ProjectFacts()
     digests: dict[str, str] = {}
+    if cache is not None:  # installed libraries' facts are kept next to the results, per distribution version
+        program = project.program
+        program.libraries = LibraryFacts(
+            os.path.join(os.path.dirname(cache.path), "libraries"), library_fingerprint, program.library_folders()
+        )
     if cache is not None:  # a run without a cache has no use for digests
         for path, _ in files:
             data_digest = cache.file_digest(path)
@@ -222,6 +228,8 @@ def _lint_paths(
             cache.store(path, digests[path], result)
     if cache:
         cache.save()
+    if project.program.libraries is not None:
+        project.program.libraries.save()
     findings.sort(key=location_order)
     return LintResult(
         findings,
@@ -275,7 +283,11 @@ def _nested(inner: str, outer: str) -> bool:
 
 
 def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:
-    return _lint_files(files, _WORKER_STATE["checks"], _WORKER_STATE["project"])
+    project = _WORKER_STATE["project"]
+    results = _lint_files(files, _WORKER_STATE["checks"], project)
+    if project.program.libraries is not None:  # a worker's program is its own: it writes what it learnt
+        project.program.libraries.save()
+    return results
 
 
 def _lint_in_workers(

@@ -9,8 +9,9 @@ from functools import cached_property
 from typing import Callable, Optional, TypeVar, Union
 
 from torchdoctor.findings import Finding, Location
+from torchdoctor.lint.facts import Fact, Function
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index
-from torchdoctor.lint.program import Module, Program, Summary, stamp
+from torchdoctor.lint.program import Module, Program, stamp
 
 T = TypeVar("T")
 _MAX_IMPORTED = 400  # modules followed when asking what a file's imports contain
@@ -74,7 +75,8 @@ class ProjectView:
     asked: list[tuple] = field(default_factory=list)
     # (id(scope), callee name) -> answer: several checks ask about the same calls, and a function calls the same
     # names again and again; the first ask recorded what the answer read, so a repeat reads and records nothing.
-    _callees: dict[tuple, Optional[tuple[FunctionScope, Summary]]] = field(default_factory=dict, repr=False)
+    _callees: dict[tuple, Optional[Function]] = field(default_factory=dict, repr=False)
+    _recorded: set[str] = field(default_factory=set, repr=False)  # the files `asked` holds a stamp of
 
     @cached_property
     def module(self) -> Optional[Module]:
@@ -82,9 +84,34 @@ class ProjectView:
             return None
         return self.facts.program.add(self.abspath, self.tree, self.index)
 
-    def grad_off(self, scope: FunctionScope) -> bool:
-        """Whether the function runs with grad disabled by its decorators (torch's or a project wrapper)."""
-        return self._ask(lambda p, m: p.summary(m, scope).grad_off, scope.grad_off)
+    def function(self, scope: FunctionScope) -> Optional[Function]:
+        """A function of this file, to ask its facts (None when the file is not part of a program model)."""
+        module = self.module
+        return Function(self.facts.program, module, scope) if module is not None else None
+
+    def fact(self, fn: Optional[Function], fact: Fact[T]) -> Optional[T]:
+        """The declared fact of a function (`function()`, `callee()`, `callers()`), recording the files the
+        answer read; None when there is no function to ask about."""
+        module = self.module
+        if fn is None or module is None:
+            return None
+        program = self.facts.program
+        program.touched = set()
+        answer = fn.fact(fact)
+        self._record(program, module)
+        return answer
+
+    def at_call(self, scope: FunctionScope, call: CallSite, fact: Fact[T]) -> Optional[T]:
+        """The fact of the function `call` runs, as it reads at that call of `scope` (an effects fact: receivers
+        in this function's names, the call's path condition added); None when the call is unknown."""
+        callee = self.callee(scope, call)
+        if callee is None:
+            return None
+        value = self.fact(callee, fact)
+        caller = self.function(scope)
+        if value is None or fact.through is None or caller is None:
+            return value
+        return fact.through(value, caller, call, callee)
 
     def instance_method(self, scope: FunctionScope, receiver: str, name: str) -> Optional[FunctionScope]:
         """The project method `receiver.name(...)` runs when `receiver` is bound to an instance of a project class
@@ -96,23 +123,19 @@ class ProjectView:
         """Decorators of the function whose effect is unknown (not defined in the project, not known harmless)."""
         return self._ask(lambda p, m: p.unknown_decorators(m, scope), [])
 
-    def callers(self, scope: FunctionScope) -> list[tuple[FunctionScope, CallSite, bool]]:
-        """Every call of this function in the project, with its scope and whether grad is off there (the call
-        is under no_grad or its function is decorated so)."""
+    def callers(self, scope: FunctionScope) -> list[tuple[Function, CallSite]]:
+        """Every call of this function in the project: the calling function and the call."""
 
-        def ask(program: Program, module: Module) -> list[tuple[FunctionScope, CallSite, bool]]:
+        def ask(program: Program, module: Module) -> list[tuple[Function, CallSite]]:
             root = program.root_of(module.path)
             self.asked.append(("tree", root, program.tree_stamp(root)))  # covers every file the answer read
-            return [
-                (s, call, call.grad_off or program.summary(other, s).grad_off)
-                for other, s, call in program.callers(module, scope)
-            ]
+            return [(Function(program, other, s), call) for other, s, call in program.callers(module, scope)]
 
         return self._ask(ask, [], record_files=False)
 
-    def callee(self, scope: FunctionScope, call: CallSite) -> Optional[tuple[FunctionScope, Summary]]:
-        """The project function a call runs (closure, same-class method, module or imported function) and its
-        summary; None when it is not defined in the project."""
+    def callee(self, scope: FunctionScope, call: CallSite) -> Optional[Function]:
+        """The function a call runs (closure, method, module, imported or installed-library function), to ask
+        its facts; None when it is unknown."""
         func = call.node.func  # the answer depends only on the scope and the callee's name (see resolve_call)
         if type(func) is ast.Name:
             key: tuple = (id(scope), func.id)
@@ -129,7 +152,7 @@ class ProjectView:
             program.touched = set()
             found = program.resolve_call(module, scope, call)
             if found is not None:
-                answer = (found[1], program.summary(*found))
+                answer = Function(program, *found)
             self._record(program, module)
         self._callees[key] = answer
         return answer
@@ -167,10 +190,12 @@ class ProjectView:
 
     def _record(self, program: Program, module: Module) -> None:
         """Record the stamps of the other modules the last answer read (most answers read none)."""
-        if program.touched:
-            recorded = {q[1] for q in self.asked if q[0] == "file"}
-            for path in sorted(program.touched - recorded - {module.path}):
+        touched = program.touched
+        if touched:
+            recorded = self._recorded
+            for path in sorted(touched - recorded - {module.path}):
                 self.asked.append(("file", path, stamp(path)))
+                recorded.add(path)
 
 
 @dataclass(frozen=True)

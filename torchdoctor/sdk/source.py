@@ -1,6 +1,8 @@
 """What a lint detector (``@pitfall.source``) receives — a parsed `SourceFile` — and the program-model
-queries over it (scopes, bindings, call sites, loops, names), plus `Edit` for safe ``--fix``es."""
+queries over it (scopes, bindings, call sites, loops, names), the facts a rule declares about functions
+(`Fact`, `Effect`, asked through `src.project`), plus `Edit` for safe ``--fix``es."""
 
+from torchdoctor.lint.facts import Effect, Fact, Function, enclosing_ifs, rebind
 from torchdoctor.lint.flow import (
     BACKWARD_METHODS,
     TENSOR_FACTORIES,
@@ -27,7 +29,10 @@ __all__ = [
     "Binding",
     "CallSite",
     "Edit",
+    "Effect",
+    "Fact",
     "FixableFinding",
+    "Function",
     "FunctionScope",
     "Loop",
     "ModuleIndex",
@@ -38,6 +43,7 @@ __all__ = [
     "backward_targets",
     "calls_in",
     "clears_every_grad",
+    "enclosing_ifs",
     "end_of",
     "graph_refs",
     "has_word",
@@ -51,5 +57,6 @@ __all__ = [
     "literal",
     "optimizer_bindings",
     "qualname",
+    "rebind",
     "ref",
 ]
