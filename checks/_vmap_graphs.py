@@ -10,8 +10,7 @@ import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from torchdoctor.findings import Fix
-from torchdoctor.sdk import Finding, Location, byte_size
+from torchdoctor.sdk import Finding, Fix, Location, byte_size
 
 if TYPE_CHECKING:
     from torchdoctor.sdk.runtime import TransformedForwardEvent
