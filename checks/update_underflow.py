@@ -94,6 +94,18 @@ def _sample(flat: Any, stride: int) -> Any:
     return flat[::stride][:_SAMPLES]
 
 
+def _judgeable(groups: Any) -> bool:
+    """Whether a step of these parameter groups could be judged at all: a group with a learning rate of 0 or
+    a bf16/fp16 parameter (fp32 steps are not judged, see `_judge`); otherwise nothing is sampled."""
+    for group in groups:
+        lr = group.get("lr", 0.0)
+        if not isinstance(lr, (int, float)) or lr == 0:  # a tensor learning rate is read when sampled
+            return True
+        if any(str(getattr(p, "dtype", "")) in _LOW_PRECISION for p in group["params"]):
+            return True
+    return False
+
+
 def _flat(tensor: Any) -> Any:
     """The elements this process holds, flattened: a DTensor's (FSDP2) local shard, else the tensor itself."""
     to_local = getattr(tensor, "to_local", None)
@@ -112,7 +124,7 @@ class UpdateUnderflow(RuntimeCheck):
     def on_periodic(self, event: StepEvent) -> None:
         import torch
 
-        if id(event.optimizer) in self.reported:
+        if id(event.optimizer) in self.reported or not _judgeable(event.optimizer.optimizer.param_groups):
             return
         pending = _Pending()
         with torch.no_grad():

@@ -83,6 +83,7 @@ def test_raise_mode_stops_at_the_first_error_and_cleans_up():
             _no_zero_grad_loop(model, opt, steps=5)
     assert info.value.finding.name == "missing-zero-grad"
     assert not opt._optimizer_step_pre_hooks and not torch.nn.modules.module._global_forward_hooks
+    assert nn.Module.__dict__["_call_impl"] is ORIGINAL_CALL_IMPL
 
 
 def test_log_mode_and_callable_mode(caplog):
@@ -129,7 +130,8 @@ def test_bad_arguments_are_one_line_errors(kwargs, error):
 def _hook_counts(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
     return {
         "forward": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-        + len(torch.nn.modules.module._global_forward_hooks),
+        + len(torch.nn.modules.module._global_forward_hooks)
+        + int(nn.Module.__dict__["_call_impl"] is not ORIGINAL_CALL_IMPL),  # watch's forward patch
         "step": len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks),
         "grad": sum(len(p._backward_hooks or {}) for p in model.parameters()),
         "zero_grad": int("zero_grad" in vars(opt)) + int("zero_grad" in vars(model)),  # only the optimizer's
@@ -139,6 +141,7 @@ def _hook_counts(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 
 ORIGINAL_ITER = DataLoader.__iter__
+ORIGINAL_CALL_IMPL = nn.Module.__dict__["_call_impl"]
 CLEAN = {"forward": 0, "step": 0, "grad": 0, "zero_grad": 0, "loader": True, "saved": True}
 
 

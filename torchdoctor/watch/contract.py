@@ -85,6 +85,8 @@ class Event(str, enum.Enum):
     CRASH = "crash"
     STOP = "stop"
 
+    __hash__ = str.__hash__  # Enum's own hashes in Python (hash of the name): dispatch looks events up per call
+
 
 class ForwardEvent:
     """A watched model's forward returned. `output` is only valid during the handler."""
