@@ -5,7 +5,8 @@ A session whose checks ask for it (``RuntimeCheck.uses_clock``) keeps one `StepC
 optimizer's ``step()`` starting and returning — plus the start and end of every ``torch.autograd.backward``
 call and of every ``__next__`` of a ``DataLoader`` iterator (`NextPatch`: patches shared by live sessions,
 like `torchdoctor.watch.patches.LoaderPatch`; a wrapper costs two clock readings, where a hook on each
-step's graph made the autograd engine call back into Python three times per step). The time between two readings goes to one phase:
+step's graph made the autograd engine call back into Python three times per step). The time between two
+readings goes to one phase:
 
 =================  ==============================================================================
 data               inside the loader's ``__next__`` (the loop waited for its batch), and starting a
