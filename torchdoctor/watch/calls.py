@@ -26,14 +26,16 @@ _is_compiling: Callable[[], bool] = (
 
 
 class CallListener(Protocol):
-    """What a session gives the patch: called before and after (also after a raise: `output` None) each
-    call of a module it listens to."""
+    """What a session gives the patch. `_depth` counts the calls of its modules running now (the patch keeps
+    it); `_roots` holds the ids of the modules whose every call it wants to hear of. `_forward` is called
+    after (also after a raise: `output` None) each call of a root, and of any listened module called at
+    depth 0 (outside every other call of the listener's modules)."""
 
-    def _pre_forward(self, module: nn.Module, args: Any) -> None:
-        """A listened module's forward starts (never while dynamo traces)."""
+    _depth: int
+    _roots: dict[int, Any]
 
     def _forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        """It returned `output` (None: it raised)."""
+        """A call of `module` returned `output` (None: it raised)."""
 
 
 # id(module) -> the listeners of its calls; the patch is on while any listener is
@@ -49,13 +51,15 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if listeners is None:
         return _original[0](self, *args, **kwargs)
     for listener in listeners:
-        listener._pre_forward(self, args)
+        listener._depth += 1
     output = None
     try:
         output = _original[0](self, *args, **kwargs)
     finally:
         for listener in listeners:
-            listener._forward(self, args, output)
+            listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
+            if not depth or id(self) in listener._roots:  # else: a submodule inside the model's forward
+                listener._forward(self, args, output)
     return output
 
 

@@ -67,6 +67,7 @@ class EventHub:
             int, WatchedModel
         ] = {}  # those and every submodule: a call of one outside the others is seen
         self._depth = 0  # calls of members running now: a member called at depth 0 is the outermost
+        self._roots = self._watched  # what `calls` reports every call of
         self._stepped = False
         self.seen: dict[Event, int] = {}  # events dispatched (START/STOP aside), for the checks that could not run
         self.under_functorch = 0  # forwards of watched models skipped inside torch.func transforms
@@ -116,7 +117,7 @@ class EventHub:
             # a patch of nn.Module._call_impl, not per-module hooks: nothing of ours lands in the user's modules,
             # so torch.save(model) and copy.deepcopy(model) (EMA) work unchanged during the session; and not
             # torch's global hooks, which slow every module call down (`torchdoctor.watch.calls`)
-            self._watched = {id(wm.module): wm for wm in self.ctx.models}
+            self._watched = self._roots = {id(wm.module): wm for wm in self.ctx.models}
             self._members = {id(m): wm for wm in reversed(self.ctx.models) for m in (*wm.inner.modules(), wm.module)}
 
             def forward_hooks() -> None:
@@ -153,6 +154,7 @@ class EventHub:
     def add_model(self, wm: WatchedModel) -> None:
         """Watch the forwards of a model adopted while the session runs (and of its submodules called alone)."""
         self._watched[id(wm.module)] = wm
+        self._roots = self._watched
         for module in (*wm.inner.modules(), wm.module):
             self._members.setdefault(id(module), wm)
         if self._calls is not None:
@@ -183,17 +185,15 @@ class EventHub:
                 )
             )
 
-    def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
-        self._depth += 1  # `calls` calls this for the members only, never while dynamo traces
-
     def _forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._depth = depth = self._depth - 1 if self._depth > 0 else 0
+        """A call of a watched model, or of one of its submodules outside the model's forward, returned
+        (`torchdoctor.watch.calls` keeps `_depth` and calls this only for those, never while dynamo traces)."""
         key = id(module)
         wm = self._members.get(key)
         if wm is None:
             return
         root = self._watched.get(key) is wm
-        if depth and not root:  # the usual call: a submodule inside the model's forward
+        if self._depth and not root:  # a submodule inside the model's forward
             return
         if output is None or _is_compiling():  # the forward raised; or an export traces it
             return
