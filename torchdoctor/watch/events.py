@@ -251,7 +251,11 @@ class EventHub:
         self.dispatch(Event.STEP_PRE, event)
         if wo.steps % self.ctx.every == 0:
             self.ctx.forget_names()
-            self.dispatch(Event.PERIODIC, event)
+            self.ctx._ids = {}  # the checks of this event share the parameter id sets (nothing changes them meanwhile)
+            try:
+                self.dispatch(Event.PERIODIC, event)
+            finally:
+                self.ctx._ids = None
 
     def _step_post(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.ctx.clock is not None:
