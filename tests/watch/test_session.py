@@ -412,3 +412,30 @@ def test_saving_and_copying_the_model_during_a_session_carries_nothing_of_watch(
     for m in (loaded, ema):
         assert not any(sub._forward_hooks for sub in m.modules())
         assert not any(p._backward_hooks for p in m.parameters())
+
+
+def test_nested_sessions_share_the_forward_patch_and_stop_in_any_order():
+    """Two sessions over two models: each hears exactly its own model's forwards, a forward that raises
+    leaves the call depth right (the next forwards are still heard), and the patch of nn.Module._call_impl
+    stays while one session listens and is gone once both stopped, whichever stops first."""
+    from torchdoctor.watch.contract import Event
+
+    a, b = mlp(), mlp()
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    outer = session(a, opt_a).start()
+    inner = session(b, opt_b).start()
+    with pytest.raises(RuntimeError):
+        a(torch.randn(2, 5))  # wrong width: the forward raises inside the patch
+    for x, y in batches(3):
+        train_step(a, opt_a, x, y)
+        train_step(b, opt_b, x, y)
+    b[0](torch.randn(2, 8))  # a submodule called on its own: heard by b's session only
+    heard = (outer._hub.seen.get(Event.FORWARD), inner._hub.seen.get(Event.FORWARD))
+    outer.stop()  # the outer one first: the inner one still hears b
+    assert nn.Module.__dict__["_call_impl"] is not ORIGINAL_CALL_IMPL
+    train_step(b, opt_b, *batches(1)[0])
+    assert inner._hub.seen.get(Event.FORWARD) == 5
+    inner.stop()
+    assert heard == (3, 4)
+    assert nn.Module.__dict__["_call_impl"] is ORIGINAL_CALL_IMPL
+    assert outer.findings == [] and inner.findings == []
