@@ -60,7 +60,9 @@ UPDATE_UNDERFLOW = Pitfall(
         "runtime": """
             Every `every` steps of each watched optimizer, just before its step, up to 32 evenly spaced elements
             of every parameter it holds that has a gradient are copied, with where their gradient is non-zero;
-            right after the step they are compared (one host sync per device). A parameter at least half of whose
+            right after the step they are compared (one host sync per device); an optimizer with neither a
+            bf16/fp16 parameter nor a learning rate of 0 is not sampled at all (nothing in it could be judged).
+            A parameter at least half of whose
             sampled elements with a non-zero gradient (at least 4) did not change is stuck for that check; a
             parameter stuck at 3 checks in a row spanning at least 20 steps is reported when it is stored in
             bf16/fp16 (its updates fell below half its precision) or its learning rate is 0. Quiet: fp32 weights
