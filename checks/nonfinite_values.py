@@ -344,9 +344,12 @@ class NonfiniteValues(RuntimeCheck):
         if event.step % self.ctx.every == 0 or param is None:
             return self._check_step(event, full=True)
         grad = param.grad  # the every-step path: one sum over the smallest gradient (a NaN loss reaches it)
-        if grad is None or grad.is_sparse or grad.device.type == "meta":
+        if grad is None or grad.is_sparse:
             return None
-        if grad.device.type != "cpu":  # left on the device: read at the next full check, never waited for
+        kind = grad.device.type  # read once: each read builds a torch.device
+        if kind == "meta":
+            return None
+        if kind != "cpu":  # left on the device: read at the next full check, never waited for
             name = self.ctx.param_name(param) or f"{event.optimizer.label} parameter"
             self.pending.append((event.optimizer.label, event.step, _finite_flags([(name, grad)])))
             return None
