@@ -6,7 +6,8 @@ torch's global forward hooks send *every* module call of the process down the sl
 own (measured: tests/benchmarks/bench_watch.py's mlp3, no-op hooks). This patch wraps ``_call_impl`` on the
 ``nn.Module`` class instead: a call of a module that no session watches costs a dict lookup, and nothing of
 ours lands in the user's modules, so ``torch.save(model)`` and ``copy.deepcopy(model)`` carry nothing of
-watch. Shared by the live sessions (one patch, removed with its last listener), like `torchdoctor.watch.patches.LoaderPatch`.
+watch. Shared by the live sessions (one patch, removed with its last listener), like
+`torchdoctor.watch.patches.LoaderPatch`.
 
 Under dynamo the wrapper calls the original at once (``torch.compiler.is_dynamo_compiling()`` is folded to
 True while it traces), so compiled graphs get no break and no guard on our state.
