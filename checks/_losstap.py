@@ -9,6 +9,7 @@ must keep nothing of them but numbers. Nothing runs while dynamo traces or insid
 from __future__ import annotations
 
 import ast
+import functools
 import linecache
 from typing import Any, Callable, Optional
 
@@ -66,15 +67,8 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
             check.ctx.fault(check, exc)
 
     for name in names:
-        if callable(getattr(F, name, None)):
-            check.ctx.hooks.add(MethodPatch(F, name, before=_bind(before, name)))
-
-
-def _bind(before: Callable[..., None], name: str) -> Callable[[Any, tuple, dict], None]:
-    def listener(obj: Any, args: tuple, kwargs: dict) -> None:
-        before(name, obj, args, kwargs)
-
-    return listener
+        if callable(getattr(F, name, None)):  # a partial, not a closure: one Python call less per loss call
+            check.ctx.hooks.add(MethodPatch(F, name, before=functools.partial(before, name)))
 
 
 def _not_now_probe() -> Callable[[], bool]:

@@ -105,14 +105,19 @@ class BackwardThroughFreedGraph(RuntimeCheck):
 
 
 def _attached(frames: list[Any]) -> list[str]:
-    """Names of the tensors with a grad_fn in the innermost frame outside torch (the user's loop)."""
+    """Names of the tensors with a grad_fn in the innermost frame outside torch and torchdoctor (whose wrapper
+    of ``torch.autograd.backward`` times the step) — the user's loop."""
     import os
 
     import torch
 
     torch_dir = os.path.dirname(torch.__file__)
     for frame in reversed(frames):
-        if frame.f_code.co_filename.startswith(torch_dir):
+        if frame.f_code.co_filename.startswith(torch_dir) or _ours(frame):
             continue
         return [n for n, v in list(frame.f_locals.items()) if isinstance(v, torch.Tensor) and v.grad_fn is not None]
     return []
+
+
+def _ours(frame: Any) -> bool:
+    return str(frame.f_globals.get("__name__", "")).partition(".")[0] == "torchdoctor"

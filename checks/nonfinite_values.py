@@ -243,6 +243,7 @@ class NonfiniteValues(RuntimeCheck):
         self.zero_grads: dict[int, int] = {}  # per optimizer: zero_grad() calls since its last step
         self.scaled: dict[int, _ScalerSteps] = {}  # per watched optimizer (by id of the torch optimizer)
         self.probes: dict[int, weakref.ref] = {}  # per optimizer: the parameter whose gradient every step reads
+        self.weights_read: tuple[int, int] = (0, -1)  # (optimizer id, step) whose weights the full check found finite
         self.last_output: Optional[weakref.ref] = None  # the last watched forward's first tensor, weakly
         import torch
 
@@ -343,9 +344,12 @@ class NonfiniteValues(RuntimeCheck):
         if event.step % self.ctx.every == 0 or param is None:
             return self._check_step(event, full=True)
         grad = param.grad  # the every-step path: one sum over the smallest gradient (a NaN loss reaches it)
-        if grad is None or grad.is_sparse or grad.device.type == "meta":
+        if grad is None or grad.is_sparse:
             return None
-        if grad.device.type != "cpu":  # left on the device: read at the next full check, never waited for
+        kind = grad.device.type  # read once: each read builds a torch.device
+        if kind == "meta":
+            return None
+        if kind != "cpu":  # left on the device: read at the next full check, never waited for
             name = self.ctx.param_name(param) or f"{event.optimizer.label} parameter"
             self.pending.append((event.optimizer.label, event.step, _finite_flags([(name, grad)])))
             return None
@@ -365,6 +369,11 @@ class NonfiniteValues(RuntimeCheck):
         floating = [p for p in params if p.grad is not None and not p.grad.is_sparse and p.grad.is_floating_point()]
         if floating:
             self.probes[id(event.optimizer)] = weakref.ref(min(floating, key=lambda p: p.numel()))
+        if full and event.step % self.ctx.every == 0:  # PERIODIC follows: read the weights in the same pass
+            weights = [p for p in params if p.is_floating_point()]
+            if _all_finite(grads + weights):
+                self.weights_read = (id(event.optimizer), event.step)
+                return
         if not grads or _all_finite(grads):
             return
         probe = self.probes.get(id(event.optimizer))
@@ -468,8 +477,10 @@ class NonfiniteValues(RuntimeCheck):
             return
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
+        if self.found or self.weights_read == (id(event.optimizer), event.step):  # read with the gradients
+            return
         params = [p for p in event.optimizer.params() if p.is_floating_point()]
-        if self.found or not params or _all_finite(params):
+        if not params or _all_finite(params):
             return
         name = _first_nonfinite([(self.ctx.param_name(p) or "?", p) for p in params]) or "?"
         self.step = event.step

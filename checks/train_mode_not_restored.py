@@ -137,7 +137,9 @@ class TrainModeNotRestored(RuntimeCheck):
             if not event.training and self.started_in_train.get(event.model.label):
                 self.modes.setdefault(event.model.label, _Mode()).validated = True
             return
-        mode = self.modes.setdefault(event.model.label, _Mode())
+        mode = self.modes.get(event.model.label)
+        if mode is None:  # not setdefault: that builds a _Mode at every forward
+            mode = self.modes[event.model.label] = _Mode()
         mode.last_eval = not event.training
 
     def on_step_post(self, event: StepEvent) -> None:

@@ -60,7 +60,9 @@ UPDATE_UNDERFLOW = Pitfall(
         "runtime": """
             Every `every` steps of each watched optimizer, just before its step, up to 32 evenly spaced elements
             of every parameter it holds that has a gradient are copied, with where their gradient is non-zero;
-            right after the step they are compared (one host sync per device). A parameter at least half of whose
+            right after the step they are compared (one host sync per device); an optimizer with neither a
+            bf16/fp16 parameter nor a learning rate of 0 is not sampled at all (nothing in it could be judged).
+            A parameter at least half of whose
             sampled elements with a non-zero gradient (at least 4) did not change is stuck for that check; a
             parameter stuck at 3 checks in a row spanning at least 20 steps is reported when it is stored in
             bf16/fp16 (its updates fell below half its precision) or its learning rate is 0. Quiet: fp32 weights
@@ -94,6 +96,18 @@ def _sample(flat: Any, stride: int) -> Any:
     return flat[::stride][:_SAMPLES]
 
 
+def _judgeable(groups: Any) -> bool:
+    """Whether a step of these parameter groups could be judged at all: a group with a learning rate of 0 or
+    a bf16/fp16 parameter (fp32 steps are not judged, see `_judge`); otherwise nothing is sampled."""
+    for group in groups:
+        lr = group.get("lr", 0.0)
+        if not isinstance(lr, (int, float)) or lr == 0:  # a tensor learning rate is read when sampled
+            return True
+        if any(str(getattr(p, "dtype", "")) in _LOW_PRECISION for p in group["params"]):
+            return True
+    return False
+
+
 def _flat(tensor: Any) -> Any:
     """The elements this process holds, flattened: a DTensor's (FSDP2) local shard, else the tensor itself."""
     to_local = getattr(tensor, "to_local", None)
@@ -112,7 +126,7 @@ class UpdateUnderflow(RuntimeCheck):
     def on_periodic(self, event: StepEvent) -> None:
         import torch
 
-        if id(event.optimizer) in self.reported:
+        if id(event.optimizer) in self.reported or not _judgeable(event.optimizer.optimizer.param_groups):
             return
         pending = _Pending()
         with torch.no_grad():

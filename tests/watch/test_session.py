@@ -86,6 +86,7 @@ def test_raise_mode_stops_at_the_first_error_and_cleans_up():
             _no_zero_grad_loop(model, opt, steps=5)
     assert info.value.finding.name == "missing-zero-grad"
     assert not opt._optimizer_step_pre_hooks and not torch.nn.modules.module._global_forward_hooks
+    assert nn.Module.__dict__["_call_impl"] is ORIGINAL_CALL_IMPL
 
 
 def test_log_mode_and_callable_mode(caplog):
@@ -132,7 +133,8 @@ def test_bad_arguments_are_one_line_errors(kwargs, error):
 def _hook_counts(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
     return {
         "forward": sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-        + len(torch.nn.modules.module._global_forward_hooks),
+        + len(torch.nn.modules.module._global_forward_hooks)
+        + int(nn.Module.__dict__["_call_impl"] is not ORIGINAL_CALL_IMPL),  # watch's forward patch
         "step": len(opt._optimizer_step_pre_hooks) + len(opt._optimizer_step_post_hooks),
         "grad": sum(len(p._backward_hooks or {}) for p in model.parameters()),
         "zero_grad": int("zero_grad" in vars(opt)) + int("zero_grad" in vars(model)),  # only the optimizer's
@@ -142,6 +144,7 @@ def _hook_counts(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 
 ORIGINAL_ITER = DataLoader.__iter__
+ORIGINAL_CALL_IMPL = nn.Module.__dict__["_call_impl"]
 CLEAN = {"forward": 0, "step": 0, "grad": 0, "zero_grad": 0, "loader": True, "saved": True}
 
 
@@ -430,3 +433,30 @@ def test_a_warning_at_a_line_of_another_file_than_the_callers_is_said_at_that_li
         warnings.simplefilter("always")
         exec(compile(launcher.read_text(), str(launcher), "exec"), script)
     assert [(w.filename, w.lineno) for w in caught] == [(str(tmp_path / "train.py"), 40)]
+
+
+def test_nested_sessions_share_the_forward_patch_and_stop_in_any_order():
+    """Two sessions over two models: each hears exactly its own model's forwards, a forward that raises
+    leaves the call depth right (the next forwards are still heard), and the patch of nn.Module._call_impl
+    stays while one session listens and is gone once both stopped, whichever stops first."""
+    from torchdoctor.watch.contract import Event
+
+    a, b = mlp(), mlp()
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    outer = session(a, opt_a).start()
+    inner = session(b, opt_b).start()
+    with pytest.raises(RuntimeError):
+        a(torch.randn(2, 5))  # wrong width: the forward raises inside the patch
+    for x, y in batches(3):
+        train_step(a, opt_a, x, y)
+        train_step(b, opt_b, x, y)
+    b[0](torch.randn(2, 8))  # a submodule called on its own: heard by b's session only
+    heard = (outer._hub.seen.get(Event.FORWARD), inner._hub.seen.get(Event.FORWARD))
+    outer.stop()  # the outer one first: the inner one still hears b
+    assert nn.Module.__dict__["_call_impl"] is not ORIGINAL_CALL_IMPL
+    train_step(b, opt_b, *batches(1)[0])
+    assert inner._hub.seen.get(Event.FORWARD) == 5
+    inner.stop()
+    assert heard == (3, 4)
+    assert nn.Module.__dict__["_call_impl"] is ORIGINAL_CALL_IMPL
+    assert outer.findings == [] and inner.findings == []

@@ -99,6 +99,8 @@ class WatchContext:
     world_size: int = 1
     clock: Optional["StepClock"] = None  # where each step's time goes, when a check asked for it (uses_clock)
     _names: Optional[dict[int, str]] = None
+    # while PERIODIC is dispatched: the id sets below, computed once for all its checks (None: not cached)
+    _ids: Optional[dict[str, set[int]]] = None
 
     @property
     def last_forward(self) -> Optional[LastForward]:
@@ -126,10 +128,22 @@ class WatchContext:
         self._names = None
 
     def model_param_ids(self) -> set[int]:
-        return {id(p) for wm in self.models for p in wm.inner.parameters()}
+        """Ids of the watched models' parameters (read only: the set may be shared during a PERIODIC event)."""
+        if self._ids is not None and "model" in self._ids:
+            return self._ids["model"]
+        ids = {id(p) for wm in self.models for p in wm.inner.parameters()}
+        if self._ids is not None:
+            self._ids["model"] = ids
+        return ids
 
     def optimizer_param_ids(self) -> set[int]:
-        return {id(p) for wo in self.optimizers for p in wo.params()}
+        """Ids of the watched optimizers' parameters (read only, as `model_param_ids`)."""
+        if self._ids is not None and "optimizer" in self._ids:
+            return self._ids["optimizer"]
+        ids = {id(p) for wo in self.optimizers for p in wo.params()}
+        if self._ids is not None:
+            self._ids["optimizer"] = ids
+        return ids
 
     def release(self) -> None:
         """Forget models, optimizers and loaders so that a finished session keeps nothing alive."""

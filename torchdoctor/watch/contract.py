@@ -90,6 +90,8 @@ class Event(str, enum.Enum):
     TRANSFORMED_FORWARD = "transformed_forward"
     STOP = "stop"
 
+    __hash__ = str.__hash__  # Enum's own hashes in Python (hash of the name): dispatch looks events up per call
+
 
 class ForwardEvent:
     """A watched model's forward returned. `output` is only valid during the handler."""

@@ -4,8 +4,8 @@ Only the hooks that the subscribed events need are installed, and every one of t
 session's `HookSet`, which removes them all when the session stops (also after an exception):
 
 ==============================  ============================================================
-FORWARD                         one global forward pre-hook and forward hook, filtered to the watched
-                                models: a call of a model as the user calls it (the outermost wrapper),
+FORWARD                         a shared patch of ``nn.Module._call_impl`` (`calls`) that sees the calls
+                                of the watched models: a call of a model as the user calls it (the outermost wrapper),
                                 and a call of any of its submodules that runs outside every watched
                                 forward (Lightning's ``self.head(self.encoder(x))``, ``model.encoder_q(x)``
                                 for monitoring)
@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
 
 import torch
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from torchdoctor.findings import Finding
-from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer, first_graph_tensor
+from torchdoctor.watch.calls import CallPatch
+from torchdoctor.watch.context import WatchContext, WatchedModel, WatchedOptimizer
 from torchdoctor.watch.contract import (
     Event,
     ForwardEvent,
@@ -50,7 +50,6 @@ from torchdoctor.watch.contract import (
     TransformedForwardEvent,
     ZeroGradEvent,
 )
-from torchdoctor.watch.handles import WarningFilter
 from torchdoctor.watch.patches import LoaderPatch, MethodPatch
 
 logger = logging.getLogger("torchdoctor")
@@ -71,10 +70,12 @@ class EventHub:
             int, WatchedModel
         ] = {}  # those and every submodule: a call of one outside the others is seen
         self._depth = 0  # calls of members running now: a member called at depth 0 is the outermost
+        self._roots = self._watched  # what `calls` reports every call of
         self._stepped = False
         self.seen: dict[Event, int] = {}  # events dispatched (START/STOP aside), for the checks that could not run
         self.under_functorch = 0  # forwards of watched models skipped inside torch.func transforms
         self.wanted: set[Event] = set()
+        self._calls: Optional[CallPatch] = None  # the forward patch, once installed
         for chk in checks:
             for event in type(chk).subscribed_events():
                 self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
@@ -116,19 +117,18 @@ class EventHub:
                     self.subs[event] = []
 
         if Event.FORWARD in wanted or self.ctx.clock is not None:
-            # global, not per module: nothing of ours lands in the user's modules, so torch.save(model)
-            # and copy.deepcopy(model) (EMA) work unchanged during the session
-            self._watched = {id(wm.module): wm for wm in self.ctx.models}
+            # a patch of nn.Module._call_impl, not per-module hooks: nothing of ours lands in the user's modules,
+            # so torch.save(model) and copy.deepcopy(model) (EMA) work unchanged during the session; and not
+            # torch's global hooks, which slow every module call down (`torchdoctor.watch.calls`)
+            self._watched = self._roots = {id(wm.module): wm for wm in self.ctx.models}
             self._members = {id(m): wm for wm in reversed(self.ctx.models) for m in (*wm.inner.modules(), wm.module)}
 
             def forward_hooks() -> None:
-                hooks.add(register_module_forward_pre_hook(self._pre_forward))
-                hooks.add(register_module_forward_hook(self._forward, always_call=True))  # also after a raise
+                transformed = bool(self.subs[Event.TRANSFORMED_FORWARD])
+                self._calls = hooks.add(CallPatch(self, transformed=transformed))
+                self._calls.listen(m for wm in self.ctx.models for m in (*wm.inner.modules(), wm.module))
 
             attempt("the forward hook", {Event.FORWARD}, forward_hooks)
-            # torch warns that global hooks also fire for an OptimizedModule's inner module; the id lookup in
-            # _forward dispatches each watched call once anyway, so that warning would only puzzle the user
-            hooks.add(WarningFilter(r"Using `torch.compile\(module\)` when there are global hooks"))
         for wo in self.ctx.optimizers:
             if Event.ZERO_GRAD in wanted:  # optimizers only: their __getstate__ leaves the wrapper out of copies
                 attempt(f"{wo.label}.zero_grad", {Event.ZERO_GRAD}, functools.partial(self._hook_zero_grad, wo))
@@ -185,8 +185,11 @@ class EventHub:
     def add_model(self, wm: WatchedModel) -> None:
         """Watch the forwards of a model adopted while the session runs (and of its submodules called alone)."""
         self._watched[id(wm.module)] = wm
+        self._roots = self._watched
         for module in (*wm.inner.modules(), wm.module):
             self._members.setdefault(id(module), wm)
+        if self._calls is not None:
+            self._calls.listen((*wm.inner.modules(), wm.module))
 
     def _hook_zero_grad(self, wo: WatchedOptimizer) -> None:
         def after(*_: Any) -> None:
@@ -213,21 +216,21 @@ class EventHub:
                 )
             )
 
-    def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
-        if id(module) in self._members and not _is_compiling():
-            self._depth += 1
+    def _transformed(self, module: torch.nn.Module) -> None:
+        """A module outside the watched models returned inside a ``torch.func`` transform (`calls` asks)."""
+        self.dispatch(Event.TRANSFORMED_FORWARD, TransformedForwardEvent(module, None, torch.is_grad_enabled()))
 
     def _forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        wm = self._members.get(id(module))
-        if wm is None or _is_compiling():
-            if wm is None and self.subs[Event.TRANSFORMED_FORWARD] and _in_functorch() and not _is_compiling():
-                self.dispatch(Event.TRANSFORMED_FORWARD, TransformedForwardEvent(module, None, torch.is_grad_enabled()))
+        """A call of a watched model, or of one of its submodules outside the model's forward, returned
+        (`torchdoctor.watch.calls` keeps `_depth` and calls this only for those, never while dynamo traces)."""
+        key = id(module)
+        wm = self._members.get(key)
+        if wm is None:
             return
-        self._depth = depth = self._depth - 1 if self._depth > 0 else 0
-        root = self._watched.get(id(module)) is wm
-        if depth and not root:  # the usual call: a submodule inside the model's forward
+        root = self._watched.get(key) is wm
+        if self._depth and not root:  # a submodule inside the model's forward
             return
-        if output is None:  # the forward raised
+        if output is None or _is_compiling():  # the forward raised; or an export traces it
             return
         if _in_functorch():  # the output is a functorch wrapper, without storage or autograd graph
             self.under_functorch += 1
@@ -240,7 +243,7 @@ class EventHub:
             wm.entry = type(module).__name__
         if self.ctx.clock is not None:
             try:
-                self.ctx.clock.forward_end(first_graph_tensor(output) if wm.inner.training else None)
+                self.ctx.clock.forward_end()
             except Exception as exc:
                 self._clock_failed(exc)
         training = module.training if not root else wm.inner.training
@@ -285,7 +288,11 @@ class EventHub:
         self.dispatch(Event.STEP_PRE, event)
         if wo.steps % self.ctx.every == 0:
             self.ctx.forget_names()
-            self.dispatch(Event.PERIODIC, event)
+            self.ctx._ids = {}  # the checks of this event share the parameter id sets (nothing changes them meanwhile)
+            try:
+                self.dispatch(Event.PERIODIC, event)
+            finally:
+                self.ctx._ids = None
 
     def _step_post(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.ctx.clock is not None:

@@ -68,6 +68,8 @@ def failing_call(exc: BaseException) -> Optional[FailingCall]:
     torch that holds tensors; None when no frame holds any."""
     chosen: Optional[FrameType] = None
     for frame in reversed(frames(exc)):
+        if frame.f_globals.get("__name__", "").startswith("torchdoctor."):  # watch's own wrappers of torch calls
+            continue
         if isinstance(frame.f_locals.get("self"), nn.Module) and _tensor_locals(frame):
             chosen = frame
             break

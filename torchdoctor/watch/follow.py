@@ -162,6 +162,8 @@ class Follower:
         self.adopted: list[str] = []  # labels of the optimizers adopted, in order
         self.retired_steps: dict[str, int] = {}  # label -> steps, of the optimizers retired
         self._handle: Any = None
+        # id -> weak reference of the optimizers known and not waiting: the check at every step is one lookup
+        self._settled: dict[int, "weakref.ReferenceType[Any]"] = {}
 
     def install(self) -> "Follower":
         from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -191,7 +193,14 @@ class Follower:
         self.tracker.remove()
 
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        settled = self._settled.get(id(optimizer))
+        if settled is not None and settled() is optimizer:
+            return
         if optimizer in self.known and optimizer not in self.waiting:
+            try:
+                self._settled[id(optimizer)] = weakref.ref(optimizer)
+            except TypeError:  # an optimizer without weak references: the sets above keep answering
+                pass
             return
         if _is_compiling():
             return

@@ -2,20 +2,21 @@
 
 A session whose checks ask for it (``RuntimeCheck.uses_clock``) keeps one `StepClock`. It takes a
 ``time.perf_counter()`` reading at events watch already sees — a watched model's forward returning, an
-optimizer's ``step()`` starting and returning — at the start and end of the backward of a watched forward's
-output, plus the start and end of every ``__next__`` of a
-``DataLoader`` iterator (`NextPatch`, a class-level patch shared by live sessions, like
-`torchdoctor.watch.patches.LoaderPatch`). The time between two readings goes to one phase:
+optimizer's ``step()`` starting and returning — plus the start and end of every ``torch.autograd.backward``
+call and of every ``__next__`` of a ``DataLoader`` iterator (`NextPatch`: patches shared by live sessions,
+like `torchdoctor.watch.patches.LoaderPatch`; a wrapper costs two clock readings, where a hook on each
+step's graph made the autograd engine call back into Python three times per step). The time between two
+readings goes to one phase:
 
 =================  ==============================================================================
 data               inside the loader's ``__next__`` (the loop waited for its batch), and starting a
                    multi-process iterator's workers
 forward            from the previous reading to the end of a watched forward (moving the batch to the
                    device and ``zero_grad()`` before it), and on to the start of its backward (the loss)
-backward           from the backward reaching the forward's output (a pre-hook on its ``grad_fn``) to
-                   the end of that backward pass (an autograd engine callback); several under gradient
-                   accumulation. Where no backward of a watched forward is seen: from the forward's end
-                   to ``step()`` or to the next batch
+backward           inside ``torch.autograd.backward`` (``loss.backward()``, and the final callbacks the
+                   engine runs before it returns, such as DDP's wait for the gradient all-reduce);
+                   several under gradient accumulation. Where no backward is seen: from the forward's
+                   end to ``step()`` or to the next batch
 optimizer          from the backward's end to the end of ``step()`` (unscaling, clipping, the step)
 other              from ``step()`` returning to the next batch (logging, metrics, checkpoints)
 =================  ==============================================================================
@@ -139,8 +140,8 @@ class StepClock:
         wait.batches += 0 if starting else 1
         self.last_loader = wait
 
-    def forward_end(self, output: Any = None) -> None:
-        """A watched forward returned `output`: a hook on its graph will mark where the backward starts."""
+    def forward_end(self) -> None:
+        """A watched forward returned."""
         now = time.perf_counter()
         if self.state == IN_BACKWARD:  # a forward run again inside the backward (activation checkpointing)
             self.acc[BACKWARD] += now - self.last
@@ -148,36 +149,17 @@ class StepClock:
             self.acc[FORWARD] += now - self.last
             self.state = FORWARD_DONE
         self.last = now
-        if output is not None:
-            grad_fn = getattr(output, "grad_fn", None)
-            if grad_fn is not None:
-                grad_fn.register_prehook(self._backward_start)
 
-    def _backward_start(self, grad_outputs: Any) -> None:
-        """The backward reached the forward's output (the loss before it is forward time); the engine calls
-        `_backward_end` when this backward pass is over."""
-        now = time.perf_counter()
-        if self.state != IN_BACKWARD and not self.broken:
-            self.acc[FORWARD] += now - self.last
-            self.last = now
-            self.state = IN_BACKWARD
-            try:
-                _queue_callback(self._backward_last)
-            except Exception:  # never raise into the user's backward
-                self.broken = True
+    def backward_start(self, start: float) -> None:
+        """A backward pass starts (the loss before it is forward time)."""
+        self.acc[BACKWARD if self.state == IN_BACKWARD else FORWARD] += start - self.last
+        self.last = start
+        self.state = IN_BACKWARD
 
-    def _backward_last(self) -> None:
-        """Queued again from the engine's final callbacks, so the end is read after those queued during the
-        backward (DDP's, which wait for the gradient all-reduce)."""
-        try:
-            _queue_callback(self._backward_end)
-        except Exception:
-            self._backward_end()
-
-    def _backward_end(self) -> None:
-        now = time.perf_counter()
-        self.acc[BACKWARD] += now - self.last
-        self.last = now
+    def backward_end(self, end: float) -> None:
+        """The backward pass (and the engine's final callbacks) returned."""
+        self.acc[BACKWARD] += end - self.last
+        self.last = end
         self.state = BACKWARD_DONE
 
     def step_pre(self) -> None:
@@ -290,13 +272,6 @@ class StepClock:
         return waits[best] if best is not None else self.last_loader
 
 
-def _queue_callback(callback: Callable[[], None]) -> None:
-    """Run `callback` when the current backward pass ends (what DDP uses to finish its all-reduce)."""
-    from torch.autograd import Variable
-
-    Variable._execution_engine.queue_callback(callback)
-
-
 def _quantile(values: list[float], q: float) -> float:
     """The q-quantile of sorted `values` (nearest rank)."""
     return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
@@ -346,12 +321,47 @@ def _read(clock: StepClock, iterator: Any, start: float, end: float, starting: b
         clock.broken = True
 
 
+_backward: list[Callable[..., Any]] = []  # torch.autograd.backward as torch defines it, while patched
+_depth = [0]  # backward calls running now: a backward inside another (reentrant checkpointing) is part of it
+
+
+def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        if _depth[0] or not _clocks:
+            return original(*args, **kwargs)
+        _depth[0] = 1
+        start = time.perf_counter()
+        for clock in _clocks:
+            _mark(clock, clock.backward_start, start)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _depth[0] = 0
+            end = time.perf_counter()
+            for clock in _clocks:
+                _mark(clock, clock.backward_end, end)
+
+    return backward
+
+
+def _mark(clock: StepClock, mark: Callable[[float], None], now: float) -> None:
+    """A clock's backward reading; a failure stops that clock, never the user's backward."""
+    if clock.broken:
+        return
+    try:
+        mark(now)
+    except Exception:
+        clock.broken = True
+
+
 class NextPatch:
     """Handle of one clock listening to every ``DataLoader`` iterator's ``__next__`` (and to the start of a
-    multi-process iterator's workers); ``remove()`` stops it. Class-level patches: ``next()`` looks
-    ``__next__`` up on the type."""
+    multi-process iterator's workers) and to ``torch.autograd.backward`` (which ``Tensor.backward`` calls);
+    ``remove()`` stops it. Class-level patches: ``next()`` looks ``__next__`` up on the type."""
 
     def __init__(self, clock: StepClock) -> None:
+        import torch.autograd
         from torch.utils.data import dataloader
 
         self.clock = clock
@@ -363,12 +373,18 @@ class NextPatch:
                 original = cls.__dict__[name]
                 _originals.append((cls, name, original))
                 setattr(cls, name, wrap(original))
+            _backward[:] = [torch.autograd.backward]
+            torch.autograd.backward = _timed_backward(_backward[0])
         _clocks.append(clock)
 
     def remove(self) -> None:
+        import torch.autograd
+
         if self.clock in _clocks:
             _clocks.remove(self.clock)
         if not _clocks:
             while _originals:
                 cls, name, original = _originals.pop()
                 setattr(cls, name, original)
+            if _backward and getattr(torch.autograd.backward, "__wrapped__", None) is _backward[0]:
+                torch.autograd.backward = _backward.pop()  # unless someone patched it after us

@@ -1,0 +1,116 @@
+"""Seeing the watched modules' forwards for the cost of one Python call: a shared patch of
+``nn.Module._call_impl``.
+
+torch's global forward hooks send *every* module call of the process down the slow path of ``_call_impl``
+(hook dictionaries, a closure, two hook calls), 2–3% of a 1 ms training step of a 6-module MLP on their
+own (measured: tests/benchmarks/bench_watch.py's mlp3, no-op hooks). This patch wraps ``_call_impl`` on the
+``nn.Module`` class instead: a call of a module that no session watches costs a dict lookup, and nothing of
+ours lands in the user's modules, so ``torch.save(model)`` and ``copy.deepcopy(model)`` carry nothing of
+watch. Shared by the live sessions (one patch, removed with its last listener), like
+`torchdoctor.watch.patches.LoaderPatch`.
+
+Under dynamo the wrapper calls the original at once (``torch.compiler.is_dynamo_compiling()`` is folded to
+True while it traces), so compiled graphs get no break and no guard on our state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+from torch import nn
+
+# True while dynamo traces (it folds the call to True); in eager one trivial call, checked on every module call
+_is_compiling: Callable[[], bool] = (
+    getattr(getattr(torch, "compiler", None), "is_dynamo_compiling", None) or torch._dynamo.is_compiling
+)
+
+
+class CallListener(Protocol):
+    """What a session gives the patch. `_depth` counts the calls of its modules running now (the patch keeps
+    it); `_roots` holds the ids of the modules whose every call it wants to hear of. `_forward` is called
+    after (also after a raise: `output` None) each call of a root, and of any listened module called at
+    depth 0 (outside every other call of the listener's modules)."""
+
+    _depth: int
+    _roots: dict[int, Any]
+
+    def _forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        """A call of `module` returned `output` (None: it raised)."""
+
+    def _transformed(self, module: nn.Module) -> None:
+        """`module`, which no session listens to, returned inside a ``torch.func`` transform (a vmap ensemble's
+        stateless base model, called through ``functional_call``)."""
+
+
+# id(module) -> the listeners of its calls; the patch is on while any listener is
+_listening: dict[int, tuple[CallListener, ...]] = {}
+_listeners: list["CallPatch"] = []
+_original: list[Callable[..., Any]] = []
+# the listeners that want the transformed calls of other modules too (`CallPatch(..., transformed=True)`)
+_transformed: list[CallListener] = []
+_functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
+
+
+def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    if _is_compiling():
+        return _original[0](self, *args, **kwargs)
+    listeners = _listening.get(id(self))
+    if listeners is None:
+        if not _transformed or _functorch_stack is None or _functorch_stack() is None:
+            return _original[0](self, *args, **kwargs)
+        output = _original[0](self, *args, **kwargs)
+        for listener in _transformed:
+            listener._transformed(self)
+        return output
+    for listener in listeners:
+        listener._depth += 1
+    output = None
+    try:
+        output = _original[0](self, *args, **kwargs)
+    finally:
+        for listener in listeners:
+            listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
+            if not depth or id(self) in listener._roots:  # else: a submodule inside the model's forward
+                listener._forward(self, args, output)
+    return output
+
+
+class CallPatch:
+    """Handle of one session's listener on the calls of some modules (`listen` adds more); ``remove()``
+    unsubscribes it and takes the patch off when no session listens any more."""
+
+    def __init__(self, listener: CallListener, transformed: bool = False) -> None:
+        self.listener = listener
+        self.transformed = transformed
+        if transformed:
+            _transformed.append(listener)
+        self.ids: set[int] = set()
+        if not _listeners and nn.Module.__dict__.get("_call_impl") is not _call_impl:
+            _original[:] = [nn.Module.__dict__["_call_impl"]]  # kept after removal: a later patch may chain ours
+            nn.Module._call_impl = _call_impl  # type: ignore[method-assign]
+        _listeners.append(self)
+
+    def listen(self, modules: Any) -> None:
+        """Also listen to the calls of `modules`."""
+        for module in modules:
+            key = id(module)
+            if key in self.ids:
+                continue
+            self.ids.add(key)
+            _listening[key] = (*_listening.get(key, ()), self.listener)
+
+    def remove(self) -> None:
+        for key in self.ids:
+            rest = tuple(x for x in _listening.get(key, ()) if x is not self.listener)
+            if rest:
+                _listening[key] = rest
+            else:
+                _listening.pop(key, None)
+        self.ids = set()
+        if self.transformed and self.listener in _transformed:
+            _transformed.remove(self.listener)
+        if self in _listeners:
+            _listeners.remove(self)
+        if not _listeners and nn.Module.__dict__.get("_call_impl") is _call_impl:
+            nn.Module._call_impl = _original[0]  # type: ignore[method-assign]
