@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
+from torchdoctor.sdk.runtime import LoaderEvent
 
 from ._perf import ClockCheck, ms, phase_share
+from ._user_names import LoaderCall
 
 if TYPE_CHECKING:
     from torchdoctor.sdk.runtime import LoaderWait, StepClock
@@ -83,10 +85,6 @@ INPUT_BOUND = Pitfall(
             optimizer.step()
         """,
         setup=_SETUP,
-        recipe={
-            "runtime": "watch sees the loader's iterator, not the line that built it: the fix is the "
-            "DataLoader call with the arguments to add, for the user to merge into their own"
-        },
     ),
     details={
         "runtime": """
@@ -113,6 +111,16 @@ INPUT_BOUND = Pitfall(
 class InputBound(ClockCheck):
     """Once enough steps were timed: does the median step wait for its batch half of its time or more?"""
 
+    def on_start(self) -> None:
+        super().on_start()
+        self.calls: dict[int, LoaderCall] = {}  # id(iterator) -> how the user's code builds its loader
+
+    def on_loader_iter(self, event: LoaderEvent) -> None:
+        """A pass starts, in the user's loop: read there how the user builds this loader (names, not objects)."""
+        if len(self.calls) >= 8:
+            self.calls.clear()
+        self.calls[id(event.iterator)] = LoaderCall(event.loader)
+
     def judge(self, clock: "StepClock") -> Iterator[Finding]:
         from torchdoctor.sdk.runtime import DATA
 
@@ -128,8 +136,17 @@ class InputBound(ClockCheck):
             f"(median step {ms(step)}, median wait {ms(wait)} inside the {loader.label} DataLoader's __next__)"
         )
         yield Finding(
-            f"{said}; {self._cause(clock, loader, step)}", fix=self._fix(loader), location=Location(module=loader.label)
+            f"{said}; {self._cause(clock, loader, step)}",
+            fix=self._fix(loader, self._call(clock, loader)),
+            location=Location(module=loader.label),
         )
+
+    def _call(self, clock: "StepClock", loader: "LoaderWait") -> LoaderCall:
+        """How the user builds the loader waited for (read when its pass started)."""
+        for key, wait in clock.loaders.items():
+            if wait is loader and key in self.calls:
+                return self.calls[key]
+        return next(reversed(self.calls.values()), None) or LoaderCall(None)
 
     def _cause(self, clock: "StepClock", loader: "LoaderWait", step: float) -> str:
         if loader.workers == 0:
@@ -162,35 +179,34 @@ class InputBound(ClockCheck):
             and sum(w.edge_wait for w in passes) >= 0.5 * sum(w.wait for w in passes)
         )
 
-    def _fix(self, loader: "LoaderWait") -> str:
-        args = [f"batch_size={loader.batch_size}"] if loader.batch_size else []
-        cuda = self._on_cuda()
+    def _fix(self, loader: "LoaderWait", call: LoaderCall) -> Fix:
+        """The user's DataLoader line with what this loader lacks added (see the definition's details)."""
+        changes: dict[str, str] = {}
         if loader.workers == 0:
-            args += [f"num_workers={WORKERS}", "persistent_workers=True"]
-            title = "Load batches in worker processes while the step runs, and keep them across epochs:"
+            changes.update(num_workers=str(WORKERS), persistent_workers="True")
+            what = "Load batches in worker processes while the step runs, and keep them across epochs"
         elif not loader.persistent and self._startup_bound(self.ctx.clock):
-            args += [f"num_workers={loader.workers}", "persistent_workers=True"]
-            title = "Keep the workers alive across epochs instead of starting them at every pass:"
+            changes["persistent_workers"] = "True"
+            what = "Keep the workers alive across epochs instead of starting them at every pass"
         else:
             cores = os.cpu_count() or 1
             more = min(max(2 * loader.workers, loader.workers + 1), cores)
             if more > loader.workers:
-                args += [f"num_workers={more}"]
-                title = (
+                changes["num_workers"] = str(more)
+                what = (
                     f"Give the loader more workers (up to the {cores} CPU cores), or make "
-                    f"{loader.label}.__getitem__ cheaper (decode once and cache, augment on the GPU):"
+                    f"{loader.label}.__getitem__ cheaper (decode once and cache, augment on the GPU)"
                 )
             else:
-                args += [f"num_workers={loader.workers}"]
-                title = (
+                what = (
                     f"Every CPU core already runs a worker: make {loader.label}.__getitem__ cheaper "
-                    "(preprocess once and store tensors, cache decoded samples, augment on the GPU):"
+                    "(preprocess once and store tensors, cache decoded samples, augment on the GPU)"
                 )
             if not loader.persistent:
-                args.append("persistent_workers=True")
-        if cuda and not loader.pin_memory:
-            args.append("pin_memory=True")
-        return f"{title}\nDataLoader(dataset, {', '.join(args)})"
+                changes["persistent_workers"] = "True"
+        if self._on_cuda() and not loader.pin_memory:
+            changes["pin_memory"] = "True"
+        return call.fix(what, changes)
 
     def _on_cuda(self) -> bool:
         return any(p.is_cuda for wm in self.ctx.models for p in list(wm.inner.parameters())[:1])
