@@ -73,6 +73,40 @@ def test_input_bound_with_busy_workers_names_the_per_sample_cost():
         assert finding.fix.code == ""
 
 
+class Bursty(Dataset):
+    """Cheap samples, but every 17th batch of 8 costs `slow` seconds: the workers keep up on average (17 is
+    prime to the worker count, so the slow batches visit every worker in turn)."""
+
+    def __init__(self, batches: int, slow: float) -> None:
+        self.n, self.slow = 8 * batches, slow
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if (i // 8) % 17 == 3:
+            time.sleep(self.slow / 8)
+        return torch.ones(16) * i, i % 4
+
+
+def test_input_bound_with_bursty_workers_proposes_a_deeper_prefetch():
+    """4 workers, each batch 0.7 s / 17 = 41 ms on average, 10 ms a step across them, for 20 ms of the loop's
+    own work a step: they keep up, yet the loop waits about 0.7 s - 8 x 20 ms every 17 steps (over 60% of its
+    time). Sleeps on both sides, so a busy machine changes little."""
+    model, opt = _setup()
+    loader = DataLoader(Bursty(3 * 17, 0.7), batch_size=8, num_workers=4, persistent_workers=True)
+    session = _train(model, opt, loader, ["input-bound"], step_cost=0.02)
+    assert len(session.findings) == 1, session.facts.get("step_time")
+    [finding] = session.findings
+    assert "4 workers keep up on average" in finding.message and "deliver in bursts" in finding.message
+    assert finding.fix.code.startswith(
+        "loader = DataLoader(Bursty(3 * 17, 0.7), batch_size=8, num_workers=4, persistent_workers=True, "
+        "prefetch_factor="
+    )
+    prefetch = int(finding.fix.code.rpartition("prefetch_factor=")[2].rstrip(")"))
+    assert 4 <= prefetch <= 16
+
+
 def test_input_bound_names_worker_startup_of_short_epochs():
     model, opt = _setup()
     loader = DataLoader(Sleepy(8 * 3, 0.0), batch_size=8, num_workers=2)  # 3 batches an epoch, workers restarted
