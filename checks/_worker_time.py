@@ -33,7 +33,7 @@ class WorkerTimes:
         for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
             original = cls.__dict__["fetch"]
             patched = _timed(original, self.table)
-            setattr(cls, "fetch", patched)
+            cls.fetch = patched  # type: ignore[method-assign]
             self.handles.append(Restore(cls, "fetch", patched, original))
 
     def per_batch(self, pids: list[int]) -> Optional[tuple[float, int]]:
