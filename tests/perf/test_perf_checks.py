@@ -122,9 +122,14 @@ def test_input_bound_names_worker_startup_of_short_epochs():
 
 
 def test_step_time_drift_quiet_when_only_the_wait_grows():
-    """A machine that gets busier (here: a growing sleep) stretches the steps, not the loop's CPU time."""
-    model, opt = _setup()
-    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    """A machine that gets busier (here: a growing sleep) stretches the steps, not the loop's CPU time. The step
+    does a millisecond or so of work: a thread woken from a long sleep on a busy core refills its caches, which
+    adds CPU time to each step (a fixed cost, about a tenth of a millisecond), as a loop of real size would not
+    notice."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 256), torch.randint(0, 4, (64,))
     with torchdoctor.watch(model, opt, checks=["step-time-drift"], on_finding=lambda f: None, report=False) as s:
         for step in range(160):
             opt.zero_grad()
