@@ -6,8 +6,8 @@ import ast
 import itertools
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity, byte_size
-from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, TransformedForwardEvent
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity, byte_size
+from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, TransformedForwardEvent, user_frame
 from torchdoctor.sdk.source import (
     BACKWARD_METHODS,
     CallSite,
@@ -26,6 +26,7 @@ from torchdoctor.sdk.source import (
     ref,
 )
 
+from ._user_names import name_of, source_line
 from ._vmap_graphs import VmapGraphs
 
 _VALIDATION = """
@@ -65,18 +66,17 @@ EVAL_WITHOUT_NO_GRAD = Pitfall(
     ),
     good=Example(
         """
-        @torch.no_grad()
         def evaluate(model, loader):
             model.eval()
             correct = 0
             for x, y in loader:
-                correct += (model(x).argmax(1) == y).sum().item()
+                with torch.no_grad():
+                    correct += (model(x).argmax(1) == y).sum().item()
             return correct
 
         correct = evaluate(model, val_loader)
         """,
         setup=_VALIDATION,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "source": """
@@ -139,6 +139,11 @@ class EvalWithoutNoGrad(RuntimeCheck):
         self.reported: set[str] = set()
         self.per_forward: dict[str, int] = {}  # bytes saved for backward by one eval forward, per model
         self.vmapped = VmapGraphs()  # forwards inside torch.func.vmap (checks/_vmap_graphs.py)
+        self.fixes: dict[str, Fix] = {}  # per model: the fix for the user's line that ran its first eval forward
+
+    def _fix_for(self, label: str) -> Fix:
+        """The fix at the user's line that ran the model's first eval forward (or the general one)."""
+        return self.fixes.get(label) or _runtime_fix(None)
 
     def on_forward(self, event: ForwardEvent) -> Optional[Iterator[Finding]]:
         if event.training or not event.grad_enabled:
@@ -162,6 +167,8 @@ class EvalWithoutNoGrad(RuntimeCheck):
                 st.live -= 1
                 st.dropped += 1
 
+        if event.model.label not in self.fixes:
+            self.fixes[event.model.label] = _runtime_fix()
         if self.ctx.graphs.track(out, on_backward=backward, on_free=freed):
             st.live += 1
             st.forwards += 1
@@ -199,12 +206,7 @@ class EvalWithoutNoGrad(RuntimeCheck):
                 f"back-propagated: each one records the autograd graph and keeps its activations (about {per} "
                 f"per forward) alive for as long as its output is; {st.live} such graph(s) are alive now. "
                 "eval() changes Dropout/BatchNorm, it does not turn off autograd.",
-                fix="Validate without autograd:\n"
-                "model.eval()\n"
-                "with torch.inference_mode():  # or torch.no_grad()\n"
-                "    for x, y in val_loader:\n"
-                "        val_loss += loss_fn(model(x), y).item()\n"
-                "model.train()",
+                fix=self._fix_for(wm.label),
                 location=Location(module=wm.label, step=self.ctx.step),
             )
         elif st.backprop and self.ctx.optimizers and (wm.label + ":teacher") not in self.reported:
@@ -215,24 +217,57 @@ class EvalWithoutNoGrad(RuntimeCheck):
                     f"backward() goes through {wm.label}, which runs in eval() mode and has no parameter in any "
                     "optimizer given to watch(): if it is a frozen teacher or reference model, autograd computes "
                     "gradients for it that nobody uses.",
-                    fix="Freeze it, and run it without autograd if nothing needs gradients through it:\n"
-                    "teacher.requires_grad_(False)\n"
-                    "with torch.no_grad():\n"
-                    "    target = teacher(x)",
+                    fix=Fix(
+                        "Freeze it (it then records no graph of its own), and run it under `torch.no_grad()` if "
+                        "nothing needs gradients through it",
+                        f"{name_of(wm.module, 'teacher', None, wm.inner)}.requires_grad_(False)",
+                    ),
                     location=Location(module=wm.label, step=self.ctx.step),
                     severity=Severity.INFO,
                 )
 
 
-def _source_fix(scope: Any) -> str:
+def _runtime_fix(frame: Any = False) -> Fix:
+    """Turn autograd off around the user's line that ran the eval-mode forward (always safe: that forward is
+    never back-propagated); without its source, `@torch.no_grad()` on a function that runs no backward of its
+    own, else a `with torch.no_grad():` block to put the evaluation in."""
+    if frame is False:
+        frame = user_frame(2)
+    if frame is not None:
+        code = frame.f_code
+        at = f"line {frame.f_lineno} of {code.co_filename}"
+        line = source_line(frame)
+        if line and not line.endswith(":") and _parses(line):  # one whole statement
+            return Fix(f"Run {at} without autograd: replace it with", f"with torch.no_grad():\n    {line}")
+        if not code.co_name.startswith("<") and "backward" not in code.co_names:
+            return Fix(
+                f"Put `@torch.no_grad()` on the line above `def {code.co_name}` ({code.co_filename}:"
+                f"{code.co_firstlineno}), which runs the forward at {at}",
+                "@torch.no_grad()",
+            )
+    return Fix(
+        "Run the evaluation under `with torch.no_grad():` (or `torch.inference_mode()`)",
+        "with torch.no_grad():\n    ...",
+    )
+
+
+def _parses(line: str) -> bool:
+    try:
+        ast.parse(line)
+    except SyntaxError:
+        return False
+    return True
+
+
+def _source_fix(scope: Any) -> Fix:
     """Decorate the function that evaluates; at module level, wrap the evaluation in a no_grad block."""
     node = getattr(scope, "node", None)
     if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return (
+        return Fix(
             f"Put `@torch.no_grad()` on the line above `def {node.name}` (line {node.lineno}), or run the "
             "evaluation under `with torch.no_grad():` (or `torch.inference_mode()`)."
         )
-    return "Run the evaluation under `with torch.no_grad():` (or `torch.inference_mode()`)."
+    return Fix("Run the evaluation under `with torch.no_grad():` (or `torch.inference_mode()`).")
 
 
 _GRAD_OFF = ("no_grad", "inference_mode")

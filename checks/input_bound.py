@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import math
 import os
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
+from torchdoctor.sdk.runtime import LoaderEvent
 
 from ._perf import ClockCheck, ms, phase_share
+from ._user_names import LoaderCall
+from ._worker_time import WorkerTimes
 
 if TYPE_CHECKING:
     from torchdoctor.sdk.runtime import LoaderWait, StepClock
 
 THRESHOLD = 0.5  # the median step waits for data at least this share of its time
 WORKERS = 4  # what the fix proposes for a loader without workers
+KEEP_UP = 0.75  # workers keep up when the worker time per batch over the workers is at most this much of the
+# loop's own time per step (the rest of the step); then the waits come in bursts
+MAX_PREFETCH = 16
 
 _SETUP = """
 import time
@@ -61,8 +68,9 @@ INPUT_BOUND = Pitfall(
     fix="""
         Load in parallel with the step: give the `DataLoader` `num_workers` (a few, up to the CPU cores you
         have), `persistent_workers=True` so that they survive the epoch, and `pin_memory=True` when the model
-        is on a GPU. When the workers are already all busy, make `__getitem__` cheaper: decode once and cache,
-        store preprocessed tensors, or run the augmentation on the GPU.
+        is on a GPU. When the workers keep up on average but some batches take far longer, a larger
+        `prefetch_factor` keeps more batches ready. When the workers are already all busy, make `__getitem__`
+        cheaper: decode once and cache, store preprocessed tensors, or run the augmentation on the GPU.
     """,
     bad=Example(
         """
@@ -83,10 +91,6 @@ INPUT_BOUND = Pitfall(
             optimizer.step()
         """,
         setup=_SETUP,
-        recipe={
-            "runtime": "watch sees the loader's iterator, not the line that built it: the fix is the "
-            "DataLoader call with the arguments to add, for the user to merge into their own"
-        },
     ),
     details={
         "runtime": """
@@ -96,12 +100,19 @@ INPUT_BOUND = Pitfall(
             a checkpoint, are left out too), half of the time or more was spent inside `__next__`: a share of the
             measured steps, so a
             slower or busier machine gives the same verdict, and a sum rather than a per-step median, since
-            workers that cannot keep up make every few steps wait long and the others not at all. The fix names what
-            the loader that was
-            waited for lacks: workers; `persistent_workers` when the first and last `__next__` of each pass (the workers
-            starting and stopping) is most of the wait; `pin_memory` when the model is on a GPU; and, when it has
-            workers,
-            the cost of one batch in a worker and of one sample in `__getitem__` (the workers are all busy).
+            workers that cannot keep up make every few steps wait long and the others not at all. The fix is the
+            user's own DataLoader line (the assignment in their file that builds the loader the loop iterates,
+            else a call rebuilt from the loader's settings, in the names their code gives the loader and its
+            dataset) with what that loader lacks: workers; `persistent_workers` when the first and last
+            `__next__` of each pass (the workers starting and stopping) is most of the wait; `pin_memory` when
+            the model is on a GPU; a deeper `prefetch_factor` when the workers keep up on average but deliver
+            in bursts; else more workers, or, every core running one, a cheaper `__getitem__`. Bursts are told
+            from workers that cannot keep up by the time one batch takes a worker, measured inside the workers
+            (the dataset fetcher's `fetch` is timed while a session runs, in workers forked after it started):
+            when that time spread over the workers is at most 3/4 of the loop's own time per step, the workers
+            keep up and a slow batch stalls the queue; the proposed `prefetch_factor` keeps enough batches
+            ready per worker to cover the longest wait. Workers not forked from the session (spawn, or started
+            before it) give no such time, and the fix does not propose it.
             Quiet: loops whose data is cheap next to their compute, loaders whose workers keep up, and loops
             that take their batches from anything other than a `DataLoader` (not timed).
         """,
@@ -112,6 +123,25 @@ INPUT_BOUND = Pitfall(
 @INPUT_BOUND.runtime
 class InputBound(ClockCheck):
     """Once enough steps were timed: does the median step wait for its batch half of its time or more?"""
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.calls: dict[int, tuple[LoaderCall, list[int]]] = {}  # id(iterator) -> its line, its workers' pids
+        self.worker_times: Optional[WorkerTimes] = None
+        try:
+            self.worker_times = WorkerTimes()
+            for handle in self.worker_times.handles:
+                self.ctx.hooks.add(handle)
+        except Exception as exc:  # without the workers' own times, the verdict goes on without bursts
+            self.ctx.fault(self, exc)
+
+    def on_loader_iter(self, event: LoaderEvent) -> None:
+        """A pass starts, in the user's loop: read there how the user builds this loader (names, not objects),
+        and which processes are its workers."""
+        if len(self.calls) >= 8:
+            self.calls.clear()
+        pids = [w.pid for w in getattr(event.iterator, "_workers", ()) if getattr(w, "pid", None)]
+        self.calls[id(event.iterator)] = (LoaderCall(event.loader), pids)
 
     def judge(self, clock: "StepClock") -> Iterator[Finding]:
         from torchdoctor.sdk.runtime import DATA
@@ -127,11 +157,51 @@ class InputBound(ClockCheck):
             f"the training loop waited for its next batch {100 * share:.0f}% of the time of {len(rows)} steps "
             f"(median step {ms(step)}, median wait {ms(wait)} inside the {loader.label} DataLoader's __next__)"
         )
+        call, pids = self._call(clock, loader)
+        bursts = self._bursts(clock, loader, pids)
         yield Finding(
-            f"{said}; {self._cause(clock, loader, step)}", fix=self._fix(loader), location=Location(module=loader.label)
+            f"{said}; {self._cause(clock, loader, step, bursts)}",
+            fix=self._fix(loader, call, bursts),
+            location=Location(module=loader.label),
         )
 
-    def _cause(self, clock: "StepClock", loader: "LoaderWait", step: float) -> str:
+    def _call(self, clock: "StepClock", loader: "LoaderWait") -> tuple[LoaderCall, list[int]]:
+        """How the user builds the loader waited for, and its workers (read when its pass started)."""
+        for key, wait in clock.loaders.items():
+            if wait is loader and key in self.calls:
+                return self.calls[key]
+        return next(reversed(self.calls.values()), None) or (LoaderCall(None), [])
+
+    def _bursts(self, clock: "StepClock", loader: "LoaderWait", pids: list[int]) -> Optional["_Bursts"]:
+        """When the workers keep up on average — the time one batch takes a worker (measured in the workers),
+        spread over the workers, is well below the loop's own time per step — but the loop still waits: the
+        waits come in bursts (a slow batch holds the queue), which more batches ready ahead absorb."""
+        from torchdoctor.sdk.runtime import DATA
+
+        if loader.workers == 0 or self.worker_times is None or self._startup_bound(clock):
+            return None
+        measured = self.worker_times.per_batch(pids)
+        if measured is None or measured[1] < 2 * loader.workers:
+            return None
+        per_batch = measured[0]
+        rows = clock.rows()
+        own = sorted(r[-1] - r[DATA] for r in rows)[len(rows) // 2]  # the loop's own time per step
+        if own <= 0 or per_batch / loader.workers > KEEP_UP * own:
+            return None
+        longest = max(r[DATA] for r in rows)
+        prefetch = loader.prefetch or 2
+        ahead = math.ceil(longest / (own * loader.workers))  # batches per worker the longest wait would need
+        return _Bursts(per_batch, own, longest, min(MAX_PREFETCH, max(2 * prefetch, prefetch + ahead)))
+
+    def _cause(self, clock: "StepClock", loader: "LoaderWait", step: float, bursts: Optional["_Bursts"]) -> str:
+        if bursts is not None:
+            return (
+                f"its {loader.workers} workers keep up on average (one batch takes a worker "
+                f"{ms(bursts.per_batch)}, {ms(bursts.per_batch / loader.workers)} a step across them, while the "
+                f"loop's own work takes {ms(bursts.own)} a step) but deliver in bursts: some batches take far "
+                f"longer, and with {loader.prefetch or 2} batches ready per worker the loop waits up to "
+                f"{ms(bursts.longest)} for one."
+            )
         if loader.workers == 0:
             per = f", about {ms(step / loader.batch_size)} per sample" if loader.batch_size else ""
             return f"it has num_workers=0, so every batch is loaded in the training process between two steps{per}."
@@ -162,35 +232,50 @@ class InputBound(ClockCheck):
             and sum(w.edge_wait for w in passes) >= 0.5 * sum(w.wait for w in passes)
         )
 
-    def _fix(self, loader: "LoaderWait") -> str:
-        args = [f"batch_size={loader.batch_size}"] if loader.batch_size else []
-        cuda = self._on_cuda()
-        if loader.workers == 0:
-            args += [f"num_workers={WORKERS}", "persistent_workers=True"]
-            title = "Load batches in worker processes while the step runs, and keep them across epochs:"
+    def _fix(self, loader: "LoaderWait", call: LoaderCall, bursts: Optional["_Bursts"]) -> Fix:
+        """The user's DataLoader line with what this loader lacks added (see the definition's details)."""
+        changes: dict[str, str] = {}
+        if bursts is not None:
+            changes["prefetch_factor"] = str(bursts.prefetch)
+            what = (
+                f"Keep more batches ready per worker ({bursts.prefetch} instead of {loader.prefetch or 2}), so that "
+                "a slow batch does not stall the loop"
+            )
+            if not loader.persistent:
+                changes["persistent_workers"] = "True"
+        elif loader.workers == 0:
+            changes.update(num_workers=str(WORKERS), persistent_workers="True")
+            what = "Load batches in worker processes while the step runs, and keep them across epochs"
         elif not loader.persistent and self._startup_bound(self.ctx.clock):
-            args += [f"num_workers={loader.workers}", "persistent_workers=True"]
-            title = "Keep the workers alive across epochs instead of starting them at every pass:"
+            changes["persistent_workers"] = "True"
+            what = "Keep the workers alive across epochs instead of starting them at every pass"
         else:
             cores = os.cpu_count() or 1
             more = min(max(2 * loader.workers, loader.workers + 1), cores)
             if more > loader.workers:
-                args += [f"num_workers={more}"]
-                title = (
+                changes["num_workers"] = str(more)
+                what = (
                     f"Give the loader more workers (up to the {cores} CPU cores), or make "
-                    f"{loader.label}.__getitem__ cheaper (decode once and cache, augment on the GPU):"
+                    f"{loader.label}.__getitem__ cheaper (decode once and cache, augment on the GPU)"
                 )
             else:
-                args += [f"num_workers={loader.workers}"]
-                title = (
+                what = (
                     f"Every CPU core already runs a worker: make {loader.label}.__getitem__ cheaper "
-                    "(preprocess once and store tensors, cache decoded samples, augment on the GPU):"
+                    "(preprocess once and store tensors, cache decoded samples, augment on the GPU)"
                 )
             if not loader.persistent:
-                args.append("persistent_workers=True")
-        if cuda and not loader.pin_memory:
-            args.append("pin_memory=True")
-        return f"{title}\nDataLoader(dataset, {', '.join(args)})"
+                changes["persistent_workers"] = "True"
+        if self._on_cuda() and not loader.pin_memory:
+            changes["pin_memory"] = "True"
+        return call.fix(what, changes)
 
     def _on_cuda(self) -> bool:
         return any(p.is_cuda for wm in self.ctx.models for p in list(wm.inner.parameters())[:1])
+
+
+class _Bursts:
+    """What shows the waits come in bursts: seconds per batch in a worker, the loop's own seconds per step, the
+    longest wait, and the prefetch_factor that would keep enough batches ready."""
+
+    def __init__(self, per_batch: float, own: float, longest: float, prefetch: int) -> None:
+        self.per_batch, self.own, self.longest, self.prefetch = per_batch, own, longest, prefetch

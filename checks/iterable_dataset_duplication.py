@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import LoaderEvent, Restore, RuntimeCheck
 
 _CSV_FILE = """
@@ -50,10 +50,14 @@ ITERABLE_DATASET_DUPLICATION = Pitfall(
         """
         class Rows(IterableDataset):
             def __iter__(self):
-                info = torch.utils.data.get_worker_info()
-                start, step = (info.id, info.num_workers) if info else (0, 1)
-                for line in itertools.islice(open("data.csv"), start, None, step):
+                for line in open("data.csv"):
                     yield torch.tensor([float(v) for v in line.split(",")])
+
+        class Rows(Rows):  # each worker takes every num_workers-th item, from its own id on
+            def __iter__(self):
+                info = torch.utils.data.get_worker_info()
+                items = super().__iter__()
+                return itertools.islice(items, info.id, None, info.num_workers) if info else items
 
         for x in DataLoader(Rows(), batch_size=8, num_workers=2):
             optimizer.zero_grad()
@@ -61,7 +65,6 @@ ITERABLE_DATASET_DUPLICATION = Pitfall(
             optimizer.step()
         """,
         setup=_CSV_FILE,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -85,6 +88,7 @@ class _Sniffer:
     def __init__(self, check: "IterableDatasetDuplication", loader: Any, iterator: Any, workers: int) -> None:
         self.check, self.workers = check, workers
         self.dataset = _dataset_name(loader)
+        self.dataset_type = type(getattr(loader, "dataset", None))  # a class, not the user's data
         self.prints: list[Any] = []
         self.original = iterator._next_data
         object.__setattr__(iterator, "_next_data", self)
@@ -111,6 +115,29 @@ class _Sniffer:
         self.check.ctx.hooks.remove(self.handle)
         if verdict:
             self.check.verdict(self)
+
+
+def _shard_fix(cls: type) -> Fix:
+    """A subclass under the same name that shards the class's own stream by worker: pasted right below the
+    class, every `Rows()` built after it shards (a fix that works whatever `__iter__` does inside)."""
+    name = cls.__name__
+    try:
+        import inspect
+
+        _, line = inspect.getsourcelines(cls)
+        at = f" ({inspect.getsourcefile(cls)}:{line})"
+    except (OSError, TypeError):
+        at = ""
+    return Fix(
+        f"Shard `{name}` by worker: paste this right below `class {name}`{at} (or put the first lines of its "
+        "`__iter__` at the top of yours)",
+        "import itertools\n\n"
+        f"class {name}({name}):  # each worker takes every num_workers-th item, from its own id on\n"
+        "    def __iter__(self):\n"
+        "        info = torch.utils.data.get_worker_info()\n"
+        "        items = super().__iter__()\n"
+        "        return itertools.islice(items, info.id, None, info.num_workers) if info else items",
+    )
 
 
 @ITERABLE_DATASET_DUPLICATION.runtime
@@ -145,11 +172,7 @@ class IterableDatasetDuplication(RuntimeCheck):
                 f"The DataLoader over {sniffer.dataset} (an IterableDataset) runs {n} workers and their first batches "
                 f"are identical: the dataset does not shard by worker, so every worker yields the whole dataset and "
                 f"each sample is seen {n} times per epoch.",
-                fix="Shard in __iter__ by worker:\n"
-                "def __iter__(self):\n"
-                "    info = torch.utils.data.get_worker_info()\n"
-                "    start, step = (info.id, info.num_workers) if info else (0, 1)\n"
-                "    return itertools.islice(self.source(), start, None, step)",
+                fix=_shard_fix(sniffer.dataset_type),
                 location=Location(key=sniffer.dataset, step=self.ctx.step),
             ),
         )

@@ -6,9 +6,11 @@ import ast
 import os
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import FunctionScope, SourceFile, Spanned, literal
+
+from ._user_names import rebuilt_loader
 
 _TRAINING = """
 import torch
@@ -46,8 +48,8 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
     ),
     good=Example(
         """
-        torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True)
         for x, y in loader:
             optimizer.zero_grad()
@@ -55,7 +57,6 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
             optimizer.step()
         """,
         setup=_TRAINING,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "source": """
@@ -77,41 +78,79 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
     },
 )
 
-_RECIPE = """import os, random, numpy as np, torch
-os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"    # before CUDA starts
-random.seed(0); np.random.seed(0); torch.manual_seed(0)
-torch.use_deterministic_algorithms(True)
-torch.backends.cudnn.benchmark = False
-g = torch.Generator().manual_seed(0)
-loader = DataLoader(ds, shuffle=True, num_workers=4, generator=g, worker_init_fn=seed_worker)"""
 
-
-def _reproducibility_problems(loaders: list[Any], deterministic: bool) -> list[str]:
-    """What makes this run non-reproducible; without `deterministic`, only settings that actively hurt."""
+def _reproducibility_problems(loaders: list[Any], deterministic: bool) -> list[tuple[str, Fix]]:
+    """What makes this run non-reproducible, each with the line that mends it; without `deterministic`, only
+    settings that actively hurt."""
     import torch
 
     cudnn = torch.backends.cudnn
     cuda = torch.cuda.is_available()
     problems = []
     if cudnn.benchmark and cudnn.deterministic:
-        problems.append("cudnn.benchmark=True overrides cudnn.deterministic=True (pytorch/pytorch#6351)")
+        problems.append(
+            ("cudnn.benchmark=True overrides cudnn.deterministic=True (pytorch/pytorch#6351)", _NO_BENCHMARK)
+        )
     elif cudnn.benchmark and (deterministic or cuda):
-        problems.append("cudnn.benchmark=True picks convolution algorithms by timing, which can differ between runs")
+        problems.append(
+            (
+                "cudnn.benchmark=True picks convolution algorithms by timing, which can differ between runs",
+                _NO_BENCHMARK,
+            )
+        )
     if not deterministic:
         return problems
     if not torch.are_deterministic_algorithms_enabled():
-        problems.append("deterministic algorithms are off (torch.use_deterministic_algorithms(True))")
+        problems.append(
+            (
+                "deterministic algorithms are off (torch.use_deterministic_algorithms(True))",
+                Fix(
+                    "Ask for deterministic algorithms before training (ops without one then raise, naming themselves)",
+                    "torch.use_deterministic_algorithms(True)",
+                ),
+            )
+        )
     elif cuda and not os.environ.get("CUBLAS_WORKSPACE_CONFIG"):
-        problems.append("CUBLAS_WORKSPACE_CONFIG is unset, which deterministic cuBLAS needs")
+        problems.append(
+            (
+                "CUBLAS_WORKSPACE_CONFIG is unset, which deterministic cuBLAS needs",
+                Fix(
+                    "Set it before the first CUDA call, at the top of the script (or in the shell: "
+                    "`export CUBLAS_WORKSPACE_CONFIG=:4096:8`)",
+                    'os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"',
+                ),
+            )
+        )
     if torch.initial_seed() >= 2**32:
-        problems.append(f"torch.manual_seed() was not called (the seed is the random {torch.initial_seed()})")
+        problems.append(
+            (
+                f"torch.manual_seed() was not called (the seed is the random {torch.initial_seed()})",
+                Fix(
+                    "Seed torch before the model is built (initial weights) and the data is shuffled",
+                    "torch.manual_seed(0)",
+                ),
+            )
+        )
     for loader in loaders:
         if getattr(loader, "num_workers", 0) > 0 and loader.worker_init_fn is None and loader.generator is None:
             problems.append(
-                f"the DataLoader over {type(loader.dataset).__name__} uses {loader.num_workers} workers "
-                "without generator= or worker_init_fn= to seed them"
+                (
+                    f"the DataLoader over {type(loader.dataset).__name__} uses {loader.num_workers} workers "
+                    "without generator= or worker_init_fn= to seed them",
+                    rebuilt_loader(
+                        loader,
+                        {"generator": "torch.Generator().manual_seed(0)"},
+                        "Seed its workers and its shuffling with a generator of its own",
+                    ),
+                )
             )
     return problems
+
+
+_NO_BENCHMARK = Fix(
+    "Turn benchmark mode off: replace the line that sets it to True with",
+    "torch.backends.cudnn.benchmark = False",
+)
 
 
 @NONDETERMINISTIC_SETTINGS.runtime
@@ -127,14 +166,14 @@ class NondeterministicSettings(RuntimeCheck):
 
     def _check(self) -> Iterator[Finding]:
         deterministic = self.ctx.deterministic
-        for problem in _reproducibility_problems(self.ctx.loaders, deterministic):
+        for problem, fix in _reproducibility_problems(self.ctx.loaders, deterministic):
             if problem in self.reported:
                 continue
             self.reported.add(problem)
             asked = " (watch(..., deterministic=True) asks for a reproducible run)" if deterministic else ""
             yield Finding(
                 f"This run is not reproducible: {problem}{asked}.",
-                fix="The reproducibility recipe:\n" + _RECIPE,
+                fix=fix,
                 severity=Severity.WARNING if deterministic else Severity.INFO,
                 location=Location(step=self.ctx.step),
                 key=problem,
@@ -165,9 +204,11 @@ def nondeterministic_settings(src: SourceFile) -> Iterator[Finding]:
         f"`{src.snippet(benchmark)}` (line {benchmark.lineno}) is set together with `{src.snippet(deterministic)}` "
         f"(line {deterministic.lineno}): benchmark mode times several cuDNN algorithms and keeps the fastest, which "
         "can differ from run to run, so the run you asked to be reproducible is not.",
-        fix="For reproducible runs:\ntorch.backends.cudnn.benchmark = False\ntorch.backends.cudnn.deterministic = "
-        "True\n"
-        "torch.use_deterministic_algorithms(True)  # with CUBLAS_WORKSPACE_CONFIG=:4096:8 on CUDA",
+        fix=Fix(
+            "For reproducible runs:",
+            "torch.backends.cudnn.benchmark = False\ntorch.backends.cudnn.deterministic = True\n"
+            "torch.use_deterministic_algorithms(True)  # with CUBLAS_WORKSPACE_CONFIG=:4096:8 on CUDA",
+        ),
         location=src.location(benchmark),
         severity=Severity.WARNING,
     )

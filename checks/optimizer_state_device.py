@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from typing import Any, Iterator, Optional
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import (
     CallSite,
@@ -20,6 +20,7 @@ from torchdoctor.sdk.source import (
 )
 
 from ._optimizer_builds import optimizers_built, rebuilt_after
+from ._user_names import name_of
 
 # An earlier run saved SGD momentum buffers (float32); this run trains the same model in bfloat16.
 _RESUME = """
@@ -68,10 +69,10 @@ OPTIMIZER_STATE_DEVICE = Pitfall(
         setup=_RESUME,
     ),
     good=Example(
-        "model.to(torch.bfloat16)  # move or cast the model first,\n"
-        'optimizer.load_state_dict(torch.load("last.pt")["optimizer"])  # then load: the state follows it' + _LOOP,
+        'optimizer.load_state_dict(torch.load("last.pt")["optimizer"])\n'
+        "model.to(torch.bfloat16)\n"
+        "optimizer.load_state_dict(optimizer.state_dict())  # load again: the state follows each parameter" + _LOOP,
         setup=_RESUME,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -129,14 +130,16 @@ class OptimizerStateDevice(RuntimeCheck):
         name = self.ctx.param_name(p)
         shown = f"`{name}`" if name else "a parameter"
         got, want = (f"on {value.device}", f"on {p.device}") if what == "device" else (value.dtype, p.dtype)
+        opt = name_of(wo.optimizer, "optimizer")
         yield Finding(
             f"{wo.label} state `{key}` of {shown} is {got} but the parameter is {want} "
             f"({len(bad)} state tensor(s) affected): the state was loaded or created before the model was moved "
             "or cast, and step() will fail or mix precisions.",
-            fix="Move the model first, then build the optimizer and load its state:\n"
-            "model.to(device)\n"
-            "optimizer = torch.optim.Adam(model.parameters())\n"
-            "optimizer.load_state_dict(ckpt['optimizer'])  # casts the state to each parameter's device and dtype",
+            fix=Fix(
+                f"After the model is moved or cast, load {wo.label}'s state again: load_state_dict puts each "
+                "state tensor on its parameter's device and dtype (or move the model before loading the state)",
+                f"{opt}.load_state_dict({opt}.state_dict())",
+            ),
             location=Location(param=name, key=str(key), device=str(p.device), step=self.ctx.step),
         )
 
@@ -288,7 +291,10 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
                     f"(line {move.pos[0]}){by_helper}: load_state_dict casts the state to the device and dtype the "
                     "parameters have at that moment, so it stays behind when the model is moved or cast, and "
                     "`step()` fails with 'Expected all tensors to be on the same device' (or mixes precisions).",
-                    fix=f"Move or cast the model first, then load the state: put line {move.pos[0]} before line "
-                    f"{load.pos[0]}:\n{src.segment(move.node)}\n{src.segment(load.node)}",
+                    fix=Fix(
+                        f"Move or cast the model first, then load the state: put line {move.pos[0]} before line "
+                        f"{load.pos[0]}:",
+                        f"{src.segment(move.node)}\n{src.segment(load.node)}",
+                    ),
                     location=src.location(load.node),
                 )

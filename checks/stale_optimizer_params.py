@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 from typing import Any, Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import FunctionScope, SourceFile, is_module_ctor, literal, ref
 
 from ._optimizer_builds import optimizers_built, rebuilt_after
+from ._user_names import name_of
 
 _NET = """
 import torch
@@ -65,9 +66,10 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
         setup=_NET,
     ),
     good=Example(
-        "model.fc.reset_parameters()  # a fresh head in place: the optimizer still holds its Parameters" + _LOOP,
+        "model.fc = nn.Linear(8, 2)\n"
+        "optimizer = torch.optim.SGD(model.parameters(), **optimizer.defaults)  # built again, after the change"
+        + _LOOP,
         setup=_NET,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -121,17 +123,19 @@ class StaleOptimizerParams(RuntimeCheck):
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
         self.judged = True
-        yield from self._check(evidence=True)
+        yield from self._check(evidence=True, stepping=event.optimizer)
 
     def on_stop(self) -> Iterator[Finding]:
         if not self.judged:
             yield from self._check(evidence=False)
 
-    def _check(self, evidence: bool) -> Iterator[Finding]:
+    def _check(self, evidence: bool, stepping: Any = None) -> Iterator[Finding]:
+        """With `stepping`, only the optimizer about to step is judged: one that stopped stepping (replaced by
+        an optimizer built again after the model changed) changes nothing any more."""
         model_ids = self.ctx.model_param_ids()
         held = self.ctx.optimizer_param_ids()
         lone = len(self.ctx.models) == 1 and len(self.ctx.optimizers) == 1
-        for wo in self.ctx.optimizers:
+        for wo in [stepping] if stepping is not None else self.ctx.optimizers:
             foreign = [
                 (g, i, p)
                 for g, group in enumerate(wo.optimizer.param_groups)
@@ -164,14 +168,22 @@ class StaleOptimizerParams(RuntimeCheck):
             if twins
             else ""
         )
+        opt = name_of(wo.optimizer, "optimizer")
+        model = (
+            name_of(self.ctx.models[0].module, "model", None, self.ctx.models[0].inner)
+            if len(self.ctx.models) == 1
+            else "model"
+        )
         return Finding(
             f"{wo.label} updates {len(foreign)} of its {len(wo.params())} parameters that are not in the model "
             f"any more ({listed}{', ...' if len(foreign) > 4 else ''}) and get no gradient: its steps change "
             "nothing the model uses." + guess,
-            fix="Build the optimizer after the last change to the model (re-assigning a layer, replacing or "
-            "re-wrapping the model), with the same settings:\n"
-            f"optimizer = {_qualname(wo.optimizer)}(model.parameters(), **optimizer.defaults)\n"
-            "or change weights in place: `with torch.no_grad(): model.fc.weight.copy_(w)`",
+            fix=Fix(
+                f"Build `{opt}` again after the last change to `{model}` (re-assigning a layer, replacing or "
+                "re-wrapping the model), with the same settings: paste this right after that change (or change "
+                "the weights in place, so that it keeps holding the Parameters the model uses)",
+                f"{opt} = {_qualname(wo.optimizer)}({model}.parameters(), **{opt}.defaults)",
+            ),
             location=Location(param=twins[0] if twins else None, step=self.ctx.step),
             key=wo.label,
         )
@@ -256,8 +268,10 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
                         f"`{src.snippet(b.node)}` (line {b.pos[0]}) replaces part of `{built.model}` after "
                         f"`{built.optimizer}` was built from its parameters (line {built.binding.pos[0]}): the "
                         "optimizer keeps updating the old Parameter objects and never the new ones.",
-                        fix=f"Build `{built.optimizer}` after the model is complete (or add the new parameters with "
-                        f"`{built.optimizer}.add_param_group(...)`).",
+                        fix=Fix(
+                            f"Build `{built.optimizer}` after the model is complete (or add the new parameters "
+                            f"with `{built.optimizer}.add_param_group(...)`)."
+                        ),
                         location=src.location(b.node),
                     )
                     break
@@ -273,7 +287,7 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
                             f"`{src.snippet(c.node)}` runs after `{built.optimizer}` was built (line "
                             f"{built.binding.pos[0]}) while `set_overwrite_module_params_on_conversion(True)` is on: "
                             "the move creates new Parameter objects and the optimizer keeps the old ones.",
-                            fix=f"Move the model first, then build `{built.optimizer}`.",
+                            fix=Fix(f"Move the model first, then build `{built.optimizer}`."),
                             location=src.location(c.node),
                         )
                         break

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from torchdoctor.sdk import Example, Finding, Location, Pitfall, Severity
-from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
+from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
+from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent, user_frame
+
+from ._user_names import find_name, name_of
 
 # 21 steps: with watch's default every=10, steps 0, 10 and 20 are the three checked ones.
 _TWO_HEADS = """
@@ -61,15 +63,15 @@ UNUSED_PARAMETERS = Pitfall(
     ),
     good=Example(
         """
+        model.aux_head.requires_grad_(False)  # not trained on purpose (or add criterion(aux_logits, y) to the loss)
         for x, y in loader:
             optimizer.zero_grad()
             logits, aux_logits = model(x)
-            loss = criterion(logits, y) + 0.3 * criterion(aux_logits, y)
+            loss = criterion(logits, y)
             loss.backward()
             optimizer.step()
         """,
         setup=_TWO_HEADS,
-        recipe={"runtime": "watch sees the running program, not its lines: its fix is the recipe, in general names"},
     ),
     details={
         "runtime": """
@@ -83,9 +85,10 @@ UNUSED_PARAMETERS = Pitfall(
 )
 
 
-def _owner_expr(path: str) -> str:
-    """`model` followed by the access to the module or parameter at `path` ("aux_head" -> model.aux_head)."""
-    return "model" + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
+def _owner_expr(path: str, model: str = "model") -> str:
+    """The user's name for the model followed by the access to the module or parameter at `path`
+    ("aux_head" -> model.aux_head)."""
+    return model + "".join(f"[{part}]" if part.isdigit() else f".{part}" for part in path.split(".") if part)
 
 
 @UNUSED_PARAMETERS.runtime
@@ -114,17 +117,33 @@ class UnusedParameters(RuntimeCheck):
         if not unused:
             return
         ddp = any("DistributedDataParallel" in wm.wrappers for wm in self.ctx.models)
+        model = _model_name(self.ctx.models)
         names = ", ".join(f"`{n}`" for n in unused[:6]) + (", ..." if len(unused) > 6 else "")
         yield Finding(
             f"{len(unused)} parameter(s) in {event.optimizer.label} got no gradient at {self.checks_needed} checked "
             f"steps in a row: {names}. Their output never reaches the loss: forward() does not use them, or the "
             "loss leaves out what they compute"
             + (" (DDP needs find_unused_parameters=True for that)." if ddp else "."),
-            fix="Put their output into the loss, remove them, or freeze them so that nobody expects them to learn:\n"
-            + "\n".join(
-                f"{_owner_expr(n)}.requires_grad_(False)"
-                for n in dict.fromkeys(n.rpartition(".")[0] or n for n in unused[:6] if n != "?")
+            fix=Fix(
+                "Freeze them before the loop if they are not meant to learn (or put their output into the loss, "
+                "or remove them)",
+                "\n".join(
+                    f"{_owner_expr(n, model)}.requires_grad_(False)"
+                    for n in dict.fromkeys(n.rpartition(".")[0] or n for n in unused[:6] if n != "?")
+                ),
             ),
             location=Location(param=unused[0], step=event.step),
             severity=Severity.WARNING if ddp else None,
         )
+
+
+def _model_name(models: list) -> str:
+    """The user's name for the watched model (the one model watched), else `model`."""
+    if len(models) != 1:
+        return "model"
+    wm = models[0]
+    inner = find_name(wm.inner, user_frame(2))
+    if inner is not None:
+        return inner
+    outer = name_of(wm.module, "model")
+    return outer + ".module" if any("DataParallel" in w for w in wm.wrappers) else outer  # DDP's model inside

@@ -2,6 +2,7 @@
 loop, on cheap data, on a compiled model with static shapes. Data costs are sleeps, judged only as shares of a
 step that the sleep dominates by a large factor, so a slow or busy machine gives the same verdicts."""
 
+import os
 import time
 
 import pytest
@@ -64,7 +65,45 @@ def test_input_bound_with_busy_workers_names_the_per_sample_cost():
     assert len(session.findings) == 1, session.facts.get("step_time")
     [finding] = session.findings
     assert "2 workers cannot keep up" in finding.message and "per sample: __getitem__" in finding.message
-    assert "num_workers=" in finding.fix.code and "Sleepy.__getitem__" in finding.fix.title
+    assert "Sleepy.__getitem__" in finding.fix.title
+    if (os.cpu_count() or 1) > 2:  # more workers: the user's own line (the test's `loader = ...`) with more
+        assert finding.fix.code.startswith("loader = DataLoader(Sleepy(8 * 24, 0.008), batch_size=8, num_workers=")
+    else:  # every core runs a worker already: the line stays, the cost of one sample is what to cut
+        assert finding.fix.code == ""
+
+
+class Bursty(Dataset):
+    """Cheap samples, but every 17th batch of 8 costs `slow` seconds: the workers keep up on average (17 is
+    prime to the worker count, so the slow batches visit every worker in turn)."""
+
+    def __init__(self, batches: int, slow: float) -> None:
+        self.n, self.slow = 8 * batches, slow
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if (i // 8) % 17 == 3:
+            time.sleep(self.slow / 8)
+        return torch.ones(16) * i, i % 4
+
+
+def test_input_bound_with_bursty_workers_proposes_a_deeper_prefetch():
+    """4 workers, each batch 0.7 s / 17 = 41 ms on average, 10 ms a step across them, for 20 ms of the loop's
+    own work a step: they keep up, yet the loop waits about 0.7 s - 8 x 20 ms every 17 steps (over 60% of its
+    time). Sleeps on both sides, so a busy machine changes little."""
+    model, opt = _setup()
+    loader = DataLoader(Bursty(3 * 17, 0.7), batch_size=8, num_workers=4, persistent_workers=True)
+    session = _train(model, opt, loader, ["input-bound"], step_cost=0.02)
+    assert len(session.findings) == 1, session.facts.get("step_time")
+    [finding] = session.findings
+    assert "4 workers keep up on average" in finding.message and "deliver in bursts" in finding.message
+    assert finding.fix.code.startswith(
+        "loader = DataLoader(Bursty(3 * 17, 0.7), batch_size=8, num_workers=4, persistent_workers=True, "
+        "prefetch_factor="
+    )
+    prefetch = int(finding.fix.code.rpartition("prefetch_factor=")[2].rstrip(")"))
+    assert 4 <= prefetch <= 16
 
 
 def test_input_bound_names_worker_startup_of_short_epochs():
@@ -81,17 +120,29 @@ def test_input_bound_names_worker_startup_of_short_epochs():
     assert "persistent_workers=True" in finding.fix.code
 
 
+def _millisecond_step():
+    """A model and batch whose step does about a millisecond of work on one thread."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 4))
+    x, y = torch.randn(64, 256), torch.randint(0, 4, (64,))
+    return model, torch.optim.SGD(model.parameters(), lr=0.01), x, y
+
+
 def test_step_time_drift_quiet_when_only_the_wait_grows():
-    """A machine that gets busier (here: a growing sleep) stretches the steps, not the loop's CPU time."""
-    model, opt = _setup()
-    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    """A machine that gets busier (here: a growing sleep) stretches the steps, not the loop's CPU time. The step
+    does a millisecond or so of work: a thread woken from a long sleep on a busy core refills its caches, which
+    adds CPU time to each step (a fixed cost, about a tenth of a millisecond), as a loop of real size would not
+    notice."""
+    model, opt, x, y = _millisecond_step()
     with torchdoctor.watch(model, opt, checks=["step-time-drift"], on_finding=lambda f: None, report=False) as s:
         for step in range(160):
             opt.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()
             time.sleep(step * 1e-4)
             opt.step()
-    assert s._ctx.clock.blocks[-1] > 2 * s._ctx.clock.blocks[0]  # the steps did get slower
+    # the sleep grows from 0 to 16 ms a step by construction; the wall times themselves follow the machine's
+    # load (a busy machine can stretch the first steps as much), so only the verdict's precondition is checked
+    assert len(s._ctx.clock.blocks) >= 6  # enough blocks: judged
     assert s.findings == []
 
 

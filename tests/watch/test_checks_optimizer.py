@@ -43,9 +43,10 @@ def test_stale_optimizer_params_after_rebinding_a_layer_names_the_new_one():
     assert len(stale) == 1 and stale[0].code == "TD302"
     assert "2 of its 4 parameters" in stale[0].message and "`2.weight`" in stale[0].message
     assert stale[0].location.param == "2.weight"
-    namespace = {"torch": torch, "model": model, "optimizer": opt}
+    assert stale[0].fix.code == "opt = torch.optim.SGD(model.parameters(), **opt.defaults)"  # the test's names
+    namespace = {"torch": torch, "model": model, "opt": opt}
     exec(stale[0].fix.code, namespace)  # the fix pastes: the same optimizer, same settings, the model's parameters
-    rebuilt = namespace["optimizer"]
+    rebuilt = namespace["opt"]
     assert type(rebuilt) is type(opt) and rebuilt.defaults == opt.defaults
     assert [id(p) for p in rebuilt.param_groups[0]["params"]] == [id(p) for p in model.parameters()]
     assert [f for f in s.findings if f.name == "param-not-in-optimizer"] == []  # one replaced layer, one finding
@@ -152,6 +153,30 @@ def test_unused_parameters_after_three_checked_steps():
     [f] = s.findings
     assert (f.name, f.code, str(f.severity)) == ("unused-parameters", "TD305", "info")
     assert "`aux.weight`, `aux.bias`" in f.message and f.location.step == 2
+    assert f.fix.code == "model.aux.requires_grad_(False)"  # the test's own name for the model
+    exec(f.fix.code, {"model": model})  # pasted before the loop: quiet
+    with session(model, opt, every=1) as s:
+        for x, y in batches(4):
+            train_step(model, opt, x, y)
+    assert s.findings == []
+
+
+def test_optimizer_state_cast_after_loading_is_mended_by_the_pasted_fix():
+    model = mlp()
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = batches(1)[0]
+    train_step(model, adam, x, y)
+    adam.load_state_dict(adam.state_dict())  # stands for a resumed state, loaded while the model is float32
+    model.to(torch.float64)
+    with session(model, adam, every=1) as s:
+        pass
+    [f] = s.findings
+    assert "torch.float32 but the parameter is torch.float64" in f.message
+    assert f.fix.code == "adam.load_state_dict(adam.state_dict())"
+    exec(f.fix.code, {"adam": adam})
+    with session(model, adam, every=1) as s:
+        train_step(model, adam, x.double(), y)
+    assert s.findings == []
 
 
 def _wgan_gp(zero_critic: bool, steps: int = 4):

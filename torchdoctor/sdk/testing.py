@@ -60,7 +60,7 @@ def paste_problems(pitfall: Pitfall, scope: "Scope | str") -> list[str]:
     good_lines = {_code_line(line) for line in (good.setup + "\n" + good.code).splitlines()}
     for finding in found:
         for snippet in _snippets(finding):
-            if not (_parses(snippet) or _parses(snippet + " pass")):
+            if not any(_parses(snippet + end) for end in ("", " pass", "\ndef _(): pass")):  # a decorator last
                 problems.append(f"{pitfall.name} [{scope}]: the fix's code does not parse: {snippet!r}")
             elif str(scope) not in good.recipe:
                 missing = [
@@ -123,7 +123,7 @@ def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
 
     setup, code = example.setup, example.code  # flush left already (Example cleans them)
     namespace: dict[str, Any] = {"__name__": "__example__"}
-    with _in_empty_folder(), _torch_switches_kept():
+    with _in_empty_folder(), _torch_switches_kept(), _source_shown(setup=setup, code=code):
         exec(compile(setup, "<example setup>", "exec"), namespace)
         if "model" not in namespace:
             raise PitfallError(f"pitfall {pitfall.name}: a runtime example's setup must bind `model`")
@@ -141,6 +141,22 @@ def _watch(pitfall: Pitfall, example: Example) -> list[Finding]:
             if example is not pitfall.bad or not _explains_crashes(pitfall):
                 raise  # only a crash pitfall's Bad example may end with the error it explains
     return session.findings
+
+
+@contextlib.contextmanager
+def _source_shown(setup: str, code: str) -> Iterator[None]:
+    """The example's lines readable through `linecache` while it runs, as a file's are: runtime checks quote
+    the user's line in their fixes."""
+    import linecache
+
+    names = {"<example setup>": setup, "<example>": code}
+    for name, text in names.items():
+        linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+    try:
+        yield
+    finally:
+        for name in names:
+            linecache.cache.pop(name, None)
 
 
 def _explains_crashes(pitfall: Pitfall) -> bool:
