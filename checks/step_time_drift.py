@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from torchdoctor.watch.timing import StepClock
 
 GROWTH = 1.5  # the last third of the run's steps take this many times as long as the first third
+WORK_SHARE = 0.15  # of the time added per step, at least this much is the thread's CPU time
 MIN_BLOCKS = 6  # blocks of steps (16 steps each at first) before a verdict
 
 _SETUP = """
@@ -80,10 +81,12 @@ STEP_TIME_DRIFT = Pitfall(
             pairwise past 128 of them), with the training thread's CPU time per step in each block. Once it has six
             blocks or more, it compares the first third of them with the last third: it reports when the CPU
             time the training thread spends per step grew 1.5 times or more, with the middle third in between (a
-            steady climb, not one jump); it says by how much and from about which step. A ratio of the thread's
-            CPU time, never a wall time: a slower or busier machine gives the same verdict, and a wait that grows
-            (a sleep, I/O, other threads spinning) adds wall time, not CPU time to the thread that waits, so it
-            stays quiet. It cannot see a drift that lives only
+            steady climb, not one jump), and that CPU time added is at least 15% of the time added per step; it
+            says by how much and from about which step. Ratios of the thread's CPU time, never a wall time: a
+            slower or busier machine gives the same verdict, and a wait that grows (a sleep, I/O, other threads
+            spinning) adds wall time with little CPU time to the thread that waits, so it stays quiet (a thread
+            woken from ever longer sleeps does run slower, its caches cold: up to 1.5 times the CPU time on a
+            1-3 ms step, far less than the wait added). It cannot see a drift that lives only
             in GPU time while the host sleeps (blocking synchronisation).
         """,
     },
@@ -107,8 +110,14 @@ class StepTimeDrift(ClockCheck):
         )
         # judged on the CPU time the stepping thread spends per step, never on wall times: a machine that gets
         # busier stretches the wall time of every step (unevenly) but not the work the loop does, and a wait
-        # that grows (a sleep, I/O, other threads) adds no CPU time to the thread that waits
-        if not (cpu_early > 0 and cpu_late >= GROWTH * cpu_early and cpu_early < cpu_middle < cpu_late):
+        # that grows (a sleep, I/O, other threads) adds little CPU time to the thread that waits (caches gone cold
+        # after a long sleep slow its next step, so the added CPU time must be a fair part of the added time)
+        if not (
+            cpu_early > 0
+            and cpu_late >= GROWTH * cpu_early
+            and cpu_early < cpu_middle < cpu_late
+            and cpu_late - cpu_early >= WORK_SHARE * max(late - early, 0.0)
+        ):
             return
         size, start = clock.block_size, clock.steps - len(blocks) * clock.block_size - len(clock.block)
         since = next(i for i, b in enumerate(cpu) if b >= 1.25 * cpu_early)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from test_builtin_fixes import NOT_YET
 from torchdoctor.docs import pages
 
 from torchdoctor import findings, registry
@@ -53,9 +52,7 @@ def test_bad_example_fires_and_good_example_is_quiet(pitfall, scope, text_fixes)
     if pitfall.bad.runnable(scope):
         assert run_example(pitfall, pitfall.bad, scope), f"{pitfall.name}: the Bad example passes {scope} unflagged"
         checks = [m.removeprefix("torchdoctor.checks.") for m in text_fixes if m.startswith("torchdoctor.checks.")]
-        assert [m for m in checks if m.split(":")[0] not in NOT_YET] == [], (
-            f"{pitfall.name}: a built-in check gave a fix as text, not as Fix(title, code)"
-        )
+        assert checks == [], f"{pitfall.name}: a built-in check gave a fix as text, not as Fix(title, code)"
     if pitfall.good.runnable(scope):
         found = run_example(pitfall, pitfall.good, scope)
         assert found == [], f"{pitfall.name}: the Good example is flagged in {scope}: {found[0].message}"
