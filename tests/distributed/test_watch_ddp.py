@@ -6,27 +6,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+from two_ranks import free_port, run_two_ranks
 
 from torchdoctor.findings import Finding, Location, Severity
 from torchdoctor.watch import distributed as wd
 
 WORKER = Path(__file__).with_name("watch_ddp_worker.py")
 TIMEOUT_S = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,30 +29,12 @@ def ranks(tmp_path_factory):
     env.update(
         WORLD_SIZE="2",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
         OUT_DIR=str(out),
         TORCHDOCTOR_WATCH_TIMEOUT=str(TIMEOUT_S),
         OMP_NUM_THREADS="1",
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER)],
-            env={**env, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=90)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank hung: " + "\n".join(q.communicate()[0][-2000:] for q in procs))
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    run_two_ranks(WORKER, env, timeout=90)
     results = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return {name: [results[0][name], results[1][name]] for name in results[0]}
 

@@ -6,20 +6,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from two_ranks import free_port, run_two_ranks
 
 WORKER = Path(__file__).with_name("run_ddp_worker.py")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -29,30 +21,12 @@ def ranks(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_DISTRIBUTED_DEBUG", "TORCHELASTIC_RUN_ID")}
     env.update(
         WORLD_SIZE="2",
-        PORTS=f"{_free_port()},{_free_port()}",
+        PORTS=f"{free_port()},{free_port()}",
         OUT_DIR=str(out),
         TORCHDOCTOR_WATCH_TIMEOUT="10",
         OMP_NUM_THREADS="1",
     )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER)],
-            env={**env, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("a rank hung: " + "\n".join(q.communicate()[0][-2000:] for q in procs))
-    assert all(p.returncode == 0 for p in procs), "\n".join(log[-3000:] for log in logs)
+    run_two_ranks(WORKER, env, timeout=120)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 

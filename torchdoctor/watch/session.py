@@ -156,13 +156,9 @@ class WatchSession:
         checks: list[RuntimeCheck] = []
         for info in infos:
             impl = info.detectors.get(registry.Scope.RUNTIME) or info.detectors[registry.Scope.DISTRIBUTED]
-            try:
-                chk = impl(ctx)
-            except Exception as exc:
-                self._record(registry.internal_error(info, exc))
-                continue
-            self._info_of[id(chk)] = info
-            checks.append(chk)
+            chk = self._build(info, impl, ctx)
+            if chk is not None:
+                checks.append(chk)
         self._enabled = sorted(self._info_of[id(c)].name for c in checks)
         self._checks = {self._info_of[id(c)].name: c for c in checks}
         if any(type(c).uses_clock for c in checks):
@@ -205,14 +201,10 @@ class WatchSession:
             impl = info.detectors.get(registry.Scope.DISTRIBUTED)
             if not (isinstance(impl, type) and issubclass(impl, RuntimeCheck)) or info.name in self._checks:
                 continue
-            try:
-                chk = impl(ctx)
-            except Exception as exc:
-                self._record(registry.internal_error(info, exc))
-                continue
-            self._info_of[id(chk)] = info
-            self._checks[info.name] = chk
-            checks.append(chk)
+            chk = self._build(info, impl, ctx)
+            if chk is not None:
+                self._checks[info.name] = chk
+                checks.append(chk)
         self._enabled = sorted(self._checks)
         hub.add_checks(checks)
         return bool(checks)
@@ -303,6 +295,16 @@ class WatchSession:
         if self._ctx is not None and (finding.location is None or finding.location.step is None):
             finding = replace(finding, location=replace(finding.location or Location(), step=self._ctx.step))
         self._record(finding)
+
+    def _build(self, info: registry.Pitfall, impl: Any, ctx: WatchContext) -> Optional[RuntimeCheck]:
+        """`info`'s check for this session; None (an internal-error finding recorded) when building it failed."""
+        try:
+            chk: RuntimeCheck = impl(ctx)
+        except Exception as exc:
+            self._record(registry.internal_error(info, exc))
+            return None
+        self._info_of[id(chk)] = info
+        return chk
 
     def _record(self, finding: Finding) -> None:
         key = finding.fold_key()
