@@ -81,7 +81,9 @@ STEP_TIME_DRIFT = Pitfall(
             pairwise past 128 of them), with the training thread's CPU time per step in each block. Once it has six
             blocks or more, it compares the first third of them with the last third: it reports when the CPU
             time the training thread spends per step grew 1.5 times or more, with the middle third in between (a
-            steady climb, not one jump), and that CPU time added is at least 15% of the time added per step; it
+            steady climb, not one jump), the last third's lower quartile above the first third's upper quartile
+            (not noise around one level: the CPU time of a sub-millisecond step swings by half between blocks),
+            and that CPU time added is at least 15% of the time added per step; it
             says by how much and from about which step. Ratios of the thread's CPU time, never a wall time: a
             slower or busier machine gives the same verdict, and a wait that grows (a sleep, I/O, other threads
             spinning) adds wall time with little CPU time to the thread that waits, so it stays quiet (a thread
@@ -116,6 +118,7 @@ class StepTimeDrift(ClockCheck):
             cpu_early > 0
             and cpu_late >= GROWTH * cpu_early
             and cpu_early < cpu_middle < cpu_late
+            and _quartile(cpu[-third:], 0) > _quartile(cpu[:third], 2)  # apart: a climb, not noise around a level
             and cpu_late - cpu_early >= WORK_SHARE * max(late - early, 0.0)
         ):
             return
@@ -135,3 +138,8 @@ class StepTimeDrift(ClockCheck):
                 "losses.append(loss.item())",
             ),
         )
+
+
+def _quartile(values: list[float], which: int) -> float:
+    """The lower (0), middle (1) or upper (2) quartile of `values` (itself for one value)."""
+    return statistics.quantiles(values, n=4)[which] if len(values) > 1 else values[0]
