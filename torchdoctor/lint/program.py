@@ -17,32 +17,12 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, TypeVar, cast
 
 from torchdoctor.lint.facts import DEPTH, Fact, Function
+from torchdoctor.lint.files import SKIPPED_DIRS
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
 from torchdoctor.lint.libraries import MISSING, LibraryFacts
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _GRAD_OFF = ("no_grad", "inference_mode")
-# Folders never searched for callers (the same ones discovery skips, plus build outputs).
-_SKIP_DIRS = frozenset(
-    {
-        ".git",
-        ".hg",
-        ".svn",
-        "__pycache__",
-        ".venv",
-        "venv",
-        ".tox",
-        ".nox",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        "node_modules",
-        "site-packages",
-        ".eggs",
-        "build",
-        "dist",
-    }
-)
 _MAX_MODULE_BYTES = 2_000_000  # larger files are not parsed to answer questions about other files
 T = TypeVar("T")
 _MISSING = object()
@@ -512,7 +492,7 @@ class Program:
         if files is None:
             files = []
             for folder, dirs, names in os.walk(root):
-                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+                dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS and not d.startswith("."))
                 files.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith(".py"))
             self._trees[root] = files
         return files
@@ -630,7 +610,7 @@ def _searchable_root(root: str, folder: str) -> str:
     if rel == "." or rel.startswith(".."):
         return root
     parts = rel.split(os.sep)
-    hidden = [i for i, part in enumerate(parts) if part.startswith(".") and part not in _SKIP_DIRS]
+    hidden = [i for i, part in enumerate(parts) if part.startswith(".") and part not in SKIPPED_DIRS]
     return os.path.join(root, *parts[: hidden[-1] + 1]) if hidden else root
 
 
