@@ -43,9 +43,17 @@ def loss_calls(
     """(scope, call, loss name, input) for each call of a loss among `losses` (functional names) or `classes`
     (nn class names)."""
     index = src.index
+    built = _loss_built(index, classes) if any(c in src.text for c in classes) else frozenset()
+    built_last = {target.rsplit(".", 1)[-1] for target in built}  # what `x.crit(...)` or `crit(...)` must end in
     for scope in index.scopes:
         for call in scope.calls:
-            name = _loss_name(call, scope, index, losses, classes)
+            func = call.node.func
+            if call.attr not in losses and (
+                (type(func) is ast.Name and func.id not in built_last)
+                or (type(func) is ast.Attribute and func.attr not in built_last)
+            ):
+                continue  # neither `F.<loss>(...)` nor a call through a name bound to a loss
+            name = _loss_name(call, scope, index, losses, classes, built)
             if name is None:
                 continue
             node = call.node
@@ -54,8 +62,41 @@ def loss_calls(
                 yield scope, call, name, inp
 
 
+def _loss_built(index: ModuleIndex, classes: frozenset[str]) -> frozenset[str]:
+    """The names some binding of the file (a parameter's default included) sets to an `nn.<Loss>(...)` of
+    `classes`: a call through any other name is no loss call, whatever its bindings (asked once per file)."""
+    question = ("names bound to a loss", classes)
+    found = index.memo.get(question)
+    if found is None:
+        aliases, targets = index.aliases, set()
+        for s in index.scopes:
+            for b in s.bindings:
+                value = b.value
+                if type(value) is ast.Name:
+                    value = _default_if_parameter(value, s)
+                if type(value) is not ast.Call:
+                    continue
+                func = value.func  # its last name first: a full resolution only for a loss class's
+                named = (
+                    func.attr
+                    if type(func) is ast.Attribute
+                    else last(aliases.get(func.id, func.id))
+                    if type(func) is ast.Name
+                    else ""
+                )
+                if named in classes and _loss_class(value, index, classes):
+                    targets.add(b.target)
+        found = index.memo[question] = frozenset(targets)
+    return found
+
+
 def _loss_name(
-    call: CallSite, scope: FunctionScope, index: ModuleIndex, losses: frozenset[str], classes: frozenset[str]
+    call: CallSite,
+    scope: FunctionScope,
+    index: ModuleIndex,
+    losses: frozenset[str],
+    classes: frozenset[str],
+    built: frozenset[str],
 ) -> Optional[str]:
     func = call.node.func
     if call.qualname.startswith(_FUNCTIONAL) and call.attr in losses:
@@ -63,7 +104,7 @@ def _loss_name(
     if isinstance(func, ast.Call):  # nn.CrossEntropyLoss()(x, y)
         return _loss_class(func, index, classes)
     target = ref(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
-    if target is None:
+    if target is None or target not in built:
         return None
     values = [
         _default_if_parameter(b.value, s) for s in _scopes_binding(target, scope, index) for b in s.bindings_of(target)

@@ -213,3 +213,28 @@ for x, y in loader:
 """
     )
     assert fired(lint(code), SOFTMAX) == []
+
+
+def test_loss_through_an_aliased_class_and_an_attribute_fire(lint, fired):
+    # how a loss call is spelt decides nothing: an aliased class, an attribute of an object
+    code = (
+        HEAD
+        + """
+from torch.nn import CrossEntropyLoss as CE, BCEWithLogitsLoss as BCE
+
+model = nn.Linear(8, 4)
+crit = CE()
+trainer.bce = BCE()
+for x, y in loader:
+    a = crit(F.softmax(model(x), 1), y)
+    b = trainer.bce(torch.sigmoid(model(x)), y)
+    c = nn.CrossEntropyLoss()(F.softmax(model(x), 1), y)
+    d = helper.crit(F.softmax(model(x), 1), y)
+"""
+    )
+    found = lint(code)
+    assert sorted(f.location.line for f in fired(found, SOFTMAX)) == [12, 14]
+    assert [f.location.line for f in fired(found, SIGMOID)] == [13]
+    # the same calls through names no binding sets to a loss class: only the inline construction is a loss
+    quiet = lint(code.replace("crit = CE()", "crit = make()").replace("trainer.bce = BCE()", "trainer.bce = b"))
+    assert [f.location.line for f in quiet if f.name in (SOFTMAX, SIGMOID)] == [14]
