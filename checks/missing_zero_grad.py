@@ -27,6 +27,7 @@ from torchdoctor.sdk.source import (
     is_backward,
     is_optimizer,
     is_optimizer_ctor,
+    literal,
     rebind,
     ref,
 )
@@ -111,8 +112,12 @@ MISSING_ZERO_GRAD = Pitfall(
             (`clip_gradient(optimizer, 5.0)` from a library) is unknown: it is not assumed to clear, the finding
             is a warning and its message names that call. Calls into installed libraries are followed: their
             source is read from site-packages (`loss_scaler(loss, optimizer)` with timm's NativeScaler, which runs
-            backward and step but never clears, is reported when the loop does not clear). It stays quiet inside
-            `dist_autograd.context()` loops,
+            backward and step but never clears, is reported when the loop does not clear). A loop whose body runs
+            once (`for _ in range(1)`, `for x, y in [batch]`, a body that always ends in `break` or `return`)
+            steps once: it is judged by the loop around it, if any (a one-batch smoke test is quiet). When the
+            optimizer is cleared right after the loop, the author expects one step per pass (a one-batch loader
+            built elsewhere): what the loop iterates over is unknown here, so the finding is information, and
+            its message names that clear. It stays quiet inside `dist_autograd.context()` loops,
             where gradients live per context. `watch` confirms the rest at run time.
         """,
     },
@@ -419,6 +424,9 @@ def _steps_in_helpers(
             or not _may_run_backward(call.node.func, index)
         ):
             continue
+        loop = _repeating(call.loop)
+        if loop is None:
+            continue  # a loop that runs once: one step, nothing left from before it
         callee = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
         if callee is None or not src.project.fact(callee, RUNS_BACKWARD):
             continue
@@ -449,7 +457,7 @@ def _steps_in_helpers(
             mine = [c for c in clears if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # ... or through a function it calls
-            verdict = _loop_clears(src, call.loop, optimizer, scope, index, step=call.node)
+            verdict = _loop_clears(src, loop, optimizer, scope, index, step=call.node)
             if verdict:
                 continue
             if mine and verdict.every_kth is None:
@@ -457,12 +465,12 @@ def _steps_in_helpers(
             reported.add(optimizer)
             yield Finding(
                 f"`{src.snippet(call.node)}` runs backward and `{optimizer}.step()` (in `{callee.name}`) in the loop "
-                f"at line {call.loop.node.lineno}, but `{optimizer}.zero_grad()` is never called there: every "
+                f"at line {loop.node.lineno}, but `{optimizer}.zero_grad()` is never called there: every "
                 "backward adds to the gradients of all previous iterations, so each step uses their running sum."
                 + verdict.caveat(src, optimizer),
                 fix=_FIX,
                 location=src.location(call.node),
-                severity=Severity.WARNING if verdict.unknown is not None else None,
+                severity=verdict.severity(),
             )
 
 
@@ -641,9 +649,56 @@ def _smallest_loop_with_backward(step: CallSite, backwards: list[CallSite]) -> O
     loop = step.loop
     while loop is not None:
         if any(loop.encloses(b.loop) for b in backwards):
-            return loop
+            return _repeating(loop)
         loop = loop.parent
     return None
+
+
+def _repeating(loop: Optional[Loop]) -> Optional[Loop]:
+    """`loop`, or the nearest loop around it that may run more than once: a loop whose body runs once (`for _ in
+    range(1)`, `for x, y in [batch]`, a body that always ends in `break` or `return`) steps once, so it adds
+    nothing to gradients left from before; the loop around it, if any, is where steps repeat."""
+    while loop is not None and _runs_once(loop.node):
+        loop = loop.parent
+    return loop
+
+
+def _runs_once(node: ast.AST) -> bool:
+    """The loop's body runs at most once: it iterates over `range(1)` or a one-element literal, or its body
+    ends in an unconditional `break`/`return`/`raise` and never `continue`s (a `continue` could go round again)."""
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        it = node.iter
+        if isinstance(it, (ast.List, ast.Tuple)) and len(it.elts) == 1 and not isinstance(it.elts[0], ast.Starred):
+            return True
+        if (
+            isinstance(it, ast.Call)
+            and isinstance(it.func, ast.Name)
+            and it.func.id == "range"
+            and not it.keywords
+            and [literal(a) for a in it.args] in ([1], [0, 1])
+        ):
+            return True
+    if not isinstance(node, (ast.For, ast.AsyncFor, ast.While)) or not node.body:
+        return False
+    return isinstance(node.body[-1], (ast.Break, ast.Return, ast.Raise)) and not _continues(node.body)
+
+
+def _continues(body: list[ast.stmt]) -> bool:
+    """A `continue` of this loop in `body` (those of loops nested in it, and of nested functions, are theirs)."""
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Continue):
+            return True
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            stack.extend(node.orelse)  # the `else` of an inner loop belongs to this one
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) or isinstance(
+            node, ast.expr
+        ):
+            continue
+        stack.extend(ast.iter_child_nodes(node))
+    return False
 
 
 @MISSING_ZERO_GRAD.source
@@ -687,7 +742,7 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
                 + verdict.caveat(src, optimizer),
                 fix=_FIX,
                 location=src.location(call.node),
-                severity=Severity.WARNING if verdict.unknown is not None else None,
+                severity=verdict.severity(),
             )
 
 
@@ -699,9 +754,17 @@ class _Verdict:
     # a clear that runs only under `if i % k == 0`: the call, the condition, where the condition is ("" = here)
     every_kth: Optional[tuple[CallSite, str, str]] = None
     unknown: Optional[CallSite] = None  # a call outside the project that receives the optimizer (not followed)
+    after: Optional[CallSite] = None  # a clear right after the loop: the author clears once per pass over it
 
     def __bool__(self) -> bool:
         return self.cleared
+
+    def severity(self) -> Optional[Severity]:
+        """A clear after the loop says the author expects one step per pass (a one-batch loader): what the loop
+        holds is unknown here, so the finding is information; an unknown call makes it a warning."""
+        if self.after is not None:
+            return Severity.INFO
+        return Severity.WARNING if self.unknown is not None else None
 
     def caveat(self, src: SourceFile, optimizer: str) -> str:
         """What the message adds about the clears the loop has but that do not count."""
@@ -717,6 +780,11 @@ class _Verdict:
             out += (
                 f" `{src.snippet(self.unknown.node)}` receives `{optimizer}` but is not defined in the project, "
                 "so it was not followed: if it clears the gradients, silence this line."
+            )
+        if self.after is not None:
+            out += (
+                f" `{src.snippet(self.after.node)}` (line {self.after.node.lineno}) clears them only after the loop:"
+                " right if the loop runs once (a one-batch loader), otherwise move it into the loop."
             )
         return out
 
@@ -776,7 +844,30 @@ def _loop_clears(
         return _Verdict(True)
     if any(c.attr in ("zero_grad", "zero_") for s in inner_scopes(index, loop) for c in s.calls):
         return _Verdict(True)
+    verdict.after = _cleared_after(loop, optimizer, scope, index)
     return verdict
+
+
+def _cleared_after(loop: Loop, optimizer: str, scope: FunctionScope, index: ModuleIndex) -> Optional[CallSite]:
+    """A clear of `optimizer`'s gradients that runs after `loop` ends, once per run of what holds the loop (the
+    same enclosing loop, not under an `if`): one clear per pass over the loop."""
+    if not isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While)):
+        return None
+    end = (getattr(loop.node, "end_lineno", None) or loop.node.lineno, 1 << 30)
+    for call in scope.calls:
+        if (
+            call.attr == "zero_grad"
+            and call.loop is loop.parent
+            and call.pos > end
+            and call.receiver == optimizer
+            and not enclosing_ifs(_body(loop.parent) if loop.parent is not None else _function_body(scope), call.node)
+        ):
+            return call
+    return None
+
+
+def _function_body(scope: FunctionScope) -> list[ast.stmt]:
+    return list(getattr(scope.node, "body", []))
 
 
 def _body(loop: Loop) -> list[ast.stmt]:

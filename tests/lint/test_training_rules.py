@@ -3,6 +3,8 @@
 import pytest
 from conftest import names
 
+from torchdoctor.sdk import Severity
+
 CANONICAL = """
 import torch
 import torch.nn as nn
@@ -448,3 +450,101 @@ def test_loops_inside_try_and_match_blocks_are_seen(lint, fired):
                     pass
     """
     assert len(fired(lint(code), "missing-zero-grad")) == 1
+
+
+ONE_STEP = """
+import torch
+
+def run_one_batch(model, optimizer, loader, batch):
+    for x, y in LOOP:
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        END
+"""
+
+
+@pytest.mark.rule("missing-zero-grad")
+@pytest.mark.parametrize(
+    "loop, end, once",
+    [
+        ("[batch]", "", True),
+        ("range(1)", "", True),  # (a `for x, y in range(1)` makes no sense at run time, but says "once" all the same)
+        ("loader", "break", True),
+        ("loader", "return loss", True),
+        ("(batch,)", "", True),
+        ("[batch, batch]", "", False),
+        ("range(2)", "", False),
+        ("loader", "if loss.item() < 0.1:\n            break", False),  # may go round again
+        ("loader", "if x is None:\n            continue\n        break", False),  # a `continue` goes round again
+        ("loader", "", False),
+    ],
+)
+def test_a_loop_that_runs_once_steps_once(lint, fired, loop, end, once):
+    # one step adds nothing to gradients left from before: tests and benchmarks running "one batch"
+    found = fired(lint(ONE_STEP.replace("LOOP", loop).replace("END", end)), "missing-zero-grad")
+    assert len(found) == (0 if once else 1)
+
+
+@pytest.mark.rule("missing-zero-grad")
+def test_a_one_batch_loop_inside_an_epoch_loop_is_judged_by_the_epoch_loop(lint, fired):
+    code = """
+    def fit(model, optimizer, batch, epochs):
+        for epoch in range(epochs):
+            for x, y in [batch]:
+                loss = ((model(x) - y) ** 2).mean()
+                loss.backward()
+                optimizer.step()
+    """
+    [f] = fired(lint(code), "missing-zero-grad")
+    assert "loop at line 3" in f.message
+    cleared = code.replace(
+        "        for x, y in [batch]:", "        optimizer.zero_grad()\n        for x, y in [batch]:"
+    )
+    assert fired(lint(cleared), "missing-zero-grad") == []
+
+
+@pytest.mark.rule("missing-zero-grad")
+def test_a_helper_stepping_in_a_one_batch_loop_is_quiet(lint, fired):
+    code = """
+    def train_step(model, batch, optimizer):
+        loss = model(batch).sum()
+        loss.backward()
+        optimizer.step()
+
+    def smoke_test(model, optimizer, batch, loader):
+        for b in [batch]:
+            train_step(model, b, optimizer)
+        for b in loader:
+            train_step(model, b, optimizer)
+    """
+    [f] = fired(lint(code), "missing-zero-grad")
+    assert f.location.line == 11
+
+
+# opacus' module_modification_test `runOneBatch`: a loader the test built with one batch, cleared after the loop
+CLEARED_AFTER = """
+import torch
+
+def run_one_batch(model, optimizer, loader, criterion):
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+@pytest.mark.rule("missing-zero-grad")
+def test_a_clear_right_after_the_loop_makes_the_finding_information(lint, fired):
+    [f] = fired(lint(CLEARED_AFTER), "missing-zero-grad")
+    assert (
+        f.severity == Severity.INFO and "`optimizer.zero_grad()` (line 9) clears them only after the loop" in f.message
+    )
+    for other in (
+        CLEARED_AFTER.replace("    optimizer.zero_grad()", "    if verbose:\n        optimizer.zero_grad()"),
+        CLEARED_AFTER.replace("    optimizer.zero_grad()", "    other_optimizer.zero_grad()"),
+        CLEARED_AFTER.replace("    optimizer.zero_grad()", "    print('done')"),
+    ):
+        [f] = fired(lint(other), "missing-zero-grad")
+        assert f.severity == Severity.ERROR and "after the loop" not in f.message
