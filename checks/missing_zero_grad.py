@@ -447,8 +447,8 @@ def _steps_in_helpers(
             ):
                 continue
             caller = src.project.function(scope)
-            if own is None and caller is not None:
-                own = rebind(_clears(callee), caller, call, callee)
+            if own is None and caller is not None:  # (a library function not parsed: its kept CLEARS says it all)
+                own = rebind(_clears(callee), caller, call, callee) if not callee.pending else frozenset()
             mine = [c for c in own or () if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # the helper clears them itself (every step, or with its accumulation window)

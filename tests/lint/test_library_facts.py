@@ -110,3 +110,75 @@ def test_an_answer_that_met_a_recursive_call_is_not_kept(tmp_path, site):
     program.libraries.save()
     kept = json.loads((tmp_path / "kept" / "fakelib==1.0.json").read_text(encoding="utf-8"))["facts"]
     assert [key.split(":")[1] for key in kept] == [".ping"]
+
+
+@pytest.fixture
+def parsed(monkeypatch, site):
+    """The library files each lint run parses (read and `ast.parse`d to answer a question)."""
+    from torchdoctor.lint.program import Program
+
+    seen: list[str] = []
+    module = Program.module
+
+    def recording(self, path, data=None):
+        if path not in self._modules and path.startswith(str(site)):
+            seen.append(path[len(str(site)) + 1 :])
+        return module(self, path, data)
+
+    monkeypatch.setattr(Program, "module", recording)
+    return seen
+
+
+def test_a_library_warm_run_parses_no_library_file(tmp_path, site, parsed):
+    # the call lands in fakelib/__init__.py, which re-exports the class from fakelib/scaling.py
+    install(site, "1.0")
+    (site / "fakelib" / "scaling.py").write_text((site / "fakelib" / "__init__.py").read_text(), encoding="utf-8")
+    (site / "fakelib" / "__init__.py").write_text("from .scaling import NativeScaler\n", encoding="utf-8")
+    assert lint_project(tmp_path, "a") == [8]
+    assert sorted(parsed) == ["fakelib/__init__.py", "fakelib/scaling.py"]
+    kept = json.loads((tmp_path / "cache" / "lint" / "libraries" / "fakelib==1.0.json").read_text(encoding="utf-8"))
+    assert any(
+        json.loads(key.split(":", 1)[1])[:2] == ["fakelib/__init__.py", "instance-method"]
+        for key in kept["resolutions"]
+    )
+
+    parsed.clear()
+    assert lint_project(tmp_path, "b") == [8]  # the same finding, from what the first run kept
+    assert parsed == []
+
+
+def test_a_kept_resolution_is_used_until_the_version_changes(tmp_path, site, parsed):
+    install(site, "1.0")
+    assert lint_project(tmp_path, "a") == [8]
+    # edited in place, same version: the class is gone, but the kept resolution still names it
+    (site / "fakelib" / "__init__.py").write_text("class Other:\n    pass\n", encoding="utf-8")
+    assert lint_project(tmp_path, "b") == [8]
+    # another version: resolved again from its source (the call is now unknown: nothing is assumed)
+    install(site, "1.1")
+    (site / "fakelib" / "__init__.py").write_text("class Other:\n    pass\n", encoding="utf-8")
+    assert lint_project(tmp_path, "c") == []
+    assert "fakelib/__init__.py" in parsed
+
+
+def test_a_kept_function_whose_body_is_read_is_parsed_then(tmp_path, site):
+    # a stub answers from what was kept; any other question about it reads the real source
+    from torchdoctor.lint.libraries import LibraryFacts
+    from torchdoctor.lint.program import Program
+    from torchdoctor.lint.stubs import LibraryScope
+
+    install(site, "1.0")
+    (tmp_path / "proj").mkdir()
+    user = tmp_path / "proj" / "train.py"
+    user.write_text(textwrap.dedent(TRAIN), encoding="utf-8")
+    for run in range(2):
+        program = Program()
+        program.libraries = LibraryFacts(str(tmp_path / "kept"), lambda: "fp", [str(site)])
+        module = program.module(str(user))
+        scope = module.functions["train"]
+        call = next(c for c in scope.calls if c.attr == "loss_scaler")
+        found = program.resolve_call(module, scope, call)
+        assert found is not None and found[1].name == "__call__" and found[1].class_name == "NativeScaler"
+        assert isinstance(found[1], LibraryScope) == (run == 1)
+        program.libraries.save()
+    assert found[1].pending and [a.arg for a in found[1].node.args.args] == ["self", "loss", "optimizer"]
+    assert not found[1].pending and "backward" in found[1].call_attrs

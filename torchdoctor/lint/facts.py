@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Generic, Optional, TypeVar
 
 from torchdoctor.lint.index import CallSite, FunctionScope, ref
+from torchdoctor.lint.stubs import LibraryScope
 
 if TYPE_CHECKING:
     from torchdoctor.lint.program import Module, Program
@@ -116,12 +117,23 @@ class Function:
         fake = CallSite(ast.Call(func=func, args=[], keywords=[]), "", name, None, None, False, (0, 0))
         return self.resolve(fake)
 
+    @property
+    def pending(self) -> bool:
+        """An installed library's function known from a kept resolution, not parsed in this run (its facts are
+        kept too; reading its body parses it)."""
+        scope = self.scope
+        return isinstance(scope, LibraryScope) and scope.pending
+
     def parameters(self) -> list[str]:
         """Positional parameter names, without the `self`/`cls` of a method."""
-        node = self.scope.node
-        if isinstance(node, ast.Module):
-            return []
-        params = [a.arg for a in node.args.posonlyargs + node.args.args]
+        scope = self.scope
+        if isinstance(scope, LibraryScope) and scope.pending:
+            params = list(scope.params)
+        else:
+            node = scope.node
+            if isinstance(node, ast.Module):
+                return []
+            params = [a.arg for a in node.args.posonlyargs + node.args.args]
         if self.scope.class_name is not None and params[:1] in (["self"], ["cls"]):
             params = params[1:]
         return params
@@ -132,8 +144,12 @@ class Function:
         return self._arguments(call, self.parameters())
 
     def _arguments(self, call: CallSite, params: list[str]) -> dict[str, Optional[str]]:
-        node = self.scope.node
         passed: dict[str, Optional[str]] = {p: ref(a) for p, a in zip(params, call.node.args)}
+        scope = self.scope
+        if isinstance(scope, LibraryScope) and scope.pending:
+            passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg in scope.keywords})
+            return passed
+        node = scope.node
         if not isinstance(node, ast.Module):
             keywords = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
             passed.update({kw.arg: ref(kw.value) for kw in call.node.keywords if kw.arg in keywords})
@@ -148,7 +164,10 @@ class Function:
 
     def binds(self, name: str) -> bool:
         """The name is bound inside this body (a local of the function, not a parameter or free variable)."""
-        return any(not isinstance(b.node, ast.arg) for b in self.scope.bindings_of(name))
+        scope = self.scope
+        if isinstance(scope, LibraryScope) and scope.pending:
+            return name in scope.locals
+        return any(not isinstance(b.node, ast.arg) for b in scope.bindings_of(name))
 
 
 def rebind(

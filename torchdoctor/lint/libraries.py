@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence, cast
 
 from torchdoctor.lint.facts import Effect, Fact
 from torchdoctor.lint.index import FunctionScope
+from torchdoctor.lint.stubs import LibraryScope
 
-_FORMAT = 1
+_FORMAT = 2  # 2: resolutions kept too
+_SECTIONS = ("facts", "resolutions")
 MISSING = object()
 
 
@@ -29,17 +31,18 @@ class LibraryFacts:
     def __init__(self, directory: str, fingerprint: Callable[[], str], folders: list[str]) -> None:
         self.directory, self.folders = directory, folders
         self._fingerprint, self._print = fingerprint, ""  # worked out on first use: most runs ask no library
-        self._tables: dict[str, dict[str, Any]] = {}  # "name==version" -> entries
+        self._tables: dict[str, dict[str, dict[str, Any]]] = {}  # "name==version" -> section -> entries
         self._changed: set[str] = set()
         self._where: dict[str, Optional[tuple[str, str]]] = {}  # module path -> (distribution key, relative path)
         self._dists: dict[str, dict[str, str]] = {}  # library folder -> top-level name -> "name==version"
+        self._located: dict[str, object] = {}  # kept relative path -> file in this environment (or None)
 
     def get(self, path: str, scope: FunctionScope, fact: Fact, depth: int) -> object:
         """The kept value of `fact` for the function, or MISSING."""
         place = self._place(path)
         if place is None:
             return MISSING
-        found = self._table(place[0]).get(_entry(place[1], scope, fact, depth), MISSING)
+        found = self._table(place[0])["facts"].get(_entry(place[1], scope, fact, depth), MISSING)
         return MISSING if found is MISSING else _decode(found)
 
     def put(self, path: str, scope: FunctionScope, fact: Fact, depth: int, value: object) -> None:
@@ -47,8 +50,68 @@ class LibraryFacts:
         encoded = _encode(value) if place is not None else None
         if place is None or encoded is None:
             return
-        self._table(place[0])[_entry(place[1], scope, fact, depth)] = encoded
+        self._table(place[0])["facts"][_entry(place[1], scope, fact, depth)] = encoded
         self._changed.add(place[0])
+
+    def keeps(self, path: str) -> bool:
+        """Whether `path` is a module of an installed distribution (whose answers are kept)."""
+        return self._place(path) is not None
+
+    def resolution(self, path: str, kind: str, args: tuple) -> object:
+        """The kept answer of a resolution continuing in the library module at `path` ({"found", "read"}), or
+        MISSING."""
+        place = self._place(path)
+        if place is None:
+            return MISSING
+        return self._table(place[0])["resolutions"].get(_resolution_entry(place[1], kind, args), MISSING)
+
+    def keep_resolution(
+        self,
+        path: str,
+        kind: str,
+        args: tuple,
+        found: Optional[tuple[str, Optional[str], str, int, Sequence[str], Sequence[str], Sequence[str]]],
+        read: set[str],
+    ) -> None:
+        """Keep what a resolution found (module, class, name, line, positional parameters, every parameter, the
+        names the body binds) and the files it read; not when any of them lies outside the library folders."""
+        place = self._place(path)
+        files = [self.relative(f) for f in sorted(read)]
+        target = self.relative(found[0]) if found is not None else ""
+        if place is None or target is None or any(f is None for f in files):
+            return
+        value: dict[str, Any] = {"read": files, "found": None}
+        if found is not None:
+            _, cls, name, line, params, keywords, bound = found
+            value["found"] = {
+                "module": target,
+                "class": cls,
+                "name": name,
+                "line": line,
+                "params": list(params),
+                "keywords": list(keywords),
+                "bound": list(bound),
+            }
+        self._table(place[0])["resolutions"][_resolution_entry(place[1], kind, args)] = value
+        self._changed.add(place[0])
+
+    def relative(self, path: str) -> Optional[str]:
+        """`path` inside the library folder that holds it ('/'-separated), None outside them."""
+        for folder in self.folders:
+            prefix = os.path.join(folder, "")
+            if path.startswith(prefix):
+                return path[len(prefix) :].replace(os.sep, "/")
+        return None
+
+    def locate(self, rel: str) -> Optional[str]:
+        """The file a kept relative path names in this environment's library folders (None: not there)."""
+        found = self._located.get(rel, MISSING)
+        if found is MISSING:
+            found = next(
+                (p for p in (os.path.join(f, *rel.split("/")) for f in self.folders) if os.path.isfile(p)), None
+            )
+            self._located[rel] = found
+        return cast(Optional[str], found)
 
     def save(self) -> None:
         """Write the files that gained entries (merged with what another process wrote meanwhile)."""
@@ -56,8 +119,9 @@ class LibraryFacts:
 
         for key in sorted(self._changed):
             path = self._file(key)
-            entries = {**self._read(path), **self._tables[key]}
-            text = json.dumps({"format": _FORMAT, "fingerprint": self.fingerprint(), "facts": entries})
+            there, here = self._read(path), self._tables[key]
+            sections = {name: {**there[name], **here[name]} for name in _SECTIONS}
+            text = json.dumps({"format": _FORMAT, "fingerprint": self.fingerprint(), **sections})
             try:
                 os.makedirs(self.directory, exist_ok=True)
                 fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".lib-", suffix=".tmp")
@@ -77,7 +141,7 @@ class LibraryFacts:
             self._print = self._fingerprint()
         return self._print
 
-    def _table(self, key: str) -> dict[str, Any]:
+    def _table(self, key: str) -> dict[str, dict[str, Any]]:
         table = self._tables.get(key)
         if table is None:
             table = self._tables[key] = self._read(self._file(key))
@@ -87,16 +151,18 @@ class LibraryFacts:
         safe = "".join(c if c.isalnum() or c in "=.-_" else "_" for c in key)
         return os.path.join(self.directory, f"{safe}.json")
 
-    def _read(self, path: str) -> dict[str, Any]:
+    def _read(self, path: str) -> dict[str, dict[str, Any]]:
+        """The kept sections of a file ("facts", "resolutions"); empty ones when it is absent, unreadable, of
+        another format or of another version of lint's code."""
+        empty: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
         try:
             with open(path, encoding="utf-8") as fh:
                 data = json.load(fh)
         except (OSError, ValueError):
-            return {}
+            return empty
         if not isinstance(data, dict) or data.get("format") != _FORMAT or data.get("fingerprint") != self.fingerprint():
-            return {}
-        facts = data.get("facts")
-        return facts if isinstance(facts, dict) else {}
+            return empty
+        return {name: data[name] if isinstance(data.get(name), dict) else {} for name in _SECTIONS}
 
     def _place(self, path: str) -> Optional[tuple[str, str]]:
         """(distribution "name==version", path inside the library folder) of a library module; None for a file
@@ -143,8 +209,14 @@ class LibraryFacts:
 
 
 def _entry(rel: str, scope: FunctionScope, fact: Fact, depth: int) -> str:
-    line = getattr(scope.node, "lineno", 0)
+    line = scope.lineno if isinstance(scope, LibraryScope) else getattr(scope.node, "lineno", 0)
     return f"{rel}:{scope.class_name or ''}.{scope.name}:{line}:{fact.name}:{depth}"
+
+
+def _resolution_entry(rel: str, kind: str, args: tuple) -> str:
+    """A resolution's key: where it continues, what it looks for (`lookup`: a name; `instance-method`,
+    `base-method`: a class and a method), and its hop count where it has one."""
+    return "resolve:" + json.dumps([rel, kind, *args])
 
 
 def _encode(value: object) -> Any:

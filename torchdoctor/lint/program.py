@@ -14,12 +14,13 @@ import ast
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, TypeVar, cast
+from typing import Callable, Iterator, Optional, TypeVar, cast
 
 from torchdoctor.lint.facts import DEPTH, Fact, Function
 from torchdoctor.lint.files import SKIPPED_DIRS
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
 from torchdoctor.lint.libraries import MISSING, LibraryFacts
+from torchdoctor.lint.stubs import LibraryModule, LibraryScope, describe
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _GRAD_OFF = ("no_grad", "inference_mode")
@@ -131,6 +132,8 @@ class Program:
         self._libraries: dict[str, Optional[str]] = {}  # dotted module -> its source in site-packages
         self._library_paths: Optional[list[str]] = None
         self.libraries: Optional[LibraryFacts] = None  # installed libraries' facts kept per version (see libraries)
+        self._stubs: dict[tuple[str, Optional[str], str, int], LibraryScope] = {}  # kept resolutions' functions
+        self._stub_modules: dict[str, LibraryModule] = {}
 
     # ---- files and modules -------------------------------------------------------------------------------
     def root_of(self, path: str) -> str:
@@ -183,6 +186,15 @@ class Program:
             module = None
         self._modules[path] = module
         return module
+
+    def module_or_empty(self, path: str) -> Module:
+        """The module at `path`, or one with nothing in it when it cannot be parsed (a library file a kept
+        resolution named that changed in place since)."""
+        found = self.module(path)
+        if found is None:
+            tree = ast.Module(body=[], type_ignores=[])
+            found = _module(path, tree, build_index(tree), self)
+        return found
 
     def find_module(self, importer: str, dotted: str, level: int) -> Optional[str]:
         """The project file an import names: relative to the importer's package, else from the project root or
@@ -243,8 +255,10 @@ class Program:
         if target is None or target[0] is None or target[1] is None or hops > 3:
             return None
         self.touched.add(target[0])
-        other = self.module(target[0])
-        return self.lookup(other, target[1], hops + 1) if other is not None else None
+        attr = target[1]
+        return self._into_library(
+            "lookup", target[0], (attr, hops + 1), lambda other: self.lookup(other, attr, hops + 1)
+        )
 
     def resolve_call(
         self, module: Module, scope: FunctionScope, call: CallSite
@@ -276,8 +290,8 @@ class Program:
             target = module.imports(self).get(func.value.id)
             if target is not None and target[0] is not None and target[1] is None:  # a project module
                 self.touched.add(target[0])
-                other = self.module(target[0])
-                return self.lookup(other, func.attr) if other is not None else None
+                attr = func.attr
+                return self._into_library("lookup", target[0], (attr, 0), lambda other: self.lookup(other, attr))
             return self.instance_method(module, scope, func.value.id, func.attr)  # `meter = Meter(); meter.f()`
         return None
 
@@ -326,13 +340,24 @@ class Program:
         if target is None or target[0] is None or target[1] is None:
             return None
         self.touched.add(target[0])
-        other, cls = self.module(target[0]), target[1]
-        if other is not None and cls not in other.index.classes:  # re-exported: `from .cuda import NativeScaler`
+        imported = target[1]
+        return self._into_library(
+            "instance-method", target[0], (imported, name), lambda other: self._class_method(other, imported, name)
+        )
+
+    def _class_method(self, other: Module, cls: str, name: str) -> Optional[tuple[Module, FunctionScope]]:
+        """The method `name` of class `cls` that module `other` defines or re-exports."""
+        if cls not in other.index.classes:  # re-exported: `from .cuda import NativeScaler`
             again = other.imports(self).get(cls)
-            other = self.module(again[0]) if again is not None and again[0] is not None and again[1] else None
-            cls = again[1] if again is not None and again[1] else cls
-        if other is None or cls not in other.index.classes:
-            return None
+            if again is None or again[0] is None or not again[1]:
+                return None
+            defined = again[1]
+            return self._into_library(
+                "class-method",
+                again[0],
+                (defined, name),
+                lambda found: self.method(found, defined, name) if defined in found.index.classes else None,
+            )
         return self.method(other, cls, name)
 
     def _base_method(self, module: Module, base: str, name: str, hops: int) -> Optional[tuple[Module, FunctionScope]]:
@@ -350,21 +375,105 @@ class Program:
         if target is None or target[0] is None:
             return None
         self.touched.add(target[0])
-        other = self.module(target[0])
-        if other is None:
-            return None
         cls = rest if target[1] is None else target[1] if not rest else None
         if cls is None or "." in cls:
             return None
+        found = cls
+        return self._into_library(
+            "base-method",
+            target[0],
+            (found, name, hops),
+            lambda other: self._base_class_method(other, found, name, hops),
+        )
+
+    def _base_class_method(
+        self, other: Module, cls: str, name: str, hops: int
+    ) -> Optional[tuple[Module, FunctionScope]]:
+        """The method `name` of base class `cls`, defined or re-exported by module `other`, or of its bases."""
         if cls not in other.index.classes:  # re-exported: `from .trainer import Trainer` in a package
             again = other.imports(self).get(cls)
             if again is None or again[0] is None or again[1] is None or hops > 3:
                 return None
-            other = self.module(again[0])
-            cls = again[1]
-            if other is None:
-                return None
+            defined = again[1]
+            return self._into_library(
+                "base-class-method",
+                again[0],
+                (defined, name, hops),
+                lambda found: self.method(found, defined, name, hops + 1),
+            )
         return self.method(other, cls, name, hops + 1)
+
+    def _into_library(
+        self,
+        kind: str,
+        path: str,
+        args: tuple,
+        answer: Callable[[Module], Optional[tuple[Module, FunctionScope]]],
+    ) -> Optional[tuple[Module, FunctionScope]]:
+        """`answer(module at path)`: a resolution that continues in the module at `path`. When that is an installed
+        library's module not parsed in this run, the answer an earlier run kept for its distribution version is
+        used (the function it found, as a `LibraryScope`: nothing parsed); otherwise it is worked out and kept."""
+        libraries = self.libraries
+        if libraries is None or not libraries.keeps(path):  # a project module (or no cache): as it is
+            other = self.module(path)
+            return answer(other) if other is not None else None
+        kept = libraries.resolution(path, kind, args)
+        if kept is not MISSING:
+            found = self._kept_resolution(kept)
+            if found is not MISSING:
+                return cast(Optional[tuple[Module, FunctionScope]], found)
+        asker, self.touched = self.touched, set()
+        try:
+            other = self.module(path)
+            found = answer(other) if other is not None else None
+        finally:
+            read, self.touched = self.touched, asker
+            asker |= read
+        described = None
+        if found is not None:
+            scope = found[1]
+            if isinstance(scope, LibraryScope) and scope.pending:  # itself from a kept resolution: as kept
+                params, keywords, bound = scope.params, sorted(scope.keywords), sorted(scope.locals)
+                line = scope.lineno
+            else:
+                params, keywords, bound = describe(scope)
+                line = getattr(scope.node, "lineno", 0)
+            described = (found[0].path, scope.class_name, scope.name, line, params, keywords, bound)
+        libraries.keep_resolution(path, kind, args, described, read | {path})
+        return found
+
+    def _kept_resolution(self, kept: object) -> object:
+        """The function a kept resolution names (None: it found none); MISSING when a file it read is gone."""
+        libraries = self.libraries
+        assert libraries is not None and isinstance(kept, dict)
+        files = [libraries.locate(rel) for rel in kept["read"]]
+        if any(f is None for f in files):
+            return MISSING
+        self.touched.update(cast(list[str], files))  # what the answer read: a cached result depends on it all the same
+        found = kept["found"]
+        if found is None:
+            return None
+        path = libraries.locate(found["module"])
+        if path is None:
+            return MISSING
+        key = (path, found["class"], found["name"], found["line"])
+        stub = self._stubs.get(key)
+        if stub is None:
+            module = self._stub_modules.get(path)
+            if module is None:
+                module = self._stub_modules[path] = LibraryModule(path, self)
+            stub = self._stubs[key] = LibraryScope(
+                module,
+                found["class"],
+                found["name"],
+                found["line"],
+                tuple(found["params"]),
+                frozenset(found["keywords"]),
+                frozenset(found["bound"]),
+            )
+        if not stub.pending or path in self._modules:  # parsed in this run after all: the real function
+            return stub.real()
+        return stub.module, stub
 
     def _instance_call(self, module: Module, scope: FunctionScope, name: str) -> Optional[tuple[Module, FunctionScope]]:
         """`name(...)` where `name` is bound here to an instance of a class of this module: its `__call__`."""
@@ -395,6 +504,13 @@ class Program:
         run: its local predicate, joined (when the fact propagates) with the facts of the functions its calls
         resolve to, up to `DEPTH` calls deep from where it was first asked. A call that resolves to nothing is
         unknown and adds nothing; a recursive call sees `fact.empty`."""
+        libraries = self.libraries
+        if isinstance(scope, LibraryScope):  # known from a kept resolution: its kept fact, else parse it now
+            if scope.pending and libraries is not None:
+                kept = libraries.get(module.path, scope, fact, depth)
+                if kept is not MISSING:
+                    return cast(T, kept)
+            module, scope = scope.real()
         key = (module.path, id(scope.node), fact)
         cached = self._facts.get(key, _MISSING)
         if cached is not _MISSING:
@@ -404,7 +520,6 @@ class Program:
             if files:
                 self.touched |= files  # the answer read those modules: whoever asks depends on them too
             return cast(T, cached)
-        libraries = self.libraries
         if libraries is not None:
             kept = libraries.get(module.path, scope, fact, depth)
             if kept is not MISSING:
@@ -541,7 +656,7 @@ class Program:
         for s in module.index.scopes:
             for call in s.calls if name in s.call_attrs else ():
                 target = self.resolve_call(module, s, call) if call.attr == name else None
-                if target is not None:
+                if target is not None and not isinstance(target[1], LibraryScope):  # (a library's: never asked)
                     found.setdefault(id(target[1].node), []).append((module, s, call))
 
     def parsed(self, path: str) -> Optional[Module]:
