@@ -8,6 +8,12 @@ distribution, the function (class, name, line), the fact and the call depth it w
 from a deeper call is followed less far, so the same key always means the same answer). The file is discarded
 when lint's code changes (its fingerprint). Best effort: an unreadable or unwritable file only costs the work.
 Values that are not booleans or sets of strings / effects are not kept.
+
+Resolutions are kept too: which function a name looked up in a library module, or a method of a class it
+defines or re-exports, turns out to be (module, class, name, line, its parameters and the names its body binds),
+with the library files the answer read. A later run answers the same question from that without parsing
+anything (torchdoctor.lint.stubs), so a run whose project files changed but whose libraries did not parses no
+library file at all.
 """
 
 from __future__ import annotations
