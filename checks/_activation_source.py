@@ -45,7 +45,14 @@ def loss_calls(
     index = src.index
     built = _loss_built(index, classes) if any(c in src.text for c in classes) else frozenset()
     built_last = {target.rsplit(".", 1)[-1] for target in built}  # what `x.crit(...)` or `crit(...)` must end in
+    # A function none of whose calls ends in such a name (nor in a loss function's), none of whose callees is
+    # an expression (`nn.CrossEntropyLoss()(...)`: no name, ''), is skipped at once; a name bound to a loss that
+    # is also an import alias would hide under the alias's name: then no function is skipped.
+    wanted = losses | built_last | {""}
+    every = not built_last.isdisjoint(index.aliases)
     for scope in index.scopes:
+        if not every and wanted.isdisjoint(scope.call_attrs):
+            continue
         for call in scope.calls:
             func = call.node.func
             if call.attr not in losses and (
