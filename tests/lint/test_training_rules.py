@@ -548,3 +548,24 @@ def test_a_clear_right_after_the_loop_makes_the_finding_information(lint, fired)
     ):
         [f] = fired(lint(other), "missing-zero-grad")
         assert f.severity == Severity.ERROR and "after the loop" not in f.message
+
+
+@pytest.mark.rule("missing-zero-grad")
+def test_a_one_step_helper_called_in_a_loop_fires_at_the_caller(lint, fired):
+    # the helper's loop steps once per call (it returns): the steps repeat in the caller's loop, never cleared
+    code = """
+    def train_step(model, optimizer, loader):
+        for x, y in loader:
+            loss = model(x).sum()
+            loss.backward()
+            optimizer.step()
+            return loss
+
+    def fit(model, optimizer, loader, steps):
+        for i in range(steps):
+            train_step(model, optimizer, loader)
+    """
+    [f] = fired(lint(code), "missing-zero-grad")
+    assert f.location.line == 11 and "loop at line 10" in f.message
+    cleared = code.replace("            train_step(", "            optimizer.zero_grad()\n            train_step(")
+    assert fired(lint(cleared), "missing-zero-grad") == []
