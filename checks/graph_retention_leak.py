@@ -228,8 +228,9 @@ class GraphRetentionLeak(RuntimeCheck):
         self.reported = False
 
     def tracked(self, step: int) -> bool:
-        """Whether the forwards of `step` get a sentinel: every step's at first, then every `sample`-th."""
-        return step < self.span or step % self.sample == 0
+        """Whether the forwards of `step` get a sentinel: every step's at first, then every `sample`-th of
+        the steps the session observes."""
+        return step < self.span or step % self.sample == 0 and self.ctx.observes(step)
 
     def tracked_between(self, first: int, last: int) -> int:
         """How many steps from `first` to `last` (both included) are tracked."""

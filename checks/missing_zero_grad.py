@@ -274,7 +274,10 @@ class MissingZeroGrad(RuntimeCheck):
         self.ctx.hooks.add(param.register_hook(lambda grad, s=s: self._before_accumulate(s)))
 
     def _before_accumulate(self, s: _Sentinel) -> None:
-        """Runs inside backward, just before the gradient is added into ``param.grad``."""
+        """Runs inside backward, just before the gradient is added into ``param.grad`` (at the steps the session
+        observes: its step events judge those)."""
+        if not self.ctx.observing:
+            return
         s.backwards += 1
         param = s.param()
         if s.cleared or param is None:

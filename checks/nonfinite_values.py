@@ -69,12 +69,14 @@ NONFINITE_VALUES = Pitfall(
     ),
     details={
         "runtime": """
-            Before each optimizer step `watch` sums the gradient of the optimizer's smallest parameter (a bias
-            or normalisation weight) and synchronises once; every `every` steps it checks all gradients and
-            all parameters (one fused `torch._foreach_norm` per device and dtype). A NaN from the loss or the
-            forward reaches every gradient, so the one that every step reads shows it at its step; one born
-            in backward that misses it is found at the next full check, and the message says it may have
-            begun up to `every - 1` steps earlier (reading every gradient at every step would cost about 5%
+            Before each optimizer step it observes (every step of the first 32, then the periodic ones: every
+            `every` steps, every `10 * every` after step `100 * every`) `watch` sums the gradient of the
+            optimizer's smallest parameter (a bias or normalisation weight) and synchronises once; at the
+            periodic steps it checks all gradients and all parameters (one fused `torch._foreach_norm` per
+            device and dtype). A NaN from the loss or the forward reaches every gradient, so the one that each
+            observed step reads shows it at that step; one born in backward that misses it is found at the next
+            full check. When the steps before were not read, the message gives the last step whose gradients
+            were read finite: the NaN began after it (reading every gradient at every step would cost about 5%
             of a small MLP's step on a CPU). A non-finite norm is confirmed tensor by tensor, so a norm that
             merely overflows is not reported. On the first hit it reports the step and the parameters with
             non-finite gradients (all of them: the loss or the forward was already NaN), then hooks every submodule for
@@ -220,8 +222,8 @@ def _is_float(value: Any) -> bool:
 
 @NONFINITE_VALUES.runtime
 class NonfiniteValues(RuntimeCheck):
-    """Before each step, one sum over the smallest gradient (a NaN/Inf loss or forward reaches every
-    gradient); over all gradients and all parameters every `every` steps: reading every gradient each step
+    """Before each observed step, one sum over the smallest gradient (a NaN/Inf loss or forward reaches every
+    gradient); over all gradients and all parameters at the PERIODIC steps: reading every gradient each step
     would cost ~5% of a small MLP's step. On the CPU the sum is read at once; on a GPU its flag stays on the
     device and the flags of the steps in between are read together at the next full check, so a step
     without one never waits for the GPU.
@@ -240,9 +242,11 @@ class NonfiniteValues(RuntimeCheck):
         self.probe: Any = None
         self.input_checked = False
         self.pending: list[tuple[str, int, list[tuple[list[str], Any]]]] = []  # (optimizer, step, finite_flags)
-        self.zero_grads: dict[int, int] = {}  # per optimizer: zero_grad() calls since its last step
         self.scaled: dict[int, _ScalerSteps] = {}  # per watched optimizer (by id of the torch optimizer)
         self.probes: dict[int, weakref.ref] = {}  # per optimizer: the parameter whose gradient every step reads
+        self.read: dict[int, int] = {}  # per optimizer: the last step whose gradients it read (the probe at least)
+        self.read_all: dict[int, int] = {}  # ... and all of them
+        self.before: tuple[Optional[int], Optional[int]] = (None, None)  # those two before the current step
         self.weights_read: tuple[int, int] = (0, -1)  # (optimizer id, step) whose weights the full check found finite
         self.last_output: Optional[weakref.ref] = None  # the last watched forward's first tensor, weakly
         import torch
@@ -321,8 +325,7 @@ class NonfiniteValues(RuntimeCheck):
         )
 
     def on_zero_grad(self, event: ZeroGradEvent) -> Optional[Iterator[Finding]]:
-        key = id(event.optimizer)
-        self.zero_grads[key] = calls = self.zero_grads.get(key, 0) + 1
+        calls = event.optimizer.zero_grads  # since its last step, counted by the session at every call
         if calls - 1 != SKIPPED_STEPS or self.found:
             return None
         self.step = event.optimizer.steps
@@ -336,12 +339,15 @@ class NonfiniteValues(RuntimeCheck):
         )
 
     def on_step_pre(self, event: StepEvent) -> Optional[Iterator[Finding]]:
-        self.zero_grads[id(event.optimizer)] = 0
         if self.found:
             return None
-        probe = self.probes.get(id(event.optimizer))
+        key = id(event.optimizer)
+        probe = self.probes.get(key)
         param = probe() if probe is not None else None
-        if event.step % self.ctx.every == 0 or param is None:
+        self.before = (self.read.get(key), self.read_all.get(key))  # for the message: what was read when
+        self.read[key] = event.step
+        if self.ctx.periodic(event.step) or param is None:
+            self.read_all[key] = event.step
             return self._check_step(event, full=True)
         grad = param.grad  # the every-step path: one sum over the smallest gradient (a NaN loss reaches it)
         if grad is None or grad.is_sparse:
@@ -369,7 +375,7 @@ class NonfiniteValues(RuntimeCheck):
         floating = [p for p in params if p.grad is not None and not p.grad.is_sparse and p.grad.is_floating_point()]
         if floating:
             self.probes[id(event.optimizer)] = weakref.ref(min(floating, key=lambda p: p.numel()))
-        if full and event.step % self.ctx.every == 0:  # PERIODIC follows: read the weights in the same pass
+        if full and self.ctx.periodic(event.step):  # PERIODIC follows: read the weights in the same pass
             weights = [p for p in params if p.is_floating_point()]
             if _all_finite(grads + weights):
                 self.weights_read = (id(event.optimizer), event.step)
@@ -391,10 +397,12 @@ class NonfiniteValues(RuntimeCheck):
             f"(first `{bad[0][0]}`, last `{bad[-1][0]}`)"
         )
         when = f"at step {event.step}"
-        if not any(is_probe for _, is_probe in bad) and self.ctx.every > 1:
+        probed, all_read = self.before
+        last = probed if any(is_probe for _, is_probe in bad) else all_read
+        if last is not None and last < event.step - 1:  # steps in between were not read
             when += (
-                f" (most gradients are checked every {self.ctx.every} steps: it may have begun up to "
-                f"{self.ctx.every - 1} steps earlier)"
+                f" (watch last read {'this gradient' if last == probed else 'all gradients'} at step {last}, finite: "
+                "it began at one of the steps since)"
             )
         self.step = event.step
         yield from self._hit(
@@ -423,7 +431,7 @@ class NonfiniteValues(RuntimeCheck):
                 yield from self._hit(
                     f"NaN/Inf first appeared in the gradients at step {step}: {len(bad)} of {len(names)} small "
                     f"parameters (biases, norm weights) have non-finite gradients (first `{bad[0]}`, last "
-                    f"`{bad[-1]}`); on a GPU these flags are read every {self.ctx.every} steps, so "
+                    f"`{bad[-1]}`); on a GPU these flags are read at the periodic steps, so "
                     f"{label}.step() has already written them into the weights.",
                     bad[0],
                     step,

@@ -146,5 +146,5 @@ def test_a_nan_only_in_large_gradients_is_caught_at_the_next_full_check():
             model[0].weight.data.nan_to_num_(0.0)  # keeps the forward finite, so only that gradient is NaN
     first, where = s.findings  # the loop calls the layers: the model is seen through its last layer
     assert first.location.step == 5 and first.location.param == "0.weight"
-    assert "checked every 5 steps: it may have begun up to 4 steps earlier" in first.message
+    assert "watch last read all gradients at step 0, finite: it began at one of the steps since" in first.message
     assert where.message.startswith("NaN/Inf localisation")

@@ -64,9 +64,18 @@ class WatchedOptimizer:
         self.optimizer, self.wrappers = unwrap_optimizer(optimizer)
         self.label = label
         self.steps = 0
+        self.zero_grads = 0  # zero_grad() calls since its last step (counted at every call, observed or not)
 
     def params(self) -> list[torch.Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+
+# Every step of each optimizer's first DENSE_STEPS is observed in full; after that, the PERIODIC steps
+# (`WatchContext.observes`) plus whatever is new (`torchdoctor.watch.events`). PERIODIC comes every `every`
+# steps, and every 10 * `every` from step SPARSE_AFTER * `every` on (`WatchContext.periodic`): a long run's
+# repeated steps cost next to nothing, and what a loop does at every step is still seen within a few seconds.
+DENSE_STEPS = 32
+SPARSE_AFTER = 100
 
 
 @dataclass
@@ -98,6 +107,7 @@ class WatchContext:
     rank: int = 0
     world_size: int = 1
     clock: Optional["StepClock"] = None  # where each step's time goes, when a check asked for it (uses_clock)
+    observing: bool = True  # this step's per-step events reach the checks (`observes`; set by the event hub)
     _names: Optional[dict[int, str]] = None
     # while PERIODIC is dispatched: the id sets below, computed once for all its checks (None: not cached)
     _ids: Optional[dict[str, set[int]]] = None
@@ -112,6 +122,19 @@ class WatchContext:
     def step(self) -> int:
         """Completed steps of the first optimizer (0 without one): the step findings are located at."""
         return self.optimizers[0].steps if self.optimizers else 0
+
+    def periodic(self, step: int) -> bool:
+        """Whether PERIODIC comes at the step numbered `step` (completed steps before it): every `every`-th
+        step, and from step ``SPARSE_AFTER * every`` on every ``10 * every``-th. It depends on the step count
+        only, so it is the same on every rank."""
+        every = self.every
+        return step % (every if step < SPARSE_AFTER * every else 10 * every) == 0
+
+    def observes(self, step: int) -> bool:
+        """Whether the schedule observes the step numbered `step` in full: the first `DENSE_STEPS`, then the
+        PERIODIC ones. Unusual events (a forward of a new kind, a new loader pass) make the hub observe other
+        steps too (`torchdoctor.watch.events`)."""
+        return step < DENSE_STEPS or self.periodic(step)
 
     def param_name(self, param: torch.Tensor) -> Optional[str]:
         """The parameter's name in its model (prefixed with the model's label when several are watched)."""

@@ -24,9 +24,10 @@ Events, in the order of a training step (payload types below):
 ``FORWARD``      a watched model's (outermost wrapper's) forward returned. `ForwardEvent`
 ``ZERO_GRAD``    ``zero_grad()`` was called on a watched optimizer. `ZeroGradEvent`
 ``STEP_PRE``     a watched optimizer's ``step()`` is about to run (``GradScaler`` may skip it). `StepEvent`
-``PERIODIC``     right after ``STEP_PRE`` when that optimizer's completed-step count is a multiple of
-                 ``every`` (steps 0, every, 2*every, ...). The schedule depends only on the step count,
-                 so it is the same on every rank: a cross-rank check may call collectives here. `StepEvent`
+``PERIODIC``     right after ``STEP_PRE`` at the steps ``ctx.periodic(step)`` names (the optimizer's completed-step
+                 count a multiple of ``every``; from step ``100 * every`` on, of ``10 * every``). The schedule
+                 depends only on the step count, so it is the same on every rank: a cross-rank check may
+                 call collectives here. `StepEvent`
 ``STEP_POST``    a watched optimizer's ``step()`` returned. `StepEvent`
 ``LOADER_ITER``  any ``DataLoader`` started a pass (``iter(loader)``, i.e. usually a new epoch). `LoaderEvent`
 ``CRASH``        the watched code (the program, under ``torchdoctor run``) ended with this exception, just
@@ -37,6 +38,15 @@ Events, in the order of a training step (payload types below):
 ``TRANSFORMED_FORWARD`` comes instead of ``FORWARD`` inside a ``torch.func`` transform (vmap, grad): a watched
 model's call, or any module's outside the watched ones (an ensemble's base copy under ``functional_call``).
 `TransformedForwardEvent`
+
+Observed steps: FORWARD, ZERO_GRAD, STEP_PRE and STEP_POST are delivered for whole steps (from just after one
+``step()`` of an optimizer to the end of its next) at the steps the session observes: every step of each
+optimizer's first 32, then the PERIODIC ones; and besides, from the moment something new happens until the end of
+the next whole step: a forward of a kind not seen at an observed step (another model or submodule,
+``train()``/``eval()``, grad on/off: a validation pass), a new loader pass, a second ``zero_grad()`` with no step
+between. A loop's repeated work is seen at the PERIODIC steps, anything that changes at once; a check that needs
+every step sets ``every_step``. ``ctx.observing`` says whether the current step is observed, ``ctx.observes(step)``
+which steps the schedule observes. START, PERIODIC, LOADER_ITER, CRASH, TRANSFORMED_FORWARD and STOP always come.
 
 Rules for handlers:
 
@@ -197,6 +207,9 @@ class RuntimeCheck:
     # True: the session keeps a step clock (``ctx.clock``, `torchdoctor.watch.timing.StepClock`) that times
     # each step's data wait, forward, backward and optimizer; its breakdown goes into the report's facts
     uses_clock: ClassVar[bool] = False
+    #: True: FORWARD, ZERO_GRAD, STEP_PRE and STEP_POST reach the check at every step, not only at the steps the
+    #: session observes (see "Observed steps" in this module); its handlers of those events must then be cheap
+    every_step: ClassVar[bool] = False
 
     def __init__(self, ctx: "WatchContext") -> None:
         self.ctx = ctx

@@ -302,7 +302,7 @@ class RankExchange:
 
     def on_step_post(self, event: "StepEvent") -> None:
         """Arm the hooks when the next step of the first optimizer is due."""
-        if not self.closed and event.optimizer is self.ctx.optimizers[0] and (event.step + 1) % self.ctx.every == 0:
+        if not self.closed and event.optimizer is self.ctx.optimizers[0] and self.ctx.periodic(event.step + 1):
             self.arm()
 
     def names(self, what: str) -> tuple[list[str], list[torch.Tensor]]:
@@ -321,7 +321,7 @@ class RankExchange:
     # -- forward hooks (never raise into the user's forward) ----------------------------------------
 
     def _due(self, module: nn.Module) -> bool:
-        return module.training and torch.is_grad_enabled() and self.ctx.step % self.ctx.every == 0
+        return module.training and torch.is_grad_enabled() and self.ctx.periodic(self.ctx.step)
 
     def _inner_pre_forward(self, module: nn.Module, args: Any) -> None:
         """Buffers as the inner module starts: after DDP broadcast rank 0's, before BatchNorm updates them."""

@@ -76,14 +76,35 @@ class EventHub:
         self.under_functorch = 0  # forwards of watched models skipped inside torch.func transforms
         self.wanted: set[Event] = set()
         self._calls: Optional[CallPatch] = None  # the forward patch, once installed
+        # the subscribers of the per-step events that want them at unobserved steps too (`every_step`)
+        self.always: dict[Event, list[tuple[RuntimeCheck, Callable[..., Any]]]] = {e: [] for e in Event}
+        # (module id, training, grad enabled) of the forwards seen at observed steps: another kind is news
+        self._usual: set[tuple[int, bool, bool]] = set()
+        self._hold = 0  # step() calls to go on observing after something new, whatever the schedule says
+        self._subscribe(checks)
+
+    def _subscribe(self, checks: Iterable[RuntimeCheck]) -> None:
         for chk in checks:
             for event in type(chk).subscribed_events():
-                self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
+                sub = (chk, getattr(chk, f"on_{event.value}"))
+                self.subs[event].append(sub)
+                if type(chk).every_step:
+                    self.always[event].append(sub)
 
     def dispatch(self, event: Event, *payload: Any) -> None:
         """Call every subscriber; pass its findings to the sink; contain its faults."""
+        self._deliver(self.subs[event], event, payload)
+
+    def _per_step(self, event: Event, *payload: Any) -> None:
+        """A per-step event: to every subscriber at an observed step, else to the `every_step` ones."""
+        if self.ctx.observing:
+            self._deliver(self.subs[event], event, payload)
+        elif self.always[event]:
+            self._deliver(self.always[event], event, payload)
+
+    def _deliver(self, subs: list[tuple[RuntimeCheck, Callable[..., Any]]], event: Event, payload: tuple) -> None:
         self.seen[event] = self.seen.get(event, 0) + 1
-        for chk, handler in self.subs[event]:  # `disable` rebinds the lists: no copy per event
+        for chk, handler in subs:  # `disable` rebinds the lists: no copy per event
             try:
                 found = handler(*payload)
                 if found is None:
@@ -97,8 +118,27 @@ class EventHub:
                 self.sink(chk, finding)
 
     def disable(self, chk: RuntimeCheck) -> None:
-        for event, subs in self.subs.items():
-            self.subs[event] = [(c, h) for c, h in subs if c is not chk]
+        for table in (self.subs, self.always):
+            for event, subs in table.items():
+                table[event] = [(c, h) for c, h in subs if c is not chk]
+
+    def _news(self) -> None:
+        """Something new happened: observe the rest of this step and the next whole one of every optimizer."""
+        self.ctx.observing = True
+        self._hold = len(self.ctx.optimizers) + 1
+
+    def _schedule(self) -> None:
+        """After a step: whether the next one is observed (`WatchContext.observes` of each optimizer that has
+        stepped; a news hold first)."""
+        if self._hold:
+            self._hold -= 1
+            return
+        ctx = self.ctx
+        if len(ctx.optimizers) == 1:
+            ctx.observing = ctx.observes(ctx.optimizers[0].steps)
+            return
+        stepped = [wo.steps for wo in ctx.optimizers if wo.steps]
+        ctx.observing = not stepped or any(ctx.observes(n) for n in stepped)
 
     def install(self) -> list[tuple[str, BaseException, list[RuntimeCheck]]]:
         """Install the hooks behind every event that has at least one subscriber. A hook that fails only
@@ -114,7 +154,7 @@ class EventHub:
             except Exception as exc:  # the subscribers of these events go on without them; the rest is unaffected
                 failed.append((what, exc, list({id(c): c for e in events for c, _ in self.subs[e]}.values())))
                 for event in events:
-                    self.subs[event] = []
+                    self.subs[event] = self.always[event] = []
 
         if Event.FORWARD in wanted or self.ctx.clock is not None:
             # a patch of nn.Module._call_impl, not per-module hooks: nothing of ours lands in the user's modules,
@@ -158,9 +198,7 @@ class EventHub:
     def add_checks(self, checks: list[RuntimeCheck]) -> None:
         """Subscribe checks made while the session runs (the cross-rank ones, once torch.distributed is up),
         hook the step events they need that no check wanted so far, and run their START."""
-        for chk in checks:
-            for event in type(chk).subscribed_events():
-                self.subs[event].append((chk, getattr(chk, f"on_{event.value}")))
+        self._subscribe(checks)
         pre = {e for chk in checks for e in type(chk).subscribed_events()} & {Event.STEP_PRE, Event.PERIODIC}
         if pre - self.wanted:
             for wo in self.ctx.optimizers:
@@ -193,7 +231,13 @@ class EventHub:
 
     def _hook_zero_grad(self, wo: WatchedOptimizer) -> None:
         def after(*_: Any) -> None:
-            self.dispatch(Event.ZERO_GRAD, ZeroGradEvent(wo))
+            wo.zero_grads += 1
+            if not self.ctx.observing:
+                if wo.zero_grads == 1 and not self.always[Event.ZERO_GRAD]:
+                    return
+                if wo.zero_grads > 1:  # cleared again without a step: news
+                    self._news()
+            self._per_step(Event.ZERO_GRAD, ZeroGradEvent(wo))
 
         self.ctx.hooks.add(MethodPatch(wo.optimizer, "zero_grad", after=after))
 
@@ -248,11 +292,17 @@ class EventHub:
                 self._clock_failed(exc)
         training = module.training if not root else wm.inner.training
         grad_enabled = torch.is_grad_enabled()
-        inference = torch.is_inference_mode_enabled()
-        event = ForwardEvent(wm, output, training, grad_enabled, inference, args=args)
+        kind = (key, training, grad_enabled)
+        if self.ctx.observing:
+            self._usual.add(kind)
+        elif kind not in self._usual:  # a forward of a new kind (a validation pass, another model): news
+            self._news()
+        elif not self.always[Event.FORWARD]:
+            return
+        event = ForwardEvent(wm, output, training, grad_enabled, torch.is_inference_mode_enabled(), args=args)
         self.ctx.last_event = event  # read as `ctx.last_forward`
         try:
-            self.dispatch(Event.FORWARD, event)
+            self._per_step(Event.FORWARD, event)
         finally:
             event.output = event._args = None  # the session keeps no tensor of the user's
 
@@ -284,9 +334,12 @@ class EventHub:
                 self.ctx.clock.step_pre()
             except Exception as exc:
                 self._clock_failed(exc)
+        periodic = self.ctx.periodic(wo.steps)
+        if not (periodic or self.ctx.observing or self.always[Event.STEP_PRE]):
+            return
         event = StepEvent(wo, wo.steps)
-        self.dispatch(Event.STEP_PRE, event)
-        if wo.steps % self.ctx.every == 0:
+        self._per_step(Event.STEP_PRE, event)
+        if periodic:
             self.ctx.forget_names()
             self.ctx._ids = {}  # the checks of this event share the parameter id sets (nothing changes them meanwhile)
             try:
@@ -301,9 +354,12 @@ class EventHub:
             except Exception as exc:
                 self._clock_failed(exc)
         try:
-            self.dispatch(Event.STEP_POST, StepEvent(wo, wo.steps))
+            if self.ctx.observing or self.always[Event.STEP_POST]:
+                self._per_step(Event.STEP_POST, StepEvent(wo, wo.steps))
         finally:
             wo.steps += 1
+            wo.zero_grads = 0
+            self._schedule()
 
     def _clock_failed(self, exc: BaseException) -> None:
         """The step clock failed: it stops (the report goes without a breakdown); training goes on."""
@@ -313,6 +369,7 @@ class EventHub:
         logger.warning("torchdoctor: the step clock stopped: %s: %s", type(exc).__name__, exc)
 
     def _loader_iter(self, loader: Any, iterator: Any) -> None:
+        self._news()  # a new pass (an epoch, a validation loader): observe what follows
         self.dispatch(Event.LOADER_ITER, LoaderEvent(loader, iterator))
 
 

@@ -62,10 +62,10 @@ class _MethodWrapper:
 
         @functools.wraps(self.original)
         def patched(*args: Any, **kwargs: Any) -> Any:
-            for listener in list(wrapper.before):
+            for listener in wrapper.before:  # `MethodPatch` rebinds the lists: no copy per call
                 listener(obj, args, kwargs)
             result = wrapper.original(*args, **kwargs)
-            for listener in list(wrapper.after):
+            for listener in wrapper.after:
                 listener(obj, args, kwargs)
             return result
 
@@ -99,15 +99,15 @@ class MethodPatch:
             wrapper = _MethodWrapper(obj, attr)
             _wrappers[key] = wrapper
         self.obj, self.key, self.wrapper = obj, key, wrapper
-        self.listeners = [(wrapper.before, before), (wrapper.after, after)]
+        self.listeners = [("before", before), ("after", after)]
         for where, listener in self.listeners:
             if listener is not None:
-                where.append(listener)
+                setattr(wrapper, where, [*getattr(wrapper, where), listener])
 
     def remove(self) -> None:
         for where, listener in self.listeners:
-            if listener is not None and listener in where:
-                where.remove(listener)
+            if listener is not None:
+                setattr(self.wrapper, where, [x for x in getattr(self.wrapper, where) if x is not listener])
         if not self.wrapper.before and not self.wrapper.after:
             self.wrapper.restore(self.obj)
             if _wrappers.get(self.key) is self.wrapper:

@@ -181,18 +181,11 @@ class StepClock:
             return
         self.steps += 1
         if self.steps > WARMUP:
-            data, forward, backward, optimize, other = acc
-            total = data + forward + backward + optimize + other
+            total = sum(acc)
+            acc.append(total)
             row = (self.steps % WINDOW) * (len(PHASES) + 1)
-            window = self.window
-            window[row], window[row + 1], window[row + 2], window[row + 3], window[row + 4], window[row + 5] = (
-                data,
-                forward,
-                backward,
-                optimize,
-                other,
-                total,
-            )
+            self.window[row : row + len(PHASES) + 1] = array("d", acc)
+            data = acc[DATA]
             if data and self.last_loader is not None:
                 key = id(self.last_loader)
                 self.wait_by[key] = self.wait_by.get(key, 0.0) + data
@@ -335,26 +328,24 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         _depth[0] = 1
         start = time.perf_counter()
         for clock in _clocks:
-            _mark(clock, clock.backward_start, start)
+            if not clock.broken:
+                try:
+                    clock.backward_start(start)
+                except Exception:  # a failure stops that clock, never the user's backward
+                    clock.broken = True
         try:
             return original(*args, **kwargs)
         finally:
             _depth[0] = 0
             end = time.perf_counter()
             for clock in _clocks:
-                _mark(clock, clock.backward_end, end)
+                if not clock.broken:
+                    try:
+                        clock.backward_end(end)
+                    except Exception:
+                        clock.broken = True
 
     return backward
-
-
-def _mark(clock: StepClock, mark: Callable[[float], None], now: float) -> None:
-    """A clock's backward reading; a failure stops that clock, never the user's backward."""
-    if clock.broken:
-        return
-    try:
-        mark(now)
-    except Exception:
-        clock.broken = True
 
 
 class NextPatch:
