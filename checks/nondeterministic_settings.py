@@ -68,7 +68,8 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
             and are checked by `watch`.
         """,
         "runtime": """
-            `watch` reads the settings at the start of the session and every `every` steps. By default it only
+            `watch` reads the settings at the start of the session, at steps 0, `every`, ... below 32 and then every
+            `10 * every` steps. By default it only
             reports, as info, settings that actively hurt reproducibility: `cudnn.benchmark=True` (and that it
             overrides `cudnn.deterministic=True`). With `watch(..., deterministic=True)` every item becomes a
             warning and it also reports deterministic algorithms off, `CUBLAS_WORKSPACE_CONFIG` unset when CUDA is
@@ -155,7 +156,9 @@ _NO_BENCHMARK = Fix(
 
 @NONDETERMINISTIC_SETTINGS.runtime
 class NondeterministicSettings(RuntimeCheck):
-    """Reads cuDNN/determinism flags, the seed and the loaders at start and every `every` steps."""
+    """Reads cuDNN/determinism flags, the seed and the loaders at start and at the set-up steps (`ctx.setup_due`)."""
+
+    setup = True  # what it judges changes seldom
 
     def on_start(self) -> Iterator[Finding]:
         self.reported: set[str] = set()

@@ -71,11 +71,13 @@ NONFINITE_VALUES = Pitfall(
         "runtime": """
             Before each optimizer step it observes (every step of the first 32, then the periodic ones: every
             `every` steps, every `10 * every` after step `100 * every`) `watch` sums the gradient of the
-            optimizer's smallest parameter (a bias or normalisation weight) and synchronises once; at the
-            periodic steps it checks all gradients and all parameters (one fused `torch._foreach_norm` per
-            device and dtype). A NaN from the loss or the forward reaches every gradient, so the one that each
-            observed step reads shows it at that step; one born in backward that misses it is found at the next
-            full check. When the steps before were not read, the message gives the last step whose gradients
+            optimizer's smallest parameter (a bias or normalisation weight) and synchronises once; it checks
+            all gradients and all parameters (one fused `torch._foreach_norm` per
+            device and dtype) at the periodic steps of the first 32 and then every `10 * every` steps. A NaN
+            from the loss or the forward reaches every gradient, so the one that each observed step reads shows
+            it at that step; one born in backward that misses it is found at the next full check, or at the next
+            observed step once the update has carried it into the weights. When the steps before were not read, the
+            message gives the last step whose gradients
             were read finite: the NaN began after it (reading every gradient at every step would cost about 5%
             of a small MLP's step on a CPU). A non-finite norm is confirmed tensor by tensor, so a norm that
             merely overflows is not reported. On the first hit it reports the step and the parameters with
@@ -346,7 +348,7 @@ class NonfiniteValues(RuntimeCheck):
         param = probe() if probe is not None else None
         self.before = (self.read.get(key), self.read_all.get(key))  # for the message: what was read when
         self.read[key] = event.step
-        if self.ctx.periodic(event.step) or param is None:
+        if self.ctx.setup_due(event.step) or param is None:  # all of them: now and then (it reads every weight)
             self.read_all[key] = event.step
             return self._check_step(event, full=True)
         grad = param.grad  # the every-step path: one sum over the smallest gradient (a NaN loss reaches it)
@@ -375,7 +377,7 @@ class NonfiniteValues(RuntimeCheck):
         floating = [p for p in params if p.grad is not None and not p.grad.is_sparse and p.grad.is_floating_point()]
         if floating:
             self.probes[id(event.optimizer)] = weakref.ref(min(floating, key=lambda p: p.numel()))
-        if full and self.ctx.periodic(event.step):  # PERIODIC follows: read the weights in the same pass
+        if full and self.ctx.setup_due(event.step):  # PERIODIC follows: read the weights in the same pass
             weights = [p for p in params if p.is_floating_point()]
             if _all_finite(grads + weights):
                 self.weights_read = (id(event.optimizer), event.step)
@@ -485,7 +487,9 @@ class NonfiniteValues(RuntimeCheck):
             return
 
     def on_periodic(self, event: StepEvent) -> Iterator[Finding]:
-        if self.found or self.weights_read == (id(event.optimizer), event.step):  # read with the gradients
+        if self.found or not self.ctx.setup_due(event.step):
+            return
+        if self.weights_read == (id(event.optimizer), event.step):  # read with the gradients
             return
         params = [p for p in event.optimizer.params() if p.is_floating_point()]
         if not params or _all_finite(params):

@@ -52,7 +52,8 @@ PARAM_NOT_IN_OPTIMIZER = Pitfall(
     ),
     details={
         "runtime": """
-            Every `every` steps, just before a step, `watch` lists the parameters of each watched model that have
+            At steps 0, `every`, ... below 32 and then every `10 * every` steps, just before a step, `watch` lists
+            the parameters of each watched model that have
             `requires_grad=True` and a `.grad`, but are in none of the optimizers given to `watch()`. Frozen
             parameters are quiet. A model none of whose parameters is in a watched optimizer is skipped (for example
             the discriminator of a GAN when only the generator's optimizer is passed), because its optimizer may
@@ -91,7 +92,10 @@ def _fix(missing: list[str], names: list[str]) -> Fix:
 
 @PARAM_NOT_IN_OPTIMIZER.runtime
 class ParamNotInOptimizer(RuntimeCheck):
-    """Every `every` steps: parameters of a model some optimizer trains that have a .grad but no optimizer."""
+    """At the set-up steps (`ctx.setup_due`): parameters of a model some optimizer trains that have a .grad but no
+    optimizer."""
+
+    setup = True  # what it judges changes seldom
 
     def on_start(self) -> None:
         self.reported: set[str] = set()

@@ -73,7 +73,8 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
     ),
     details={
         "runtime": """
-            Every `every` steps, right before the step, `watch` compares the identities of the parameters in each
+            At steps 0, `every`, ... below 32 and then every `10 * every` steps, right before the step, `watch`
+            compares the identities of the parameters in each
             optimizer's `param_groups` with the parameters of the watched models. Parameters the optimizer updates
             that the model no longer has and that got no gradient are an error (tensors the model is called with
             through `torch.func.functional_call`, `torch.func.stack_module_state` ensembles under `vmap`, or
@@ -112,10 +113,13 @@ def _qualname(optimizer: object) -> str:
 
 @STALE_OPTIMIZER_PARAMS.runtime
 class StaleOptimizerParams(RuntimeCheck):
-    """Compare the optimizer's parameter identities with the model's every `every` steps, right before a step.
+    """Compare the optimizer's parameter identities with the model's at the set-up steps (`ctx.setup_due`), right
+    before a step.
     A tensor outside the model that got a gradient is in use (`torch.func.functional_call`,
     `stack_module_state` ensembles, parametrizations): only those without one are stale. A session that
     never steps is judged at its end from identities alone."""
+
+    setup = True  # what it judges changes seldom
 
     def on_start(self) -> None:
         self.reported: set[frozenset[int]] = set()

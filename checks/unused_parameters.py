@@ -75,7 +75,8 @@ UNUSED_PARAMETERS = Pitfall(
     ),
     details={
         "runtime": """
-            Every `every` steps, just before a step, `watch` looks at the optimizer's parameters that belong to a
+            At steps 0, `every`, ... below 32 and then every `10 * every` steps, just before a step, `watch` looks at
+            the optimizer's parameters that belong to a
             watched model and require grad. A parameter whose `.grad` is `None` at three checked steps in a row is
             reported once (info; a warning under DDP). Frozen parameters are quiet. With
             `zero_grad(set_to_none=False)` an unused parameter that once had a gradient keeps a zero one and is not
@@ -93,8 +94,9 @@ def _owner_expr(path: str, model: str = "model") -> str:
 
 @UNUSED_PARAMETERS.runtime
 class UnusedParameters(RuntimeCheck):
-    """Every `every` steps: optimizer parameters of the model whose .grad is None at step time."""
+    """At the set-up steps (`ctx.setup_due`): optimizer parameters of the model whose .grad is None at step time."""
 
+    setup = True  # what it judges changes seldom
     checks_needed = 3
 
     def on_start(self) -> None:

@@ -130,6 +130,11 @@ class WatchContext:
         every = self.every
         return step % (every if step < SPARSE_AFTER * every else 10 * every) == 0
 
+    def setup_due(self, step: int) -> bool:
+        """Whether the set-up checks (``RuntimeCheck.setup``) run at the step numbered `step`: the periodic
+        steps of the first `DENSE_STEPS`, then every ``10 * every``-th."""
+        return self.periodic(step) and (step < DENSE_STEPS or step % (10 * self.every) == 0)
+
     def observes(self, step: int) -> bool:
         """Whether the schedule observes the step numbered `step` in full: the first `DENSE_STEPS`, then the
         PERIODIC ones. Unusual events (a forward of a new kind, a new loader pass) make the hub observe other

@@ -210,6 +210,10 @@ class RuntimeCheck:
     #: True: FORWARD, ZERO_GRAD, STEP_PRE and STEP_POST reach the check at every step, not only at the steps the
     #: session observes (see "Observed steps" in this module); its handlers of those events must then be cheap
     every_step: ClassVar[bool] = False
+    #: True: a check of the loop's set-up (which parameters the optimizers hold, devices, flags), which changes
+    #: seldom: PERIODIC reaches it at the steps ``ctx.setup_due(step)`` names (the periodic steps of the first
+    #: 32, then every ``10 * every``-th), not at every periodic step
+    setup: ClassVar[bool] = False
 
     def __init__(self, ctx: "WatchContext") -> None:
         self.ctx = ctx

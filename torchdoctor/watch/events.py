@@ -81,6 +81,7 @@ class EventHub:
         # (module id, training, grad enabled) of the forwards seen at observed steps: another kind is news
         self._usual: set[tuple[int, bool, bool]] = set()
         self._hold = 0  # step() calls to go on observing after something new, whatever the schedule says
+        self.frequent: list[tuple[RuntimeCheck, Callable[..., Any]]] = []  # PERIODIC's, the set-up checks apart
         self._subscribe(checks)
 
     def _subscribe(self, checks: Iterable[RuntimeCheck]) -> None:
@@ -90,6 +91,8 @@ class EventHub:
                 self.subs[event].append(sub)
                 if type(chk).every_step:
                     self.always[event].append(sub)
+                if event is Event.PERIODIC and not type(chk).setup:
+                    self.frequent.append(sub)
 
     def dispatch(self, event: Event, *payload: Any) -> None:
         """Call every subscriber; pass its findings to the sink; contain its faults."""
@@ -121,6 +124,7 @@ class EventHub:
         for table in (self.subs, self.always):
             for event, subs in table.items():
                 table[event] = [(c, h) for c, h in subs if c is not chk]
+        self.frequent = [(c, h) for c, h in self.frequent if c is not chk]
 
     def _news(self) -> None:
         """Something new happened: observe the rest of this step and the next whole one of every optimizer."""
@@ -155,6 +159,8 @@ class EventHub:
                 failed.append((what, exc, list({id(c): c for e in events for c, _ in self.subs[e]}.values())))
                 for event in events:
                     self.subs[event] = self.always[event] = []
+                if Event.PERIODIC in events:
+                    self.frequent = []
 
         if Event.FORWARD in wanted or self.ctx.clock is not None:
             # a patch of nn.Module._call_impl, not per-module hooks: nothing of ours lands in the user's modules,
@@ -343,7 +349,8 @@ class EventHub:
             self.ctx.forget_names()
             self.ctx._ids = {}  # the checks of this event share the parameter id sets (nothing changes them meanwhile)
             try:
-                self.dispatch(Event.PERIODIC, event)
+                subs = self.subs[Event.PERIODIC] if self.ctx.setup_due(wo.steps) else self.frequent
+                self._deliver(subs, Event.PERIODIC, (event,))
             finally:
                 self.ctx._ids = None
 
