@@ -247,3 +247,34 @@ def test_input_bound_share_counts_paired_waits_and_leaves_validation_steps_out()
     assert phase_share(paired, DATA) > 0.8
     fed = fill([(0.0005, 0.002)] * 19 + [(0.0, 2.0)])  # the last step also validated: 2 s of forwards
     assert phase_share(fed, DATA) < 0.2
+
+
+def _drift_findings(cpu_per_step: list[float]) -> list:
+    """step-time-drift's verdict on a clock whose blocks of 16 steps took `cpu_per_step` milliseconds of the
+    training thread's CPU time per step (the wall time per step the same: no wait)."""
+    from torchdoctor.checks.step_time_drift import StepTimeDrift
+
+    from torchdoctor.watch.timing import StepClock
+
+    clock = StepClock(first_optimizer=None)
+    clock.blocks = clock.block_cpu = [1e-3 * v for v in cpu_per_step]
+    clock.steps = 1 + 16 * len(cpu_per_step)
+    return list(StepTimeDrift.judge(None, clock))  # judge reads only the clock
+
+
+def test_step_time_drift_tells_a_climb_from_a_level_shift():
+    """A correct 0.24 ms step under a neighbour that started sharing the core's caches midway (measured on this
+    project's VM: 0.242 -> 0.383 ms of CPU time per step, 1.6x) is one jump between two levels: quiet. The same
+    rise as a climb that starts at the first block, or only halfway through the run, is reported; so is a
+    climb with noise of a tenth between blocks. Deterministic numbers: no timing."""
+    wobble = [1.0, 1.04, 0.97, 1.02, 0.96, 1.03]  # +-4% between blocks
+    n = 36
+    shift = [(0.242 if i < n // 2 else 0.383) * wobble[i % 6] for i in range(n)]
+    assert _drift_findings(shift) == []
+    climb = [(0.242 + 0.3 * i / (n - 1)) * wobble[i % 6] for i in range(n)]
+    [finding] = _drift_findings(climb)
+    assert "0.293 ms of CPU time per step over steps 2-193 and 0.5 ms" in finding.message
+    late = [(0.242 + 0.3 * max(0, i - n // 2) / (n // 2 - 1)) * wobble[i % 6] for i in range(n)]
+    assert len(_drift_findings(late)) == 1
+    noisy = [v * (1.12 if i % 2 else 0.9) for i, v in enumerate(climb)]  # +-11% between blocks
+    assert len(_drift_findings(noisy)) == 1
