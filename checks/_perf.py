@@ -27,12 +27,36 @@ def phase_share(clock: "StepClock", phase: int) -> Optional[float]:
     outlier (a step that also ran a validation pass or saved a checkpoint). A sum, not a median of per-step
     shares, and outliers judged without `phase`: loader workers that cannot keep up make every few steps wait
     long and the others not at all (two workers started together deliver their batches in pairs)."""
-    rows = [r for r in clock.rows() if r[-1] > 0]
-    if not rows:
-        return None
-    typical = statistics.median(r[-1] - r[phase] for r in rows)
-    kept = [r for r in rows if r[-1] - r[phase] <= OUTLIER * typical] or rows
-    return sum(r[phase] for r in kept) / sum(r[-1] for r in kept)
+    kept = [row for row, _ in _kept(clock, phase)]
+    return sum(r[phase] for r in kept) / sum(r[-1] for r in kept) if kept else None
+
+
+def typical_share(clock: "StepClock", phase: int) -> Optional[float]:
+    """The median over the steps `phase_share` keeps of `phase`'s share of each step: a wait that comes with
+    every step (a sleep, I/O) moves it; the machine running something else for a few steps does not."""
+    kept = [row for row, _ in _kept(clock, phase)]
+    return statistics.median(r[phase] / r[-1] for r in kept) if kept else None
+
+
+def data_cpu_share(clock: "StepClock") -> Optional[float]:
+    """The share of the training thread's CPU time spent inside an in-process loader's ``__next__``, over the
+    steps `phase_share` keeps (None where the clock did not measure it): loading in the training process is
+    that thread's own work, which a busier machine does not add to, where it stretches the wall time of
+    whatever phase it interrupts."""
+    from torchdoctor.sdk.runtime import DATA
+
+    cpu = [c for _, c in _kept(clock, DATA) if c[1] > 0]
+    total = sum(step for _, step in cpu)
+    return sum(data for data, _ in cpu) / total if cpu and total > 0 else None
+
+
+def _kept(clock: "StepClock", phase: int) -> list[tuple[tuple[float, ...], tuple[float, float]]]:
+    """The timed steps (each its row and its CPU times), less those whose time outside `phase` is an outlier."""
+    steps = [(r, c) for r, c in zip(clock.rows(), clock.cpu_rows()) if r[-1] > 0]
+    if not steps:
+        return []
+    typical = statistics.median(r[-1] - r[phase] for r, _ in steps)
+    return [(r, c) for r, c in steps if r[-1] - r[phase] <= OUTLIER * typical] or steps
 
 
 def ms(seconds: float) -> str:

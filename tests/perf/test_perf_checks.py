@@ -278,3 +278,60 @@ def test_step_time_drift_tells_a_climb_from_a_level_shift():
     assert len(_drift_findings(late)) == 1
     noisy = [v * (1.12 if i % 2 else 0.9) for i, v in enumerate(climb)]  # +-11% between blocks
     assert len(_drift_findings(noisy)) == 1
+
+
+def _in_process_clock(steps):
+    """A step clock that timed `steps`, each (data wall, rest of the step's wall, data CPU, step CPU) seconds,
+    after a warm-up step."""
+    from torchdoctor.watch.timing import WINDOW, StepClock
+
+    clock = StepClock(first_optimizer=None)
+    for data, rest, data_cpu, step_cpu in [(0.0, 0.001, 0.0, 0.0)] + steps:
+        clock.acc[:] = [data, rest, 0.0, 0.0, 0.0]
+        clock.step_post(None)
+        clock.cpu_window[2 * (clock.steps % WINDOW)] = data_cpu
+        clock.cpu_window[2 * (clock.steps % WINDOW) + 1] = step_cpu
+    return clock
+
+
+def test_input_bound_in_process_wait_is_judged_on_the_threads_work_not_on_preempted_wall_time():
+    """A 0.35 ms step loading 0.1 ms of its time in process, three of 20 steps preempted for 3 ms inside
+    `__next__` (a busy machine): the summed wall share is over half, but neither the thread's CPU time nor the
+    median step says so: not input-bound. Loading that is most of the thread's CPU work, or a wait in every
+    step (reading a file, a sleep), is."""
+    from torchdoctor.checks._perf import phase_share
+    from torchdoctor.checks.input_bound import InputBound
+
+    from torchdoctor.watch.timing import DATA
+
+    judge = InputBound._loads_in_process
+    preempted = _in_process_clock([(0.003 if i % 7 == 3 else 1e-4, 2.5e-4, 1e-4, 3.5e-4) for i in range(20)])
+    assert phase_share(preempted, DATA) > 0.5
+    assert not judge(None, preempted)
+    cpu_bound = _in_process_clock([(3e-4, 1.5e-4, 2.9e-4, 4.5e-4)] * 20)
+    assert judge(None, cpu_bound)
+    reading = _in_process_clock([(0.003, 2.5e-4, 5e-5, 3e-4)] * 20)  # the data wait is off the CPU, every step
+    assert judge(None, reading)
+
+
+class Decoding(Dataset):
+    """Samples whose `__getitem__` is CPU work (standing for decoding an image): about 60 matrix products."""
+
+    def __len__(self) -> int:
+        return 8 * 24
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x = torch.full((48, 48), 1.0 / 48)
+        for _ in range(60):
+            x = x @ x
+        return x[0, :16], i % 4
+
+
+def test_input_bound_fires_on_in_process_loading_that_is_the_threads_work():
+    """num_workers=0 and a `__getitem__` that computes: most of the training thread's CPU time goes to loading,
+    so the verdict (the thread's CPU-time share, and the wall-time share) does not follow the machine's load."""
+    model, opt = _setup()
+    session = _train(model, opt, DataLoader(Decoding(), batch_size=8), ["input-bound"])
+    [finding] = session.findings
+    assert "num_workers=0" in finding.message
+    assert finding.fix.code.endswith("DataLoader(dataset, batch_size=8, num_workers=4, persistent_workers=True)")

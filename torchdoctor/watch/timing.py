@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import statistics
+import threading
 import time
 from array import array
 from typing import Any, Callable, Optional
@@ -114,12 +115,23 @@ class StepClock:
         self.loaders: dict[int, LoaderWait] = {}  # id(iterator) -> its pass (the last few)
         self.wait_by: dict[int, float] = {}  # id(LoaderWait) -> wait in timed steps
         self.last_loader: Optional[LoaderWait] = None
+        # the training thread's CPU time, per timed step: inside an in-process loader's __next__, and in all (only
+        # once such a loader fed it: that loading is the thread's own work, which a busier machine does not add to)
+        self.cpu_window = array("d", bytes(8 * WINDOW * 2))
+        self.data_cpu = 0.0
+        self.cpu_from = -1.0  # the thread's CPU time when the current step began (< 0: not measured)
+        self.cpu_thread = 0  # the thread that iterates the in-process loader
 
     # -- marks (called from the hooks; cheap) ------------------------------------------------------
 
-    def data(self, iterator: Any, start: float, end: float, starting: bool = False) -> None:
+    def data(self, iterator: Any, start: float, end: float, starting: bool = False, cpu: float = -1.0) -> None:
         """One ``__next__`` of a loader iterator (or, `starting`, the start of its workers) ran from `start` to
-        `end`."""
+        `end`, taking `cpu` seconds of the thread's CPU time (an in-process loader; else < 0)."""
+        if cpu >= 0.0:
+            thread = threading.get_ident()
+            if self.cpu_from < 0.0 or thread != self.cpu_thread:
+                self.cpu_thread, self.cpu_from, self.data_cpu = thread, time.thread_time() - cpu, 0.0
+            self.data_cpu += cpu
         acc = self.acc
         acc[BACKWARD if self.state == FORWARD_DONE else OTHER] += start - self.last
         acc[DATA] += end - start
@@ -180,6 +192,10 @@ class StepClock:
         if id(optimizer) != self.first_optimizer:
             return
         self.steps += 1
+        step_cpu = 0.0
+        if self.cpu_from >= 0.0 and threading.get_ident() == self.cpu_thread:
+            cpu = time.thread_time()
+            step_cpu, self.cpu_from = cpu - self.cpu_from, cpu
         if self.steps > WARMUP:
             data, forward, backward, optimize, other = acc
             total = data + forward + backward + optimize + other
@@ -193,6 +209,8 @@ class StepClock:
                 other,
                 total,
             )
+            self.cpu_window[2 * (self.steps % WINDOW)] = self.data_cpu
+            self.cpu_window[2 * (self.steps % WINDOW) + 1] = step_cpu
             if data and self.last_loader is not None:
                 key = id(self.last_loader)
                 self.wait_by[key] = self.wait_by.get(key, 0.0) + data
@@ -200,6 +218,7 @@ class StepClock:
             if len(self.block) >= self.block_size:
                 self._close_block()
         acc[:] = _ZEROS
+        self.data_cpu = 0.0
 
     def _close_block(self) -> None:
         cpu = time.thread_time()
@@ -227,6 +246,14 @@ class StepClock:
             row = ((self.steps - k) % WINDOW) * width
             rows.append(tuple(self.window[row : row + width]))
         return rows
+
+    def cpu_rows(self) -> list[tuple[float, float]]:
+        """For the steps of `rows()`, in its order: the training thread's CPU seconds inside an in-process
+        loader's ``__next__``, and in the whole step (0.0 where not measured)."""
+        return [
+            (self.cpu_window[2 * ((self.steps - k) % WINDOW)], self.cpu_window[2 * ((self.steps - k) % WINDOW) + 1])
+            for k in range(self.timed)
+        ]
 
     def shares(self) -> Optional[dict[str, float]]:
         """Each phase's share of the measured step time over the window (None before a timed step)."""
@@ -288,13 +315,16 @@ _originals: list[tuple[type, str, Callable[..., Any]]] = []
 def _timed_next(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def timed_next(self: Any) -> Any:
+        in_process = not getattr(self, "_num_workers", 0)  # loading is this thread's work: its CPU time too
+        cpu = time.thread_time() if in_process else 0.0
         start = time.perf_counter()
         try:
             return original(self)
         finally:
             end = time.perf_counter()
+            cpu = time.thread_time() - cpu if in_process else -1.0
             for clock in _clocks:
-                _read(clock, self, start, end, False)
+                _read(clock, self, start, end, False, cpu)
 
     return timed_next
 
@@ -313,12 +343,12 @@ def _timed_start(original: Callable[..., Any]) -> Callable[..., Any]:
     return timed_start
 
 
-def _read(clock: StepClock, iterator: Any, start: float, end: float, starting: bool) -> None:
+def _read(clock: StepClock, iterator: Any, start: float, end: float, starting: bool, cpu: float = -1.0) -> None:
     """A clock's reading of a loader call; a failure stops that clock, never the user's data loading."""
     if clock.broken:
         return
     try:
-        clock.data(iterator, start, end, starting)
+        clock.data(iterator, start, end, starting, cpu)
     except Exception:
         clock.broken = True
 
