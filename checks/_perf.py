@@ -22,41 +22,33 @@ MIN_STEPS = 8  # timed steps before a verdict
 OUTLIER = 5.0  # a step whose own work is this many times the median's also did something else (validation)
 
 
-def phase_share(clock: "StepClock", phase: int) -> Optional[float]:
+def phase_share(clock: "StepClock", phase: int, ready_time: bool = False) -> Optional[float]:
     """`phase`'s share of the time of the timed steps, leaving out the steps whose time outside `phase` is an
     outlier (a step that also ran a validation pass or saved a checkpoint). A sum, not a median of per-step
     shares, and outliers judged without `phase`: loader workers that cannot keep up make every few steps wait
-    long and the others not at all (two workers started together deliver their batches in pairs)."""
-    kept = [row for row, _ in _kept(clock, phase)]
-    return sum(r[phase] for r in kept) / sum(r[-1] for r in kept) if kept else None
+    long and the others not at all (two workers started together deliver their batches in pairs).
+    `ready_time`: the data phase and the steps less the time the training thread waited for a CPU, where the
+    clock measured it (an in-process loader): the time the loop would take on a machine of its own."""
+    rows = _ready_rows(clock) if ready_time else clock.rows()
+    rows = [r for r in rows if r[-1] > 0]
+    if not rows:
+        return None
+    typical = statistics.median(r[-1] - r[phase] for r in rows)
+    kept = [r for r in rows if r[-1] - r[phase] <= OUTLIER * typical] or rows
+    return sum(r[phase] for r in kept) / sum(r[-1] for r in kept)
 
 
-def typical_share(clock: "StepClock", phase: int) -> Optional[float]:
-    """The median over the steps `phase_share` keeps of `phase`'s share of each step: a wait that comes with
-    every step (a sleep, I/O) moves it; the machine running something else for a few steps does not."""
-    kept = [row for row, _ in _kept(clock, phase)]
-    return statistics.median(r[phase] / r[-1] for r in kept) if kept else None
-
-
-def data_cpu_share(clock: "StepClock") -> Optional[float]:
-    """The share of the training thread's CPU time spent inside an in-process loader's ``__next__``, over the
-    steps `phase_share` keeps (None where the clock did not measure it): loading in the training process is
-    that thread's own work, which a busier machine does not add to, where it stretches the wall time of
-    whatever phase it interrupts."""
+def _ready_rows(clock: "StepClock") -> list[tuple[float, ...]]:
+    """The timed steps (phase seconds..., total) with the run delay taken off the data phase and the total."""
     from torchdoctor.sdk.runtime import DATA
 
-    cpu = [c for _, c in _kept(clock, DATA) if c[1] > 0]
-    total = sum(step for _, step in cpu)
-    return sum(data for data, _ in cpu) / total if cpu and total > 0 else None
-
-
-def _kept(clock: "StepClock", phase: int) -> list[tuple[tuple[float, ...], tuple[float, float]]]:
-    """The timed steps (each its row and its CPU times), less those whose time outside `phase` is an outlier."""
-    steps = [(r, c) for r, c in zip(clock.rows(), clock.cpu_rows()) if r[-1] > 0]
-    if not steps:
-        return []
-    typical = statistics.median(r[-1] - r[phase] for r, _ in steps)
-    return [(r, c) for r, c in steps if r[-1] - r[phase] <= OUTLIER * typical] or steps
+    rows = []
+    for row, (data_delay, step_delay) in zip(clock.rows(), clock.delay_rows()):
+        if step_delay >= 0.0:
+            data = max(row[DATA] - data_delay, 0.0)
+            row = (*row[:DATA], data, *row[DATA + 1 : -1], max(row[-1] - step_delay, data))
+        rows.append(row)
+    return rows
 
 
 def ms(seconds: float) -> str:

@@ -36,6 +36,8 @@ import time
 from array import array
 from typing import Any, Callable, Optional
 
+from .run_delay import AVAILABLE, run_delay
+
 PHASES = ("data", "forward", "backward", "optimizer", "other")
 DATA, FORWARD, BACKWARD, OPTIMIZER, OTHER = range(5)
 WINDOW = 512  # steps kept for the breakdown
@@ -115,23 +117,30 @@ class StepClock:
         self.loaders: dict[int, LoaderWait] = {}  # id(iterator) -> its pass (the last few)
         self.wait_by: dict[int, float] = {}  # id(LoaderWait) -> wait in timed steps
         self.last_loader: Optional[LoaderWait] = None
-        # the training thread's CPU time, per timed step: inside an in-process loader's __next__, and in all (only
-        # once such a loader fed it: that loading is the thread's own work, which a busier machine does not add to)
-        self.cpu_window = array("d", bytes(8 * WINDOW * 2))
-        self.data_cpu = 0.0
-        self.cpu_from = -1.0  # the thread's CPU time when the current step began (< 0: not measured)
-        self.cpu_thread = 0  # the thread that iterates the in-process loader
+        # per timed step, the time the training thread waited for a CPU (`run_delay`): inside an in-process
+        # loader's __next__, and in the whole step (measured once such a loader feeds the loop)
+        self.delay_window = array("d", bytes(8 * WINDOW * 2))
+        self.data_delay = 0.0
+        self.delay_from = -1.0  # the thread's run delay when the current step began (< 0: not measured)
+        self.delay_thread = 0  # the thread that iterates the in-process loader
 
     # -- marks (called from the hooks; cheap) ------------------------------------------------------
 
-    def data(self, iterator: Any, start: float, end: float, starting: bool = False, cpu: float = -1.0) -> None:
+    def data(
+        self,
+        iterator: Any,
+        start: float,
+        end: float,
+        starting: bool = False,
+        delayed: Optional[tuple[float, float]] = None,
+    ) -> None:
         """One ``__next__`` of a loader iterator (or, `starting`, the start of its workers) ran from `start` to
-        `end`, taking `cpu` seconds of the thread's CPU time (an in-process loader; else < 0)."""
-        if cpu >= 0.0:
+        `end`; an in-process one gives `delayed`, the thread's run delay when it started and when it ended."""
+        if delayed is not None:
             thread = threading.get_ident()
-            if self.cpu_from < 0.0 or thread != self.cpu_thread:
-                self.cpu_thread, self.cpu_from, self.data_cpu = thread, time.thread_time() - cpu, 0.0
-            self.data_cpu += cpu
+            if self.delay_from < 0.0 or thread != self.delay_thread:  # the step began at this __next__
+                self.delay_thread, self.delay_from, self.data_delay = thread, delayed[0], 0.0
+            self.data_delay += delayed[1] - delayed[0]
         acc = self.acc
         acc[BACKWARD if self.state == FORWARD_DONE else OTHER] += start - self.last
         acc[DATA] += end - start
@@ -192,10 +201,10 @@ class StepClock:
         if id(optimizer) != self.first_optimizer:
             return
         self.steps += 1
-        step_cpu = 0.0
-        if self.cpu_from >= 0.0 and threading.get_ident() == self.cpu_thread:
-            cpu = time.thread_time()
-            step_cpu, self.cpu_from = cpu - self.cpu_from, cpu
+        step_delay = -1.0
+        if self.delay_from >= 0.0 and threading.get_ident() == self.delay_thread:
+            delay = run_delay()
+            step_delay, self.delay_from = (delay - self.delay_from, delay) if delay >= 0.0 else (-1.0, -1.0)
         if self.steps > WARMUP:
             data, forward, backward, optimize, other = acc
             total = data + forward + backward + optimize + other
@@ -209,8 +218,8 @@ class StepClock:
                 other,
                 total,
             )
-            self.cpu_window[2 * (self.steps % WINDOW)] = self.data_cpu
-            self.cpu_window[2 * (self.steps % WINDOW) + 1] = step_cpu
+            self.delay_window[2 * (self.steps % WINDOW)] = self.data_delay
+            self.delay_window[2 * (self.steps % WINDOW) + 1] = step_delay
             if data and self.last_loader is not None:
                 key = id(self.last_loader)
                 self.wait_by[key] = self.wait_by.get(key, 0.0) + data
@@ -218,7 +227,7 @@ class StepClock:
             if len(self.block) >= self.block_size:
                 self._close_block()
         acc[:] = _ZEROS
-        self.data_cpu = 0.0
+        self.data_delay = 0.0
 
     def _close_block(self) -> None:
         cpu = time.thread_time()
@@ -247,11 +256,12 @@ class StepClock:
             rows.append(tuple(self.window[row : row + width]))
         return rows
 
-    def cpu_rows(self) -> list[tuple[float, float]]:
-        """For the steps of `rows()`, in its order: the training thread's CPU seconds inside an in-process
-        loader's ``__next__``, and in the whole step (0.0 where not measured)."""
+    def delay_rows(self) -> list[tuple[float, float]]:
+        """For the steps of `rows()`, in its order: the seconds the training thread waited for a CPU inside an
+        in-process loader's ``__next__``, and in the whole step (the latter < 0 where not measured)."""
+        window = self.delay_window
         return [
-            (self.cpu_window[2 * ((self.steps - k) % WINDOW)], self.cpu_window[2 * ((self.steps - k) % WINDOW) + 1])
+            (window[2 * ((self.steps - k) % WINDOW)], window[2 * ((self.steps - k) % WINDOW) + 1])
             for k in range(self.timed)
         ]
 
@@ -315,16 +325,17 @@ _originals: list[tuple[type, str, Callable[..., Any]]] = []
 def _timed_next(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def timed_next(self: Any) -> Any:
-        in_process = not getattr(self, "_num_workers", 0)  # loading is this thread's work: its CPU time too
-        cpu = time.thread_time() if in_process else 0.0
+        in_process = AVAILABLE and not getattr(self, "_num_workers", 0)  # loading in this thread: its run delay
+        before = run_delay() if in_process else -1.0
         start = time.perf_counter()
         try:
             return original(self)
         finally:
             end = time.perf_counter()
-            cpu = time.thread_time() - cpu if in_process else -1.0
+            after = run_delay() if before >= 0.0 else -1.0
+            delayed = (before, after) if after >= 0.0 else None
             for clock in _clocks:
-                _read(clock, self, start, end, False, cpu)
+                _read(clock, self, start, end, False, delayed)
 
     return timed_next
 
@@ -343,12 +354,19 @@ def _timed_start(original: Callable[..., Any]) -> Callable[..., Any]:
     return timed_start
 
 
-def _read(clock: StepClock, iterator: Any, start: float, end: float, starting: bool, cpu: float = -1.0) -> None:
+def _read(
+    clock: StepClock,
+    iterator: Any,
+    start: float,
+    end: float,
+    starting: bool,
+    delayed: Optional[tuple[float, float]] = None,
+) -> None:
     """A clock's reading of a loader call; a failure stops that clock, never the user's data loading."""
     if clock.broken:
         return
     try:
-        clock.data(iterator, start, end, starting, cpu)
+        clock.data(iterator, start, end, starting, delayed)
     except Exception:
         clock.broken = True
 
