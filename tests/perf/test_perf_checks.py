@@ -283,7 +283,8 @@ def test_step_time_drift_tells_a_climb_from_a_level_shift():
     """A correct 0.24 ms step under a neighbour that started sharing the core's caches midway (measured on this
     project's VM: 0.242 -> 0.383 ms of CPU time per step, 1.6x) is one jump between two levels: quiet. The same
     rise as a climb that starts at the first block, or only halfway through the run, is reported; so is a
-    climb with noise of a tenth between blocks. Deterministic numbers: no timing."""
+    climb with noise of a tenth between blocks, not a shift with that noise, nor a neighbour's bursts of CPU
+    time in the last third. Deterministic numbers: no timing."""
     wobble = [1.0, 1.04, 0.97, 1.02, 0.96, 1.03]  # +-4% between blocks
     n = 36
     shift = [(0.242 if i < n // 2 else 0.383) * wobble[i % 6] for i in range(n)]
@@ -295,6 +296,15 @@ def test_step_time_drift_tells_a_climb_from_a_level_shift():
     assert len(_drift_findings(late)) == 1
     noisy = [v * (1.12 if i % 2 else 0.9) for i, v in enumerate(climb)]  # +-11% between blocks
     assert len(_drift_findings(noisy)) == 1
+    scattered = [1.0, 1.15, 0.9, 1.1, 0.88, 1.12]  # +-12% between blocks
+    noisy_shift = [(0.242 if i < n // 2 else 0.383) * scattered[i % 6] for i in range(n)]
+    assert _drift_findings(noisy_shift) == []
+    # a neighbour busier and busier, in bursts: the last third's median grows 2 times, its least disturbed blocks
+    # 1.3 times
+    bursts = [
+        0.3 * wobble[i % 6] if i < 12 else 0.33 * wobble[i % 6] if i < 24 else 0.9 if i % 2 else 0.38 for i in range(n)
+    ]
+    assert _drift_findings(bursts) == []
 
 
 def _in_process_clock(steps):
