@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torchdoctor.checks._user_names import LoaderCall
 
 import torchdoctor
 
@@ -369,3 +370,40 @@ def test_input_bound_fires_on_in_process_loading_that_is_the_threads_work():
     [finding] = session.findings
     assert "num_workers=0" in finding.message
     assert finding.fix.code.endswith("DataLoader(dataset, batch_size=8, num_workers=4, persistent_workers=True)")
+
+
+def _worker_verdict(ready: float, longest: float) -> list:
+    """input-bound's findings for a loop of 4 ms steps that waited 6 ms a step for 4 persistent workers, whose
+    batches took them `ready` seconds each on average (less their run delay), `longest` at most."""
+    from types import SimpleNamespace
+
+    from torchdoctor.checks._worker_time import PerBatch
+    from torchdoctor.checks.input_bound import InputBound
+
+    from torchdoctor.watch.timing import LoaderWait, StepClock
+
+    clock = StepClock(first_optimizer=None)
+    iterator = SimpleNamespace(_num_workers=4, _prefetch_factor=2, _persistent_workers=True, _dataset=Sleepy(8, 0))
+    clock.data(iterator, 0.0, 0.0)
+    for _ in range(21):
+        clock.acc[:] = [0.006, 0.004, 0.0, 0.0, 0.0]
+        clock.step_post(None)
+    check = InputBound.__new__(InputBound)
+    check.ctx = SimpleNamespace(models=[], clock=clock)
+    check.calls = {id(iterator): (LoaderCall(None), [1, 2, 3, 4])}
+    check.worker_times = SimpleNamespace(per_batch=lambda pids: PerBatch(4 * ready, 40, ready, longest))
+    assert isinstance(clock.data_loader(), LoaderWait) and clock.data_loader().workers == 4
+    return list(check.judge(clock))
+
+
+def test_input_bound_asks_the_workers_own_time_before_blaming_them():
+    """Workers whose batches take them 12 ms on a machine of their own (3 ms a step across 4) keep up with a
+    4 ms step; a loop that still waits 60% of its time waited for a machine busy with something else (measured:
+    the Good example's workers, 24 ms of sleep a batch, took 156 ms a batch under four busy loops): quiet.
+    Workers that need 40 ms (10 ms a step) cannot keep up; one batch of 120 ms outlasts the 8 batches queued
+    ahead of it (32 ms of steps): bursts."""
+    assert _worker_verdict(ready=0.012, longest=0.014) == []
+    [slow] = _worker_verdict(ready=0.040, longest=0.045)
+    assert "4 workers cannot keep up" in slow.message
+    [bursts] = _worker_verdict(ready=0.012, longest=0.120)
+    assert "deliver in bursts" in bursts.message and "prefetch_factor=" in bursts.fix.code

@@ -12,26 +12,26 @@ from __future__ import annotations
 import os
 import threading
 
-_files: dict[int, int] = {}  # thread ident -> the open schedstat of that thread
+_files: dict[int, int] = {}  # thread id (the kernel's: a forked child's differs) -> its open schedstat
 
 
-def _open() -> int:
-    return os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+def _open(tid: int) -> int:
+    return os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
 
 
 def run_delay() -> float:
     """Seconds the calling thread has waited on a run queue since it started (monotonic for one thread); -1.0
     when it cannot be read (a measurement never breaks the user's loop)."""
-    ident = threading.get_ident()
+    tid = threading.get_native_id()
     try:
-        fd = _files.get(ident)
+        fd = _files.get(tid)
         if fd is None:
-            fd = _files[ident] = _open()
+            fd = _files[tid] = _open(tid)
         try:
             return int(os.pread(fd, 64, 0).split()[1]) * 1e-9
-        except ProcessLookupError:  # the thread that opened it is gone and its ident was reused by this one
+        except ProcessLookupError:  # the thread that opened it is gone and its id was reused by this one
             os.close(fd)
-            fd = _files[ident] = _open()
+            fd = _files[tid] = _open(tid)
             return int(os.pread(fd, 64, 0).split()[1]) * 1e-9
     except Exception:
         return -1.0
