@@ -52,7 +52,7 @@ STEP_TIME_DRIFT = Pitfall(
     bad=Example(
         """
         losses = []
-        for step in range(600):
+        for step in range(1000):
             x, y = batches[step % 4]
             optimizer.zero_grad()
             loss = criterion(model(x), y)
@@ -66,7 +66,7 @@ STEP_TIME_DRIFT = Pitfall(
     good=Example(
         """
         losses = []
-        for step in range(600):
+        for step in range(1000):
             x, y = batches[step % 4]
             optimizer.zero_grad()
             loss = criterion(model(x), y)
