@@ -22,17 +22,33 @@ MIN_STEPS = 8  # timed steps before a verdict
 OUTLIER = 5.0  # a step whose own work is this many times the median's also did something else (validation)
 
 
-def phase_share(clock: "StepClock", phase: int) -> Optional[float]:
+def phase_share(clock: "StepClock", phase: int, ready_time: bool = False) -> Optional[float]:
     """`phase`'s share of the time of the timed steps, leaving out the steps whose time outside `phase` is an
     outlier (a step that also ran a validation pass or saved a checkpoint). A sum, not a median of per-step
     shares, and outliers judged without `phase`: loader workers that cannot keep up make every few steps wait
-    long and the others not at all (two workers started together deliver their batches in pairs)."""
-    rows = [r for r in clock.rows() if r[-1] > 0]
+    long and the others not at all (two workers started together deliver their batches in pairs).
+    `ready_time`: the data phase and the steps less the time the training thread waited for a CPU, where the
+    clock measured it (an in-process loader): the time the loop would take on a machine of its own."""
+    rows = _ready_rows(clock) if ready_time else clock.rows()
+    rows = [r for r in rows if r[-1] > 0]
     if not rows:
         return None
     typical = statistics.median(r[-1] - r[phase] for r in rows)
     kept = [r for r in rows if r[-1] - r[phase] <= OUTLIER * typical] or rows
     return sum(r[phase] for r in kept) / sum(r[-1] for r in kept)
+
+
+def _ready_rows(clock: "StepClock") -> list[tuple[float, ...]]:
+    """The timed steps (phase seconds..., total) with the run delay taken off the data phase and the total."""
+    from torchdoctor.sdk.runtime import DATA
+
+    rows = []
+    for row, (data_delay, step_delay) in zip(clock.rows(), clock.delay_rows()):
+        if step_delay >= 0.0:
+            data = max(row[DATA] - data_delay, 0.0)
+            row = (*row[:DATA], data, *row[DATA + 1 : -1], max(row[-1] - step_delay, data))
+        rows.append(row)
+    return rows
 
 
 def ms(seconds: float) -> str:

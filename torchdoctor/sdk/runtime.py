@@ -65,6 +65,7 @@ _LAZY = {
     "OTHER": "torchdoctor.watch.timing",
     "LoaderWait": "torchdoctor.watch.timing",
     "StepClock": "torchdoctor.watch.timing",
+    "run_delay": "torchdoctor.watch.run_delay",
 }
 # Modules offered whole: `evidence` for crash checks (failing frames, placement, memory held)
 _MODULES = {"evidence": "torchdoctor.watch.evidence"}

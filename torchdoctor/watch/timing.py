@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import functools
 import statistics
+import threading
 import time
 from array import array
 from typing import Any, Callable, Optional
+
+from .run_delay import AVAILABLE, run_delay
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
 DATA, FORWARD, BACKWARD, OPTIMIZER, OTHER = range(5)
@@ -114,12 +117,30 @@ class StepClock:
         self.loaders: dict[int, LoaderWait] = {}  # id(iterator) -> its pass (the last few)
         self.wait_by: dict[int, float] = {}  # id(LoaderWait) -> wait in timed steps
         self.last_loader: Optional[LoaderWait] = None
+        # per timed step, the time the training thread waited for a CPU (`run_delay`): inside an in-process
+        # loader's __next__, and in the whole step (measured once such a loader feeds the loop)
+        self.delay_window = array("d", bytes(8 * WINDOW * 2))
+        self.data_delay = 0.0
+        self.delay_from = -1.0  # the thread's run delay when the current step began (< 0: not measured)
+        self.delay_thread = 0  # the thread that iterates the in-process loader
 
     # -- marks (called from the hooks; cheap) ------------------------------------------------------
 
-    def data(self, iterator: Any, start: float, end: float, starting: bool = False) -> None:
+    def data(
+        self,
+        iterator: Any,
+        start: float,
+        end: float,
+        starting: bool = False,
+        delayed: Optional[tuple[float, float]] = None,
+    ) -> None:
         """One ``__next__`` of a loader iterator (or, `starting`, the start of its workers) ran from `start` to
-        `end`."""
+        `end`; an in-process one gives `delayed`, the thread's run delay when it started and when it ended."""
+        if delayed is not None:
+            thread = threading.get_ident()
+            if self.delay_from < 0.0 or thread != self.delay_thread:  # the step began at this __next__
+                self.delay_thread, self.delay_from, self.data_delay = thread, delayed[0], 0.0
+            self.data_delay += delayed[1] - delayed[0]
         acc = self.acc
         acc[BACKWARD if self.state == FORWARD_DONE else OTHER] += start - self.last
         acc[DATA] += end - start
@@ -180,12 +201,18 @@ class StepClock:
         if id(optimizer) != self.first_optimizer:
             return
         self.steps += 1
+        step_delay = -1.0
+        if self.delay_from >= 0.0 and threading.get_ident() == self.delay_thread:
+            delay = run_delay()
+            step_delay, self.delay_from = (delay - self.delay_from, delay) if delay >= 0.0 else (-1.0, -1.0)
         if self.steps > WARMUP:
             total = sum(acc)
             acc.append(total)
             row = (self.steps % WINDOW) * (len(PHASES) + 1)
             self.window[row : row + len(PHASES) + 1] = array("d", acc)
             data = acc[DATA]
+            self.delay_window[2 * (self.steps % WINDOW)] = self.data_delay
+            self.delay_window[2 * (self.steps % WINDOW) + 1] = step_delay
             if data and self.last_loader is not None:
                 key = id(self.last_loader)
                 self.wait_by[key] = self.wait_by.get(key, 0.0) + data
@@ -193,6 +220,7 @@ class StepClock:
             if len(self.block) >= self.block_size:
                 self._close_block()
         acc[:] = _ZEROS
+        self.data_delay = 0.0
 
     def _close_block(self) -> None:
         cpu = time.thread_time()
@@ -220,6 +248,15 @@ class StepClock:
             row = ((self.steps - k) % WINDOW) * width
             rows.append(tuple(self.window[row : row + width]))
         return rows
+
+    def delay_rows(self) -> list[tuple[float, float]]:
+        """For the steps of `rows()`, in its order: the seconds the training thread waited for a CPU inside an
+        in-process loader's ``__next__``, and in the whole step (the latter < 0 where not measured)."""
+        window = self.delay_window
+        return [
+            (window[2 * ((self.steps - k) % WINDOW)], window[2 * ((self.steps - k) % WINDOW) + 1])
+            for k in range(self.timed)
+        ]
 
     def shares(self) -> Optional[dict[str, float]]:
         """Each phase's share of the measured step time over the window (None before a timed step)."""
@@ -281,13 +318,17 @@ _originals: list[tuple[type, str, Callable[..., Any]]] = []
 def _timed_next(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def timed_next(self: Any) -> Any:
+        in_process = AVAILABLE and not getattr(self, "_num_workers", 0)  # loading in this thread: its run delay
+        before = run_delay() if in_process else -1.0
         start = time.perf_counter()
         try:
             return original(self)
         finally:
             end = time.perf_counter()
+            after = run_delay() if before >= 0.0 else -1.0
+            delayed = (before, after) if after >= 0.0 else None
             for clock in _clocks:
-                _read(clock, self, start, end, False)
+                _read(clock, self, start, end, False, delayed)
 
     return timed_next
 
@@ -306,12 +347,19 @@ def _timed_start(original: Callable[..., Any]) -> Callable[..., Any]:
     return timed_start
 
 
-def _read(clock: StepClock, iterator: Any, start: float, end: float, starting: bool) -> None:
+def _read(
+    clock: StepClock,
+    iterator: Any,
+    start: float,
+    end: float,
+    starting: bool,
+    delayed: Optional[tuple[float, float]] = None,
+) -> None:
     """A clock's reading of a loader call; a failure stops that clock, never the user's data loading."""
     if clock.broken:
         return
     try:
-        clock.data(iterator, start, end, starting)
+        clock.data(iterator, start, end, starting, delayed)
     except Exception:
         clock.broken = True
 
