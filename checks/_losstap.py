@@ -1,9 +1,9 @@
 """Listening to loss calls (torch has no loss hooks), shared by the loss pitfalls.
 
 `tap_losses` patches the named functions of ``torch.nn.functional`` with `MethodPatch` (the loss modules,
-``nn.CrossEntropyLoss`` and friends, call those same functions), so a check hears every `every`-th call of
-each: the call's tensors are handed to the check's listener for the duration of the call only. A listener
-must keep nothing of them but numbers. Nothing runs while dynamo traces or inside a torch.func transform.
+``nn.CrossEntropyLoss`` and friends, call those same functions) at the steps the session observes, so a check
+hears every `every`-th call of each made there: the call's tensors are handed to the check's listener for the
+duration of the call only. A listener must keep nothing of them but numbers. Nothing runs while dynamo traces or inside a torch.func transform.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ _PASS_THROUGH = (
 
 def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) -> None:
     """Call `listener` on every ``ctx.every``-th call of each ``torch.nn.functional.<name>`` (the first one
-    included) while the check's session runs; a listener that raises is reported once and goes quiet."""
+    included) made at the steps the check's session observes (the patch is off at the others); a listener that
+    raises is reported once and goes quiet."""
     import torch.nn.functional as F
 
     skip = _not_now_probe()
@@ -68,7 +69,11 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
 
     for name in names:
         if callable(getattr(F, name, None)):  # a partial, not a closure: one Python call less per loss call
-            check.ctx.hooks.add(MethodPatch(F, name, before=functools.partial(before, name)))
+            check.ctx.hooks.add_observed(functools.partial(_patch, F, name, functools.partial(before, name)))
+
+
+def _patch(module: Any, name: str, before: Callable[..., None]) -> MethodPatch:
+    return MethodPatch(module, name, before=before)
 
 
 def _not_now_probe() -> Callable[[], bool]:

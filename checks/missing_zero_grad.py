@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -271,7 +272,13 @@ class MissingZeroGrad(RuntimeCheck):
         )
         s = _Sentinel(param)
         self.sentinels[id(event.optimizer)] = s
-        self.ctx.hooks.add(param.register_hook(lambda grad, s=s: self._before_accumulate(s)))
+        self.ctx.hooks.add_observed(functools.partial(self._hook, s))
+
+    def _hook(self, s: _Sentinel) -> Any:
+        """The sentinel's gradient hook (installed at the steps the session observes, whose step events judge
+        it), or None once the parameter is gone."""
+        param = s.param()
+        return None if param is None else param.register_hook(lambda grad: self._before_accumulate(s))
 
     def _before_accumulate(self, s: _Sentinel) -> None:
         """Runs inside backward, just before the gradient is added into ``param.grad`` (at the steps the session

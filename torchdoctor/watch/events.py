@@ -128,8 +128,18 @@ class EventHub:
 
     def _news(self) -> None:
         """Something new happened: observe the rest of this step and the next whole one of every optimizer."""
-        self.ctx.observing = True
+        self._observe(True)
         self._hold = len(self.ctx.optimizers) + 1
+
+    def _observe(self, on: bool) -> None:
+        """Observe the steps from now on, or not; the checks' instrumentation for observed steps follows."""
+        if on is self.ctx.observing:
+            return
+        self.ctx.observing = on
+        for exc in self.ctx.hooks.observe(on):  # never into the user's step: that instrumentation is lost
+            logger.warning(
+                "torchdoctor: a check's instrumentation could not be %s: %s", "resumed" if on else "paused", exc
+            )
 
     def _schedule(self) -> None:
         """After a step: whether the next one is observed (`WatchContext.observes` of each optimizer that has
@@ -139,10 +149,10 @@ class EventHub:
             return
         ctx = self.ctx
         if len(ctx.optimizers) == 1:
-            ctx.observing = ctx.observes(ctx.optimizers[0].steps)
+            self._observe(ctx.observes(ctx.optimizers[0].steps))
             return
         stepped = [wo.steps for wo in ctx.optimizers if wo.steps]
-        ctx.observing = not stepped or any(ctx.observes(n) for n in stepped)
+        self._observe(not stepped or any(ctx.observes(n) for n in stepped))
 
     def install(self) -> list[tuple[str, BaseException, list[RuntimeCheck]]]:
         """Install the hooks behind every event that has at least one subscriber. A hook that fails only

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 
 class HookSet:
@@ -12,21 +12,43 @@ class HookSet:
 
     def __init__(self) -> None:
         self._handles: list[Any] = []
+        self._observed: list["WhileObserving"] = []
 
     def add(self, handle: Any) -> Any:
         """Keep `handle` (anything with ``.remove()``) to remove it when the session ends."""
         self._handles.append(handle)
         return handle
 
+    def add_observed(self, install: Callable[[], Any]) -> "WhileObserving":
+        """Instrumentation that matters only at the steps the session observes: `install()` makes the handle
+        now and whenever observing resumes, and it is removed whenever observing pauses (`observe`), so the
+        steps in between pay nothing for it."""
+        handle = WhileObserving(install)
+        self._observed.append(handle)
+        return self.add(handle)
+
+    def observe(self, on: bool) -> list[BaseException]:
+        """Resume (`on`) or pause the `add_observed` instrumentation; returns the errors instead of raising."""
+        errors: list[BaseException] = []
+        for handle in self._observed:
+            try:
+                handle.resume() if on else handle.pause()
+            except Exception as exc:
+                errors.append(exc)
+        return errors
+
     def remove(self, handle: Any) -> None:
         """Remove one handle now."""
         if handle in self._handles:
             self._handles.remove(handle)
+        if handle in self._observed:
+            self._observed.remove(handle)
         handle.remove()
 
     def remove_all(self) -> list[BaseException]:
         """Remove everything, newest first; returns the errors instead of raising them."""
         errors: list[BaseException] = []
+        self._observed = []
         while self._handles:
             try:
                 self._handles.pop().remove()
@@ -40,6 +62,26 @@ class HookSet:
 
     def __len__(self) -> int:
         return len(self._handles)
+
+
+class WhileObserving:
+    """A handle made by `install` while the session observes steps, and removed while it does not."""
+
+    def __init__(self, install: Callable[[], Any]) -> None:
+        self.install = install
+        self.handle: Any = install()
+
+    def pause(self) -> None:
+        if self.handle is not None:
+            handle, self.handle = self.handle, None
+            handle.remove()
+
+    def resume(self) -> None:
+        if self.handle is None:
+            self.handle = self.install()
+
+    def remove(self) -> None:
+        self.pause()
 
 
 class Restore:
