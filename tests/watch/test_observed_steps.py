@@ -105,3 +105,18 @@ def test_clearing_again_without_a_step_is_news():
                 opt.step()
     assert set(names(s)) == {"nonfinite-values"} and "skipped 50 times in a row" in s.findings[0].message
     assert s.findings[0].location.step == 1234
+
+
+def test_instrumentation_for_observed_steps_is_off_at_the_others():
+    """The loss taps (a patch of torch.nn.functional.cross_entropy) are on exactly at the observed steps."""
+    model, data = _model(), batches(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    original = nn.functional.cross_entropy
+    plain: list[bool] = []  # after each step: is the next one left unpatched?
+    with session(model, opt) as s:
+        for _ in range(1100):
+            _step(model, opt, *data[0])
+            plain.append(nn.functional.cross_entropy is original)
+        ctx = s._hub.ctx
+    assert nn.functional.cross_entropy is original
+    assert [n + 1 for n in range(1100) if not plain[n]] == [n for n in range(1, 1101) if ctx.observes(n)]
