@@ -3,7 +3,8 @@
 `tap_losses` patches the named functions of ``torch.nn.functional`` with `MethodPatch` (the loss modules,
 ``nn.CrossEntropyLoss`` and friends, call those same functions) at the steps the session observes, so a check
 hears every `every`-th call of each made there: the call's tensors are handed to the check's listener for the
-duration of the call only. A listener must keep nothing of them but numbers. Nothing runs while dynamo traces or inside a torch.func transform.
+duration of the call only. A listener must keep nothing of them but numbers. Nothing runs while dynamo traces
+or inside a torch.func transform.
 """
 
 from __future__ import annotations
