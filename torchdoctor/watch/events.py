@@ -350,6 +350,8 @@ class EventHub:
                 self.ctx.clock.step_pre()
             except Exception as exc:
                 self._clock_failed(exc)
+        if not self.ctx.observing and len(self.ctx.optimizers) == 1 and not self.always[Event.STEP_PRE]:
+            return  # one optimizer: its periodic steps are observed ones (`_schedule`)
         periodic = self.ctx.periodic(wo.steps)
         if not (periodic or self.ctx.observing or self.always[Event.STEP_PRE]):
             return
