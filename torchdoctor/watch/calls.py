@@ -45,6 +45,9 @@ class CallListener(Protocol):
 
 # id(module) -> the listeners of its calls; the patch is on while any listener is
 _listening: dict[int, tuple[CallListener, ...]] = {}
+# id(module) -> its one listener, for the modules that listener does not report every call of (a model's
+# submodules): called while that listener's depth is above 0, they need nothing (the commonest call by far)
+_inner: dict[int, CallListener] = {}
 _listeners: list["CallPatch"] = []
 _original: list[Callable[..., Any]] = []
 # the listeners that want the transformed calls of other modules too (`CallPatch(..., transformed=True)`)
@@ -55,7 +58,11 @@ _functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_int
 def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if _is_compiling():
         return _original[0](self, *args, **kwargs)
-    listeners = _listening.get(id(self))
+    key = id(self)
+    inner = _inner.get(key)
+    if inner is not None and inner._depth:  # a submodule inside its model's forward
+        return _original[0](self, *args, **kwargs)
+    listeners = _listening.get(key)
     if listeners is None:
         if not _transformed or _functorch_stack is None or _functorch_stack() is None:
             return _original[0](self, *args, **kwargs)
@@ -63,10 +70,6 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         for listener in _transformed:
             listener._transformed(self)
         return output
-    if len(listeners) == 1:  # one session: a submodule inside its model's forward needs nothing
-        listener = listeners[0]
-        if listener._depth and id(self) not in listener._roots:
-            return _original[0](self, *args, **kwargs)
     for listener in listeners:
         listener._depth += 1
     output = None
@@ -75,9 +78,19 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     finally:
         for listener in listeners:
             listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
-            if not depth or id(self) in listener._roots:  # else: a submodule inside the model's forward
+            if not depth or key in listener._roots:  # else: a submodule inside the model's forward
                 listener._forward(self, args, output)
     return output
+
+
+def _sort(key: int) -> None:
+    """Whether the module `key` takes the fast path of `_inner`: one listener, which does not report its
+    every call."""
+    listeners = _listening.get(key, ())
+    if len(listeners) == 1 and key not in listeners[0]._roots:
+        _inner[key] = listeners[0]
+    else:
+        _inner.pop(key, None)
 
 
 class CallPatch:
@@ -96,13 +109,14 @@ class CallPatch:
         _listeners.append(self)
 
     def listen(self, modules: Any) -> None:
-        """Also listen to the calls of `modules`."""
+        """Also listen to the calls of `modules` (the listener's `_roots` already name those of them whose every
+        call it wants)."""
         for module in modules:
             key = id(module)
-            if key in self.ids:
-                continue
-            self.ids.add(key)
-            _listening[key] = (*_listening.get(key, ()), self.listener)
+            if key not in self.ids:
+                self.ids.add(key)
+                _listening[key] = (*_listening.get(key, ()), self.listener)
+            _sort(key)
 
     def remove(self) -> None:
         for key in self.ids:
@@ -111,6 +125,7 @@ class CallPatch:
                 _listening[key] = rest
             else:
                 _listening.pop(key, None)
+            _sort(key)
         self.ids = set()
         if self.transformed and self.listener in _transformed:
             _transformed.remove(self.listener)
