@@ -120,3 +120,36 @@ def test_instrumentation_for_observed_steps_is_off_at_the_others():
         ctx = s._hub.ctx
     assert nn.functional.cross_entropy is original
     assert [n + 1 for n in range(1100) if not plain[n]] == [n for n in range(1, 1101) if ctx.observes(n)]
+
+
+def test_a_check_that_asks_for_every_step_gets_every_step(monkeypatch):
+    """A plug-in check with ``every_step = True`` hears every forward and step; the others only observed ones."""
+    from pitfall_factory import make_pitfall
+
+    from torchdoctor import registry
+    from torchdoctor.watch import RuntimeCheck
+
+    heard: dict[str, list[int]] = {"every": [], "observed": []}
+
+    class Every(RuntimeCheck):
+        every_step = True
+
+        def on_step_pre(self, event):
+            heard["every"].append(event.step)
+
+    class Observed(RuntimeCheck):
+        def on_step_pre(self, event):
+            heard["observed"].append(event.step)
+
+    for code, name, cls in (("TD497", "test-every-step", Every), ("TD498", "test-observed-steps", Observed)):
+        info = make_pitfall(code, name, "runtime", cls)
+        monkeypatch.setitem(registry._CHECKS, info.name, info)
+        monkeypatch.setitem(registry._BY_CODE, info.code, info.name)
+    model, data = _model(), batches(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with session(model, opt, checks=["test-every-step", "test-observed-steps"]) as s:
+        for _ in range(1100):
+            _step(model, opt, *data[0])
+        ctx = s._hub.ctx
+    assert heard["every"] == list(range(1100))
+    assert heard["observed"] == [n for n in range(1100) if ctx.observes(n)]
