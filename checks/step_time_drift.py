@@ -136,7 +136,7 @@ class StepTimeDrift(ClockCheck):
             and not _level_shift(cpu)  # a growing cause, not a neighbour that arrived and stayed
         ):
             return
-        size, start = clock.block_size, clock.steps - len(blocks) * clock.block_size - len(clock.block)
+        size, start = clock.block_size, clock.blocks_start
         since = next(i for i, b in enumerate(cpu) if b >= 1.25 * cpu_early)
         yield Finding(
             f"steps keep getting slower: the training thread spent {ms(cpu_early)} of CPU time per step over steps "

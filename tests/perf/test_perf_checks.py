@@ -256,6 +256,7 @@ def test_input_bound_share_counts_paired_waits_and_leaves_validation_steps_out()
 
     def fill(rows):
         clock = StepClock(first_optimizer=None)
+        clock.sample = 1  # every step timed
         for data, forward in [(0.0, 0.002)] + rows:  # the first step is the warm-up
             clock.acc[:] = [data, forward, 0.001, 0.0, 0.0]
             clock.step_post(None)
@@ -314,11 +315,12 @@ def _in_process_clock(steps):
     from torchdoctor.watch.timing import WINDOW, StepClock
 
     clock = StepClock(first_optimizer=None)
+    clock.sample = 1  # every step timed
     for data, rest, data_delay, step_delay in [(0.0, 0.001, 0.0, -1.0)] + steps:
         clock.acc[:] = [data, rest, 0.0, 0.0, 0.0]
         clock.step_post(None)
-        clock.delay_window[2 * (clock.steps % WINDOW)] = data_delay
-        clock.delay_window[2 * (clock.steps % WINDOW) + 1] = step_delay
+        clock.delay_window[2 * (clock.count % WINDOW)] = data_delay
+        clock.delay_window[2 * (clock.count % WINDOW) + 1] = step_delay
     return clock
 
 

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import torchdoctor
-from torchdoctor.watch.timing import PHASES, WINDOW, StepClock
+from torchdoctor.watch.timing import PHASES, SAMPLE, WINDOW, StepClock
 
 
 class Slow(Dataset):
@@ -54,7 +54,7 @@ def _profiled_shares(prof) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("micro_steps", [1, 2])
-def test_breakdown_agrees_with_the_profiler_on_the_same_steps(micro_steps):
+def test_breakdown_agrees_with_the_profiler_on_the_same_steps(micro_steps, every_step):
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     loader = DataLoader(Slow(), batch_size=16)
@@ -83,7 +83,8 @@ def test_breakdown_in_the_facts_and_the_printed_report(capsys):
         for x, y in DataLoader(Slow(), batch_size=16):
             _step(model, opt, x, y)
     facts = session.facts["step_time"]
-    assert facts["steps"] == 13 and facts["warmup_steps"] == 1
+    # 14 steps: the warm-up (step 0) and the multiples of 5 (5 and 10, which could be periodic steps) untimed
+    assert facts["steps"] == 11 and facts["warmup_steps"] == 1 and facts["timed_every"] == SAMPLE
     assert set(facts["phases"]) == set(PHASES)
     assert sum(p["share"] for p in facts["phases"].values()) == pytest.approx(1, abs=1e-3)
     assert facts["phases"]["data"]["median_ms"] >= 16 * 0.9  # each batch slept 16 ms in the loader
