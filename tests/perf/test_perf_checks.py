@@ -278,6 +278,7 @@ def _drift_findings(cpu_per_step: list[float]) -> list:
     clock = StepClock(first_optimizer=None)
     clock.blocks = clock.block_cpu = [1e-3 * v for v in cpu_per_step]
     clock.steps = 1 + 16 * len(cpu_per_step)
+    clock.block_end = clock.steps + 16  # the next block is empty
     return list(StepTimeDrift.judge(None, clock))  # judge reads only the clock
 
 

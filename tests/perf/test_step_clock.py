@@ -141,3 +141,55 @@ def test_a_failing_clock_stops_without_breaking_the_loop(monkeypatch, caplog):
     assert session.facts["optimizers"][0]["steps"] == 14  # the loop ran to its end
     assert "step_time" not in session.facts and session.findings == []
     assert "the step clock stopped: RuntimeError: boom" in caplog.text
+
+
+def test_the_clock_times_a_sample_of_the_steps_never_a_periodic_one(monkeypatch):
+    """In the first 32 steps all but the multiples of 5, then one step in 5 (33, 38, ...): the hooks read the
+    time only there, while every step is counted and every batch counts toward its loader's pass."""
+    calls = {"forward_end": [], "backward_start": [], "step_pre": []}
+    for name, seen in calls.items():
+        original = getattr(StepClock, name)
+
+        def counted(self, *args, original=original, seen=seen):
+            seen.append(self.steps)  # the number of the step being run
+            return original(self, *args)
+
+        monkeypatch.setattr(StepClock, name, counted)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(4 * 60, 8), torch.randint(0, 2, (4 * 60,)))
+    with torchdoctor.watch(model, opt, checks=["input-bound"], report=False) as session:
+        for x, y in DataLoader(data, batch_size=4):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        clock, ctx = session._ctx.clock, session._ctx
+    expected = [n for n in range(1, 32) if n % SAMPLE] + list(range(33, 60, SAMPLE))
+    assert len(expected) == 31 and not any(ctx.periodic(n) for n in expected)
+    for name, seen in calls.items():
+        assert seen == expected, name
+    assert clock.steps == 60 and clock.timed == len(expected) == len(clock.rows()) == len(clock.delay_rows())
+    assert all(row[-1] > 0 for row in clock.rows())
+    [loader] = clock.loaders.values()
+    assert loader.batches == 61  # every __next__ counts toward the pass, timed or not (the last: StopIteration)
+    assert session.facts["step_time"]["steps"] == len(expected)
+
+
+def test_block_cpu_is_per_step_of_the_thread_timed_or_not(monkeypatch):
+    """A block's CPU time is divided by all its steps, not by the timed ones among them. Deterministic: each
+    step takes 1 ms of the thread's CPU time by a fake clock."""
+    from torchdoctor.watch import timing
+
+    cpu = [0.0]
+    monkeypatch.setattr(timing.time, "thread_time", lambda: cpu[0])
+    clock = StepClock(first_optimizer=None)
+    for _ in range(1 + 16 * 6):  # the warm-up, then 6 blocks of 16 steps
+        cpu[0] += 1e-3
+        if clock.timing:
+            clock.step_pre()
+        clock.step_post(None)
+    assert clock.block_size == 16 and clock.blocks_start == 1 and len(clock.blocks) == 6
+    assert clock.block_cpu[0] == pytest.approx(17e-3 / 16)  # the first block also holds the warm-up's CPU time
+    assert clock.block_cpu[1:] == pytest.approx([1e-3] * 5)
+    assert 0 < clock.timed < 16 * 6  # a sample was timed

@@ -122,9 +122,10 @@ class StepClock:
         self.steps = 0  # steps ended, warm-up included
         self.sample = SAMPLE  # one step in `sample` is timed (read at construction: tests may set SAMPLE)
         self.timing = self._timed_step(0)  # the current step is timed: the hooks read the time (cheap flag)
+        self.next_timed = self._next_timed(0)  # the number of the next timed step
         self.count = 0  # timed steps ended (after the warm-up): the window's last row
         self.block: list[float] = []  # the current block's timed step times
-        self.block_steps = 0  # steps ended in the current block (timed or not)
+        self.block_end = WARMUP + BLOCK  # the steps ended when the current block is full
         self.blocks: list[float] = []  # medians of past blocks
         # CPU seconds per step of past blocks, of the thread that steps: the loop's own work, which neither a
         # busier machine nor a growing wait (a sleep, I/O, other threads spinning) adds to
@@ -221,30 +222,42 @@ class StepClock:
             return step % self.sample != 0
         return step % self.sample == OFFSET % self.sample
 
+    def _next_timed(self, step: int) -> int:
+        """The number of the first timed step after the step numbered `step`."""
+        if step >= DENSE_STEPS and self._timed_step(step):
+            return step + self.sample
+        step += 1
+        while not self._timed_step(step):
+            step += 1
+        return step
+
     def step_post(self, optimizer: Any) -> None:
         """An optimizer's ``step()`` returned: the first optimizer's ends the step (every step, timed or not)."""
-        timing = self.timing
-        if timing:
+        if self.timing:
             now = time.perf_counter()
             self.acc[OPTIMIZER] += now - self.last
             self.last = now
         if id(optimizer) != self.first_optimizer:
             return
-        self.steps += 1
-        if self.steps > WARMUP:
-            if timing:
-                self._record()
-            self.block_steps += 1
-            if self.block_steps >= self.block_size:
-                self._close_block()
-        self.timing = self._timed_step(self.steps)
-        if self.timing:  # the next step is timed: it starts now
-            self.acc[:] = _ZEROS
-            self.data_delay = 0.0
-            self.state = IDLE
-            if self.delay_from >= 0.0 and threading.get_ident() == self.delay_thread:
-                self.delay_from = run_delay()  # < 0 where it cannot be read: the next __next__ starts it
-            self.last = time.perf_counter()
+        steps = self.steps + 1
+        self.steps = steps
+        if self.timing and steps > WARMUP:
+            self._record()
+        if steps >= self.block_end:
+            self._close_block()
+        self.timing = steps == self.next_timed
+        if self.timing:
+            self._begin()
+
+    def _begin(self) -> None:
+        """The next step is timed: it starts now."""
+        self.next_timed = self._next_timed(self.steps)
+        self.acc[:] = _ZEROS
+        self.data_delay = 0.0
+        self.state = IDLE
+        if self.delay_from >= 0.0 and threading.get_ident() == self.delay_thread:
+            self.delay_from = run_delay()  # < 0 where it cannot be read: the next __next__ starts it
+        self.last = time.perf_counter()
 
     def _record(self) -> None:
         """A timed step ended (`last`: when): its row of the window, its run delay, its loader wait, its block."""
@@ -270,14 +283,14 @@ class StepClock:
         cpu = time.thread_time()
         block = self.block or (self.blocks[-1:] if self.blocks else [0.0])  # no timed step in it: as the last
         self.blocks.append(statistics.median(block))
-        self.block_cpu.append((cpu - self.cpu_mark) / self.block_steps)  # per step of the thread, timed or not
+        self.block_cpu.append((cpu - self.cpu_mark) / self.block_size)  # per step of the thread, timed or not
         self.cpu_mark = cpu
         self.block = []
-        self.block_steps = 0
         if len(self.blocks) >= MAX_BLOCKS:  # keep the whole run in bounded memory: halve the resolution
             self.blocks = [(a + b) / 2 for a, b in zip(self.blocks[::2], self.blocks[1::2])]
             self.block_cpu = [(a + b) / 2 for a, b in zip(self.block_cpu[::2], self.block_cpu[1::2])]
             self.block_size *= 2
+        self.block_end += self.block_size
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -290,7 +303,7 @@ class StepClock:
     def blocks_start(self) -> int:
         """The steps before the first block (the warm-up): block ``i`` holds steps ``blocks_start + i *
         block_size + 1`` to ``blocks_start + (i + 1) * block_size`` (counting from 1)."""
-        return self.steps - len(self.blocks) * self.block_size - self.block_steps
+        return self.block_end - (len(self.blocks) + 1) * self.block_size
 
     def rows(self) -> list[tuple[float, ...]]:
         """The timed steps in the window, newest first, each (phase seconds..., total)."""
