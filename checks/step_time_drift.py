@@ -79,8 +79,9 @@ STEP_TIME_DRIFT = Pitfall(
     ),
     details={
         "runtime": """
-            `watch` keeps the median step time of every block of 16 steps for the whole run (blocks merge
-            pairwise past 128 of them), with the training thread's CPU time per step in each block. Once it has six
+            `watch` keeps the median step time of every block of 16 steps for the whole run (of its timed
+            steps, a sample: see the step-time breakdown; blocks merge pairwise past 128 of them), with the
+            training thread's CPU time per step in each block, over all its steps. Once it has six
             blocks or more, it compares the first third of them with the last third: it reports when the CPU
             time the training thread spends per step grew 1.5 times or more, with the middle third in between (a
             steady climb, not one jump), the last third's lower quartile above the first third's upper quartile
