@@ -79,8 +79,9 @@ STEP_TIME_DRIFT = Pitfall(
     ),
     details={
         "runtime": """
-            `watch` keeps the median step time of every block of 16 steps for the whole run (blocks merge
-            pairwise past 128 of them), with the training thread's CPU time per step in each block. Once it has six
+            `watch` keeps the median step time of every block of 16 steps for the whole run (of its timed
+            steps, a sample: see the step-time breakdown; blocks merge pairwise past 128 of them), with the
+            training thread's CPU time per step in each block, over all its steps. Once it has six
             blocks or more, it compares the first third of them with the last third: it reports when the CPU
             time the training thread spends per step grew 1.5 times or more, with the middle third in between (a
             steady climb, not one jump), the last third's lower quartile above the first third's upper quartile
@@ -136,7 +137,7 @@ class StepTimeDrift(ClockCheck):
             and not _level_shift(cpu)  # a growing cause, not a neighbour that arrived and stayed
         ):
             return
-        size, start = clock.block_size, clock.steps - len(blocks) * clock.block_size - len(clock.block)
+        size, start = clock.block_size, clock.blocks_start
         since = next(i for i, b in enumerate(cpu) if b >= 1.25 * cpu_early)
         yield Finding(
             f"steps keep getting slower: the training thread spent {ms(cpu_early)} of CPU time per step over steps "

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from torchdoctor.watch import timing
+
 
 @pytest.fixture(autouse=True)
 def _one_thread():
@@ -14,3 +16,9 @@ def _one_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def every_step(monkeypatch):
+    """The clock times every step (a run times a sample of them, `timing.SAMPLE`)."""
+    monkeypatch.setattr(timing, "SAMPLE", 1)

@@ -256,6 +256,7 @@ def test_input_bound_share_counts_paired_waits_and_leaves_validation_steps_out()
 
     def fill(rows):
         clock = StepClock(first_optimizer=None)
+        clock.sample = 1  # every step timed
         for data, forward in [(0.0, 0.002)] + rows:  # the first step is the warm-up
             clock.acc[:] = [data, forward, 0.001, 0.0, 0.0]
             clock.step_post(None)
@@ -277,6 +278,7 @@ def _drift_findings(cpu_per_step: list[float]) -> list:
     clock = StepClock(first_optimizer=None)
     clock.blocks = clock.block_cpu = [1e-3 * v for v in cpu_per_step]
     clock.steps = 1 + 16 * len(cpu_per_step)
+    clock.block_end = clock.steps + 16  # the next block is empty
     return list(StepTimeDrift.judge(None, clock))  # judge reads only the clock
 
 
@@ -314,11 +316,12 @@ def _in_process_clock(steps):
     from torchdoctor.watch.timing import WINDOW, StepClock
 
     clock = StepClock(first_optimizer=None)
+    clock.sample = 1  # every step timed
     for data, rest, data_delay, step_delay in [(0.0, 0.001, 0.0, -1.0)] + steps:
         clock.acc[:] = [data, rest, 0.0, 0.0, 0.0]
         clock.step_post(None)
-        clock.delay_window[2 * (clock.steps % WINDOW)] = data_delay
-        clock.delay_window[2 * (clock.steps % WINDOW) + 1] = step_delay
+        clock.delay_window[2 * (clock.count % WINDOW)] = data_delay
+        clock.delay_window[2 * (clock.count % WINDOW) + 1] = step_delay
     return clock
 
 

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import torchdoctor
-from torchdoctor.watch.timing import PHASES, WINDOW, StepClock
+from torchdoctor.watch.timing import PHASES, SAMPLE, WINDOW, StepClock
 
 
 class Slow(Dataset):
@@ -54,7 +54,7 @@ def _profiled_shares(prof) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("micro_steps", [1, 2])
-def test_breakdown_agrees_with_the_profiler_on_the_same_steps(micro_steps):
+def test_breakdown_agrees_with_the_profiler_on_the_same_steps(micro_steps, every_step):
     model = _model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
     loader = DataLoader(Slow(), batch_size=16)
@@ -83,7 +83,8 @@ def test_breakdown_in_the_facts_and_the_printed_report(capsys):
         for x, y in DataLoader(Slow(), batch_size=16):
             _step(model, opt, x, y)
     facts = session.facts["step_time"]
-    assert facts["steps"] == 13 and facts["warmup_steps"] == 1
+    # 14 steps: the warm-up (step 0) and the multiples of 5 (5 and 10, which could be periodic steps) untimed
+    assert facts["steps"] == 11 and facts["warmup_steps"] == 1 and facts["timed_every"] == SAMPLE
     assert set(facts["phases"]) == set(PHASES)
     assert sum(p["share"] for p in facts["phases"].values()) == pytest.approx(1, abs=1e-3)
     assert facts["phases"]["data"]["median_ms"] >= 16 * 0.9  # each batch slept 16 ms in the loader
@@ -140,3 +141,55 @@ def test_a_failing_clock_stops_without_breaking_the_loop(monkeypatch, caplog):
     assert session.facts["optimizers"][0]["steps"] == 14  # the loop ran to its end
     assert "step_time" not in session.facts and session.findings == []
     assert "the step clock stopped: RuntimeError: boom" in caplog.text
+
+
+def test_the_clock_times_a_sample_of_the_steps_never_a_periodic_one(monkeypatch):
+    """In the first 32 steps all but the multiples of 5, then one step in 5 (33, 38, ...): the hooks read the
+    time only there, while every step is counted and every batch counts toward its loader's pass."""
+    calls = {"forward_end": [], "backward_start": [], "step_pre": []}
+    for name, seen in calls.items():
+        original = getattr(StepClock, name)
+
+        def counted(self, *args, original=original, seen=seen):
+            seen.append(self.steps)  # the number of the step being run
+            return original(self, *args)
+
+        monkeypatch.setattr(StepClock, name, counted)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = torch.utils.data.TensorDataset(torch.randn(4 * 60, 8), torch.randint(0, 2, (4 * 60,)))
+    with torchdoctor.watch(model, opt, checks=["input-bound"], report=False) as session:
+        for x, y in DataLoader(data, batch_size=4):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        clock, ctx = session._ctx.clock, session._ctx
+    expected = [n for n in range(1, 32) if n % SAMPLE] + list(range(33, 60, SAMPLE))
+    assert len(expected) == 31 and not any(ctx.periodic(n) for n in expected)
+    for name, seen in calls.items():
+        assert seen == expected, name
+    assert clock.steps == 60 and clock.timed == len(expected) == len(clock.rows()) == len(clock.delay_rows())
+    assert all(row[-1] > 0 for row in clock.rows())
+    [loader] = clock.loaders.values()
+    assert loader.batches == 61  # every __next__ counts toward the pass, timed or not (the last: StopIteration)
+    assert session.facts["step_time"]["steps"] == len(expected)
+
+
+def test_block_cpu_is_per_step_of_the_thread_timed_or_not(monkeypatch):
+    """A block's CPU time is divided by all its steps, not by the timed ones among them. Deterministic: each
+    step takes 1 ms of the thread's CPU time by a fake clock."""
+    from torchdoctor.watch import timing
+
+    cpu = [0.0]
+    monkeypatch.setattr(timing.time, "thread_time", lambda: cpu[0])
+    clock = StepClock(first_optimizer=None)
+    for _ in range(1 + 16 * 6):  # the warm-up, then 6 blocks of 16 steps
+        cpu[0] += 1e-3
+        if clock.timing:
+            clock.step_pre()
+        clock.step_post(None)
+    assert clock.block_size == 16 and clock.blocks_start == 1 and len(clock.blocks) == 6
+    assert clock.block_cpu[0] == pytest.approx(17e-3 / 16)  # the first block also holds the warm-up's CPU time
+    assert clock.block_cpu[1:] == pytest.approx([1e-3] * 5)
+    assert 0 < clock.timed < 16 * 6  # a sample was timed

@@ -205,7 +205,7 @@ class RuntimeCheck:
     #: it listens to forwards).
     needs_forward: Optional[bool] = None
     # True: the session keeps a step clock (``ctx.clock``, `torchdoctor.watch.timing.StepClock`) that times
-    # each step's data wait, forward, backward and optimizer; its breakdown goes into the report's facts
+    # a sample of the steps' data wait, forward, backward and optimizer; its breakdown goes into the report's facts
     uses_clock: ClassVar[bool] = False
     #: True: FORWARD, ZERO_GRAD, STEP_PRE and STEP_POST reach the check at every step, not only at the steps the
     #: session observes (see "Observed steps" in this module); its handlers of those events must then be cheap

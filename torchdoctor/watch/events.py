@@ -301,7 +301,7 @@ class EventHub:
             wm.called = True
         elif not self._stepped and not wm.called:  # the model itself is never called (Lightning's training_step)
             wm.entry = type(module).__name__
-        if self.ctx.clock is not None:
+        if self.ctx.clock is not None and self.ctx.clock.timing:  # a timed step (one in SAMPLE)
             try:
                 self.ctx.clock.forward_end()
             except Exception as exc:
@@ -345,7 +345,7 @@ class EventHub:
         return (args[0], closure_then_step_events, *args[2:]), kwargs
 
     def _dispatch_step(self, wo: WatchedOptimizer) -> None:
-        if self.ctx.clock is not None:
+        if self.ctx.clock is not None and self.ctx.clock.timing:  # a timed step (one in SAMPLE)
             try:
                 self.ctx.clock.step_pre()
             except Exception as exc:

@@ -21,10 +21,20 @@ optimizer          from the backward's end to the end of ``step()`` (unscaling, 
 other              from ``step()`` returning to the next batch (logging, metrics, checkpoints)
 =================  ==============================================================================
 
-A step ends when the first watched optimizer's ``step()`` returns. The last `WINDOW` steps are kept in
-preallocated arrays (no allocation per step), and the whole run as medians of blocks of steps (at most
-`MAX_BLOCKS`, merged pairwise when full) for trends. Host time only: with CUDA, kernels run
-asynchronously and the time shows up where the host waits for them.
+A step ends when the first watched optimizer's ``step()`` returns; steps are numbered by the completed steps
+before them (0, 1, ...). The clock times a sample of them, never a multiple of `SAMPLE` (5), so never a
+periodic step (multiples of ``every``, 10 by default, and of 100), where the checks do their own work, which
+would bias the breakdown: in the first ``DENSE_STEPS`` (32, which watch observes in full anyway) all the
+others (steps 1-4, 6-9, ...: a short run gets its verdicts), after them one step in `SAMPLE`, those numbered
+``OFFSET`` (3) modulo `SAMPLE` (33, 38, 43, ...). On the other steps the hooks skip the readings (``timing``
+is False: the event hub and the backward wrapper look at it before calling), except that every ``step()``
+of the first optimizer still counts the step, and every loader ``__next__`` still counts toward its pass
+(`LoaderWait`: waits, batches, start-up), so the loader's facts are exact. The warm-up (step 0) is
+left out. The last `WINDOW` timed steps are kept in preallocated arrays (no allocation per step),
+and the whole run as blocks of `BLOCK` steps (at most `MAX_BLOCKS`, merged pairwise when full), each the
+median of its timed steps and the CPU time per step (over all its steps) of the thread that steps, for
+trends. Host time only: with CUDA, kernels run asynchronously and the time shows up where the host waits
+for them.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import time
 from array import array
 from typing import Any, Callable, Optional
 
+from .context import DENSE_STEPS
 from .run_delay import AVAILABLE, run_delay
 
 PHASES = ("data", "forward", "backward", "optimizer", "other")
@@ -46,6 +57,8 @@ MAX_BLOCKS = 128
 _ZEROS = [0.0] * len(PHASES)
 IDLE, FORWARD_DONE, IN_BACKWARD, BACKWARD_DONE = range(4)  # where the step is, for the next reading
 WARMUP = 1  # the first steps (allocations, compilation, worker start) are left out of the statistics
+SAMPLE = 5  # after the first DENSE_STEPS, one step in SAMPLE is timed: the readings cost 1% of a 1 ms step
+OFFSET = 3  # ... those numbered OFFSET modulo SAMPLE (a multiple of SAMPLE is never timed: periodic steps are)
 
 
 class LoaderWait:
@@ -107,12 +120,17 @@ class StepClock:
         self.broken = False  # a reading failed: the clock reads no more (the user's loop goes on)
         self.window = array("d", bytes(8 * WINDOW * (len(PHASES) + 1)))  # per step: phases, then the total
         self.steps = 0  # steps ended, warm-up included
-        self.block: list[float] = []  # the current block's step times
+        self.sample = SAMPLE  # one step in `sample` is timed (read at construction: tests may set SAMPLE)
+        self.timing = self._timed_step(0)  # the current step is timed: the hooks read the time (cheap flag)
+        self.next_timed = self._next_timed(0)  # the number of the next timed step
+        self.count = 0  # timed steps ended (after the warm-up): the window's last row
+        self.block: list[float] = []  # the current block's timed step times
+        self.block_end = WARMUP + BLOCK  # the steps ended when the current block is full
         self.blocks: list[float] = []  # medians of past blocks
         # CPU seconds per step of past blocks, of the thread that steps: the loop's own work, which neither a
         # busier machine nor a growing wait (a sleep, I/O, other threads spinning) adds to
         self.block_cpu: list[float] = []
-        self.block_size = BLOCK
+        self.block_size = BLOCK  # steps per block (doubled when the blocks are merged)
         self.cpu_mark = time.thread_time()
         self.loaders: dict[int, LoaderWait] = {}  # id(iterator) -> its pass (the last few)
         self.wait_by: dict[int, float] = {}  # id(LoaderWait) -> wait in timed steps
@@ -136,16 +154,17 @@ class StepClock:
     ) -> None:
         """One ``__next__`` of a loader iterator (or, `starting`, the start of its workers) ran from `start` to
         `end`; an in-process one gives `delayed`, the thread's run delay when it started and when it ended."""
-        if delayed is not None:
-            thread = threading.get_ident()
-            if self.delay_from < 0.0 or thread != self.delay_thread:  # the step began at this __next__
-                self.delay_thread, self.delay_from, self.data_delay = thread, delayed[0], 0.0
-            self.data_delay += delayed[1] - delayed[0]
-        acc = self.acc
-        acc[BACKWARD if self.state == FORWARD_DONE else OTHER] += start - self.last
-        acc[DATA] += end - start
-        self.state = IDLE
-        self.last = end
+        if self.timing:  # the phases of a timed step; the pass below counts every call
+            if delayed is not None:
+                thread = threading.get_ident()
+                if self.delay_from < 0.0 or thread != self.delay_thread:  # the step began at this __next__
+                    self.delay_thread, self.delay_from, self.data_delay = thread, delayed[0], 0.0
+                self.data_delay += delayed[1] - delayed[0]
+            acc = self.acc
+            acc[BACKWARD if self.state == FORWARD_DONE else OTHER] += start - self.last
+            acc[DATA] += end - start
+            self.state = IDLE
+            self.last = end
         key = id(iterator)
         wait = self.loaders.get(key)
         if starting or wait is None or (getattr(iterator, "_num_yielded", 0) == 1 and not wait.opened):
@@ -193,59 +212,105 @@ class StepClock:
         self.state = IDLE
         self.last = now
 
+    def _timed_step(self, step: int) -> bool:
+        """Whether the step numbered `step` (completed steps before it) is timed: in the first `DENSE_STEPS`
+        (observed in full anyway) those not a multiple of `sample`, then one in `sample`, never such a multiple
+        (periodic steps)."""
+        if self.sample == 1:
+            return True
+        if step < DENSE_STEPS:
+            return step % self.sample != 0
+        return step % self.sample == OFFSET % self.sample
+
+    def _next_timed(self, step: int) -> int:
+        """The number of the first timed step after the step numbered `step`."""
+        if step >= DENSE_STEPS and self._timed_step(step):
+            return step + self.sample
+        step += 1
+        while not self._timed_step(step):
+            step += 1
+        return step
+
     def step_post(self, optimizer: Any) -> None:
-        now = time.perf_counter()
-        acc = self.acc
-        acc[OPTIMIZER] += now - self.last
-        self.last = now
+        """An optimizer's ``step()`` returned: the first optimizer's ends the step (every step, timed or not)."""
+        if self.timing:
+            now = time.perf_counter()
+            self.acc[OPTIMIZER] += now - self.last
+            self.last = now
         if id(optimizer) != self.first_optimizer:
             return
-        self.steps += 1
+        steps = self.steps + 1
+        self.steps = steps
+        if self.timing and steps > WARMUP:
+            self._record()
+        if steps >= self.block_end:
+            self._close_block()
+        self.timing = steps == self.next_timed
+        if self.timing:
+            self._begin()
+
+    def _begin(self) -> None:
+        """The next step is timed: it starts now."""
+        self.next_timed = self._next_timed(self.steps)
+        self.acc[:] = _ZEROS
+        self.data_delay = 0.0
+        self.state = IDLE
+        if self.delay_from >= 0.0 and threading.get_ident() == self.delay_thread:
+            self.delay_from = run_delay()  # < 0 where it cannot be read: the next __next__ starts it
+        self.last = time.perf_counter()
+
+    def _record(self) -> None:
+        """A timed step ended (`last`: when): its row of the window, its run delay, its loader wait, its block."""
         step_delay = -1.0
         if self.delay_from >= 0.0 and threading.get_ident() == self.delay_thread:
             delay = run_delay()
             step_delay, self.delay_from = (delay - self.delay_from, delay) if delay >= 0.0 else (-1.0, -1.0)
-        if self.steps > WARMUP:
-            total = sum(acc)
-            acc.append(total)
-            row = (self.steps % WINDOW) * (len(PHASES) + 1)
-            self.window[row : row + len(PHASES) + 1] = array("d", acc)
-            data = acc[DATA]
-            self.delay_window[2 * (self.steps % WINDOW)] = self.data_delay
-            self.delay_window[2 * (self.steps % WINDOW) + 1] = step_delay
-            if data and self.last_loader is not None:
-                key = id(self.last_loader)
-                self.wait_by[key] = self.wait_by.get(key, 0.0) + data
-            self.block.append(total)
-            if len(self.block) >= self.block_size:
-                self._close_block()
-        acc[:] = _ZEROS
-        self.data_delay = 0.0
+        acc = self.acc
+        total = sum(acc)
+        self.count += 1
+        at = self.count % WINDOW
+        row = at * (len(PHASES) + 1)
+        self.window[row : row + len(PHASES) + 1] = array("d", [*acc, total])
+        data = acc[DATA]
+        self.delay_window[2 * at] = self.data_delay
+        self.delay_window[2 * at + 1] = step_delay
+        if data and self.last_loader is not None:
+            key = id(self.last_loader)
+            self.wait_by[key] = self.wait_by.get(key, 0.0) + data
+        self.block.append(total)
 
     def _close_block(self) -> None:
         cpu = time.thread_time()
-        self.blocks.append(statistics.median(self.block))
-        self.block_cpu.append((cpu - self.cpu_mark) / len(self.block))
+        block = self.block or (self.blocks[-1:] if self.blocks else [0.0])  # no timed step in it: as the last
+        self.blocks.append(statistics.median(block))
+        self.block_cpu.append((cpu - self.cpu_mark) / self.block_size)  # per step of the thread, timed or not
         self.cpu_mark = cpu
         self.block = []
         if len(self.blocks) >= MAX_BLOCKS:  # keep the whole run in bounded memory: halve the resolution
             self.blocks = [(a + b) / 2 for a, b in zip(self.blocks[::2], self.blocks[1::2])]
             self.block_cpu = [(a + b) / 2 for a, b in zip(self.block_cpu[::2], self.block_cpu[1::2])]
             self.block_size *= 2
+        self.block_end += self.block_size
 
     # -- reading -----------------------------------------------------------------------------------
 
     @property
     def timed(self) -> int:
-        """Steps in the window (after the warm-up)."""
-        return min(max(self.steps - WARMUP, 0), WINDOW)
+        """Timed steps in the window (after the warm-up)."""
+        return min(self.count, WINDOW)
+
+    @property
+    def blocks_start(self) -> int:
+        """The steps before the first block (the warm-up): block ``i`` holds steps ``blocks_start + i *
+        block_size + 1`` to ``blocks_start + (i + 1) * block_size`` (counting from 1)."""
+        return self.block_end - (len(self.blocks) + 1) * self.block_size
 
     def rows(self) -> list[tuple[float, ...]]:
-        """The timed steps in the window, each (phase seconds..., total)."""
+        """The timed steps in the window, newest first, each (phase seconds..., total)."""
         width = len(PHASES) + 1
         rows = []
         for k in range(self.timed):
-            row = ((self.steps - k) % WINDOW) * width
+            row = ((self.count - k) % WINDOW) * width
             rows.append(tuple(self.window[row : row + width]))
         return rows
 
@@ -254,7 +319,7 @@ class StepClock:
         in-process loader's ``__next__``, and in the whole step (the latter < 0 where not measured)."""
         window = self.delay_window
         return [
-            (window[2 * ((self.steps - k) % WINDOW)], window[2 * ((self.steps - k) % WINDOW) + 1])
+            (window[2 * ((self.count - k) % WINDOW)], window[2 * ((self.count - k) % WINDOW) + 1])
             for k in range(self.timed)
         ]
 
@@ -267,8 +332,8 @@ class StepClock:
         return {name: sum(r[i] for r in rows) / total for i, name in enumerate(PHASES)}
 
     def summary(self) -> Optional[dict[str, Any]]:
-        """The breakdown for the report's facts: per phase median and p90 (ms) and share; steps/s (None
-        before a timed step, or once a reading failed)."""
+        """The breakdown for the report's facts: per phase median and p90 (ms) and share; steps/s (of the timed
+        steps: "steps" counts them, one in "timed_every"); None before a timed step, or once a reading failed."""
         if self.broken:
             return None
         rows = self.rows()
@@ -287,6 +352,7 @@ class StepClock:
         facts: dict[str, Any] = {
             "steps": len(rows),
             "warmup_steps": min(self.steps, WARMUP),
+            "timed_every": self.sample,  # one step in this many is timed
             "step_median_ms": round(_quantile(totals, 0.5) * 1e3, 3),
             "step_p90_ms": round(_quantile(totals, 0.9) * 1e3, 3),
             "steps_per_s": round(len(totals) / sum(totals), 2),
@@ -318,7 +384,8 @@ _originals: list[tuple[type, str, Callable[..., Any]]] = []
 def _timed_next(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def timed_next(self: Any) -> Any:
-        in_process = AVAILABLE and not getattr(self, "_num_workers", 0)  # loading in this thread: its run delay
+        # loading in this thread, for a timed step: its run delay
+        in_process = AVAILABLE and not getattr(self, "_num_workers", 0) and _timing()
         before = run_delay() if in_process else -1.0
         start = time.perf_counter()
         try:
@@ -331,6 +398,14 @@ def _timed_next(original: Callable[..., Any]) -> Callable[..., Any]:
                 _read(clock, self, start, end, False, delayed)
 
     return timed_next
+
+
+def _timing() -> bool:
+    """Whether some clock times the current step."""
+    for clock in _clocks:
+        if clock.timing:
+            return True
+    return False
 
 
 def _timed_start(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -371,12 +446,17 @@ _depth = [0]  # backward calls running now: a backward inside another (reentrant
 def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def backward(*args: Any, **kwargs: Any) -> Any:
-        if _depth[0] or not _clocks:
-            return original(*args, **kwargs)
+        if not _depth[0]:
+            for clock in _clocks:
+                if clock.timing:  # some clock times this step
+                    return timed(args, kwargs)
+        return original(*args, **kwargs)
+
+    def timed(args: Any, kwargs: Any) -> Any:
         _depth[0] = 1
         start = time.perf_counter()
         for clock in _clocks:
-            if not clock.broken:
+            if clock.timing and not clock.broken:
                 try:
                     clock.backward_start(start)
                 except Exception:  # a failure stops that clock, never the user's backward
@@ -387,7 +467,7 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             _depth[0] = 0
             end = time.perf_counter()
             for clock in _clocks:
-                if not clock.broken:
+                if clock.timing and not clock.broken:
                     try:
                         clock.backward_end(end)
                     except Exception:

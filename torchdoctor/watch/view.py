@@ -31,7 +31,7 @@ def facts_view(facts: dict[str, Any]) -> RenderableType:
                 ("  step time ", "dim"),
                 f"median {timing['step_median_ms']:.3g} ms, "
                 f"p90 {timing['step_p90_ms']:.3g} ms, {timing['steps_per_s']:.3g} steps/s",
-                (f"  over {timing['steps']} steps", "dim"),
+                (f"  over {timing['steps']} timed steps", "dim"),
             )
         )
         lines.append(
