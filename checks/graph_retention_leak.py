@@ -93,8 +93,8 @@ GRAPH_RETENTION_LEAK = Pitfall(
         "runtime": """
             `watch` puts a sentinel hook on the `grad_fn` of each forward output built with gradients; the graph
             owns the sentinel, so it knows which graphs are alive and in which step each was built, and whether
-            backward went through it; from step 16 on it does so for the forwards of every 4th step only (a
-            leak keeps them all, and the per-step cost stays small). A normal loop frees a step's graph by the
+            backward went through it; from step 16 on it does so for the forwards of every 4th step that watch
+            observes only (a leak keeps them all, and the per-step cost stays small). A normal loop frees a step's graph by the
             next step (the next forward
             rebinds `loss`). After each step of the first optimizer it looks at the graphs built before the
             previous step that are still alive: when they come from at least half of 16 or more consecutive
@@ -300,7 +300,8 @@ class GraphRetentionLeak(RuntimeCheck):
         steps = (
             f"{len(old)} earlier steps"
             if self.tracked_between(old[0], now - 2) == now - 1 - old[0]
-            else f"{len(old)} of the earlier steps it samples (every {self.sample}th from step {self.span} on)"
+            else f"{len(old)} of the earlier steps it samples (from step {self.span} on, every {self.sample}th of "
+            "the steps watch observes)"
         )
         keeper = _find_keeper()
         file: Optional[str] = None
