@@ -95,7 +95,8 @@ GRAPH_RETENTION_LEAK = Pitfall(
             owns the sentinel, so it knows which graphs are alive and in which step each was built, and whether
             backward went through it; from step 16 on it does so for the forwards of every 4th step that watch
             observes only (a leak keeps them all, and the per-step cost stays small). A normal loop frees a step's
-            graph by the next step (the next forward rebinds `loss`). After each step of the first optimizer it looks at the graphs built before the
+            graph by the next step (the next forward rebinds `loss`). After each step of the first optimizer it
+            looks at the graphs built before the
             previous step that are still alive: when they come from at least half of 16 or more consecutive
             steps, something keeps them (`total_loss += loss`, also when reset every epoch), and it reports an
             error right then, however short the run; at session exit it also reports graphs kept since the first
