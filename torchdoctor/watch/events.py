@@ -350,10 +350,10 @@ class EventHub:
                 self.ctx.clock.step_pre()
             except Exception as exc:
                 self._clock_failed(exc)
-        if not self.ctx.observing and len(self.ctx.optimizers) == 1 and not self.always[Event.STEP_PRE]:
-            return  # one optimizer: its periodic steps are observed ones (`_schedule`)
-        periodic = self.ctx.periodic(wo.steps)
-        if not (periodic or self.ctx.observing or self.always[Event.STEP_PRE]):
+        observing = self.ctx.observing or bool(self.always[Event.STEP_PRE])
+        # one optimizer's periodic steps are observed ones (`_schedule`); of several, one may be due meanwhile
+        periodic = (observing or len(self.ctx.optimizers) > 1) and self.ctx.periodic(wo.steps)
+        if not (periodic or observing):
             return
         event = StepEvent(wo, wo.steps)
         self._per_step(Event.STEP_PRE, event)

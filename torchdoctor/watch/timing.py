@@ -454,26 +454,25 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 
     def timed(args: Any, kwargs: Any) -> Any:
         _depth[0] = 1
-        start = time.perf_counter()
-        for clock in _clocks:
-            if clock.timing and not clock.broken:
-                try:
-                    clock.backward_start(start)
-                except Exception:  # a failure stops that clock, never the user's backward
-                    clock.broken = True
+        _mark(StepClock.backward_start, time.perf_counter())
         try:
             return original(*args, **kwargs)
         finally:
             _depth[0] = 0
-            end = time.perf_counter()
-            for clock in _clocks:
-                if clock.timing and not clock.broken:
-                    try:
-                        clock.backward_end(end)
-                    except Exception:
-                        clock.broken = True
+            _mark(StepClock.backward_end, time.perf_counter())
 
     return backward
+
+
+def _mark(mark: Callable[[StepClock, float], None], now: float) -> None:
+    """The backward reading `mark` of every clock that times this step; a failure stops that clock, never the
+    user's backward."""
+    for clock in _clocks:
+        if clock.timing and not clock.broken:
+            try:
+                mark(clock, now)
+            except Exception:
+                clock.broken = True
 
 
 class NextPatch:
