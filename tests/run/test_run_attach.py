@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import linecache
 import sys
+import warnings
 
 from run_programs import GOOD_STEP, LOOP, problems
 
@@ -100,6 +102,29 @@ def test_a_planted_missing_zero_grad_is_caught_at_the_step_watch_catches_it(run_
     assert run_program(LOOP.format(step=step), fail_on="never").exit_status == 0
     assert run_program(LOOP.format(step=step) + "raise SystemExit(7)\n").exit_status == 7  # the program's own wins
     assert problems(run_program(LOOP.format(step=step), ignore=["missing-zero-grad"])) == []
+
+
+def test_a_warning_from_a_script_run_by_path_points_at_its_line_and_breaks_nothing(run_program, monkeypatch):
+    """runpy.run_path gives `__main__` neither `__loader__` nor `__spec__`; Python 3.12's warn_explicit raises
+    ValueError for such module_globals (emulated here, so the test fails on any Python)."""
+    real = warnings.warn_explicit
+
+    def strict(*args, module_globals=None, **kwargs):
+        spec = (module_globals or {}).get("__spec__")
+        if module_globals is not None and module_globals.get("__loader__") is None and spec is None:
+            raise ValueError("Module globals is missing a __spec__.loader")
+        return real(*args, module_globals=module_globals, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn_explicit", strict)
+    step = GOOD_STEP.replace("    optimizer.zero_grad()\n", "")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = run_program(LOOP.format(step=step), on_finding="warn")
+    assert result.exit_status == 1 and result.report.findings[0].name == "missing-zero-grad"
+    [warning] = [w for w in caught if "missing-zero-grad" in str(w.message)]
+    assert warning.filename.endswith("train.py") and "optimizer.step()" in linecache.getline(
+        warning.filename, warning.lineno
+    )
 
 
 def test_two_models_and_two_optimizers_are_followed(run_program):

@@ -335,7 +335,12 @@ class WatchSession:
         elif severity >= Severity.WARNING:
             loc = finding.location
             at = (loc.file, loc.line) if loc is not None and loc.file and loc.line else None
-            _warn_at_user_line(TorchDoctorWarning(_describe(finding)), at)
+            try:
+                _warn_at_user_line(TorchDoctorWarning(_describe(finding)), at)
+            except Warning:  # the user's filters made warnings errors (`-W error`): theirs to have
+                raise
+            except Exception as exc:  # never break the user's training over a warning
+                logger.warning("torchdoctor could not warn: %s: %s\n%s", type(exc).__name__, exc, _describe(finding))
 
     def _facts(self, ctx: WatchContext) -> dict[str, Any]:
         facts: dict[str, Any] = {
@@ -402,6 +407,9 @@ def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]
     file, line = at or (frame.f_code.co_filename, frame.f_lineno)
     # a notebook's cells share one module: its once-per-line registry would hide a later cell's warning
     registry = module_globals.setdefault("__warningregistry__", {}) if cell_run() is None else {}
+    # module_globals lets linecache read a zip-imported or notebook source; Python 3.12 raises ValueError for
+    # globals with neither `__loader__` nor `__spec__.loader` (a script run by runpy.run_path)
+    same_file = at is None or at[0] == frame.f_code.co_filename
     warnings.warn_explicit(
         warning,
         TorchDoctorWarning,
@@ -409,8 +417,14 @@ def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]
         line,
         module=module_globals.get("__name__", "<string>"),
         registry=registry,
-        module_globals=module_globals if at is None or at[0] == frame.f_code.co_filename else None,
+        module_globals=module_globals if same_file and _has_loader(module_globals) else None,
     )
+
+
+def _has_loader(module_globals: dict[str, Any]) -> bool:
+    """Whether `warnings.warn_explicit` accepts these globals: it needs a loader to read the source by."""
+    spec = module_globals.get("__spec__")
+    return module_globals.get("__loader__") is not None or getattr(spec, "loader", None) is not None
 
 
 def watch(
