@@ -197,12 +197,28 @@ def _cuda_allocated() -> Optional[int]:
     return None
 
 
+def _cuda_growth(live: "_Live", old: list[int]) -> str:
+    """How CUDA allocated memory grew from the oldest step still held to the latest tracked one."""
+    held = sorted(t for t in live.cuda_at if t >= old[0])
+    if len(held) < 2:
+        return ""
+    first, last = held[0], held[-1]
+    grown = live.cuda_at[last] - live.cuda_at[first]
+    if grown <= 0:
+        return ""
+    return (
+        f"; CUDA allocated memory grows by {byte_size(grown // (last - first))} per step (from "
+        f"{byte_size(live.cuda_at[first])} at step {first} to {byte_size(live.cuda_at[last])} at step {last})"
+    )
+
+
 class _Live:
     """Per model: its tracked forward graphs still alive, by the step they were built in."""
 
     def __init__(self) -> None:
         self.by_step: dict[int, int] = {}  # step (completed steps when built) -> graphs alive
         self.unreached = 0  # graphs alive that backward never went through (activations saved)
+        self.cuda_at: dict[int, int] = {}  # step -> CUDA allocated bytes at its first tracked forward, while alive
 
     def old_steps(self, now: int) -> list[int]:
         """The steps before the previous one whose graphs are still alive."""
@@ -256,12 +272,16 @@ class GraphRetentionLeak(RuntimeCheck):
                 live.by_step[step] = left
             else:
                 live.by_step.pop(step, None)
+                live.cuda_at.pop(step, None)
             live.unreached -= not reached
 
         if self.ctx.graphs.track(out, on_backward=backward, on_free=freed):
             live.by_step[step] = live.by_step.get(step, 0) + 1
             live.unreached += 1
             event.model.graph_footprint(out)
+            cuda = _cuda_allocated()  # a counter the allocator keeps on the host: no synchronisation
+            if cuda is not None:
+                live.cuda_at.setdefault(step, cuda)
 
     def on_step_post(self, event: StepEvent) -> Optional[list[Finding]]:
         if self.reported or event.optimizer is not self.ctx.optimizers[0]:
@@ -290,12 +310,10 @@ class GraphRetentionLeak(RuntimeCheck):
         memory = (
             f"about {byte_size(live.unreached * saved)} of activations never back-propagated are saved with them"
             if live.unreached and saved
-            else f"backward() freed their saved activations, so each keeps its ~{nodes} graph nodes, and memory "
-            "grows with every step"
+            else f"each keeps its ~{nodes} graph nodes, and its saved activations too if backward() ran with "
+            "retain_graph=True, so memory grows with every step"
         )
-        cuda = _cuda_allocated()
-        if cuda is not None:
-            memory += f"; CUDA allocated memory is {byte_size(cuda)}"
+        memory += _cuda_growth(live, old)
         when = "when the session ended" if at_exit else f"after step {now - 1}"
         steps = (
             f"{len(old)} earlier steps"

@@ -90,10 +90,12 @@ NONFINITE_VALUES = Pitfall(
             read together at the next full check, every `every` steps, and the finding names the step where
             NaN/Inf first appeared, which `step()` has by then written into the weights. Steps that `GradScaler`
             skips are watched through `GradScaler.step`: a skipped step costs one read of the gradients, to
-            name the first parameter whose gradient is NaN (an fp16 overflow gives Inf, not NaN). When the
-            scaler has skipped at least 10 steps of an optimizer and more than half of them, the finding gives
-            the count, the first skipped step and that parameter; the few overflow skips while the scale
-            calibrates, and one skip per growth interval later, stay quiet. Without torch's `GradScaler`, 50
+            name the first parameter whose gradient is non-finite. Skips are how the scaler calibrates (it halves
+            its scale at each), so a skip is evidence against the model only once the scale it ran at is 1 or
+            less: the gradients were non-finite without any scaling. When such a skip comes after at least 10
+            skipped steps of an optimizer, more than half of its steps, the finding gives the count, the first
+            skipped step and that parameter; the overflow skips while the scale calibrates from any
+            `init_scale`, and one skip per growth interval later, stay quiet. Without torch's `GradScaler`, 50
             `zero_grad()` calls in a row without a `step()` are reported as a stalled run. It reports once per
             session. [docs/gpu.md](../gpu.md)
             has the cost on a GPU.
@@ -297,31 +299,29 @@ class NonfiniteValues(RuntimeCheck):
                         if p.grad is not None
                         and not p.grad.is_sparse
                         and _is_float(p.grad)
-                        and bool(p.grad.isnan().any())
+                        and not bool(p.grad.isfinite().all())
                     ),
                     None,
                 )
                 st.first_nan = (wo.steps, name) if name else None
-            if not self.found and st.skipped >= MOSTLY_SKIPPED and 2 * st.skipped > st.total:
-                for finding in self._mostly_skipped(wo, st):
+            if self.found or st.skipped < MOSTLY_SKIPPED or 2 * st.skipped <= st.total:
+                return
+            scale = args[0].get_scale()  # the scale of this step (update() halves it next); step() synced already
+            if scale <= 1.0:  # non-finite without any scaling: no calibration skip
+                for finding in self._mostly_skipped(wo, st, scale):
                     self.ctx.emit(self, finding)
         except Exception as exc:  # never break the user's scaler.step()
             self.ctx.fault(self, exc)
 
-    def _mostly_skipped(self, wo: Any, st: _ScalerSteps) -> Iterator[Finding]:
-        if st.first_nan is not None:
-            step, name = st.first_nan
-            cause = (
-                f"their gradients held NaN, first at step {step} in `{name}`: a NaN loss or forward, which "
-                "no scale fixes"
-            )
-        else:
-            step, name = st.first_skip or 0, None
-            cause = "their gradients overflowed to Inf even as the scale shrank: the loss or activations are huge"
+    def _mostly_skipped(self, wo: Any, st: _ScalerSteps, scale: float) -> Iterator[Finding]:
+        step, name = st.first_nan if st.first_nan is not None else (st.first_skip or 0, None)
+        where = f", first at step {step} in `{name}`" if name else ""
         self.step = step
         yield from self._hit(
             f"GradScaler skipped {st.skipped} of {st.total} {wo.label}.step() calls (the first at step "
-            f"{st.first_skip}): {cause}; the model is barely training.",
+            f"{st.first_skip}) and still skips at scale {scale:g}: the gradients are NaN/Inf without any scaling"
+            f"{where}. A NaN/Inf loss or forward, or activations beyond the float16 range, which no scale fixes; "
+            "the model is barely training.",
             name,
             step,
         )

@@ -62,7 +62,8 @@ def test_cuda_allocator_figure_is_added_when_cuda_is_in_use(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 4096 * len(kept))  # 4 KiB per kept loss
     s = _run(kept.append)
-    assert "CUDA allocated memory is 60 KiB" in s.findings[0].message
+    message = s.findings[0].message
+    assert "CUDA allocated memory grows by 4 KiB per step (from 0 bytes at step 0 to 60 KiB at step 15)" in message
 
 
 def _epochs(keep_per_epoch, epochs: int = 3, steps: int = 16):
