@@ -18,11 +18,13 @@ the CNN under torch.compile (inductor); the MLP's early phase is printed against
 that calls the model is compiled with fullgraph=True and run with and without a session: graph breaks and
 compiled graphs (torch._dynamo.utils.counters) must be equal, i.e. watch adds 0 breaks and 0 recompiles.
 
-CUDA mode: python tests/benchmarks/bench_watch.py --device cuda [--rounds N] [--steps N] [--models resnet50,lm]
-A ResNet-50 (torchvision, batch 128 x 3 x 224 x 224) and a 6-layer transformer LM (d=512, sequence 512,
-batch 32), AdamW, under fp16 autocast with GradScaler and under bf16 autocast. Baseline and watch blocks of
-`--steps` steps alternate; a block's time is taken between two torch.cuda.synchronize() calls, so it is
-the GPU-bound time per step. Then 3 x every steps of each are run under
+CUDA mode: python tests/benchmarks/bench_watch.py --device cuda [--rounds N] [--warmup N] [--steps N]
+[--models resnet50,lm]. A ResNet-50 (torchvision, batch 128 x 3 x 224 x 224) and a 6-layer transformer LM
+(d=512, sequence 512, batch 32), AdamW, under fp16 autocast with GradScaler and under bf16 autocast. Baseline
+and watch blocks alternate; a watch block enters a fresh session, runs `--warmup` untimed steps (40: past the
+first 32, which watch observes in full) and then `--steps` timed steps (40: 1 in 10 observed), as the CPU
+models' early phase. A block's time is taken between two torch.cuda.synchronize() calls, so it is the
+GPU-bound time per step. Then 3 x every steps of each are run under
 torch.cuda.set_sync_debug_mode("warn") to count host synchronisations per step, apart for the steps where
 a periodic check is due (0, every, ...) and the others. Target: <= 1.03x per step, 0 extra syncs between checks.
 """
@@ -296,7 +298,7 @@ def count_syncs(
     return statistics.mean(due), statistics.mean(other)
 
 
-def bench_cuda(name: str, dtype: torch.dtype, rounds: int, steps: int) -> None:
+def bench_cuda(name: str, dtype: torch.dtype, rounds: int, warmup: int, steps: int) -> None:
     """Print baseline and watch ms/step, their ratio (median over rounds), and syncs per step."""
     torch.manual_seed(0)
     model, x, y = {"resnet50": resnet50, "lm": lm}[name]()
@@ -308,6 +310,7 @@ def bench_cuda(name: str, dtype: torch.dtype, rounds: int, steps: int) -> None:
     for r in range(rounds):
         for config in ["baseline", "watch"] if r % 2 == 0 else ["watch", "baseline"]:
             with CONFIGS[config](model, opt):
+                cuda_steps(model, opt, scaler, dtype, x, y, warmup)
                 times[config].append(cuda_steps(model, opt, scaler, dtype, x, y, steps))
     ratio = statistics.median(w / b for w, b in zip(times["watch"], times["baseline"]))
     q1, q3 = _quartiles([w / b for w, b in zip(times["watch"], times["baseline"])])
@@ -325,20 +328,24 @@ def bench_cuda(name: str, dtype: torch.dtype, rounds: int, steps: int) -> None:
 
 
 def main_cuda(args: argparse.Namespace) -> None:
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {args.rounds} rounds x {args.steps} steps")
+    print(
+        f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {args.rounds} rounds x {args.warmup} untimed "
+        f"+ {args.steps} timed steps"
+    )
     print(
         f"{'model':<9}{'dtype':<9}{'base ms':>9}{'watch ms':>9}{'ratio':>9}{'(quartiles)':>16}"
         f"{'syncs/step between checks (base, watch)':>14}  and at checks (base, watch)"
     )
     for name in args.models.split(","):
         for dtype in (torch.float16, torch.bfloat16):
-            bench_cuda(name, dtype, args.rounds, args.steps)
+            bench_cuda(name, dtype, args.rounds, args.warmup, args.steps)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per block (cuda)")
+    parser.add_argument("--warmup", type=int, default=40, help="untimed steps per block (cuda)")
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per block (cuda)")
     parser.add_argument(
         "--models", default=None, help="default: mlp3,mlp,cnn,lm,cnn-compile (cpu) or resnet50,lm (cuda)"
     )
