@@ -6,7 +6,8 @@ from conftest import ENGINE_CHECKS
 from pitfall_factory import make_pitfall
 
 from torchdoctor.findings import Severity
-from torchdoctor.lint.runner import check_source, lint_paths, read_source
+from torchdoctor.lint.runner import _chunks, check_source, lint_paths, read_source
+from torchdoctor.lint.source import ProjectFacts
 
 LEAKY = textwrap.dedent("""
     def train(model, loader, optimizer, criterion):
@@ -27,6 +28,21 @@ def test_workers_find_what_a_serial_run_finds(tmp_path):
     serial = lint_paths([str(tmp_path)], checks, cwd=str(tmp_path), jobs=1)
     parallel = lint_paths([str(tmp_path)], checks, cwd=str(tmp_path), jobs=2)
     assert len(serial.findings) == 220 and serial.findings == parallel.findings
+
+
+def test_workers_get_whole_projects_when_a_project_boundary_is_near(tmp_path):
+    # Three projects of 60, 50 and 90 files (each a folder with a pyproject.toml), then one of 400: the slices
+    # end where a project does (a worker parses the files its files' questions need, so a project split between
+    # two workers is parsed twice), except inside a project too large for one slice.
+    files = []
+    for name, count in (("a", 60), ("b", 50), ("c", 90), ("big", 400)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pyproject.toml").write_text("", encoding="utf-8")
+        files += [(str(tmp_path / name / f"m{i:03}.py"), f"{name}/m{i:03}.py") for i in range(count)]
+    chunks = _chunks(files, ProjectFacts(), 100)
+    assert [len(c) for c in chunks] == [110, 90, 100, 100, 100, 100]
+    assert [f for c in chunks for f in c] == files
+    assert _chunks(files[:50], ProjectFacts(), 100) == [files[:50]]
 
 
 def test_a_crashing_check_becomes_one_finding_for_that_file(tmp_path):

@@ -302,8 +302,7 @@ def _lint_in_workers(
     from concurrent.futures import ProcessPoolExecutor
 
     _WORKER_STATE.update(checks=list(checks), project=project)
-    size = max(16, len(files) // (jobs * 4))
-    chunks = [files[i : i + size] for i in range(0, len(files), size)]
+    chunks = _chunks(files, project, max(16, len(files) // (jobs * 4)))
     try:
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             results: list[FileResult] = []
@@ -314,6 +313,23 @@ def _lint_in_workers(
             return results
     finally:
         _WORKER_STATE.clear()
+
+
+def _chunks(files: Sequence[tuple[str, str]], project: ProjectFacts, size: int) -> list[Sequence[tuple[str, str]]]:
+    """Consecutive slices of about `size` files for the workers, cut where the files' project root changes when
+    such a place lies between half and twice `size` from the slice's start: a worker parses whatever its files'
+    cross-file questions need, so a project split between two workers is parsed by both."""
+    roots = [project.program.root_of(os.path.abspath(path)) for path, _ in files]
+    changes = [i for i in range(1, len(files)) if roots[i] != roots[i - 1]]
+    chunks, start = [], 0
+    while len(files) - start > size:
+        target = start + size
+        near = [c for c in changes if start + size // 2 < c <= start + 2 * size]
+        end = min(near, key=lambda c: (abs(c - target), c)) if near else target
+        chunks.append(files[start:end])
+        start = end
+    chunks.append(files[start:])
+    return chunks
 
 
 def location_order(f: Finding) -> tuple:
