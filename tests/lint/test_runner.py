@@ -1,7 +1,9 @@
 """The lint engine: worker processes give the same findings as a serial run; a crashing check is contained."""
 
+import gc
 import textwrap
 
+import pytest
 from conftest import ENGINE_CHECKS
 from pitfall_factory import make_pitfall
 
@@ -43,6 +45,23 @@ def test_workers_get_whole_projects_when_a_project_boundary_is_near(tmp_path):
     assert [len(c) for c in chunks] == [110, 90, 100, 100, 100, 100]
     assert [f for c in chunks for f in c] == files
     assert _chunks(files[:50], ProjectFacts(), 100) == [files[:50]]
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_a_run_gives_the_garbage_collector_back_as_it_found_it(tmp_path, collecting):
+    # A run switches the collector off while it builds syntax trees; a library caller (or the watch and run
+    # doors in the same process) gets its own setting back, after a run and after one that raised.
+    (tmp_path / "t.py").write_text(LEAKY, encoding="utf-8")
+    was = gc.isenabled()
+    try:
+        gc.enable() if collecting else gc.disable()
+        assert lint_paths([str(tmp_path)], ENGINE_CHECKS, cwd=str(tmp_path), jobs=1).findings
+        assert gc.isenabled() is collecting
+        with pytest.raises(FileNotFoundError):
+            lint_paths([str(tmp_path / "missing.py")], ENGINE_CHECKS, cwd=str(tmp_path))
+        assert gc.isenabled() is collecting
+    finally:
+        gc.enable() if was else gc.disable()
 
 
 def test_a_crashing_check_becomes_one_finding_for_that_file(tmp_path):
