@@ -235,9 +235,8 @@ class SourceFile:
     def lines(self) -> list[str]:
         """Lines as `ast` counts them (only \\n, \\r\\n and \\r end a line; str.splitlines knows more)."""
         text = self.text
-        return (
-            text.split("\n") if "\r" not in text else _LINE_END.split(text)
-        )  # without a CR: the same split, 8x faster
+        # Without a CR the same split as the pattern's, 8x faster.
+        return text.split("\n") if "\r" not in text else _LINE_END.split(text)
 
     def char_col(self, line: int, byte_col: int) -> int:
         """`ast` columns count UTF-8 bytes; editors and edits count characters."""
