@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import bisect
 import gc
 import io
 import os
@@ -320,11 +321,12 @@ def _chunks(files: Sequence[tuple[str, str]], project: ProjectFacts, size: int) 
     such a place lies between half and twice `size` from the slice's start: a worker parses whatever its files'
     cross-file questions need, so a project split between two workers is parsed by both."""
     roots = [project.program.root_of(os.path.abspath(path)) for path, _ in files]
-    changes = [i for i in range(1, len(files)) if roots[i] != roots[i - 1]]
+    changes = [i for i in range(1, len(files)) if roots[i] != roots[i - 1]]  # where a project starts
     chunks, start = [], 0
     while len(files) - start > size:
         target = start + size
-        near = [c for c in changes if start + size // 2 < c <= start + 2 * size]
+        at = bisect.bisect_left(changes, target)  # the project starts nearest `target`, before and from it
+        near = [c for c in changes[max(at - 1, 0) : at + 1] if start + size // 2 < c <= start + 2 * size]
         end = min(near, key=lambda c: (abs(c - target), c)) if near else target
         chunks.append(files[start:end])
         start = end
