@@ -8,7 +8,7 @@ from conftest import ENGINE_CHECKS
 from pitfall_factory import make_pitfall
 
 from torchdoctor.findings import Severity
-from torchdoctor.lint.runner import _chunks, check_source, lint_paths, read_source
+from torchdoctor.lint.runner import _WORKER_STATE, _chunks, _worker_lint, check_source, lint_paths, read_source
 from torchdoctor.lint.source import ProjectFacts
 
 LEAKY = textwrap.dedent("""
@@ -45,6 +45,30 @@ def test_workers_get_whole_projects_when_a_project_boundary_is_near(tmp_path):
     assert [len(c) for c in chunks] == [110, 90, 100, 100, 100, 100]
     assert [f for c in chunks for f in c] == files
     assert _chunks(files[:50], ProjectFacts(), 100) == [files[:50]]
+
+
+def test_a_worker_releases_the_project_its_previous_slice_ended_in(tmp_path):
+    # As a serial run does when it leaves a project: a worker whose next slice starts in another project forgets
+    # the trees of the one before (a slice that goes on in the same project keeps them).
+    files = {}
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "pyproject.toml").write_text("", encoding="utf-8")
+        files[name] = []
+        for i in range(2):
+            (tmp_path / name / f"m{i}.py").write_text(LEAKY, encoding="utf-8")
+            files[name].append((str(tmp_path / name / f"m{i}.py"), f"{name}/m{i}.py"))
+    project = ProjectFacts()
+    _WORKER_STATE.update(checks=ENGINE_CHECKS, project=project)
+    try:
+        assert all(r.findings for r in _worker_lint(files["a"][:1]))
+        _worker_lint(files["a"][1:])
+        assert project.program.parsed(files["a"][0][0]) is not None  # the same project: kept
+        assert all(r.findings for r in _worker_lint(files["b"]))
+        assert all(project.program.parsed(path) is None for path, _ in files["a"])
+        assert all(project.program.parsed(path) is not None for path, _ in files["b"])
+    finally:
+        _WORKER_STATE.clear()
 
 
 @pytest.mark.parametrize("collecting", [True, False])

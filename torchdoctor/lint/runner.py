@@ -263,9 +263,12 @@ def _lint_files(
     checks: Sequence[registry.Pitfall],
     project: ProjectFacts,
     progress: Optional[Callable[[int, int], None]] = None,
+    root: Optional[str] = None,
 ) -> list[FileResult]:
+    """Lint `files` in order; `root` is the project the caller's previous files were in (released once these
+    leave it)."""
     results = []
-    program, root = project.program, None
+    program = project.program
     for path, display in files:
         here = program.root_of(os.path.abspath(path))
         if here != root:
@@ -285,7 +288,11 @@ def _nested(inner: str, outer: str) -> bool:
 
 def _worker_lint(files: Sequence[tuple[str, str]]) -> list[FileResult]:
     project = _WORKER_STATE["project"]
-    results = _lint_files(files, _WORKER_STATE["checks"], project)
+    # A worker's slices come in file order: the project its previous slice ended in is released once this one
+    # starts elsewhere, as a serial run does (else the last project of every slice stays in memory to the end).
+    results = _lint_files(files, _WORKER_STATE["checks"], project, root=_WORKER_STATE.get("root"))
+    if files:
+        _WORKER_STATE["root"] = project.program.root_of(os.path.abspath(files[-1][0]))
     if project.program.libraries is not None:  # a worker's program is its own: it writes what it learnt
         project.program.libraries.save()
     return results
