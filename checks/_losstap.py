@@ -1,10 +1,10 @@
 """Listening to loss calls (torch has no loss hooks), shared by the loss pitfalls.
 
 `tap_losses` patches the named functions of ``torch.nn.functional`` with `MethodPatch` (the loss modules,
-``nn.CrossEntropyLoss`` and friends, call those same functions) at the steps the session observes, so a check
-hears every `every`-th call of each made there: the call's tensors are handed to the check's listener for the
-duration of the call only. A listener must keep nothing of them but numbers. Nothing runs while dynamo traces
-or inside a torch.func transform.
+``nn.CrossEntropyLoss`` and friends, call those same functions) for the session, and a check hears every
+`every`-th call of each made at the steps the session observes: the call's tensors are handed to the check's
+listener for the duration of the call only. A listener must keep nothing of them but numbers. Nothing runs
+while dynamo traces, on fake tensors (torch.compile's tracing) or inside a torch.func transform.
 """
 
 from __future__ import annotations
@@ -49,12 +49,13 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
     import torch.nn.functional as F
 
     skip = _not_now_probe()
-    every = check.ctx.every
+    ctx = check.ctx
+    every = ctx.every
     calls: dict[str, int] = {}
     broken: list[bool] = []
 
     def before(name: str, _obj: Any, args: tuple, kwargs: dict) -> None:
-        if broken or skip():
+        if broken or skip() or not ctx.observing:
             return
         count = calls.get(name, 0)
         calls[name] = count + 1
@@ -70,22 +71,29 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
 
     for name in names:
         if callable(getattr(F, name, None)):  # a partial, not a closure: one Python call less per loss call
-            check.ctx.hooks.add_observed(functools.partial(_patch, F, name, functools.partial(before, name)))
-
-
-def _patch(module: Any, name: str, before: Callable[..., None]) -> MethodPatch:
-    return MethodPatch(module, name, before=before)
+            # on for the whole session, not only at the observed steps: dynamo guards on the function a compiled
+            # forward calls, so swapping it in and out would recompile a model that computes its loss inside
+            check.ctx.hooks.add(MethodPatch(F, name, before=functools.partial(before, name)))
 
 
 def _not_now_probe() -> Callable[[], bool]:
-    """True while dynamo traces or inside a torch.func transform (functorch wrappers: no storage, no history)."""
+    """True while dynamo traces, while a fake-tensor mode runs (torch.compile's AOT tracing and shape
+    propagation run the functions of the graph on fake tensors, whose values can't be read), or inside a
+    torch.func transform (functorch wrappers: no storage, no history)."""
     import torch
 
     compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    mode, key = getattr(torch._C, "_get_dispatch_mode", None), getattr(torch._C, "_TorchDispatchModeKey", None)
+    fake_key = getattr(key, "FAKE", None)
     stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
-    if stack is None:
-        return compiling
-    return lambda: compiling() or stack() is not None
+    checks: list[Callable[[], bool]] = [compiling]
+    if mode is not None and fake_key is not None:
+        checks.append(lambda: mode(fake_key) is not None)
+    if stack is not None:
+        checks.append(lambda: stack() is not None)
+    if len(checks) == 3:  # the common case spelled out: one call less per loss call
+        return lambda: compiling() or mode(fake_key) is not None or stack() is not None
+    return lambda: compiling() or any(check() for check in checks[1:])
 
 
 def produced_by(tensor: Any, names: tuple[str, ...], hops: int = 6) -> Optional[str]:

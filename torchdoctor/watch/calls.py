@@ -15,6 +15,7 @@ True while it traces), so compiled graphs get no break and no guard on our state
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Protocol
 
 import torch
@@ -52,12 +53,35 @@ _listeners: list["CallPatch"] = []
 _original: list[Callable[..., Any]] = []
 # the listeners that want the transformed calls of other modules too (`CallPatch(..., transformed=True)`)
 _transformed: list[CallListener] = []
+# `RootPatch` listeners, told of each outermost module call; `_depth.n`: the module calls running in a thread
+_root_listeners: list[Callable[[nn.Module], None]] = []
+_depth = threading.local()
 _functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
 
 
 def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if _is_compiling():
         return _original[0](self, *args, **kwargs)
+    if _root_listeners:
+        return _outermost(self, args, kwargs)
+    return _dispatch(self, args, kwargs)
+
+
+def _outermost(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """A module call while some `RootPatch` listens: it hears of the calls made outside every other module
+    call of their thread."""
+    depth = getattr(_depth, "n", 0)
+    if not depth:
+        for listener in list(_root_listeners):
+            listener(module)
+    _depth.n = depth + 1
+    try:
+        return _dispatch(module, args, kwargs)
+    finally:
+        _depth.n = depth
+
+
+def _dispatch(self: nn.Module, args: Any, kwargs: Any) -> Any:
     key = id(self)
     inner = _inner.get(key)
     if inner is not None and inner._depth:  # a submodule inside its model's forward
@@ -83,6 +107,18 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return output
 
 
+def _skip_frames() -> None:
+    """Tell dynamo never to start compiling at the patch's frames (it compiles the frames they call, and
+    still inlines `_call_impl` into a frame it traces). A compiled module's ``__call__`` enters the patch
+    first, and dynamo compiles the first frame outside torch: without this, every compiled module would share
+    the patch's cache (and its recompile limit), and dynamo's messages would name our file."""
+    skip_code = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    skip_code = getattr(skip_code, "skip_code", None)
+    if skip_code is not None:
+        for function in (_call_impl, _outermost, _dispatch):
+            skip_code(function.__code__)
+
+
 def _sort(key: int) -> None:
     """Whether the module `key` takes the fast path of `_inner`: one listener, which does not report its
     every call."""
@@ -103,9 +139,7 @@ class CallPatch:
         if transformed:
             _transformed.append(listener)
         self.ids: set[int] = set()
-        if not _listeners and nn.Module.__dict__.get("_call_impl") is not _call_impl:
-            _original[:] = [nn.Module.__dict__["_call_impl"]]  # kept after removal: a later patch may chain ours
-            nn.Module._call_impl = _call_impl  # type: ignore[method-assign]
+        _install()
         _listeners.append(self)
 
     def listen(self, modules: Any) -> None:
@@ -131,5 +165,34 @@ class CallPatch:
             _transformed.remove(self.listener)
         if self in _listeners:
             _listeners.remove(self)
-        if not _listeners and nn.Module.__dict__.get("_call_impl") is _call_impl:
-            nn.Module._call_impl = _original[0]  # type: ignore[method-assign]
+        _release()
+
+
+class RootPatch:
+    """Handle of a listener told of every outermost module call (one made while no other module's call runs
+    in its thread), with the module; ``remove()`` unsubscribes it. Unlike torch's global module hooks, it
+    never changes what dynamo guards on, so installing or removing it never recompiles a compiled model."""
+
+    def __init__(self, listener: Callable[[nn.Module], None]) -> None:
+        self.listener = listener
+        _install()
+        _root_listeners.append(listener)
+
+    def remove(self) -> None:
+        if self.listener in _root_listeners:
+            _root_listeners.remove(self.listener)
+            _release()
+
+
+def _install() -> None:
+    """Put the patch on ``nn.Module`` unless it is there."""
+    if not _listeners and not _root_listeners and nn.Module.__dict__.get("_call_impl") is not _call_impl:
+        _original[:] = [nn.Module.__dict__["_call_impl"]]  # kept after removal: a later patch may chain ours
+        _skip_frames()
+        nn.Module._call_impl = _call_impl  # type: ignore[method-assign]
+
+
+def _release() -> None:
+    """Take the patch off when nothing listens any more."""
+    if not _listeners and not _root_listeners and nn.Module.__dict__.get("_call_impl") is _call_impl:
+        nn.Module._call_impl = _original[0]  # type: ignore[method-assign]
