@@ -1,10 +1,11 @@
 """Listening to loss calls (torch has no loss hooks), shared by the loss pitfalls.
 
 `tap_losses` patches the named functions of ``torch.nn.functional`` with `MethodPatch` (the loss modules,
-``nn.CrossEntropyLoss`` and friends, call those same functions) for the session, and a check hears every
-`every`-th call of each made at the steps the session observes: the call's tensors are handed to the check's
-listener for the duration of the call only. A listener must keep nothing of them but numbers. Nothing runs
-while dynamo traces, on fake tensors (torch.compile's tracing) or inside a torch.func transform.
+``nn.CrossEntropyLoss`` and friends, call those same functions) at the steps the session observes (for the rest
+of the session once torch.compile compiled a graph, which may call them), and a check hears every `every`-th
+call of each made at the observed steps: the call's tensors are handed to the check's listener for the
+duration of the call only. A listener must keep nothing of them but numbers. Nothing runs while dynamo traces,
+on fake tensors (torch.compile's tracing) or inside a torch.func transform.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
     broken: list[bool] = []
 
     def before(name: str, _obj: Any, args: tuple, kwargs: dict) -> None:
-        if broken or skip() or not ctx.observing:
+        if broken or skip() or not ctx.observing:  # (kept on for a compiled graph: unobserved steps too)
             return
         count = calls.get(name, 0)
         calls[name] = count + 1
@@ -69,11 +70,34 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
             broken.append(True)
             check.ctx.fault(check, exc)
 
+    graphs = _compiled_graphs()
+
+    def compiled() -> bool:
+        """torch.compile compiled a graph in the session: it may call the loss, and dynamo guards on the
+        function it calls, so the patch stays on (taking it off and on would recompile that graph)."""
+        return _compiled_graphs() > graphs
+
     for name in names:
         if callable(getattr(F, name, None)):  # a partial, not a closure: one Python call less per loss call
-            # on for the whole session, not only at the observed steps: dynamo guards on the function a compiled
-            # forward calls, so swapping it in and out would recompile a model that computes its loss inside
-            check.ctx.hooks.add(MethodPatch(F, name, before=functools.partial(before, name)))
+            check.ctx.hooks.add_observed(
+                functools.partial(_patch, F, name, functools.partial(before, name)), keep=compiled
+            )
+
+
+def _patch(module: Any, name: str, before: Callable[..., None]) -> MethodPatch:
+    return MethodPatch(module, name, before=before)
+
+
+def _compiled_graphs() -> int:
+    """The graphs dynamo compiled in this process so far (0 while dynamo was never imported)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return int(counters["stats"]["unique_graphs"]) if counters is not None else 0
+    except Exception:
+        return 0
 
 
 def _not_now_probe() -> Callable[[], bool]:

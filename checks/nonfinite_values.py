@@ -14,6 +14,7 @@ from torchdoctor.sdk.runtime import (
     RuntimeCheck,
     StepEvent,
     ZeroGradEvent,
+    dynamo_tracing,
     frame_variables,
     is_library,
     unwrap_optimizer,
@@ -567,7 +568,7 @@ class NonfiniteValues(RuntimeCheck):
     def _check_input(self, module: Any, args: Any) -> None:
         import torch
 
-        if self.input_checked:  # only the first input of the forward is the batch
+        if self.input_checked or dynamo_tracing():  # only the first input of the forward is the batch
             return
         self.input_checked = True
         try:
@@ -580,7 +581,7 @@ class NonfiniteValues(RuntimeCheck):
     def _check_output(self, name: str, module: Any, args: Any, output: Any) -> None:
         import torch
 
-        if self.first_module is not None or self.bad_input:
+        if self.first_module is not None or self.bad_input or dynamo_tracing():  # inlined into a compiled forward
             return
         outs = output if isinstance(output, (tuple, list)) else [output]
         try:

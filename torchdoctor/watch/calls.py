@@ -21,10 +21,13 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-# True while dynamo traces (it folds the call to True); in eager one trivial call, checked on every module call
+# True while dynamo traces (it folds the call to True); in eager one trivial call, checked on every module call.
+# Also for the module hooks of the checks: dynamo inlines a hook into the compiled forward, where it must add
+# nothing (no graph break, no guard on our state)
 _is_compiling: Callable[[], bool] = (
     getattr(getattr(torch, "compiler", None), "is_dynamo_compiling", None) or torch._dynamo.is_compiling
 )
+dynamo_tracing = _is_compiling
 
 
 class CallListener(Protocol):
