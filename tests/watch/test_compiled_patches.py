@@ -123,9 +123,9 @@ def test_recompiling_fires_on_a_python_number_that_changes_every_step_at_the_use
     torch._dynamo.reset()
 
 
-def test_recompiling_quiet_on_mode_combinations_that_repeat():
-    """Evaluation, inference and mixed precision between training steps: one compiled version per mode
-    combination, then none; only reaching the recompile limit would be a finding."""
+def _mode_loop() -> tuple[list, int]:
+    """Evaluation, inference and mixed precision between training steps of a compiled model: (the findings
+    of `recompiling`, the recompilations)."""
 
     from torch._dynamo.utils import guard_failures
 
@@ -150,8 +150,21 @@ def test_recompiling_quiet_on_mode_combinations_that_repeat():
             compiled(x, y)[1].backward()
             opt.step()
     recompiles = sum(str(r).split(":")[0].endswith("/0") for rs in guard_failures.values() for r in rs)
-    assert recompiles == 4 and s.findings == []  # 4: as many as a shape that changes every step needs to fire
     torch._dynamo.reset()
+    return s.findings, recompiles
+
+
+def test_recompiling_quiet_on_mode_combinations_that_repeat():
+    """One compiled version per mode combination, then none: only reaching the recompile limit is a finding."""
+    findings, recompiles = _mode_loop()
+    assert recompiles == 4 and findings == []  # 4: as many as a shape that changes every step needs to fire
+
+
+def test_recompiling_fires_when_mode_combinations_reach_the_recompile_limit(monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 4)
+    [finding], _ = _mode_loop()
+    assert "reached the recompile limit (4)" in finding.message and "combinations of grad mode" in finding.message
+    assert finding.fix.code == "torch._dynamo.config.recompile_limit = 32"
 
 
 @contextlib.contextmanager
