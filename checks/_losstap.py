@@ -106,18 +106,14 @@ def _not_now_probe() -> Callable[[], bool]:
     torch.func transform (functorch wrappers: no storage, no history)."""
     import torch
 
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
-    mode, key = getattr(torch._C, "_get_dispatch_mode", None), getattr(torch._C, "_TorchDispatchModeKey", None)
-    fake_key = getattr(key, "FAKE", None)
-    stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
-    checks: list[Callable[[], bool]] = [compiling]
-    if mode is not None and fake_key is not None:
-        checks.append(lambda: mode(fake_key) is not None)
-    if stack is not None:
-        checks.append(lambda: stack() is not None)
-    if len(checks) == 3:  # the common case spelled out: one call less per loss call
-        return lambda: compiling() or mode(fake_key) is not None or stack() is not None
-    return lambda: compiling() or any(check() for check in checks[1:])
+    compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    mode: Callable[[Any], Any] = getattr(torch._C, "_get_dispatch_mode", None) or (lambda key: None)
+    fake_key = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+    stack: Callable[[], Any] = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None) or (
+        lambda: None
+    )
+    # one expression: dynamo folds compiling() to True while it traces and never reaches the other calls
+    return lambda: compiling() or (fake_key is not None and mode(fake_key) is not None) or stack() is not None
 
 
 def produced_by(tensor: Any, names: tuple[str, ...], hops: int = 6) -> Optional[str]:

@@ -233,7 +233,7 @@ class Recompiling(RuntimeCheck):
             ]
             if compiled or len(self.ctx.models) == 1:  # a module compiled after watch() was given it
                 return (compiled or [self.ctx.models[0].label])[0]
-        name = (getattr(code, "co_qualname", None) or getattr(code, "co_name", "?")).split("<locals>.")[-1]
+        name = str(getattr(code, "co_qualname", None) or getattr(code, "co_name", "?")).split("<locals>.")[-1]
         return f"{name}() ({filename}:{getattr(code, 'co_firstlineno', 0)})"
 
     def _location(self, where: str, code: Any) -> Location:
