@@ -160,9 +160,9 @@ def test_recompiling_quiet_on_mode_combinations_that_repeat():
     assert recompiles == 4 and findings == []  # 4: as many as a shape that changes every step needs to fire
 
 
-def test_recompiling_fires_when_mode_combinations_reach_the_recompile_limit(monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 4)
-    [finding], _ = _mode_loop()
+def test_recompiling_fires_when_mode_combinations_reach_the_recompile_limit():
+    with torch._dynamo.config.patch(recompile_limit=4):
+        [finding], _ = _mode_loop()
     assert "reached the recompile limit (4)" in finding.message and "combinations of grad mode" in finding.message
     assert finding.fix.code == "torch._dynamo.config.recompile_limit = 32"
 

@@ -56,35 +56,17 @@ _listeners: list["CallPatch"] = []
 _original: list[Callable[..., Any]] = []
 # the listeners that want the transformed calls of other modules too (`CallPatch(..., transformed=True)`)
 _transformed: list[CallListener] = []
-# `RootPatch` listeners, told of each outermost module call; `_depth.n`: the module calls running in a thread
+# `RootPatch` listeners, told of each outermost module call; `_inside.call`: a module call runs in this thread
 _root_listeners: list[Callable[[nn.Module], None]] = []
-_depth = threading.local()
+_inside = threading.local()
 _functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
 
 
 def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if _is_compiling():
         return _original[0](self, *args, **kwargs)
-    if _root_listeners:
+    if _root_listeners and not getattr(_inside, "call", False):
         return _outermost(self, args, kwargs)
-    return _dispatch(self, args, kwargs)
-
-
-def _outermost(module: nn.Module, args: Any, kwargs: Any) -> Any:
-    """A module call while some `RootPatch` listens: it hears of the calls made outside every other module
-    call of their thread."""
-    depth = getattr(_depth, "n", 0)
-    if not depth:
-        for listener in list(_root_listeners):
-            listener(module)
-    _depth.n = depth + 1
-    try:
-        return _dispatch(module, args, kwargs)
-    finally:
-        _depth.n = depth
-
-
-def _dispatch(self: nn.Module, args: Any, kwargs: Any) -> Any:
     key = id(self)
     inner = _inner.get(key)
     if inner is not None and inner._depth:  # a submodule inside its model's forward
@@ -110,6 +92,21 @@ def _dispatch(self: nn.Module, args: Any, kwargs: Any) -> Any:
     return output
 
 
+def _outermost(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """A module call made outside every other module call of its thread while some `RootPatch` listens: tell
+    them, then make the call (the calls inside it see `_inside.call` set and take the usual path)."""
+    for listener in list(_root_listeners):
+        try:
+            listener(module)
+        except Exception:  # never into the user's forward (a listener only notes the module)
+            pass
+    _inside.call = True
+    try:
+        return _call_impl(module, *args, **kwargs)
+    finally:
+        _inside.call = False
+
+
 def _skip_frames() -> None:
     """Tell dynamo never to start compiling at the patch's frames (it compiles the frames they call, and
     still inlines `_call_impl` into a frame it traces). A compiled module's ``__call__`` enters the patch
@@ -118,7 +115,7 @@ def _skip_frames() -> None:
     skip_code = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
     skip_code = getattr(skip_code, "skip_code", None)
     if skip_code is not None:
-        for function in (_call_impl, _outermost, _dispatch):
+        for function in (_call_impl, _outermost):
             skip_code(function.__code__)
 
 
