@@ -58,6 +58,29 @@ def test_a_compiled_model_computing_its_loss_recompiles_under_watch_only_as_it_d
     assert _periodic_eval_loop(watched=True) == (unwatched, [])
 
 
+def test_a_model_compiled_after_watch_was_given_it_compiles_none_of_watchs_code():
+    """watch(model), then torch.compile(model): the listeners run inside the compiled module's call, and
+    dynamo must compile neither them nor the checks they call (it compiled the session's forward handler)."""
+    from torch._dynamo.utils import guard_failures
+
+    torch._dynamo.reset()
+    model = LossInside()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    with session(model, opt) as s:
+        compiled = torch.compile(model, backend="eager")
+        for step in range(6):
+            if step % 3 == 0:
+                with torch.no_grad():
+                    compiled(x, y)
+            opt.zero_grad()
+            compiled(x, y)[1].backward()
+            opt.step()
+    assert [(code.co_name, code.co_filename) for code in guard_failures] == [("forward", __file__)]
+    assert problems(s) == []
+    torch._dynamo.reset()
+
+
 def test_loss_taps_skip_fake_tensors():
     """torch.compile traces the functions of its graph on fake tensors (a loss tap's listener there can read
     no value: DataDependentOutputException before this was fixed)."""

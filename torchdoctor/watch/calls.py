@@ -76,8 +76,7 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not _transformed or _functorch_stack is None or _functorch_stack() is None:
             return _original[0](self, *args, **kwargs)
         output = _original[0](self, *args, **kwargs)
-        for listener in _transformed:
-            listener._transformed(self)
+        _tell_transformed(self)
         return output
     for listener in listeners:
         listener._depth += 1
@@ -85,21 +84,35 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     try:
         output = _original[0](self, *args, **kwargs)
     finally:
-        for listener in listeners:
-            listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
-            if not depth or key in listener._roots:  # else: a submodule inside the model's forward
-                listener._forward(self, args, output)
+        _tell_returned(listeners, key, self, args, output)
     return output
 
 
-def _outermost(module: nn.Module, args: Any, kwargs: Any) -> Any:
-    """A module call made outside every other module call of its thread while some `RootPatch` listens: tell
-    them, then make the call (the calls inside it see `_inside.call` set and take the usual path)."""
+def _tell_returned(listeners: tuple[CallListener, ...], key: int, module: nn.Module, args: Any, output: Any) -> None:
+    """A call of listened `module` returned: its listeners' depths, and `_forward` where it is due."""
+    for listener in listeners:
+        listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
+        if not depth or key in listener._roots:  # else: a submodule inside the model's forward
+            listener._forward(module, args, output)
+
+
+def _tell_transformed(module: nn.Module) -> None:
+    for listener in _transformed:
+        listener._transformed(module)
+
+
+def _tell_roots(module: nn.Module) -> None:
     for listener in list(_root_listeners):
         try:
             listener(module)
         except Exception:  # never into the user's forward (a listener only notes the module)
             pass
+
+
+def _outermost(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """A module call made outside every other module call of its thread while some `RootPatch` listens: tell
+    them, then make the call (the calls inside it see `_inside.call` set and take the usual path)."""
+    _tell_roots(module)
     _inside.call = True
     try:
         return _call_impl(module, *args, **kwargs)
@@ -111,12 +124,18 @@ def _skip_frames() -> None:
     """Tell dynamo never to start compiling at the patch's frames (it compiles the frames they call, and
     still inlines `_call_impl` into a frame it traces). A compiled module's ``__call__`` enters the patch
     first, and dynamo compiles the first frame outside torch: without this, every compiled module would share
-    the patch's cache (and its recompile limit), and dynamo's messages would name our file."""
-    skip_code = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
-    skip_code = getattr(skip_code, "skip_code", None)
-    if skip_code is not None:
-        for function in (_call_impl, _outermost):
-            skip_code(function.__code__)
+    the patch's cache (and its recompile limit), and dynamo's messages would name our file. The listeners run
+    there too, inside the compiled module's call: dynamo must not compile them, nor anything they call (the
+    checks' handlers)."""
+    eval_frame = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    strategy = getattr(eval_frame, "set_code_exec_strategy", None)
+    make, action = getattr(eval_frame, "FrameExecStrategy", None), getattr(eval_frame, "FrameAction", None)
+    if strategy is None or make is None or action is None:
+        return
+    for code in (_call_impl.__code__, _outermost.__code__):
+        strategy(code, make(action.SKIP, action.DEFAULT))
+    for code in (_tell_returned.__code__, _tell_transformed.__code__, _tell_roots.__code__):
+        strategy(code, make(action.SKIP, action.SKIP))
 
 
 def _sort(key: int) -> None:
