@@ -1,10 +1,11 @@
 """Listening to loss calls (torch has no loss hooks), shared by the loss pitfalls.
 
 `tap_losses` patches the named functions of ``torch.nn.functional`` with `MethodPatch` (the loss modules,
-``nn.CrossEntropyLoss`` and friends, call those same functions) at the steps the session observes, so a check
-hears every `every`-th call of each made there: the call's tensors are handed to the check's listener for the
-duration of the call only. A listener must keep nothing of them but numbers. Nothing runs while dynamo traces
-or inside a torch.func transform.
+``nn.CrossEntropyLoss`` and friends, call those same functions) at the steps the session observes (for the rest
+of the session once torch.compile compiled a graph, which may call them), and a check hears every `every`-th
+call of each made at the observed steps: the call's tensors are handed to the check's listener for the
+duration of the call only. A listener must keep nothing of them but numbers. Nothing runs while dynamo traces,
+on fake tensors (torch.compile's tracing) or inside a torch.func transform.
 """
 
 from __future__ import annotations
@@ -49,12 +50,13 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
     import torch.nn.functional as F
 
     skip = _not_now_probe()
-    every = check.ctx.every
+    ctx = check.ctx
+    every = ctx.every
     calls: dict[str, int] = {}
     broken: list[bool] = []
 
     def before(name: str, _obj: Any, args: tuple, kwargs: dict) -> None:
-        if broken or skip():
+        if broken or skip() or not ctx.observing:  # (kept on for a compiled graph: unobserved steps too)
             return
         count = calls.get(name, 0)
         calls[name] = count + 1
@@ -68,24 +70,50 @@ def tap_losses(check: RuntimeCheck, names: tuple[str, ...], listener: Listener) 
             broken.append(True)
             check.ctx.fault(check, exc)
 
+    graphs = _compiled_graphs()
+
+    def compiled() -> bool:
+        """torch.compile compiled a graph in the session: it may call the loss, and dynamo guards on the
+        function it calls, so the patch stays on (taking it off and on would recompile that graph)."""
+        return _compiled_graphs() > graphs
+
     for name in names:
         if callable(getattr(F, name, None)):  # a partial, not a closure: one Python call less per loss call
-            check.ctx.hooks.add_observed(functools.partial(_patch, F, name, functools.partial(before, name)))
+            check.ctx.hooks.add_observed(
+                functools.partial(_patch, F, name, functools.partial(before, name)), keep=compiled
+            )
 
 
 def _patch(module: Any, name: str, before: Callable[..., None]) -> MethodPatch:
     return MethodPatch(module, name, before=before)
 
 
+def _compiled_graphs() -> int:
+    """The graphs dynamo compiled in this process so far (0 while dynamo was never imported)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    try:
+        return int(counters["stats"]["unique_graphs"]) if counters is not None else 0
+    except Exception:
+        return 0
+
+
 def _not_now_probe() -> Callable[[], bool]:
-    """True while dynamo traces or inside a torch.func transform (functorch wrappers: no storage, no history)."""
+    """True while dynamo traces, while a fake-tensor mode runs (torch.compile's AOT tracing and shape
+    propagation run the functions of the graph on fake tensors, whose values can't be read), or inside a
+    torch.func transform (functorch wrappers: no storage, no history)."""
     import torch
 
-    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
-    stack = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
-    if stack is None:
-        return compiling
-    return lambda: compiling() or stack() is not None
+    compiling: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
+    mode: Callable[[Any], Any] = getattr(torch._C, "_get_dispatch_mode", None) or (lambda key: None)
+    fake_key = getattr(getattr(torch._C, "_TorchDispatchModeKey", None), "FAKE", None)
+    stack: Callable[[], Any] = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None) or (
+        lambda: None
+    )
+    # one expression: dynamo folds compiling() to True while it traces and never reaches the other calls
+    return lambda: compiling() or (fake_key is not None and mode(fake_key) is not None) or stack() is not None
 
 
 def produced_by(tensor: Any, names: tuple[str, ...], hops: int = 6) -> Optional[str]:

@@ -547,6 +547,9 @@ class NonfiniteValues(RuntimeCheck):
 
     def _arm_probe(self) -> None:
         """One forward with a finiteness check on every module output and on the root inputs."""
+        from torchdoctor.sdk.runtime import dynamo_tracing
+
+        self.tracing = dynamo_tracing
         handles = []
         self.input_checked = False
         for wm in self.ctx.models:
@@ -567,7 +570,7 @@ class NonfiniteValues(RuntimeCheck):
     def _check_input(self, module: Any, args: Any) -> None:
         import torch
 
-        if self.input_checked:  # only the first input of the forward is the batch
+        if self.input_checked or self.tracing():  # only the first input of the forward is the batch
             return
         self.input_checked = True
         try:
@@ -580,7 +583,7 @@ class NonfiniteValues(RuntimeCheck):
     def _check_output(self, name: str, module: Any, args: Any, output: Any) -> None:
         import torch
 
-        if self.first_module is not None or self.bad_input:
+        if self.first_module is not None or self.bad_input or self.tracing():  # inlined into a compiled forward
             return
         outs = output if isinstance(output, (tuple, list)) else [output]
         try:

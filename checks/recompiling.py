@@ -69,19 +69,26 @@ RECOMPILING = Pitfall(
         "runtime": """
             `watch` reads dynamo's own record of guard failures (`torch._dynamo.utils.guard_failures`, one
             reason per cached graph each time a function is compiled again) and counts the recompilations of
-            each compiled function since the session started; it reports a function compiled again 4 times or
-            more, with the guard that failed last (a size mismatch means changing shapes) and whether it hit
-            the recompile limit. While the session runs it also listens to dynamo's graph-break log (its
-            `graph_breaks` artifact logger, set to debug level for the session and restored after) and reports
-            each compiled function that broke into several graphs, with the line and reason of each break. The
-            examples use `backend="eager"` to compile in milliseconds; the default inductor backend recompiles
-            the same way. Quiet: a compiled model with static shapes; the one recompilation with which dynamo
-            marks a changed dimension dynamic (`dynamic=None`, the default); a few recompilations for
-            `train()`/`eval()` switches.
+            each compiled function since the session started. It reports a function compiled again 4 times or
+            more for a changing shape or value (the guard that failed last is quoted: a size mismatch means
+            changing shapes), and any function that reached the recompile limit. Recompilations for the mode
+            a function is called under (grad mode, autocast, train/eval) are counted only towards the limit:
+            there are few combinations, so they stop once each was compiled. While the session runs it also
+            listens to dynamo's graph-break log (its `graph_breaks` artifact logger, set to debug level for the
+            session and restored after) and reports each compiled function that broke into several graphs,
+            with the line and reason of each break. The examples use `backend="eager"` to compile in
+            milliseconds; the default inductor backend recompiles the same way. Quiet: a compiled model with
+            static shapes; the one recompilation with which dynamo marks a changed dimension dynamic
+            (`dynamic=None`, the default); a model evaluated every few steps under `torch.no_grad()` and
+            `eval()` (one more compiled version, then none), including when its forward computes the loss.
         """,
     },
 )
 
+# Guards on the mode a function runs under (grad mode, autocast, a module's train/eval flag): there are few
+# combinations, so the recompilations they cause stop once each was compiled (an evaluation under no_grad and
+# eval() every N steps: one more version, then none); they are reported only when they reach the limit
+_MODE = re.compile(r"GLOBAL_STATE changed|\.training\b|grad_mode|autocast|inference_mode|is_grad_enabled", re.I)
 _SIZE = re.compile(r"size mismatch|stride mismatch|dim\(\) mismatch|rank mismatch", re.I)
 _BREAK = re.compile(
     r"in user code at (?P<file>.+?):(?P<line>\d+)\nGraph Break Reason: (?P<reason>.*?)(\nUser code|$)", re.S
@@ -141,44 +148,55 @@ class Recompiling(RuntimeCheck):
     def _judge(self) -> Iterator[Finding]:
         if self.failures is not None:
             for code, reasons in list(self.failures.items()):
-                new = reasons[self.seen.get(code, 0) :]
-                recompiles = sum(1 for r in new if re.match(r"\d+/0:", str(r)))
                 where = self._name(code)
-                if recompiles >= RECOMPILES and where not in self.reported:
+                if where in self.reported:
+                    continue
+                before = _recompiles(reasons[: self.seen.get(code, 0)])
+                new = _recompiles(reasons[self.seen.get(code, 0) :])
+                growing = [r for r in new if not all(_MODE.search(reason) for reason in r)]
+                limit = _limit()
+                gave_up = bool(new) and len(before) + len(new) + 1 >= limit
+                if len(growing) >= RECOMPILES or gave_up:
                     self.reported.add(where)
-                    yield self._recompiles(where, code, recompiles, str(new[-1]))
+                    yield self._recompiles(where, code, len(new), growing or new, limit if gave_up else None)
         sites = [s for s in self.handler.sites if s not in self.breaks_said]
         if sites:
             self.breaks_said.update(sites)
             yield from self._breaks(sites)
 
-    def _recompiles(self, where: str, code: Any, recompiles: int, last: str) -> Finding:
-        import torch
-
-        reason = re.sub(r"^\d+/\d+: ", "", last).split("\n")[0]
-        config = torch._dynamo.config
-        limit = getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", None) or 8
+    def _recompiles(
+        self, where: str, code: Any, recompiles: int, causes: list[list[str]], limit: Optional[int]
+    ) -> Finding:
+        last = causes[-1]
+        reason = next((r for r in last if not _MODE.search(r)), last[0])
+        reason = re.sub(r"^\d+/\d+: ", "", reason).split("\n")[0].strip()
         gave_up = (
-            f"; it reached the recompile limit ({limit}), so dynamo runs it uncompiled from now on"
-            if recompiles + 1 >= limit
-            else ""
+            f"; it reached the recompile limit ({limit}), so dynamo runs it uncompiled from now on" if limit else ""
         )
         shapes = bool(_SIZE.search(reason))
+        modes = _MODE.search(reason) is not None
         cause = (
             "the input shapes change from step to step"
             if shapes
+            else "it is called under more combinations of grad mode, autocast and train/eval than the limit allows"
+            if modes
             else "a value it specialised on (a Python number or flag, a dtype) keeps changing"
         )
         return Finding(
             f"torch.compile had to compile {where} again {recompiles} times while watched{gave_up}: {cause} (the last "
             f"failed guard: {reason}). Each compilation costs seconds or more, and the steps run uncompiled "
             "meanwhile.",
-            fix=self._fix(shapes),
+            fix=self._fix(shapes, modes),
             location=self._location(where, code),
             key=where,
         )
 
-    def _fix(self, shapes: bool) -> Fix:
+    def _fix(self, shapes: bool, modes: bool = False) -> Fix:
+        if modes:
+            return Fix(
+                title="Allow dynamo more compiled versions of the function (one per mode combination it meets):",
+                code="torch._dynamo.config.recompile_limit = 32",
+            )
         if not shapes:
             return Fix(
                 title="Pass the changing number as a tensor (or keep it constant), e.g.:",
@@ -215,7 +233,8 @@ class Recompiling(RuntimeCheck):
             ]
             if compiled or len(self.ctx.models) == 1:  # a module compiled after watch() was given it
                 return (compiled or [self.ctx.models[0].label])[0]
-        return f"{getattr(code, 'co_name', '?')}() ({filename}:{getattr(code, 'co_firstlineno', 0)})"
+        name = str(getattr(code, "co_qualname", None) or getattr(code, "co_name", "?")).split("<locals>.")[-1]
+        return f"{name}() ({filename}:{getattr(code, 'co_firstlineno', 0)})"
 
     def _location(self, where: str, code: Any) -> Location:
         if any(wm.label == where for wm in self.ctx.models):
@@ -234,6 +253,27 @@ class Recompiling(RuntimeCheck):
                 if isinstance(name, str):
                     return name
         return None
+
+
+def _recompiles(reasons: list[Any]) -> list[list[str]]:
+    """Dynamo's guard-failure record of one function, cut into its recompilations: each lists the failed guard
+    of every cached version, newest first, ending with the first version's (``"3/0: ..."``)."""
+    out: list[list[str]] = []
+    current: list[str] = []
+    for reason in reasons:
+        current.append(str(reason))
+        if re.match(r"\d+/0:", current[-1]):
+            out.append(current)
+            current = []
+    return out
+
+
+def _limit() -> int:
+    """Dynamo's recompile limit (``recompile_limit``, ``cache_size_limit`` in older torch)."""
+    import torch
+
+    config = torch._dynamo.config
+    return int(getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", None) or 8)
 
 
 def _reason(text: str) -> str:

@@ -75,7 +75,9 @@ class SyncBNMissing(RuntimeCheck):
         from torch.nn.modules.batchnorm import SyncBatchNorm, _BatchNorm
         from torch.nn.modules.module import register_module_forward_pre_hook
 
-        from torchdoctor.sdk.runtime import ddp_over_world
+        from torchdoctor.sdk.runtime import ddp_over_world, dynamo_tracing
+
+        self.tracing = dynamo_tracing
 
         self.layers: dict[int, tuple[str, str]] = {}  # id -> (label.name, type)
         self.counts: dict[str, int] = {}
@@ -94,6 +96,8 @@ class SyncBNMissing(RuntimeCheck):
             self.handle = self.ctx.hooks.add(register_module_forward_pre_hook(self._pre_forward))
 
     def _pre_forward(self, module: Any, args: Any) -> None:
+        if self.tracing():  # a layer inside a compiled forward: dynamo inlines this hook, which must add nothing
+            return
         layer = self.layers.get(id(module))
         if layer is None or not module.training:
             return

@@ -23,6 +23,7 @@ from torchdoctor.watch.contract import (
 from torchdoctor.wrappers import unwrap, unwrap_optimizer, wrapper_chain
 
 if TYPE_CHECKING:
+    from torchdoctor.watch.calls import dynamo_tracing as dynamo_tracing
     from torchdoctor.watch.handles import Restore as Restore
     from torchdoctor.watch.patches import MethodPatch as MethodPatch
     from torchdoctor.watch.userframe import frame_variables as frame_variables
@@ -35,6 +36,7 @@ _LAZY = {
     # helpers for handlers, loaded when first asked for: a checks module imports this one whatever door loads it
     # (`torchdoctor check-ckpt` imports only the contract, for the base class of its runtime detectors)
     "Restore": "torchdoctor.watch.handles",
+    "dynamo_tracing": "torchdoctor.watch.calls",  # True while dynamo inlines a hook into a compiled forward
     "MethodPatch": "torchdoctor.watch.patches",
     "frame_variables": "torchdoctor.watch.userframe",
     "is_library": "torchdoctor.watch.userframe",

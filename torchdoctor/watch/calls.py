@@ -15,15 +15,19 @@ True while it traces), so compiled graphs get no break and no guard on our state
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Protocol
 
 import torch
 from torch import nn
 
-# True while dynamo traces (it folds the call to True); in eager one trivial call, checked on every module call
+# True while dynamo traces (it folds the call to True); in eager one trivial call, checked on every module call.
+# Also for the module hooks of the checks: dynamo inlines a hook into the compiled forward, where it must add
+# nothing (no graph break, no guard on our state)
 _is_compiling: Callable[[], bool] = (
     getattr(getattr(torch, "compiler", None), "is_dynamo_compiling", None) or torch._dynamo.is_compiling
 )
+dynamo_tracing = _is_compiling
 
 
 class CallListener(Protocol):
@@ -52,12 +56,17 @@ _listeners: list["CallPatch"] = []
 _original: list[Callable[..., Any]] = []
 # the listeners that want the transformed calls of other modules too (`CallPatch(..., transformed=True)`)
 _transformed: list[CallListener] = []
+# `RootPatch` listeners, told of each outermost module call; `_inside.call`: a module call runs in this thread
+_root_listeners: list[Callable[[nn.Module], None]] = []
+_inside = threading.local()
 _functorch_stack: Any = getattr(getattr(torch._C, "_functorch", None), "peek_interpreter_stack", None)
 
 
 def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     if _is_compiling():
         return _original[0](self, *args, **kwargs)
+    if _root_listeners and not getattr(_inside, "call", False):
+        return _outermost(self, args, kwargs)
     key = id(self)
     inner = _inner.get(key)
     if inner is not None and inner._depth:  # a submodule inside its model's forward
@@ -67,8 +76,7 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if not _transformed or _functorch_stack is None or _functorch_stack() is None:
             return _original[0](self, *args, **kwargs)
         output = _original[0](self, *args, **kwargs)
-        for listener in _transformed:
-            listener._transformed(self)
+        _tell_transformed(self)
         return output
     for listener in listeners:
         listener._depth += 1
@@ -76,11 +84,58 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     try:
         output = _original[0](self, *args, **kwargs)
     finally:
-        for listener in listeners:
-            listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
-            if not depth or key in listener._roots:  # else: a submodule inside the model's forward
-                listener._forward(self, args, output)
+        _tell_returned(listeners, key, self, args, output)
     return output
+
+
+def _tell_returned(listeners: tuple[CallListener, ...], key: int, module: nn.Module, args: Any, output: Any) -> None:
+    """A call of listened `module` returned: its listeners' depths, and `_forward` where it is due."""
+    for listener in listeners:
+        listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
+        if not depth or key in listener._roots:  # else: a submodule inside the model's forward
+            listener._forward(module, args, output)
+
+
+def _tell_transformed(module: nn.Module) -> None:
+    for listener in _transformed:
+        listener._transformed(module)
+
+
+def _tell_roots(module: nn.Module) -> None:
+    for listener in list(_root_listeners):
+        try:
+            listener(module)
+        except Exception:  # never into the user's forward (a listener only notes the module)
+            pass
+
+
+def _outermost(module: nn.Module, args: Any, kwargs: Any) -> Any:
+    """A module call made outside every other module call of its thread while some `RootPatch` listens: tell
+    them, then make the call (the calls inside it see `_inside.call` set and take the usual path)."""
+    _tell_roots(module)
+    _inside.call = True
+    try:
+        return _call_impl(module, *args, **kwargs)
+    finally:
+        _inside.call = False
+
+
+def _skip_frames() -> None:
+    """Tell dynamo never to start compiling at the patch's frames (it compiles the frames they call, and
+    still inlines `_call_impl` into a frame it traces). A compiled module's ``__call__`` enters the patch
+    first, and dynamo compiles the first frame outside torch: without this, every compiled module would share
+    the patch's cache (and its recompile limit), and dynamo's messages would name our file. The listeners run
+    there too, inside the compiled module's call: dynamo must not compile them, nor anything they call (the
+    checks' handlers)."""
+    eval_frame = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
+    strategy = getattr(eval_frame, "set_code_exec_strategy", None)
+    make, action = getattr(eval_frame, "FrameExecStrategy", None), getattr(eval_frame, "FrameAction", None)
+    if strategy is None or make is None or action is None:
+        return
+    for code in (_call_impl.__code__, _outermost.__code__):
+        strategy(code, make(action.SKIP, action.DEFAULT))
+    for code in (_tell_returned.__code__, _tell_transformed.__code__, _tell_roots.__code__):
+        strategy(code, make(action.SKIP, action.SKIP))
 
 
 def _sort(key: int) -> None:
@@ -103,9 +158,7 @@ class CallPatch:
         if transformed:
             _transformed.append(listener)
         self.ids: set[int] = set()
-        if not _listeners and nn.Module.__dict__.get("_call_impl") is not _call_impl:
-            _original[:] = [nn.Module.__dict__["_call_impl"]]  # kept after removal: a later patch may chain ours
-            nn.Module._call_impl = _call_impl  # type: ignore[method-assign]
+        _install()
         _listeners.append(self)
 
     def listen(self, modules: Any) -> None:
@@ -131,5 +184,34 @@ class CallPatch:
             _transformed.remove(self.listener)
         if self in _listeners:
             _listeners.remove(self)
-        if not _listeners and nn.Module.__dict__.get("_call_impl") is _call_impl:
-            nn.Module._call_impl = _original[0]  # type: ignore[method-assign]
+        _release()
+
+
+class RootPatch:
+    """Handle of a listener told of every outermost module call (one made while no other module's call runs
+    in its thread), with the module; ``remove()`` unsubscribes it. Unlike torch's global module hooks, it
+    never changes what dynamo guards on, so installing or removing it never recompiles a compiled model."""
+
+    def __init__(self, listener: Callable[[nn.Module], None]) -> None:
+        self.listener = listener
+        _install()
+        _root_listeners.append(listener)
+
+    def remove(self) -> None:
+        if self.listener in _root_listeners:
+            _root_listeners.remove(self.listener)
+            _release()
+
+
+def _install() -> None:
+    """Put the patch on ``nn.Module`` unless it is there."""
+    if not _listeners and not _root_listeners and nn.Module.__dict__.get("_call_impl") is not _call_impl:
+        _original[:] = [nn.Module.__dict__["_call_impl"]]  # kept after removal: a later patch may chain ours
+        _skip_frames()
+        nn.Module._call_impl = _call_impl  # type: ignore[method-assign]
+
+
+def _release() -> None:
+    """Take the patch off when nothing listens any more."""
+    if not _listeners and not _root_listeners and nn.Module.__dict__.get("_call_impl") is _call_impl:
+        nn.Module._call_impl = _original[0]  # type: ignore[method-assign]

@@ -30,6 +30,7 @@ from torch import nn
 from torchdoctor import registry
 from torchdoctor.findings import Finding
 from torchdoctor.findings import merge_ranks as merge_findings
+from torchdoctor.watch.calls import dynamo_tracing
 from torchdoctor.watch.fingerprint import batch_sums, digest
 from torchdoctor.wrappers import wrapper_chain
 
@@ -325,8 +326,8 @@ class RankExchange:
 
     def _inner_pre_forward(self, module: nn.Module, args: Any) -> None:
         """Buffers as the inner module starts: after DDP broadcast rank 0's, before BatchNorm updates them."""
-        if id(module) not in self._inner or "buffers" not in self.parts:
-            return
+        if dynamo_tracing() or id(module) not in self._inner or "buffers" not in self.parts:
+            return  # (inlined into a compiled forward, a hook must add nothing to the graph)
         try:
             step = self.ctx.step
             if self._due(module) and (self._buffers is None or self._buffers[0] != step):
@@ -338,7 +339,7 @@ class RankExchange:
 
     def _outer_forward(self, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         """The first training batch of a due step, as fed to DDP."""
-        if id(module) not in self._outer or "data" not in self.parts:
+        if dynamo_tracing() or id(module) not in self._outer or "data" not in self.parts:
             return
         try:
             step = self.ctx.step

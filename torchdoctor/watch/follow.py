@@ -8,8 +8,8 @@ installed there and then, so that very step already reaches the checks), if `wan
 - ``watch(model)`` adopts an optimizer that steps parameters of a watched model (built after the session
   started, or a new one for a second fine-tuning stage);
 - ``torchdoctor run`` adopts every optimizer and finds its models from the parameters it steps, among the
-  outermost modules called since the session began (`RootTracker`: a global forward pre-hook, removed
-  again while no optimizer waits for its models).
+  outermost modules called since the session began (`RootTracker`: a listener on watch's module-call patch,
+  removed again while no optimizer waits for its models).
 
 An adopted optimizer whose parameters a newer adopted optimizer steps is retired (its hooks removed, and
 the session drops it), so that a finished stage's optimizer state is not kept alive by the session.
@@ -18,13 +18,13 @@ the session drops it), so that a finished stage's optimizer state is not kept al
 from __future__ import annotations
 
 import functools
-import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
 
+from torchdoctor.watch.calls import RootPatch
 from torchdoctor.watch.context import WatchedModel, WatchedOptimizer
 from torchdoctor.wrappers import unwrap, unwrap_optimizer
 
@@ -40,44 +40,32 @@ _is_compiling: Callable[[], bool] = (
 
 class RootTracker:
     """The outermost modules the program calls (a module called while no other module's forward runs in its
-    thread), kept weakly, newest last. Installed only while some optimizer waits for its models."""
+    thread), kept weakly, newest last. Installed only while some optimizer waits for its models: a listener
+    on watch's patch of ``nn.Module._call_impl`` (`RootPatch`), not torch's global module hooks, whose coming
+    and going would make dynamo recompile a compiled model (it guards on their number)."""
 
     def __init__(self) -> None:
         self.roots: dict[int, "weakref.ReferenceType[nn.Module]"] = {}
-        self._depth = threading.local()
-        self._handles: list[Any] = []
+        self._patch: Optional[RootPatch] = None
 
     @property
     def installed(self) -> bool:
-        return bool(self._handles)
+        return self._patch is not None
 
     def install(self) -> None:
-        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-
-        if not self._handles:
-            self._handles = [
-                register_module_forward_pre_hook(self._enter),
-                register_module_forward_hook(self._leave, always_call=True),
-            ]
+        if self._patch is None:
+            self._patch = RootPatch(self._enter)
 
     def remove(self) -> None:
-        while self._handles:
-            self._handles.pop().remove()
+        if self._patch is not None:
+            self._patch.remove()
+            self._patch = None
 
-    def _enter(self, module: nn.Module, args: Any) -> None:
-        if _is_compiling():
-            return
-        depth = getattr(self._depth, "n", 0)
-        self._depth.n = depth + 1
-        if depth == 0 and id(module) not in self.roots:
+    def _enter(self, module: nn.Module) -> None:
+        if id(module) not in self.roots:
             if len(self.roots) >= _MAX_ROOTS:
                 self.roots.pop(next(iter(self.roots)))
             self.roots[id(module)] = weakref.ref(module, functools.partial(_forget, self.roots, id(module)))
-
-    def _leave(self, module: nn.Module, args: Any, output: Any) -> None:
-        if _is_compiling():
-            return
-        self._depth.n = max(0, getattr(self._depth, "n", 0) - 1)
 
     def alive(self) -> list[nn.Module]:
         return [m for ref in list(self.roots.values()) if (m := ref()) is not None]

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 
 class HookSet:
@@ -19,11 +19,12 @@ class HookSet:
         self._handles.append(handle)
         return handle
 
-    def add_observed(self, install: Callable[[], Any]) -> "WhileObserving":
+    def add_observed(self, install: Callable[[], Any], keep: Optional[Callable[[], bool]] = None) -> "WhileObserving":
         """Instrumentation that matters only at the steps the session observes: `install()` makes the handle
         now and whenever observing resumes, and it is removed whenever observing pauses (`observe`), so the
-        steps in between pay nothing for it."""
-        handle = WhileObserving(install)
+        steps in between pay nothing for it. Once `keep()` says so at a pause, it stays on for the session
+        (a patch that torch.compile guards on: taking it off and on would recompile)."""
+        handle = WhileObserving(install, keep)
         self._observed.append(handle)
         return self.add(handle)
 
@@ -67,11 +68,16 @@ class HookSet:
 class WhileObserving:
     """A handle made by `install` while the session observes steps, and removed while it does not."""
 
-    def __init__(self, install: Callable[[], Any]) -> None:
+    def __init__(self, install: Callable[[], Any], keep: Optional[Callable[[], bool]] = None) -> None:
         self.install = install
+        self.keep = keep
+        self.kept = False
         self.handle: Any = install()
 
     def pause(self) -> None:
+        if self.kept or (self.handle is not None and self.keep is not None and self.keep()):
+            self.kept = True
+            return
         if self.handle is not None:
             handle, self.handle = self.handle, None
             handle.remove()
@@ -81,7 +87,10 @@ class WhileObserving:
             self.handle = self.install()
 
     def remove(self) -> None:
-        self.pause()
+        self.kept = False
+        if self.handle is not None:
+            handle, self.handle = self.handle, None
+            handle.remove()
 
 
 class Restore:

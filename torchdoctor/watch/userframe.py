@@ -44,7 +44,11 @@ def is_library(frame: FrameType) -> bool:
     known = _is_library.get(name)
     if known is None:
         path = os.path.normcase(os.path.realpath(name)) if not name.startswith("<") else ""
-        known = _is_library[name] = path.startswith(_LIBRARY_ROOTS) or "site-packages" in path.split(os.sep)
+        known = _is_library[name] = (
+            path.startswith(_LIBRARY_ROOTS)
+            or "site-packages" in path.split(os.sep)
+            or name.startswith("<eval_with_key>")  # a graph torch.fx generated (torch.compile's backend="eager")
+        )
     return known
 
 
