@@ -141,6 +141,13 @@ class WatchContext:
         steps too (`torchdoctor.watch.events`)."""
         return step < DENSE_STEPS or self.periodic(step)
 
+    def next_observed(self, step: int) -> int:
+        """The number of the first step from `step` on that the schedule observes (`observes`)."""
+        if step < DENSE_STEPS:
+            return step
+        period = self.every if step < SPARSE_AFTER * self.every else 10 * self.every
+        return -(-step // period) * period  # SPARSE_AFTER * every is a multiple of both periods
+
     def param_name(self, param: torch.Tensor) -> Optional[str]:
         """The parameter's name in its model (prefixed with the model's label when several are watched)."""
         if self._names is None:

@@ -81,6 +81,7 @@ class EventHub:
         # (module id, training, grad enabled) of the forwards seen at observed steps: another kind is news
         self._usual: set[tuple[int, bool, bool]] = set()
         self._hold = 0  # step() calls to go on observing after something new, whatever the schedule says
+        self._quiet_until = 0  # with one optimizer: its first step that the schedule observes, once it paused
         self.frequent: list[tuple[RuntimeCheck, Callable[..., Any]]] = []  # PERIODIC's, the set-up checks apart
         self._subscribe(checks)
 
@@ -149,7 +150,13 @@ class EventHub:
             return
         ctx = self.ctx
         if len(ctx.optimizers) == 1:
-            self._observe(ctx.observes(ctx.optimizers[0].steps))
+            steps = ctx.optimizers[0].steps
+            if steps < self._quiet_until and not ctx.observing:  # the commonest step by far: nothing to change
+                return
+            on = ctx.observes(steps)
+            if not on:
+                self._quiet_until = ctx.next_observed(steps)
+            self._observe(on)
             return
         stepped = [wo.steps for wo in ctx.optimizers if wo.steps]
         self._observe(not stepped or any(ctx.observes(n) for n in stepped))
@@ -290,7 +297,20 @@ class EventHub:
         root = self._watched.get(key) is wm
         if self._depth and not root:  # a submodule inside the model's forward
             return
-        if output is None or _is_compiling():  # the forward raised; or an export traces it
+        if output is None:  # the forward raised
+            return
+        training = module.training if not root else wm.inner.training
+        grad_enabled = torch.is_grad_enabled()
+        kind = (key, training, grad_enabled)
+        clock = self.ctx.clock
+        if (
+            not self.ctx.observing
+            and kind in self._usual
+            and not self.always[Event.FORWARD]
+            and (clock is None or not clock.timing)
+        ):  # a forward like those of the observed steps, at a step no one looks at: the commonest call
+            return
+        if _is_compiling():  # an export traces it
             return
         if _in_functorch():  # the output is a functorch wrapper, without storage or autograd graph
             self.under_functorch += 1
@@ -301,14 +321,11 @@ class EventHub:
             wm.called = True
         elif not self._stepped and not wm.called:  # the model itself is never called (Lightning's training_step)
             wm.entry = type(module).__name__
-        if self.ctx.clock is not None and self.ctx.clock.timing:  # a timed step (one in SAMPLE)
+        if clock is not None and clock.timing:  # a timed step (one in SAMPLE)
             try:
-                self.ctx.clock.forward_end()
+                clock.forward_end()
             except Exception as exc:
                 self._clock_failed(exc)
-        training = module.training if not root else wm.inner.training
-        grad_enabled = torch.is_grad_enabled()
-        kind = (key, training, grad_enabled)
         if self.ctx.observing:
             self._usual.add(kind)
         elif kind not in self._usual:  # a forward of a new kind (a validation pass, another model): news
@@ -323,6 +340,10 @@ class EventHub:
             event.output = event._args = None  # the session keeps no tensor of the user's
 
     def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        ctx = self.ctx
+        if not ctx.observing and self._stepped and len(ctx.optimizers) == 1 and not self.always[Event.STEP_PRE]:
+            if ctx.clock is None or not ctx.clock.timing:  # nothing is due and nothing is timed: the commonest step
+                return None
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
         if closure is None:
             self._stepped = True
