@@ -151,3 +151,24 @@ def test_a_warning_from_python_train_py_under_w_error_deprecation_is_said_and_br
         exec(compile(TRAIN_PY, str(path), "exec"), main)  # as runpy runs `python train.py`
     [w] = [w for w in caught if issubclass(w.category, TorchDoctorWarning)]
     assert w.message.args[0].startswith("TD301 missing-zero-grad") and (w.filename, w.lineno) == (str(path), 10)
+
+
+def test_a_warning_from_a_module_run_as_main_is_said_at_its_line(tmp_path, monkeypatch):
+    """`torchdoctor run -m pkg.train` runs the module by runpy.run_module as `__main__`, with the loader of
+    "pkg.train": handing warn_explicit those globals made it ask that loader for the source of "__main__"
+    ("loader for pkg.train cannot handle __main__"), and the warning was only logged, on every Python."""
+    import runpy
+
+    (tmp_path / "watchedpkg").mkdir()
+    (tmp_path / "watchedpkg" / "__init__.py").write_text("")
+    path = tmp_path / "watchedpkg" / "train.py"
+    path.write_text(TRAIN_PY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            runpy.run_module("watchedpkg.train", run_name="__main__", alter_sys=True)
+    finally:
+        sys.modules.pop("watchedpkg", None)
+    [w] = [w for w in caught if issubclass(w.category, TorchDoctorWarning)]
+    assert w.message.args[0].startswith("TD301 missing-zero-grad") and (w.filename, w.lineno) == (str(path), 10)
