@@ -23,6 +23,7 @@ from torchdoctor.env.doctor import FactCollection
 
 TORCH_LIB = Path(__import__("importlib.util").util.find_spec("torch").origin).parent / "lib"
 TORCH_VERSION = metadata.version("torch")
+TORCH_BUILD = __import__("torch").__version__  # its version.py: a CUDA wheel from PyPI has "+cu130" only here
 OURS = sysconfig.get_paths()["purelib"]
 # torch's own requirement on typing-extensions, as its metadata states it (e.g. "typing-extensions>=4.10.0")
 TE_REQUIREMENT = next(
@@ -247,7 +248,7 @@ def test_torch_from_the_user_site_ahead_of_the_environments(setups):
     assert user_site.startswith(env["PYTHONUSERBASE"]) and facts.torch.torch_copies[0] == f"{user_site}/torch"
     assert (
         f"torch comes from the user site {user_site}, which Python searches before the environment's "
-        f"site-packages, ahead of the environment's own torch {TORCH_VERSION} in {TORCH_LIB.parent}" in f.message
+        f"site-packages, ahead of the environment's own torch {TORCH_BUILD} in {TORCH_LIB.parent}" in f.message
     )
     assert "libcudnn.so.9: cannot open shared object file" in f.message  # the error, quoted
     assert "cu1" not in f.fix.title and "--index-url" not in f.fix.title  # never a CUDA build without a driver
@@ -325,7 +326,7 @@ def test_a_working_torch_in_the_user_site_is_named_with_the_copy_it_hides(setups
     [f] = run_check("torch-copy-hidden", facts)
     user_copy = f"{facts.torch.user_site}/torch"
     assert f.message.startswith(
-        f"Python imports torch from {user_copy} ({TORCH_VERSION}), which hides {TORCH_LIB.parent}"
+        f"Python imports torch from {user_copy} ({TORCH_BUILD}), which hides {TORCH_LIB.parent}"
     )
     assert "`export PYTHONNOUSERSITE=1`" in f.fix.title
     where = f"{python} -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec(\"torch\").origin))'"
