@@ -428,7 +428,7 @@ def _loader_globals(module_globals: dict[str, Any]) -> Optional[dict[str, Any]]:
     the loader for the source of `__name__`, which fails for a module run as `__main__` (`run -m pkg.train`)."""
     spec = module_globals.get("__spec__")
     loader = getattr(spec, "loader", None)
-    if loader is None or module_globals.get("__loader__") not in (None, loader):
+    if spec is None or loader is None or module_globals.get("__loader__") not in (None, loader):
         return None
     return {"__name__": spec.name, "__spec__": spec, "__loader__": loader}
 
