@@ -6,6 +6,7 @@ beyond the name."""
 from __future__ import annotations
 
 import linecache
+import warnings
 from types import FrameType
 from typing import Any, Optional
 
@@ -115,7 +116,9 @@ class LoaderCall:
         if not text or "DataLoader" not in text:
             return False
         try:
-            tree = ast.parse(text)
+            with warnings.catch_warnings():  # its `"\d"` is a SyntaxWarning on Python 3.12: said once already
+                warnings.simplefilter("ignore")
+                tree = ast.parse(text, name)
         except (SyntaxError, ValueError):
             return False
         found = [

@@ -10,6 +10,8 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any, Collection, Optional, Union
 
+from torchdoctor.pysource import parse_quietly
+
 
 class Severity(enum.IntEnum):
     """How bad a finding is; ordered so that `--fail-on` can compare them."""
@@ -121,7 +123,7 @@ def _snippet(lines: list[str]) -> str:
 @lru_cache(maxsize=1024)  # checks build many findings with the same fix text: parse each line once
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        parse_quietly(source)
     except (SyntaxError, ValueError):
         return False
     return True
@@ -135,7 +137,7 @@ def _is_code(line: str) -> bool:
         return True
     for source in (text, text + " pass"):  # a block header such as `for x in y:` parses with a body
         try:
-            body = ast.parse(source).body
+            body = parse_quietly(source).body
         except (SyntaxError, ValueError):
             continue
         bare_name = len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Name)

@@ -112,7 +112,7 @@ def test_bombs_and_huge_lengths_end_fast_with_a_finding_or_the_readers_error(tmp
 
     path = tmp_path / "bomb.bin"
     path.write_bytes(data() if callable(data) else data)
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a loaded machine (a busy CI runner) must not fail it
     try:
         info = read_checkpoint(str(path))
     except CheckpointError as exc:
@@ -122,4 +122,4 @@ def test_bombs_and_huge_lengths_end_fast_with_a_finding_or_the_readers_error(tmp
         checks = registry.all_checks(registry.Scope.CHECKPOINT)
         names = {f.name for f in registry.run_fact_checks(checks, registry.Scope.CHECKPOINT, info)}
         assert names & {"checkpoint-unreadable", "unsafe-pickle"} or not info.problems, names
-    assert time.perf_counter() - start < 10
+    assert time.process_time() - start < 10

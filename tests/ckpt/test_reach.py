@@ -7,6 +7,7 @@ import os
 import pickle
 import sys
 import textwrap
+import warnings
 
 import pytest
 
@@ -444,3 +445,25 @@ def test_new_formats_are_read_with_their_tensors(tmp_path):
         info = check_checkpoint(str(path)).infos[0]
         assert info.format == "joblib" and info.archive.details["compression"] == name
         assert [k["key"] for k in info.top_level] == ["lr", "steps"]
+
+
+def test_a_library_whose_source_has_an_invalid_escape_is_judged_quietly_even_when_warnings_are_errors(
+    tmp_path, monkeypatch
+):
+    """`"\\d"` in a library's source: a SyntaxWarning from the parser on Python 3.12 (printed amid check-ckpt's
+    report), a DeprecationWarning before; under `-W error` either one left the library unread."""
+    (tmp_path / "escapelib.py").write_text('import os\nPATTERN = "\\d+"\n\n\ndef wipe(path):\n    os.remove(path)\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reach._find.cache_clear()
+    reach._module.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert reach.judge_uncached("escapelib", "wipe", Use.CALLED).what == reach.WRITE
+    assert [str(w.message) for w in caught] == []
+    reach._find.cache_clear()
+    reach._module.cache_clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reach.judge_uncached("escapelib", "wipe", Use.CALLED).what == reach.WRITE
+    reach._find.cache_clear()
+    reach._module.cache_clear()

@@ -23,6 +23,7 @@ from torchdoctor.env.doctor import FactCollection
 
 TORCH_LIB = Path(__import__("importlib.util").util.find_spec("torch").origin).parent / "lib"
 TORCH_VERSION = metadata.version("torch")
+TORCH_BUILD = __import__("torch").__version__  # its version.py: a CUDA wheel from PyPI has "+cu130" only here
 OURS = sysconfig.get_paths()["purelib"]
 # torch's own requirement on typing-extensions, as its metadata states it (e.g. "typing-extensions>=4.10.0")
 TE_REQUIREMENT = next(
@@ -30,6 +31,34 @@ TE_REQUIREMENT = next(
     for r in map(Requirement, metadata.requires("torch") or [])
     if canonicalize_name(r.name) == "typing-extensions"
 )  # this environment's site-packages: torch, and torchdoctor's dependencies
+
+
+def _rpath_only(library: Path) -> bool:
+    """Whether an ELF library names its folders by DT_RPATH without DT_RUNPATH: the loader then searches them
+    before LD_LIBRARY_PATH (PyPI's CUDA wheels of torch; the CPU wheels use DT_RUNPATH)."""
+    import struct
+
+    with open(library, "rb") as f:  # the headers only: the library is hundreds of MB
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit only
+            return False
+        phoff, phentsize, phnum = struct.unpack_from("<Q", head, 32)[0], *struct.unpack_from("<HH", head, 54)
+        f.seek(phoff)
+        table = f.read(phentsize * phnum)
+        tags = set()
+        for i in range(phnum):
+            ptype, _, offset, _, _, size = struct.unpack_from("<IIQQQQ", table, i * phentsize)
+            if ptype == 2:  # PT_DYNAMIC
+                f.seek(offset)
+                dynamic = f.read(size)
+                tags |= {struct.unpack_from("<q", dynamic, j)[0] for j in range(0, len(dynamic) - 15, 16)}
+    return 15 in tags and 29 not in tags  # DT_RPATH, DT_RUNPATH
+
+
+# a libgomp.so.1 planted on LD_LIBRARY_PATH is never loaded when torch's libraries search their own folder first
+LD_LIBRARY_PATH_IGNORED = pytest.mark.skipif(
+    _rpath_only(TORCH_LIB / "libtorch_cpu.so"), reason="this torch's DT_RPATH puts its own libgomp first"
+)
 
 
 def venv(root: Path, *, ours: bool = True) -> Path:
@@ -193,6 +222,7 @@ def imports_after(fix: str, python: str, env: dict, limit: str = "") -> subproce
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=300)
 
 
+@LD_LIBRARY_PATH_IGNORED
 def test_a_zero_byte_library_on_ld_library_path(setups, tmp_path):
     facts, python, env = setups["empty_lib"]
     f = finding(facts)
@@ -204,6 +234,7 @@ def test_a_zero_byte_library_on_ld_library_path(setups, tmp_path):
     assert imports_after(fix, python, env).returncode == 0
 
 
+@LD_LIBRARY_PATH_IGNORED
 def test_a_truncated_library_that_crashes_the_import(setups):
     facts, python, env = setups["truncated_lib"]
     assert facts.torch.exit_signal == 7 and any("_load_global_deps" in frame for frame in facts.torch.crash_stack)
@@ -214,6 +245,7 @@ def test_a_truncated_library_that_crashes_the_import(setups):
     assert imports_after("unset LD_LIBRARY_PATH", python, env).returncode == 0
 
 
+@LD_LIBRARY_PATH_IGNORED
 def test_a_library_without_the_symbols_torch_needs(setups):
     if "stub_lib" not in setups:
         pytest.skip("no C compiler to build the stand-in library")
@@ -247,7 +279,7 @@ def test_torch_from_the_user_site_ahead_of_the_environments(setups):
     assert user_site.startswith(env["PYTHONUSERBASE"]) and facts.torch.torch_copies[0] == f"{user_site}/torch"
     assert (
         f"torch comes from the user site {user_site}, which Python searches before the environment's "
-        f"site-packages, ahead of the environment's own torch {TORCH_VERSION} in {TORCH_LIB.parent}" in f.message
+        f"site-packages, ahead of the environment's own torch {TORCH_BUILD} in {TORCH_LIB.parent}" in f.message
     )
     assert "libcudnn.so.9: cannot open shared object file" in f.message  # the error, quoted
     assert "cu1" not in f.fix.title and "--index-url" not in f.fix.title  # never a CUDA build without a driver
@@ -325,7 +357,7 @@ def test_a_working_torch_in_the_user_site_is_named_with_the_copy_it_hides(setups
     [f] = run_check("torch-copy-hidden", facts)
     user_copy = f"{facts.torch.user_site}/torch"
     assert f.message.startswith(
-        f"Python imports torch from {user_copy} ({TORCH_VERSION}), which hides {TORCH_LIB.parent}"
+        f"Python imports torch from {user_copy} ({TORCH_BUILD}), which hides {TORCH_LIB.parent}"
     )
     assert "`export PYTHONNOUSERSITE=1`" in f.fix.title
     where = f"{python} -c 'import importlib.util as u, os; print(os.path.dirname(u.find_spec(\"torch\").origin))'"

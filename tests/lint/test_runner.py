@@ -2,6 +2,7 @@
 
 import gc
 import textwrap
+import warnings
 
 import pytest
 from conftest import ENGINE_CHECKS
@@ -109,3 +110,22 @@ def test_columns_count_characters_in_crlf_files(tmp_path):
     [f] = check_source(read_source(str(path), "t.py"), ENGINE_CHECKS)
     assert (f.name, f.location.line, f.location.column) == ("missing-zero-grad", 4, 12)
     assert f.message.startswith("`optimizer.step()`")
+
+
+def test_a_file_with_an_invalid_escape_is_linted_quietly_even_when_warnings_are_errors(tmp_path):
+    """`"\\d"` (and a helper module with one): the parser's SyntaxWarning on Python 3.12 (printed amid the lint
+    report by default), its DeprecationWarning before; under `-W error` either one made the file 'not valid
+    Python' and hid its findings."""
+    (tmp_path / "helpers.py").write_text('PATTERN = "\\d+"\n\n\ndef total(loss, acc):\n    return acc + loss\n')
+    (tmp_path / "train.py").write_text('from helpers import PATTERN\n\nDIGITS = "\\d"\n' + LEAKY)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet = lint_paths([str(tmp_path)], ENGINE_CHECKS, cwd=str(tmp_path), jobs=1)
+    assert [str(w.message) for w in caught] == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        strict = lint_paths([str(tmp_path)], ENGINE_CHECKS, cwd=str(tmp_path), jobs=1)
+    assert strict.findings == quiet.findings and {f.name for f in quiet.findings} == {
+        "graph-retention-leak",
+        "missing-zero-grad",
+    }

@@ -58,3 +58,27 @@ def test_unseeded_workers_are_mended_on_the_users_own_loader_line():
     with session(mlp(), loader=namespace["seeds"], deterministic=True) as s:
         pass
     assert not any("without generator=" in f.message for f in s.findings)
+
+
+def test_a_file_with_an_invalid_escape_still_gives_its_line_and_no_warning(tmp_path):
+    """The user's `"\\d"`: parsing their file again must not repeat Python 3.12's SyntaxWarning in the training
+    log (a DeprecationWarning before), nor, under `-W error`, lose their line."""
+    import warnings
+
+    path = tmp_path / "train.py"
+    path.write_text(
+        'import re\nDIGITS = re.compile("\\d+")\nrows = TensorDataset(torch.zeros(8, 2))\n'
+        "loader = DataLoader(rows, batch_size=2 * 1)\n"
+        "frame = __import__('sys')._getframe()\n"
+    )
+    namespace = {"DataLoader": DataLoader, "TensorDataset": TensorDataset, "torch": torch}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Python's own warning as it compiles the file: not ours
+        exec(compile(path.read_text(), str(path), "exec"), namespace)
+    for action in ("always", "error"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter(action)
+            call = LoaderCall(namespace["loader"], namespace["frame"])
+        assert [str(w.message) for w in caught] == []
+        assert call.code({"num_workers": "2"}) == "loader = DataLoader(rows, batch_size=2 * 1, num_workers=2)"
+        assert f"{path}:4" in call.title("More workers")

@@ -103,3 +103,72 @@ def test_raise_and_log_modes_carry_the_fix_code(caplog):
             for x, y in batches(3):
                 nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
+
+
+TRAIN_PY = """\
+import torch
+from torch import nn
+import torchdoctor
+
+model = nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with torchdoctor.watch(model, opt, report=False):
+    for _ in range(3):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.step()
+"""
+
+
+def test_a_warning_from_python_train_py_under_w_error_deprecation_is_said_and_breaks_nothing(tmp_path, monkeypatch):
+    """`python train.py`'s `__main__` has `__loader__` but `__spec__` None: Python 3.12's warn_explicit then warns
+    DeprecationWarning about such module_globals, which `-W error::DeprecationWarning` made an exception inside
+    the user's `opt.step()` (emulated here as importlib._bootstrap_external._bless_my_loader does it, so the test
+    fails on any Python)."""
+    import importlib.machinery
+
+    real = warnings.warn_explicit
+
+    def as_312(*args, module_globals=None, **kwargs):
+        if module_globals is not None:
+            loader = module_globals.get("__loader__")
+            spec_loader = getattr(module_globals.get("__spec__"), "loader", None)
+            if spec_loader is None and loader is None:
+                raise ValueError("Module globals is missing a __spec__.loader")
+            if spec_loader is None:
+                warnings.warn("Module globals is missing a __spec__.loader", DeprecationWarning, stacklevel=1)
+            elif loader is not None and loader != spec_loader:
+                warnings.warn("Module globals; __loader__ != __spec__.loader", DeprecationWarning, stacklevel=1)
+        return real(*args, module_globals=module_globals, **kwargs)
+
+    monkeypatch.setattr(warnings, "warn_explicit", as_312)
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN_PY)
+    main = {"__name__": "__main__", "__file__": str(path), "__spec__": None}
+    main["__loader__"] = importlib.machinery.SourceFileLoader("__main__", str(path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("error", category=DeprecationWarning)
+        exec(compile(TRAIN_PY, str(path), "exec"), main)  # as runpy runs `python train.py`
+    [w] = [w for w in caught if issubclass(w.category, TorchDoctorWarning)]
+    assert w.message.args[0].startswith("TD301 missing-zero-grad") and (w.filename, w.lineno) == (str(path), 10)
+
+
+def test_a_warning_from_a_module_run_as_main_is_said_at_its_line(tmp_path, monkeypatch):
+    """`torchdoctor run -m pkg.train` runs the module by runpy.run_module as `__main__`, with the loader of
+    "pkg.train": handing warn_explicit those globals made it ask that loader for the source of "__main__"
+    ("loader for pkg.train cannot handle __main__"), and the warning was only logged, on every Python."""
+    import runpy
+
+    (tmp_path / "watchedpkg").mkdir()
+    (tmp_path / "watchedpkg" / "__init__.py").write_text("")
+    path = tmp_path / "watchedpkg" / "train.py"
+    path.write_text(TRAIN_PY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            runpy.run_module("watchedpkg.train", run_name="__main__", alter_sys=True)
+    finally:
+        sys.modules.pop("watchedpkg", None)
+    [w] = [w for w in caught if issubclass(w.category, TorchDoctorWarning)]
+    assert w.message.args[0].startswith("TD301 missing-zero-grad") and (w.filename, w.lineno) == (str(path), 10)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence, Union
 
 from torchdoctor.ckpt.policy import VETTED_ROOTS, Use, Verdict, classify, dangerous_reason
+from torchdoctor.pysource import parse_quietly
 
 _ANALYSIS = 2  # bump when the rules change: cached verdicts of older rules are not reused
 _MAX_FUNCTIONS = 300  # function bodies read per verdict
@@ -337,7 +338,7 @@ def _parse(modname: str, origin: str, is_package: bool) -> Optional[_Module]:
     """The top-level names of the source file `origin`, read as module `modname`."""
     try:
         with open(origin, "rb") as f:
-            tree = ast.parse(importlib.util.decode_source(f.read()), origin)
+            tree = parse_quietly(importlib.util.decode_source(f.read()), origin)
     except (OSError, SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
     mod = _Module(modname, origin, is_package, {}, {}, [])

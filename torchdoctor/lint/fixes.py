@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ast
 import difflib
 import re
 from typing import Iterable, Optional
 
 from torchdoctor.findings import Finding
 from torchdoctor.lint.source import Edit
+from torchdoctor.pysource import parse_quietly
 
 _LINE_END = re.compile(r"\r\n|\r|\n")
 _LINE_KEEP = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # lines as `ast` counts them, with their endings
@@ -51,7 +51,7 @@ def apply_edits(text: str, edits: Iterable[Edit]) -> Optional[str]:
     for start, end, new in spans:
         out = out[:start] + (new.replace("\n", newline) if newline != "\n" else new) + out[end:]
     try:
-        ast.parse(out)
+        parse_quietly(out)
     except (SyntaxError, ValueError):
         return None
     return out

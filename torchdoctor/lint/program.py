@@ -21,6 +21,7 @@ from torchdoctor.lint.files import SKIPPED_DIRS
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
 from torchdoctor.lint.libraries import MISSING, LibraryFacts
 from torchdoctor.lint.stubs import LibraryModule, LibraryScope, describe
+from torchdoctor.pysource import parse_quietly
 
 ROOT_MARKERS = ("pyproject.toml", "setup.py", "setup.cfg", ".git")
 _GRAD_OFF = ("no_grad", "inference_mode")
@@ -179,7 +180,7 @@ class Program:
                 with open(path, "rb") as fh:
                     data = fh.read()
             if data is not None and len(data) <= _MAX_MODULE_BYTES:
-                tree = ast.parse(data, filename=path)
+                tree = parse_quietly(data, path)
                 module = _module(path, tree, build_index(tree), self)
                 module.data = data
         except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):

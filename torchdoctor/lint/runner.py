@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import bisect
 import gc
 import io
@@ -19,6 +18,7 @@ from torchdoctor.lint.cache import FileResult, LintCache, library_fingerprint
 from torchdoctor.lint.files import Pattern, discover, display_path
 from torchdoctor.lint.libraries import LibraryFacts
 from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
+from torchdoctor.pysource import parse_quietly
 
 MAX_FILE_BYTES = 2_000_000  # a larger .py file is generated data, not a training script: skipped with a finding
 _IGNORE = re.compile(r"#\s*torchdoctor:\s*ignore(?:\[([^\]]*)\])?")
@@ -74,7 +74,7 @@ def read_source(path: str, display: str, project: Optional[ProjectFacts] = None)
         view.tree = known.tree
         return src
     try:
-        tree = ast.parse(text, filename=display)
+        tree = parse_quietly(text, display)
     except SyntaxError as exc:
         line = exc.lineno or 1
         return SourceFile(display, text, problem=f"not valid Python: {exc.msg}", problem_line=line, project=view)

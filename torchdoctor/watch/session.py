@@ -337,7 +337,7 @@ class WatchSession:
             at = (loc.file, loc.line) if loc is not None and loc.file and loc.line else None
             try:
                 _warn_at_user_line(TorchDoctorWarning(_describe(finding)), at)
-            except Warning:  # the user's filters made warnings errors (`-W error`): theirs to have
+            except TorchDoctorWarning:  # the user's filters made this warning an error (`-W error`): theirs to have
                 raise
             except Exception as exc:  # never break the user's training over a warning
                 logger.warning("torchdoctor could not warn: %s: %s\n%s", type(exc).__name__, exc, _describe(finding))
@@ -407,8 +407,7 @@ def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]
     file, line = at or (frame.f_code.co_filename, frame.f_lineno)
     # a notebook's cells share one module: its once-per-line registry would hide a later cell's warning
     registry = module_globals.setdefault("__warningregistry__", {}) if cell_run() is None else {}
-    # module_globals lets linecache read a zip-imported or notebook source; Python 3.12 raises ValueError for
-    # globals with neither `__loader__` nor `__spec__.loader` (a script run by runpy.run_path)
+    # module_globals lets linecache read a zip-imported or notebook source (see _loader_globals)
     same_file = at is None or at[0] == frame.f_code.co_filename
     warnings.warn_explicit(
         warning,
@@ -417,14 +416,21 @@ def _warn_at_user_line(warning: TorchDoctorWarning, at: Optional[tuple[str, int]
         line,
         module=module_globals.get("__name__", "<string>"),
         registry=registry,
-        module_globals=module_globals if same_file and _has_loader(module_globals) else None,
+        module_globals=_loader_globals(module_globals) if same_file else None,
     )
 
 
-def _has_loader(module_globals: dict[str, Any]) -> bool:
-    """Whether `warnings.warn_explicit` accepts these globals: it needs a loader to read the source by."""
+def _loader_globals(module_globals: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """What `warnings.warn_explicit` may be given as module_globals: the module's spec, its loader, and the name
+    that loader serves; None when the spec has no loader. Python 3.12 raises ValueError for globals without
+    any loader (a script run by runpy.run_path) and warns DeprecationWarning, an error under `-W error`, without
+    `__spec__.loader` (`python train.py`'s `__main__`) or when `__loader__` is another; and every Python asks
+    the loader for the source of `__name__`, which fails for a module run as `__main__` (`run -m pkg.train`)."""
     spec = module_globals.get("__spec__")
-    return module_globals.get("__loader__") is not None or getattr(spec, "loader", None) is not None
+    loader = getattr(spec, "loader", None)
+    if spec is None or loader is None or module_globals.get("__loader__") not in (None, loader):
+        return None
+    return {"__name__": spec.name, "__spec__": spec, "__loader__": loader}
 
 
 def watch(
