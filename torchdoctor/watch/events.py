@@ -81,8 +81,11 @@ class EventHub:
         # (module id, training, grad enabled) of the forwards seen at observed steps: another kind is news
         self._usual: set[tuple[int, bool, bool]] = set()
         self._hold = 0  # step() calls to go on observing after something new, whatever the schedule says
-        self._quiet_until = 0  # with one optimizer: its first step that the schedule observes, once it paused
+        # with one optimizer, `_quiet_opt`: its first step that the schedule observes, once observing paused
+        self._quiet_until = 0
+        self._quiet_opt: Optional[WatchedOptimizer] = None
         self.frequent: list[tuple[RuntimeCheck, Callable[..., Any]]] = []  # PERIODIC's, the set-up checks apart
+        self._every_step = False  # some check wants per-step events at unobserved steps too
         self._subscribe(checks)
 
     def _subscribe(self, checks: Iterable[RuntimeCheck]) -> None:
@@ -92,6 +95,7 @@ class EventHub:
                 self.subs[event].append(sub)
                 if type(chk).every_step:
                     self.always[event].append(sub)
+                    self._every_step = True
                 if event is Event.PERIODIC and not type(chk).setup:
                     self.frequent.append(sub)
 
@@ -126,6 +130,7 @@ class EventHub:
             for event, subs in table.items():
                 table[event] = [(c, h) for c, h in subs if c is not chk]
         self.frequent = [(c, h) for c, h in self.frequent if c is not chk]
+        self._every_step = any(self.always.values())
 
     def _news(self) -> None:
         """Something new happened: observe the rest of this step and the next whole one of every optimizer."""
@@ -150,12 +155,13 @@ class EventHub:
             return
         ctx = self.ctx
         if len(ctx.optimizers) == 1:
-            steps = ctx.optimizers[0].steps
-            if steps < self._quiet_until and not ctx.observing:  # the commonest step by far: nothing to change
-                return
+            first = ctx.optimizers[0]
+            steps = first.steps
+            if first is self._quiet_opt and steps < self._quiet_until and not ctx.observing:
+                return  # the commonest step by far: nothing to change
             on = ctx.observes(steps)
             if not on:
-                self._quiet_until = ctx.next_observed(steps)
+                self._quiet_opt, self._quiet_until = first, ctx.next_observed(steps)
             self._observe(on)
             return
         stepped = [wo.steps for wo in ctx.optimizers if wo.steps]
@@ -213,6 +219,7 @@ class EventHub:
     def add_optimizer(self, wo: WatchedOptimizer) -> list[Any]:
         """Hook an optimizer adopted while the session runs (`torchdoctor.watch.follow`); returns its handles."""
         before = len(self.ctx.hooks)
+        self._quiet_opt = None  # the schedule's shortcut holds for one optimizer only
         if Event.ZERO_GRAD in self.wanted:
             self._hook_zero_grad(wo)
         self._hook_step(wo, self.wanted & {Event.STEP_PRE, Event.PERIODIC})
@@ -256,7 +263,7 @@ class EventHub:
         def after(*_: Any) -> None:
             wo.zero_grads += 1
             if not self.ctx.observing:
-                if wo.zero_grads == 1 and not self.always[Event.ZERO_GRAD]:
+                if wo.zero_grads == 1 and not self._every_step:
                     return
                 if wo.zero_grads > 1:  # cleared again without a step: news
                     self._news()
@@ -292,24 +299,21 @@ class EventHub:
         (`torchdoctor.watch.calls` keeps `_depth` and calls this only for those, never while dynamo traces)."""
         key = id(module)
         wm = self._members.get(key)
-        if wm is None:
+        if wm is None or output is None:  # not watched; or the forward raised
             return
         root = self._watched.get(key) is wm
-        if self._depth and not root:  # a submodule inside the model's forward
+        if root:
+            training = wm.inner.training
+        elif self._depth:  # a submodule inside the model's forward
             return
-        if output is None:  # the forward raised
-            return
-        training = module.training if not root else wm.inner.training
+        else:
+            training = module.training
         grad_enabled = torch.is_grad_enabled()
         kind = (key, training, grad_enabled)
         clock = self.ctx.clock
-        if (
-            not self.ctx.observing
-            and kind in self._usual
-            and not self.always[Event.FORWARD]
-            and (clock is None or not clock.timing)
-        ):  # a forward like those of the observed steps, at a step no one looks at: the commonest call
-            return
+        if not self.ctx.observing and not self._every_step and kind in self._usual:
+            if clock is None or not clock.timing:  # a usual forward at a step no one looks at: the commonest
+                return
         if _is_compiling():  # an export traces it
             return
         if _in_functorch():  # the output is a functorch wrapper, without storage or autograd graph
@@ -330,7 +334,7 @@ class EventHub:
             self._usual.add(kind)
         elif kind not in self._usual:  # a forward of a new kind (a validation pass, another model): news
             self._news()
-        elif not self.always[Event.FORWARD]:
+        elif not self._every_step:
             return
         event = ForwardEvent(wm, output, training, grad_enabled, torch.is_inference_mode_enabled(), args=args)
         self.ctx.last_event = event  # read as `ctx.last_forward`
@@ -341,7 +345,7 @@ class EventHub:
 
     def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> Any:
         ctx = self.ctx
-        if not ctx.observing and self._stepped and len(ctx.optimizers) == 1 and not self.always[Event.STEP_PRE]:
+        if not ctx.observing and self._stepped and not self._every_step and len(ctx.optimizers) == 1:
             if ctx.clock is None or not ctx.clock.timing:  # nothing is due and nothing is timed: the commonest step
                 return None
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
@@ -393,13 +397,15 @@ class EventHub:
                 self.ctx.clock.step_post(wo)
             except Exception as exc:
                 self._clock_failed(exc)
+        ctx = self.ctx
         try:
-            if self.ctx.observing or self.always[Event.STEP_POST]:
+            if ctx.observing or self._every_step:
                 self._per_step(Event.STEP_POST, StepEvent(wo, wo.steps))
         finally:
-            wo.steps += 1
+            wo.steps = steps = wo.steps + 1
             wo.zero_grads = 0
-            self._schedule()
+            if ctx.observing or self._hold or wo is not self._quiet_opt or steps >= self._quiet_until:
+                self._schedule()  # else an unobserved step before the next observed one: nothing changes
 
     def _clock_failed(self, exc: BaseException) -> None:
         """The step clock failed: it stops (the report goes without a breakdown); training goes on."""

@@ -126,6 +126,7 @@ class StepClock:
         self.count = 0  # timed steps ended (after the warm-up): the window's last row
         self.block: list[float] = []  # the current block's timed step times
         self.block_end = WARMUP + BLOCK  # the steps ended when the current block is full
+        self.wake = min(self.next_timed, self.block_end)  # until then, an ended step only counts (`step_post`)
         self.blocks: list[float] = []  # medians of past blocks
         # CPU seconds per step of past blocks, of the thread that steps: the loop's own work, which neither a
         # busier machine nor a growing wait (a sleep, I/O, other threads spinning) adds to
@@ -233,6 +234,10 @@ class StepClock:
 
     def step_post(self, optimizer: Any) -> None:
         """An optimizer's ``step()`` returned: the first optimizer's ends the step (every step, timed or not)."""
+        steps = self.steps + 1
+        if steps < self.wake and not self.timing and id(optimizer) == self.first_optimizer:
+            self.steps = steps  # neither timed nor ending a block nor starting a timed one: the commonest step
+            return
         if self.timing:
             now = time.perf_counter()
             self.acc[OPTIMIZER] += now - self.last
@@ -252,6 +257,7 @@ class StepClock:
     def _begin(self) -> None:
         """The next step is timed: it starts now."""
         self.next_timed = self._next_timed(self.steps)
+        self.wake = min(self.next_timed, self.block_end)
         self.acc[:] = _ZEROS
         self.data_delay = 0.0
         self.state = IDLE
@@ -291,6 +297,7 @@ class StepClock:
             self.block_cpu = [(a + b) / 2 for a, b in zip(self.block_cpu[::2], self.block_cpu[1::2])]
             self.block_size *= 2
         self.block_end += self.block_size
+        self.wake = min(self.next_timed, self.block_end)
 
     # -- reading -----------------------------------------------------------------------------------
 
