@@ -250,8 +250,11 @@ class StepClock:
             self._record()
         if steps >= self.block_end:
             self._close_block()
-        self.timing = steps == self.next_timed
-        if self.timing:
+        timing = steps == self.next_timed
+        if timing != self.timing:
+            self.timing = timing
+            _arm_backward()
+        if timing:
             self._begin()
 
     def _begin(self) -> None:
@@ -446,7 +449,8 @@ def _read(
         clock.broken = True
 
 
-_backward: list[Callable[..., Any]] = []  # torch.autograd.backward as torch defines it, while patched
+_backward: list[Callable[..., Any]] = []  # torch.autograd.backward as found when last wrapped
+_wrapper: list[Callable[..., Any]] = []  # our wrapper of it, made once
 _depth = [0]  # backward calls running now: a backward inside another (reentrant checkpointing) is part of it
 
 
@@ -471,6 +475,23 @@ def _timed_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     return backward
 
 
+def _arm_backward() -> None:
+    """Wrap ``torch.autograd.backward`` while some clock times its step, and only then: the wrapper would cost a
+    call at every other backward. Left alone when someone else replaced it since we wrapped it."""
+    import torch.autograd
+
+    want = any(clock.timing and not clock.broken for clock in _clocks)
+    current = torch.autograd.backward
+    ours = bool(_wrapper) and current is _wrapper[0]
+    if want and not ours:
+        if not _backward or current is not _backward[0]:
+            _backward[:] = [current]
+            _wrapper[:] = [_timed_backward(current)]
+        torch.autograd.backward = _wrapper[0]
+    elif not want and ours:
+        torch.autograd.backward = _backward[0]
+
+
 def _mark(mark: Callable[[StepClock, float], None], now: float) -> None:
     """The backward reading `mark` of every clock that times this step; a failure stops that clock, never the
     user's backward."""
@@ -488,7 +509,6 @@ class NextPatch:
     ``remove()`` stops it. Class-level patches: ``next()`` looks ``__next__`` up on the type."""
 
     def __init__(self, clock: StepClock) -> None:
-        import torch.autograd
         from torch.utils.data import dataloader
 
         self.clock = clock
@@ -500,12 +520,10 @@ class NextPatch:
                 original = cls.__dict__[name]
                 _originals.append((cls, name, original))
                 setattr(cls, name, wrap(original))
-            _backward[:] = [torch.autograd.backward]
-            torch.autograd.backward = _timed_backward(_backward[0])
         _clocks.append(clock)
+        _arm_backward()
 
     def remove(self) -> None:
-        import torch.autograd
 
         if self.clock in _clocks:
             _clocks.remove(self.clock)
@@ -513,5 +531,4 @@ class NextPatch:
             while _originals:
                 cls, name, original = _originals.pop()
                 setattr(cls, name, original)
-            if _backward and getattr(torch.autograd.backward, "__wrapped__", None) is _backward[0]:
-                torch.autograd.backward = _backward.pop()  # unless someone patched it after us
+        _arm_backward()
