@@ -102,8 +102,9 @@ GRAPH_RETENTION_LEAK = Pitfall(
             error right then, however short the run; at session exit it also reports graphs kept since the first
             steps. The message gives the graphs and steps, and the bytes: for graphs never back-propagated, the
             activations one forward saves for backward (measured once per model by walking its graph,
-            parameters and buffers excluded); for graphs that were, the graph nodes each one keeps; and the
-            CUDA allocator's `memory_allocated()` when CUDA is in use. A steady loop, a bounded cache of recent
+            parameters and buffers excluded); for graphs that were, the graph nodes each one keeps; and, when
+            CUDA is in use, how much `memory_allocated()` grows per step from the oldest graph still held (read
+            at the tracked forwards, with no synchronisation). A steady loop, a bounded cache of recent
             losses, per-episode lists freed at each step (REINFORCE, whatever the episode length) and truncated
             BPTT are quiet. `watch` does not install `saved_tensors_hooks`: they would switch off autograd's in-place
             checks and make `torch.func` refuse to run.
