@@ -27,7 +27,8 @@ periodic step (multiples of ``every``, 10 by default, and of 100), where the che
 would bias the breakdown: in the first ``DENSE_STEPS`` (32, which watch observes in full anyway) all the
 others (steps 1-4, 6-9, ...: a short run gets its verdicts), after them one step in `SAMPLE`, those numbered
 ``OFFSET`` (3) modulo `SAMPLE` (33, 38, 43, ...). On the other steps the hooks skip the readings (``timing``
-is False: the event hub and the backward wrapper look at it before calling), except that every ``step()``
+is False: the event hub looks at it before calling, and ``torch.autograd.backward`` is wrapped only while some
+clock times its step, `_arm_backward`), except that every ``step()``
 of the first optimizer still counts the step, and every loader ``__next__`` still counts toward its pass
 (`LoaderWait`: waits, batches, start-up), so the loader's facts are exact. The warm-up (step 0) is
 left out. The last `WINDOW` timed steps are kept in preallocated arrays (no allocation per step),
