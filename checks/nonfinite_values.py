@@ -119,7 +119,7 @@ class _ScalerSteps:
         self.total = self.skipped = 0
         self.steps_before = 0
         self.first_skip: Optional[int] = None
-        self.first_nan: Optional[tuple[int, str]] = None  # (step, parameter)
+        self.first_nonfinite: Optional[tuple[int, str]] = None  # (step, parameter)
 
 
 def _all_finite(tensors: list[Any]) -> bool:
@@ -291,19 +291,14 @@ class NonfiniteValues(RuntimeCheck):
                 return
             st.skipped += 1  # the optimizer's step did not run: GradScaler found Inf/NaN
             st.first_skip = wo.steps if st.first_skip is None else st.first_skip
-            if st.first_nan is None:
-                name = next(
-                    (
-                        self.ctx.param_name(p) or f"{wo.label} parameter {i}"
-                        for i, p in enumerate(wo.params())
-                        if p.grad is not None
-                        and not p.grad.is_sparse
-                        and _is_float(p.grad)
-                        and not bool(p.grad.isfinite().all())
-                    ),
-                    None,
-                )
-                st.first_nan = (wo.steps, name) if name else None
+            if st.first_nonfinite is None:
+                grads = [
+                    (self.ctx.param_name(p) or f"{wo.label} parameter {i}", p.grad)
+                    for i, p in enumerate(wo.params())
+                    if p.grad is not None and not p.grad.is_sparse and _is_float(p.grad)
+                ]
+                name = _first_nonfinite(grads)
+                st.first_nonfinite = (wo.steps, name) if name else None
             if self.found or st.skipped < MOSTLY_SKIPPED or 2 * st.skipped <= st.total:
                 return
             scale = args[0].get_scale()  # the scale of this step (update() halves it next); step() synced already
@@ -314,7 +309,7 @@ class NonfiniteValues(RuntimeCheck):
             self.ctx.fault(self, exc)
 
     def _mostly_skipped(self, wo: Any, st: _ScalerSteps, scale: float) -> Iterator[Finding]:
-        step, name = st.first_nan if st.first_nan is not None else (st.first_skip or 0, None)
+        step, name = st.first_nonfinite if st.first_nonfinite is not None else (st.first_skip or 0, None)
         where = f", first at step {step} in `{name}`" if name else ""
         self.step = step
         yield from self._hit(

@@ -156,12 +156,9 @@ class EventHub:
         ctx = self.ctx
         if len(ctx.optimizers) == 1:
             first = ctx.optimizers[0]
-            steps = first.steps
-            if first is self._quiet_opt and steps < self._quiet_until and not ctx.observing:
-                return  # the commonest step by far: nothing to change
-            on = ctx.observes(steps)
-            if not on:
-                self._quiet_opt, self._quiet_until = first, ctx.next_observed(steps)
+            on = ctx.observes(first.steps)
+            if not on:  # `_step_post` skips this call until then
+                self._quiet_opt, self._quiet_until = first, ctx.next_observed(first.steps)
             self._observe(on)
             return
         stepped = [wo.steps for wo in ctx.optimizers if wo.steps]

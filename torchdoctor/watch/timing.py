@@ -245,7 +245,6 @@ class StepClock:
             self.last = now
         if id(optimizer) != self.first_optimizer:
             return
-        steps = self.steps + 1
         self.steps = steps
         if self.timing and steps > WARMUP:
             self._record()
@@ -525,7 +524,6 @@ class NextPatch:
         _arm_backward()
 
     def remove(self) -> None:
-
         if self.clock in _clocks:
             _clocks.remove(self.clock)
         if not _clocks:
