@@ -95,7 +95,7 @@ INPUT_BOUND = Pitfall(
     details={
         "runtime": """
             `watch` times every `DataLoader` iterator's `__next__` and a sample of the steps (see the step-time
-            breakdown in the report: in the first 32 steps all but every fifth, then one step in 5, never a
+            breakdown in the report: in the first 32 steps all but every fifth, then one step in 10, never a
             periodic step). It reports when, over the timed steps (the first is left out, at least
             8; steps whose time outside `__next__` is over 5 times the median's, which also validated or saved
             a checkpoint, are left out too), half of the time or more was spent inside `__next__`: a share of the

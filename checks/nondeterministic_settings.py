@@ -68,8 +68,8 @@ NONDETERMINISTIC_SETTINGS = Pitfall(
             and are checked by `watch`.
         """,
         "runtime": """
-            `watch` reads the settings at the start of the session, at steps 0, `every`, ... below 32 and then every
-            `10 * every` steps. By default it only
+            `watch` reads the settings at the start of the session, at steps 0, `every`, ... below 32, then every
+            `10 * every` steps and from step `100 * every` on every `100 * every`. By default it only
             reports, as info, settings that actively hurt reproducibility: `cudnn.benchmark=True` (and that it
             overrides `cudnn.deterministic=True`). With `watch(..., deterministic=True)` every item becomes a
             warning and it also reports deterministic algorithms off, `CUBLAS_WORKSPACE_CONFIG` unset when CUDA is

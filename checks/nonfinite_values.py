@@ -73,7 +73,8 @@ NONFINITE_VALUES = Pitfall(
             `every` steps, every `10 * every` after step `100 * every`) `watch` sums the gradient of the
             optimizer's smallest parameter (a bias or normalisation weight) and synchronises once; it checks
             all gradients and all parameters (one fused `torch._foreach_norm` per
-            device and dtype) at the periodic steps of the first 32 and then every `10 * every` steps. A NaN
+            device and dtype) at the periodic steps of the first 32, then every `10 * every` steps and from step
+            `100 * every` on every `100 * every`. A NaN
             from the loss or the forward reaches every gradient, so the one that each observed step reads shows
             it at that step; one born in backward that misses it is found at the next full check, or at the next
             observed step once the update has carried it into the weights. When the steps before were not read, the

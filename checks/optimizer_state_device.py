@@ -79,8 +79,8 @@ OPTIMIZER_STATE_DEVICE = Pitfall(
             `watch` compares every optimizer state tensor that has its parameter's shape (momentum buffers,
             `exp_avg`, `exp_avg_sq`, ...) with that parameter: device always, and for optimizers from `torch.optim`
             also the floating-point dtype. It looks at the start of the session (the usual case: state loaded, then
-            the model moved, then training starts) at steps 0, `every`, ... below 32 and then every `10 * every`
-            steps, before the step. Scalars such as Adam's
+            the model moved, then training starts) at steps 0, `every`, ... below 32, then every `10 * every`
+            steps and from step `100 * every` on every `100 * every`, before the step. Scalars such as Adam's
             `step`, which PyTorch keeps on the CPU on purpose, are ignored. Device is metadata, so the check never
             synchronises. If `step()` then fails with `Expected all tensors to be on the same device`, the report
             lists where parameters and state live.

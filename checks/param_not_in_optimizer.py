@@ -52,7 +52,8 @@ PARAM_NOT_IN_OPTIMIZER = Pitfall(
     ),
     details={
         "runtime": """
-            At steps 0, `every`, ... below 32 and then every `10 * every` steps, just before a step, `watch` lists
+            At steps 0, `every`, ... below 32, then every `10 * every` steps and from step `100 * every` on every
+            `100 * every`, just before a step, `watch` lists
             the parameters of each watched model that have
             `requires_grad=True` and a `.grad`, but are in none of the optimizers given to `watch()`. Frozen
             parameters are quiet. A model none of whose parameters is in a watched optimizer is skipped (for example

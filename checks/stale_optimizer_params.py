@@ -73,7 +73,8 @@ STALE_OPTIMIZER_PARAMS = Pitfall(
     ),
     details={
         "runtime": """
-            At steps 0, `every`, ... below 32 and then every `10 * every` steps, right before the step, `watch`
+            At steps 0, `every`, ... below 32, then every `10 * every` steps and from step `100 * every` on every
+            `100 * every`, right before the step, `watch`
             compares the identities of the parameters in each
             optimizer's `param_groups` with the parameters of the watched models. Parameters the optimizer updates
             that the model no longer has and that got no gradient are an error (tensors the model is called with

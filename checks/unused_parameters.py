@@ -75,7 +75,8 @@ UNUSED_PARAMETERS = Pitfall(
     ),
     details={
         "runtime": """
-            At steps 0, `every`, ... below 32 and then every `10 * every` steps, just before a step, `watch` looks at
+            At steps 0, `every`, ... below 32, then every `10 * every` steps and from step `100 * every` on every
+            `100 * every`, just before a step, `watch` looks at
             the optimizer's parameters that belong to a
             watched model and require grad. A parameter whose `.grad` is `None` at three checked steps in a row is
             reported once (info; a warning under DDP). Frozen parameters are quiet. With

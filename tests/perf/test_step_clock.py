@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 import torchdoctor
-from torchdoctor.watch.timing import PHASES, SAMPLE, WINDOW, StepClock
+from torchdoctor.watch.timing import PHASES, SAMPLE, SKIP, WINDOW, StepClock
 
 
 class Slow(Dataset):
@@ -120,7 +120,7 @@ def test_the_loader_patches_come_off_when_the_session_ends():
 
 def test_the_window_and_the_run_history_stay_bounded():
     clock = StepClock(first_optimizer=None)
-    for _ in range(16 * 200):  # more blocks than are kept
+    for _ in range(WINDOW * SAMPLE + 16 * 200):  # more timed steps than the window keeps, more blocks than are kept
         clock.step_pre()
         clock.step_post(None)
     assert clock.timed == WINDOW and len(clock.rows()) == WINDOW
@@ -144,7 +144,7 @@ def test_a_failing_clock_stops_without_breaking_the_loop(monkeypatch, caplog):
 
 
 def test_the_clock_times_a_sample_of_the_steps_never_a_periodic_one(monkeypatch):
-    """In the first 32 steps all but the multiples of 5, then one step in 5 (33, 38, ...): the hooks read the
+    """In the first 32 steps all but the multiples of 5, then one step in 10 (33, 43, ...): the hooks read the
     time only there, while every step is counted and every batch counts toward its loader's pass."""
     calls = {"forward_end": [], "backward_start": [], "step_pre": []}
     for name, seen in calls.items():
@@ -165,8 +165,8 @@ def test_the_clock_times_a_sample_of_the_steps_never_a_periodic_one(monkeypatch)
             nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
         clock, ctx = session._ctx.clock, session._ctx
-    expected = [n for n in range(1, 32) if n % SAMPLE] + list(range(33, 60, SAMPLE))
-    assert len(expected) == 31 and not any(ctx.periodic(n) for n in expected)
+    expected = [n for n in range(1, 32) if n % SKIP] + list(range(33, 60, SAMPLE))
+    assert len(expected) == 28 and not any(ctx.periodic(n) for n in expected)
     for name, seen in calls.items():
         assert seen == expected, name
     assert clock.steps == 60 and clock.timed == len(expected) == len(clock.rows()) == len(clock.delay_rows())

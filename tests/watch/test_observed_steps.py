@@ -33,6 +33,9 @@ def test_a_long_correct_run_is_quiet_and_observed_on_the_schedule():
     ctx = hub.ctx
     observed = [n for n in range(STEPS) if ctx.observes(n)]
     assert observed[32:36] == [40, 50, 60, 70] and observed[-3:] == [1000, 1100, 1200]
+    # the set-up checks (settings, which parameters the optimizers hold, every weight): every 100 steps, then 1000
+    setup = [n for n in range(STEPS) if ctx.setup_due(n)]
+    assert setup[:5] == [0, 10, 20, 30, 100] and setup[-3:] == [800, 900, 1000]
     assert hub.seen[Event.FORWARD] == len(observed)  # the other steps' forwards reached no check
     assert hub.seen[Event.PERIODIC] == len([n for n in range(STEPS) if ctx.periodic(n)])
 

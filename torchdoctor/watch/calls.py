@@ -16,7 +16,7 @@ True while it traces), so compiled graphs get no break and no guard on our state
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import torch
 from torch import nn
@@ -28,16 +28,19 @@ _is_compiling: Callable[[], bool] = (
     getattr(getattr(torch, "compiler", None), "is_dynamo_compiling", None) or torch._dynamo.is_compiling
 )
 dynamo_tracing = _is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 class CallListener(Protocol):
     """What a session gives the patch. `_depth` counts the calls of its modules running now (the patch keeps
     it); `_roots` holds the ids of the modules whose every call it wants to hear of. `_forward` is called
     after (also after a raise: `output` None) each call of a root, and of any listened module called at
-    depth 0 (outside every other call of the listener's modules)."""
+    depth 0 (outside every other call of the listener's modules), unless `_quiet` holds the call's kind
+    ``(id(module), module.training, torch.is_grad_enabled())``: the kinds it need not hear of now (None: all)."""
 
     _depth: int
     _roots: dict[int, Any]
+    _quiet: Optional[set[tuple[int, bool, bool]]]
 
     def _forward(self, module: nn.Module, args: Any, output: Any) -> None:
         """A call of `module` returned `output` (None: it raised)."""
@@ -83,17 +86,14 @@ def _call_impl(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     output = None
     try:
         output = _original[0](self, *args, **kwargs)
-    finally:
-        _tell_returned(listeners, key, self, args, output)
+    finally:  # the listeners' depths, and `_forward` where it is due (here, not in a helper: a call less)
+        for listener in listeners:
+            listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
+            if not depth or key in listener._roots:  # else: a submodule inside the model's forward
+                quiet = listener._quiet  # the commonest call, a usual forward at a quiet step, needs no call
+                if quiet is None or (key, self.training, _grad_enabled()) not in quiet:
+                    listener._forward(self, args, output)
     return output
-
-
-def _tell_returned(listeners: tuple[CallListener, ...], key: int, module: nn.Module, args: Any, output: Any) -> None:
-    """A call of listened `module` returned: its listeners' depths, and `_forward` where it is due."""
-    for listener in listeners:
-        listener._depth = depth = listener._depth - 1 if listener._depth > 0 else 0
-        if not depth or key in listener._roots:  # else: a submodule inside the model's forward
-            listener._forward(module, args, output)
 
 
 def _tell_transformed(module: nn.Module) -> None:
@@ -120,13 +120,13 @@ def _outermost(module: nn.Module, args: Any, kwargs: Any) -> Any:
         _inside.call = False
 
 
-def _skip_frames() -> None:
+def _skip_frames(*listener_codes: Any) -> None:
     """Tell dynamo never to start compiling at the patch's frames (it compiles the frames they call, and
     still inlines `_call_impl` into a frame it traces). A compiled module's ``__call__`` enters the patch
     first, and dynamo compiles the first frame outside torch: without this, every compiled module would share
     the patch's cache (and its recompile limit), and dynamo's messages would name our file. The listeners run
-    there too, inside the compiled module's call: dynamo must not compile them, nor anything they call (the
-    checks' handlers)."""
+    there too, inside the compiled module's call: dynamo must not compile them (`listener_codes`: their
+    ``_forward``), nor anything they call (the checks' handlers)."""
     eval_frame = getattr(getattr(torch, "_dynamo", None), "eval_frame", None)
     strategy = getattr(eval_frame, "set_code_exec_strategy", None)
     make, action = getattr(eval_frame, "FrameExecStrategy", None), getattr(eval_frame, "FrameAction", None)
@@ -134,7 +134,7 @@ def _skip_frames() -> None:
         return
     for code in (_call_impl.__code__, _outermost.__code__):
         strategy(code, make(action.SKIP, action.DEFAULT))
-    for code in (_tell_returned.__code__, _tell_transformed.__code__, _tell_roots.__code__):
+    for code in (_tell_transformed.__code__, _tell_roots.__code__, *listener_codes):
         strategy(code, make(action.SKIP, action.SKIP))
 
 
@@ -159,6 +159,7 @@ class CallPatch:
             _transformed.append(listener)
         self.ids: set[int] = set()
         _install()
+        _skip_frames(listener._forward.__code__)
         _listeners.append(self)
 
     def listen(self, modules: Any) -> None:

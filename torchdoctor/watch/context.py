@@ -132,8 +132,14 @@ class WatchContext:
 
     def setup_due(self, step: int) -> bool:
         """Whether the set-up checks (``RuntimeCheck.setup``) run at the step numbered `step`: the periodic
-        steps of the first `DENSE_STEPS`, then every ``10 * every``-th."""
-        return self.periodic(step) and (step < DENSE_STEPS or step % (10 * self.every) == 0)
+        steps of the first `DENSE_STEPS`, then every ``10 * every``-th, and from step ``SPARSE_AFTER * every``
+        on (where every periodic step is such a step) every ``100 * every``-th: what they read (settings, which
+        parameters the optimizers hold, every weight) seldom changes, and reading it costs a 1 ms step's worth."""
+        if not self.periodic(step):
+            return False
+        if step < DENSE_STEPS:
+            return True
+        return step % ((10 if step < SPARSE_AFTER * self.every else 100) * self.every) == 0
 
     def observes(self, step: int) -> bool:
         """Whether the schedule observes the step numbered `step` in full: the first `DENSE_STEPS`, then the

@@ -212,7 +212,8 @@ class RuntimeCheck:
     every_step: ClassVar[bool] = False
     #: True: a check of the loop's set-up (which parameters the optimizers hold, devices, flags), which changes
     #: seldom: PERIODIC reaches it at the steps ``ctx.setup_due(step)`` names (the periodic steps of the first
-    #: 32, then every ``10 * every``-th), not at every periodic step
+    #: 32, then every ``10 * every``-th, from step ``100 * every`` on every ``100 * every``-th), not at every
+    #: periodic step
     setup: ClassVar[bool] = False
 
     def __init__(self, ctx: "WatchContext") -> None:

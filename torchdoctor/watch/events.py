@@ -86,6 +86,9 @@ class EventHub:
         self._quiet_opt: Optional[WatchedOptimizer] = None
         self.frequent: list[tuple[RuntimeCheck, Callable[..., Any]]] = []  # PERIODIC's, the set-up checks apart
         self._every_step = False  # some check wants per-step events at unobserved steps too
+        # the forward patch reports no forward of these kinds (`calls.CallListener`): `_usual` while a step is
+        # neither observed nor timed, else None (`_hush`)
+        self._quiet: Optional[set[tuple[int, bool, bool]]] = None
         self._subscribe(checks)
 
     def _subscribe(self, checks: Iterable[RuntimeCheck]) -> None:
@@ -98,6 +101,7 @@ class EventHub:
                     self._every_step = True
                 if event is Event.PERIODIC and not type(chk).setup:
                     self.frequent.append(sub)
+        self._hush()
 
     def dispatch(self, event: Event, *payload: Any) -> None:
         """Call every subscriber; pass its findings to the sink; contain its faults."""
@@ -131,6 +135,14 @@ class EventHub:
                 table[event] = [(c, h) for c, h in subs if c is not chk]
         self.frequent = [(c, h) for c, h in self.frequent if c is not chk]
         self._every_step = any(self.always.values())
+        self._hush()
+
+    def _hush(self) -> None:
+        """Let the forward patch skip the usual forwards while nothing is due: no observed step, no check that
+        wants every step, no timed step."""
+        clock = self.ctx.clock
+        quiet = not self.ctx.observing and not self._every_step and (clock is None or not clock.timing)
+        self._quiet = self._usual if quiet else None
 
     def _news(self) -> None:
         """Something new happened: observe the rest of this step and the next whole one of every optimizer."""
@@ -142,6 +154,7 @@ class EventHub:
         if on is self.ctx.observing:
             return
         self.ctx.observing = on
+        self._hush()
         for exc in self.ctx.hooks.observe(on):  # never into the user's step: that instrumentation is lost
             logger.warning(
                 "torchdoctor: a check's instrumentation could not be %s: %s", "resumed" if on else "paused", exc
@@ -306,7 +319,7 @@ class EventHub:
         else:
             training = module.training
         grad_enabled = torch.is_grad_enabled()
-        kind = (key, training, grad_enabled)
+        kind = (key, module.training, grad_enabled)  # as the patch reads it (`_quiet`)
         clock = self.ctx.clock
         if not self.ctx.observing and not self._every_step and kind in self._usual:
             if clock is None or not clock.timing:  # a usual forward at a step no one looks at: the commonest
@@ -389,12 +402,17 @@ class EventHub:
                 self.ctx._ids = None
 
     def _step_post(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.ctx.clock is not None:
-            try:
-                self.ctx.clock.step_post(wo)
-            except Exception as exc:
-                self._clock_failed(exc)
         ctx = self.ctx
+        clock = ctx.clock
+        if clock is not None:
+            steps = clock.steps + 1
+            if steps < clock.wake and not clock.timing and id(wo) == clock.first_optimizer:
+                clock.steps = steps  # `StepClock.step_post`'s commonest step, here: a Python call less per step
+            else:
+                try:
+                    clock.step_post(wo)
+                except Exception as exc:
+                    self._clock_failed(exc)
         try:
             if ctx.observing or self._every_step:
                 self._per_step(Event.STEP_POST, StepEvent(wo, wo.steps))
@@ -403,10 +421,13 @@ class EventHub:
             wo.zero_grads = 0
             if ctx.observing or self._hold or wo is not self._quiet_opt or steps >= self._quiet_until:
                 self._schedule()  # else an unobserved step before the next observed one: nothing changes
+            if clock is not None and (clock.timing or self._quiet is None):  # a timed step starts or ended
+                self._hush()
 
     def _clock_failed(self, exc: BaseException) -> None:
         """The step clock failed: it stops (the report goes without a breakdown); training goes on."""
         clock, self.ctx.clock = self.ctx.clock, None
+        self._hush()
         if clock is not None:
             clock.broken = True
         logger.warning("torchdoctor: the step clock stopped: %s: %s", type(exc).__name__, exc)

@@ -66,28 +66,38 @@ class HookSet:
 
 
 class WhileObserving:
-    """A handle made by `install` while the session observes steps, and removed while it does not."""
+    """A handle made by `install` while the session observes steps, and removed while it does not (or paused
+    and resumed, where the handle can: a `MethodPatch` keeps its wrapper)."""
 
     def __init__(self, install: Callable[[], Any], keep: Optional[Callable[[], bool]] = None) -> None:
         self.install = install
         self.keep = keep
         self.kept = False
+        self.paused = False
         self.handle: Any = install()
 
     def pause(self) -> None:
         if self.kept or (self.handle is not None and self.keep is not None and self.keep()):
             self.kept = True
             return
-        if self.handle is not None:
+        if self.handle is None or self.paused:
+            return
+        if hasattr(self.handle, "pause"):
+            self.handle.pause()
+            self.paused = True
+        else:
             handle, self.handle = self.handle, None
             handle.remove()
 
     def resume(self) -> None:
-        if self.handle is None:
+        if self.paused:
+            self.paused = False
+            self.handle.resume()
+        elif self.handle is None:
             self.handle = self.install()
 
     def remove(self) -> None:
-        self.kept = False
+        self.kept = self.paused = False
         if self.handle is not None:
             handle, self.handle = self.handle, None
             handle.remove()

@@ -80,36 +80,62 @@ class _MethodWrapper:
         else:
             delattr(obj, self.attr)
 
+    def reattach(self, obj: Any) -> bool:
+        """Put this wrapper back on `obj` after `restore`, unless something replaced the original since (then
+        False: a new wrapper must wrap what is there now). Cheaper than a new wrapper (``functools.wraps``)."""
+        if (self.attr in obj.__dict__) != self.had_own or getattr(obj, self.attr, None) != self.original:
+            return False  # (a bound method is made anew at each lookup: equal, not identical)
+        setattr(obj, self.attr, self.patched)
+        return True
+
 
 # (id(obj), attr) -> wrapper; an entry lives only while a session listens, and the wrapper's closure holds
-# the object only as long as the patch is on it.
+# the object only as long as the patch is on it (or paused, `MethodPatch.pause`).
 _wrappers: dict[tuple[int, str], _MethodWrapper] = {}
 
 
 class MethodPatch:
     """Handle of one session's listeners on ``obj.<attr>()``; ``remove()`` unsubscribes them and takes the
-    wrapper off when no session listens any more."""
+    wrapper off when no session listens any more. ``pause()`` and ``resume()`` do the same for a while
+    (instrumentation of the observed steps only, `torchdoctor.watch.handles.WhileObserving`), keeping the
+    wrapper to put back."""
 
     def __init__(
         self, obj: Any, attr: str, before: Optional[CallListener] = None, after: Optional[CallListener] = None
     ) -> None:
-        key = (id(obj), attr)
-        wrapper = _wrappers.get(key)
-        if wrapper is None or obj.__dict__.get(attr) is not wrapper.patched:
-            wrapper = _MethodWrapper(obj, attr)
-            _wrappers[key] = wrapper
-        self.obj, self.key, self.wrapper = obj, key, wrapper
+        self.obj, self.key = obj, (id(obj), attr)
+        self.wrapper: Optional[_MethodWrapper] = None
         self.listeners = [("before", before), ("after", after)]
+        self.resume()
+
+    def resume(self) -> None:
+        """Subscribe the listeners (again), wrapping the method where no session does now."""
+        obj, attr = self.obj, self.key[1]
+        wrapper = _wrappers.get(self.key)
+        if wrapper is None or obj.__dict__.get(attr) is not wrapper.patched:
+            if wrapper is None and self.wrapper is not None and self.wrapper.reattach(obj):
+                wrapper = self.wrapper  # ours, paused: put back as it was
+            else:
+                wrapper = _MethodWrapper(obj, attr)
+            _wrappers[self.key] = wrapper
+        self.wrapper = wrapper
         for where, listener in self.listeners:
             if listener is not None:
                 setattr(wrapper, where, [*getattr(wrapper, where), listener])
 
-    def remove(self) -> None:
+    def pause(self) -> None:
+        """Unsubscribe the listeners until `resume`; the wrapper comes off when no session listens any more."""
+        wrapper = self.wrapper
+        if wrapper is None:
+            return
         for where, listener in self.listeners:
             if listener is not None:
-                setattr(self.wrapper, where, [x for x in getattr(self.wrapper, where) if x is not listener])
-        if not self.wrapper.before and not self.wrapper.after:
-            self.wrapper.restore(self.obj)
-            if _wrappers.get(self.key) is self.wrapper:
+                setattr(wrapper, where, [x for x in getattr(wrapper, where) if x is not listener])
+        if not wrapper.before and not wrapper.after:
+            wrapper.restore(self.obj)
+            if _wrappers.get(self.key) is wrapper:
                 del _wrappers[self.key]
-        self.obj = None
+
+    def remove(self) -> None:
+        self.pause()
+        self.obj = self.wrapper = None
