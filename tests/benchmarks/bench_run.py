@@ -1,16 +1,17 @@
 """Benchmark: what `torchdoctor run` adds to `python train.py`, at start-up and per training step.
 
-Run: python tests/benchmarks/bench_run.py [--rounds N] [--steps N] [--models mlp-small,mlp,cnn]
+Run: python tests/benchmarks/bench_run.py [--rounds N] [--steps N] [--warmup N] [--models mlp-small,mlp,cnn]
 
 1. Start-up: a script that imports torch, builds a small model and takes one step, run as
    ``python SCRIPT`` and as ``python -m torchdoctor run SCRIPT`` in alternation. Each process's CPU time
    (user + system, from the children's rusage) is taken, so other load on the machine does not count.
    Prints the medians, the median of the per-round differences and ratios. Target: <= 0.3 s added.
-2. Per step: the same training script (a model of --models, SGD, --steps steps after two untimed ones)
+2. Per step: the same training script (a model of --models, SGD, --steps steps after --warmup untimed ones)
    reports the CPU time of its own thread per step (time.thread_time) to a file; run with plain python
    and under `torchdoctor run` in alternation, one thread each. Prints the median ms/step of each and the
-   median of the per-round ratios (with the quartiles). `mlp-small` is a 3-layer MLP whose step takes about
-   a millisecond: the fixed per-step cost of watch dominates it. Target: what watch itself costs
+   median of the per-round ratios (with the quartiles). `mlp-small` is bench_watch.py's `mlp3`, a 3-layer MLP
+   whose step takes about a millisecond: the fixed per-step cost of watch dominates it (``--warmup 1000
+   --steps 1000``: the steady state of a long run). Target: what watch itself costs
    (tests/benchmarks/bench_watch.py), i.e. <= 1.03x on the CNN.
 """
 
@@ -43,10 +44,10 @@ import torch
 from torch import nn
 torch.set_num_threads(1)
 torch.manual_seed(0)
-kind, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+kind, steps, out, warmup = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 if kind == "mlp-small":
-    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
-    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 elif kind == "mlp":
     layers = []
     for _ in range(8):
@@ -65,7 +66,7 @@ def step():
     nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
 
-for _ in range(2):
+for _ in range(warmup):
     step()
 start = time.thread_time()
 for _ in range(steps):
@@ -105,14 +106,14 @@ def startup(folder: Path, rounds: int, env: dict[str, str]) -> None:
     )
 
 
-def per_step(folder: Path, kinds: list[str], rounds: int, steps: int, env: dict[str, str]) -> None:
+def per_step(folder: Path, kinds: list[str], rounds: int, steps: int, warmup: int, env: dict[str, str]) -> None:
     script = folder / "train.py"
     script.write_text(textwrap.dedent(TRAIN))
     out = folder / "result.json"
 
     def one(prefix: list[str], kind: str) -> float:
         subprocess.run(
-            [*prefix, str(script), kind, str(steps), str(out)],
+            [*prefix, str(script), kind, str(steps), str(out), str(warmup)],
             check=True,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -127,7 +128,7 @@ def per_step(folder: Path, kinds: list[str], rounds: int, steps: int, env: dict[
             doctor.append(one([sys.executable, "-m", "torchdoctor", "run"], kind))
         ratios = [d / p for p, d in zip(plain, doctor)]
         print(
-            f"{kind}: per-step CPU time, median of {rounds} rounds of {steps} steps: python "
+            f"{kind}: per-step CPU time, median of {rounds} rounds of {steps} steps after {warmup}: python "
             f"{statistics.median(plain):.3f} ms, torchdoctor run {statistics.median(doctor):.3f} ms; "
             f"ratio {statistics.median(ratios):.3f}x{quartiles(ratios)}"
         )
@@ -137,6 +138,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--models", default="mlp-small,cnn")
     parser.add_argument("--skip-startup", action="store_true")
     args = parser.parse_args()
@@ -144,7 +146,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_startup:
             startup(Path(tmp), args.rounds, env)
-        per_step(Path(tmp), [k for k in args.models.split(",") if k], args.rounds, args.steps, env)
+        per_step(Path(tmp), [k for k in args.models.split(",") if k], args.rounds, args.steps, args.warmup, env)
 
 
 if __name__ == "__main__":
