@@ -57,6 +57,23 @@ def test_a_first_validation_late_in_a_run_is_news():
     assert found and found[0].location.step == 1234
 
 
+def test_a_wrapped_model_put_in_eval_through_its_wrapper_is_news_too():
+    """`dp.module.eval()` leaves the wrapper's own flag in train mode: the forwards are still of a new kind."""
+    model, data = _model(), batches(2)
+    wrapped = nn.DataParallel(model)  # on the CPU it calls the model itself
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with session(wrapped, opt) as s:
+        for step in range(STEPS):
+            if step == 1234:
+                wrapped.module.eval()
+                for _ in range(3):
+                    wrapped(data[1][0])  # no torch.no_grad()
+                wrapped.module.train()
+            _step(wrapped, opt, *data[0])
+    found = [f for f in s.findings if f.name == "eval-without-no-grad"]
+    assert found and found[0].location.step == 1234
+
+
 def test_a_model_left_in_eval_late_in_a_run_is_found_at_its_next_step():
     model, data = _model(), batches(2)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

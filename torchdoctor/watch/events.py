@@ -86,9 +86,11 @@ class EventHub:
         self._quiet_opt: Optional[WatchedOptimizer] = None
         self.frequent: list[tuple[RuntimeCheck, Callable[..., Any]]] = []  # PERIODIC's, the set-up checks apart
         self._every_step = False  # some check wants per-step events at unobserved steps too
-        # the forward patch reports no forward of these kinds (`calls.CallListener`): `_usual` while a step is
-        # neither observed nor timed, else None (`_hush`)
+        # the forward patch reports no forward of these kinds (`calls.CallListener`): `_plain` while a step is
+        # neither observed nor timed, else None (`_hush`); `_plain`: the usual kinds that the patch reads the
+        # same way, all but a wrapped model's (its wrapper's train/eval flag may differ from the model's)
         self._quiet: Optional[set[tuple[int, bool, bool]]] = None
+        self._plain: set[tuple[int, bool, bool]] = set()
         self._subscribe(checks)
 
     def _subscribe(self, checks: Iterable[RuntimeCheck]) -> None:
@@ -142,7 +144,7 @@ class EventHub:
         wants every step, no timed step."""
         clock = self.ctx.clock
         quiet = not self.ctx.observing and not self._every_step and (clock is None or not clock.timing)
-        self._quiet = self._usual if quiet else None
+        self._quiet = self._plain if quiet else None
 
     def _news(self) -> None:
         """Something new happened: observe the rest of this step and the next whole one of every optimizer."""
@@ -319,7 +321,7 @@ class EventHub:
         else:
             training = module.training
         grad_enabled = torch.is_grad_enabled()
-        kind = (key, module.training, grad_enabled)  # as the patch reads it (`_quiet`)
+        kind = (key, training, grad_enabled)
         clock = self.ctx.clock
         if not self.ctx.observing and not self._every_step and kind in self._usual:
             if clock is None or not clock.timing:  # a usual forward at a step no one looks at: the commonest
@@ -342,6 +344,8 @@ class EventHub:
                 self._clock_failed(exc)
         if self.ctx.observing:
             self._usual.add(kind)
+            if not root or wm.inner is module:
+                self._plain.add(kind)
         elif kind not in self._usual:  # a forward of a new kind (a validation pass, another model): news
             self._news()
         elif not self._every_step:
