@@ -93,6 +93,15 @@ def test_a_correct_loop_is_quiet_and_its_model_is_found(run_program):
     assert result.report.scope == "run"
 
 
+def test_the_step_clock_times_the_steps_of_the_optimizer_adopted_as_it_steps(run_program):
+    """The session starts before the script builds its optimizer: the clock takes the first one that steps, so
+    the report has a step-time breakdown and the performance checks their verdicts."""
+    result = run_program(LOOP.replace("range(6)", "range(40)").format(step=GOOD_STEP))
+    breakdown = result.report.facts["step_time"]
+    assert breakdown["steps"] == 26 and breakdown["timed_every"] == 10  # 1-31 but the multiples of 5, then 33
+    assert sum(phase["share"] for phase in breakdown["phases"].values()) > 0.99
+
+
 def test_a_planted_missing_zero_grad_is_caught_at_the_step_watch_catches_it(run_program):
     step = GOOD_STEP.replace("    optimizer.zero_grad()\n", "")
     result = run_program(LOOP.format(step=step))

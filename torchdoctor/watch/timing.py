@@ -115,7 +115,9 @@ class StepClock:
     """Per-phase time of each step of one session (see the module docstring)."""
 
     def __init__(self, first_optimizer: Any = None) -> None:
-        self.first_optimizer = id(first_optimizer)  # its id only: a finished session holds nothing
+        # its id only (a finished session holds nothing); None: the first optimizer that steps (`torchdoctor run`
+        # adopts optimizers as they step)
+        self.first_optimizer = id(first_optimizer) if first_optimizer is not None else None
         self.acc = [0.0] * len(PHASES)
         self.last = time.perf_counter()
         self.state = IDLE
@@ -235,6 +237,8 @@ class StepClock:
 
     def step_post(self, optimizer: Any) -> None:
         """An optimizer's ``step()`` returned: the first optimizer's ends the step (every step, timed or not)."""
+        if self.first_optimizer is None:
+            self.first_optimizer = id(optimizer)
         steps = self.steps + 1
         if steps < self.wake and not self.timing and id(optimizer) == self.first_optimizer:
             self.steps = steps  # neither timed nor ending a block nor starting a timed one: the commonest step
