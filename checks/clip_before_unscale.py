@@ -95,7 +95,7 @@ class ClipBeforeUnscale(RuntimeCheck):
         self.clipped = False
         self.reported = False
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
-        if scaler is None or not self.ctx.optimizers:
+        if scaler is None:  # optimizers may come later (`torchdoctor run` adopts them as they step)
             return
         for name in _CLIPS:
             self.ctx.hooks.add(MethodPatch(torch.nn.utils, name, before=self._clip))

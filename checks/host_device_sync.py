@@ -89,7 +89,8 @@ class HostDeviceSync(RuntimeCheck):
     """Steps 1 to 3 under the sync debug mode: the user lines that synchronised in every one of them."""
 
     def on_start(self) -> None:
-        self.cuda = any(on_cuda(wm.inner) for wm in self.ctx.models)
+        self.cuda = False
+        self.models_seen = 0  # models looked at: `torchdoctor run` (and watch) adopt models as they train
         self.sampling = self.done = self.in_step = False
         self.current: dict[tuple[str, int], int] = {}
         self.steps: list[dict[tuple[str, int], int]] = []
@@ -101,6 +102,9 @@ class HostDeviceSync(RuntimeCheck):
 
     def on_step_post(self, event: StepEvent) -> Optional[list[Finding]]:
         self.in_step = False
+        if not self.cuda and len(self.ctx.models) != self.models_seen:  # a model adopted since
+            self.models_seen = len(self.ctx.models)
+            self.cuda = any(on_cuda(wm.inner) for wm in self.ctx.models)
         if not self.cuda or self.done or event.optimizer is not self.ctx.optimizers[0]:
             return None  # the every-step path on the CPU or once sampled: no generator made
         if not self.sampling:

@@ -265,7 +265,7 @@ class NonfiniteValues(RuntimeCheck):
         import torch
 
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
-        if scaler is not None and self.ctx.optimizers:
+        if scaler is not None:  # also with no optimizer yet: they are adopted as they step (`torchdoctor run`)
             self.ctx.hooks.add(
                 MethodPatch(scaler, "step", before=self._scaler_step_before, after=self._scaler_step_after)
             )

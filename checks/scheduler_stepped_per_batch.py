@@ -104,8 +104,8 @@ class SchedulerSteppedPerBatch(RuntimeCheck):
         self.passes: list[tuple[int, Any]] = []  # (id(loader), weak iterator) of the latest passes, newest first
         self.drove: set[int] = set()  # loaders whose current pass saw a scheduler step
         base = getattr(torch.optim.lr_scheduler, "LRScheduler", None) or torch.optim.lr_scheduler._LRScheduler
-        if self.ctx.optimizers:
-            self.ctx.hooks.add(MethodPatch(base, "step", after=self._stepped))
+        # also with no optimizer yet: `torchdoctor run` (and watch) adopt optimizers as they step
+        self.ctx.hooks.add(MethodPatch(base, "step", after=self._stepped))
 
     def _stepped(self, cls: Any, args: tuple, kwargs: dict) -> None:
         """Runs in the user's scheduler.step(): counts only."""

@@ -92,17 +92,24 @@ class TensorCoresIdle(RuntimeCheck):
     """Training forwards of a float32 matmul model on an Ampere+ GPU, without autocast and without TF32."""
 
     def on_start(self) -> None:
-        self.devices: dict[str, str] = {}  # label -> device type, for the models this check applies to
+        # label -> device type, or None where this check does not apply; models adopted later (`torchdoctor run`)
+        # are looked at on their first forward
+        self.devices: dict[str, Optional[str]] = {}
         for wm in self.ctx.models:
-            found = device_of(wm.inner)
-            layers = {type(m).__name__ for m in wm.inner.modules()}
-            if found is not None and found[1] >= (8, 0) and layers & set(MATMUL_LAYERS):
-                self.devices[wm.label] = found[0]
+            self._classify(wm)
         self.plain: dict[str, int] = {}  # label -> training forwards without autocast; -1 once one had it
         self.reported = False
 
+    def _classify(self, wm: Any) -> Optional[str]:
+        found = device_of(wm.inner)
+        layers = {type(m).__name__ for m in wm.inner.modules()}
+        applies = found is not None and found[1] >= (8, 0) and bool(layers & set(MATMUL_LAYERS))
+        self.devices[wm.label] = device = found[0] if found is not None and applies else None
+        return device
+
     def on_forward(self, event: ForwardEvent) -> None:
-        device = self.devices.get(event.model.label)
+        label = event.model.label
+        device = self.devices[label] if label in self.devices else self._classify(event.model)
         if device is None or not event.grad_enabled or self.plain.get(event.model.label) == -1:
             return
         import torch
@@ -111,7 +118,7 @@ class TensorCoresIdle(RuntimeCheck):
         self.plain[event.model.label] = -1 if autocast else self.plain.get(event.model.label, 0) + 1
 
     def on_step_post(self, event: StepEvent) -> Optional[list[Finding]]:
-        if self.reported or not self.devices:
+        if self.reported or not any(self.devices.values()):
             return None  # the every-step path off a GPU with tensor cores: no generator made
         return list(self._judge())
 

@@ -133,6 +133,8 @@ class TrainModeNotRestored(RuntimeCheck):
         self.started_in_train = {wm.label: wm.inner.training for wm in self.ctx.models}
 
     def on_forward(self, event: ForwardEvent) -> None:
+        if event.model.label not in self.started_in_train:  # adopted since the start (`torchdoctor run`)
+            self.started_in_train[event.model.label] = event.model.inner.training
         if not event.grad_enabled:  # validation under no_grad/inference_mode is what eval() is for
             if not event.training and self.started_in_train.get(event.model.label):
                 self.modes.setdefault(event.model.label, _Mode()).validated = True

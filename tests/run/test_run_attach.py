@@ -102,6 +102,35 @@ def test_the_step_clock_times_the_steps_of_the_optimizer_adopted_as_it_steps(run
     assert sum(phase["share"] for phase in breakdown["phases"].values()) > 0.99
 
 
+def test_checks_that_listen_to_library_calls_work_on_optimizers_adopted_later(run_program):
+    """GradScaler.step, the clip functions and LRScheduler.step are listened to from the start, though `run`
+    adopts the optimizer only as it steps: a clip of scaled gradients and a per-epoch schedule stepped per batch
+    are found (both checks stayed off under `run` when they waited for an optimizer given at start)."""
+    result = run_program(
+        """
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        loader = DataLoader(TensorDataset(torch.randn(96, 4), torch.randn(96, 1)), batch_size=8)
+        for epoch in range(3):
+            for x, y in loader:
+                opt.zero_grad()
+                scaler.scale(nn.functional.mse_loss(model(x), y)).backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # before scaler.unscale_(opt)
+                scaler.step(opt)
+                scaler.update()
+                scheduler.step()  # StepLR counts epochs
+        """,
+        select=["clip-before-unscale", "scheduler-stepped-per-batch"],
+    )
+    assert problems(result) == ["clip-before-unscale", "scheduler-stepped-per-batch"]
+
+
 def test_a_planted_missing_zero_grad_is_caught_at_the_step_watch_catches_it(run_program):
     step = GOOD_STEP.replace("    optimizer.zero_grad()\n", "")
     result = run_program(LOOP.format(step=step))
@@ -362,3 +391,18 @@ def test_a_cifar_style_script_is_quiet_and_its_missing_zero_grad_caught(run_prog
     bug = run_program(CIFAR_STYLE.replace("        optimizer.zero_grad()\n", ""), ckpt)
     (finding,) = [f for f in bug.report.findings if f.name == "missing-zero-grad"]
     assert finding.location.step == 1 and bug.exit_status == 1
+
+
+def test_checks_that_look_at_the_models_once_see_the_models_adopted_later(run_program, monkeypatch):
+    """host-device-sync and tensor-cores-idle looked at the models when the session started, when `run` has none
+    yet: on a (faked) Ampere GPU they now judge the model adopted at its first step."""
+    import torchdoctor.checks.host_device_sync as hds
+    import torchdoctor.checks.tensor_cores_idle as tci
+
+    monkeypatch.setattr(hds, "on_cuda", lambda model: True)
+    monkeypatch.setattr(hds, "debug_mode", lambda mode: None)
+    monkeypatch.setattr(tci, "device_of", lambda model: ("cpu", (8, 0)))
+    step = GOOD_STEP + "    warnings.warn('called a synchronizing CUDA operation', UserWarning)  # as loss.item()\n"
+    source = "import warnings\n" + LOOP.replace("range(6)", "range(40)").format(step=step)
+    result = run_program(source, select=["host-device-sync", "tensor-cores-idle"])
+    assert {f.name for f in result.report.findings} == {"host-device-sync", "tensor-cores-idle"}
