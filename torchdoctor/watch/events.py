@@ -322,10 +322,9 @@ class EventHub:
             training = module.training
         grad_enabled = torch.is_grad_enabled()
         kind = (key, training, grad_enabled)
+        if self._quiet is not None and kind in self._usual:  # a usual forward while nothing is due (`_hush`)
+            return  # (a wrapped model's: the patch leaves those to this test)
         clock = self.ctx.clock
-        if not self.ctx.observing and not self._every_step and kind in self._usual:
-            if clock is None or not clock.timing:  # a usual forward at a step no one looks at: the commonest
-                return
         if _is_compiling():  # an export traces it
             return
         if _in_functorch():  # the output is a functorch wrapper, without storage or autograd graph
@@ -358,10 +357,8 @@ class EventHub:
             event.output = event._args = None  # the session keeps no tensor of the user's
 
     def _step_pre(self, wo: WatchedOptimizer, optimizer: Any, args: Any, kwargs: Any) -> Any:
-        ctx = self.ctx
-        if not ctx.observing and self._stepped and not self._every_step and len(ctx.optimizers) == 1:
-            if ctx.clock is None or not ctx.clock.timing:  # nothing is due and nothing is timed: the commonest step
-                return None
+        if self._quiet is not None and self._stepped and len(self.ctx.optimizers) == 1:
+            return None  # nothing is due and nothing is timed (`_hush`): the commonest step
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
         if closure is None:
             self._stepped = True
@@ -411,7 +408,7 @@ class EventHub:
         if clock is not None:
             steps = clock.steps + 1
             if steps < clock.wake and not clock.timing and id(wo) == clock.first_optimizer:
-                clock.steps = steps  # `StepClock.step_post`'s commonest step, here: a Python call less per step
+                clock.steps = steps  # neither timed nor ending a block (`StepClock.wake`): counted here, a call less
             else:
                 try:
                     clock.step_post(wo)

@@ -130,7 +130,8 @@ class StepClock:
         self.count = 0  # timed steps ended (after the warm-up): the window's last row
         self.block: list[float] = []  # the current block's timed step times
         self.block_end = WARMUP + BLOCK  # the steps ended when the current block is full
-        self.wake = min(self.next_timed, self.block_end)  # until then, an ended step only counts (`step_post`)
+        # until then an ended step only counts: the event hub adds it to `steps` without calling `step_post`
+        self.wake = min(self.next_timed, self.block_end)
         self.blocks: list[float] = []  # medians of past blocks
         # CPU seconds per step of past blocks, of the thread that steps: the loop's own work, which neither a
         # busier machine nor a growing wait (a sleep, I/O, other threads spinning) adds to
@@ -240,9 +241,6 @@ class StepClock:
         if self.first_optimizer is None:
             self.first_optimizer = id(optimizer)
         steps = self.steps + 1
-        if steps < self.wake and not self.timing and id(optimizer) == self.first_optimizer:
-            self.steps = steps  # neither timed nor ending a block nor starting a timed one: the commonest step
-            return
         if self.timing:
             now = time.perf_counter()
             self.acc[OPTIMIZER] += now - self.last
