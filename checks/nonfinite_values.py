@@ -284,9 +284,9 @@ class NonfiniteValues(RuntimeCheck):
         """Runs in the user's scaler.step(): counts only, and at most one finding through ctx.emit."""
         try:
             wo = self._scaled_optimizer(args, kwargs)
-            if wo is None:
+            st = self.scaled.get(id(wo.optimizer)) if wo is not None else None
+            if wo is None or st is None:  # not watched, or adopted inside this very step (`torchdoctor run`)
                 return
-            st = self.scaled[id(wo.optimizer)]
             st.total += 1
             if wo.steps != st.steps_before:
                 return

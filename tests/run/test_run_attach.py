@@ -393,6 +393,28 @@ def test_a_cifar_style_script_is_quiet_and_its_missing_zero_grad_caught(run_prog
     assert finding.location.step == 1 and bug.exit_status == 1
 
 
+def test_a_grad_scaler_step_that_adopts_its_optimizer_breaks_no_check(run_program):
+    """`run` adopts the optimizer inside the first `scaler.step(opt)`: the GradScaler listener of
+    nonfinite-values sees that call's end without its start, and must simply let it pass."""
+    result = run_program(
+        """
+        import torch
+        from torch import nn
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu")
+        for _ in range(5):
+            opt.zero_grad()
+            scaler.scale(nn.functional.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1))).backward()
+            scaler.step(opt)
+            scaler.update()
+        """,
+        select=["nonfinite-values"],
+    )
+    assert result.report.findings == [] and result.exit_status == 0
+
+
 def test_checks_that_look_at_the_models_once_see_the_models_adopted_later(run_program, monkeypatch):
     """host-device-sync and tensor-cores-idle looked at the models when the session started, when `run` has none
     yet: on a (faked) Ampere GPU they now judge the model adopted at its first step."""
