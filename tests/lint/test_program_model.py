@@ -573,3 +573,46 @@ def test_a_progress_bar_only_for_long_runs_on_a_terminal(monkeypatch):
     with command._ProgressBar(True) as quiet:
         quiet.update(1, 10 * command.PROGRESS_MIN_FILES)
         assert quiet.bar is None  # piped output gets no bar
+
+
+@pytest.mark.rule("eval-without-no-grad")
+@pytest.mark.parametrize(
+    "files, fires",
+    [
+        # through a package's re-export: the caller names the package, not the module defining `evaluate`
+        ({"pkg/__init__.py": "from .evaluation import evaluate\n", "run.py": "from pkg import evaluate\n"}, True),
+        ({"pkg/__init__.py": "from .evaluation import evaluate\n", "run.py": "from pkg import *\n"}, False),
+        # through another module that imports it
+        (
+            {"pkg/__init__.py": "", "tools.py": "from pkg.evaluation import evaluate\n", "run.py": "import tools\n"},
+            True,
+        ),
+        # an import this cannot read as a statement (on one line with `try:`): the file is searched all the same
+        (
+            {"pkg/__init__.py": "", "run.py": "try: from pkg.evaluation import evaluate\nexcept ImportError: pass\n"},
+            True,
+        ),
+        # the same name, in a file that imports nothing of the project: another function
+        ({"pkg/__init__.py": "", "run.py": "import torch\ndef evaluate(m, l):\n    return 0\n"}, False),
+    ],
+)
+def test_callers_are_found_in_every_file_that_may_import_the_function(tmp_path, files, fires):
+    # The callers search parses only the files that may import a project module (and the function's own):
+    # whatever the path an import takes, a caller with grad on is found.
+    call = "acc = evaluate(model, val_loader)\n" if "tools.py" not in files else "acc = tools.evaluate(model, loader)\n"
+    files = {name: text + (call if name == "run.py" else "") for name, text in files.items()}
+    files["pkg/evaluation.py"] = EVALUATE
+    assert lint_one(tmp_path, files, "pkg/evaluation.py") == ([("eval-without-no-grad", 8)] if fires else [])
+
+
+def test_the_callers_search_does_not_parse_files_that_import_nothing_of_the_project(tmp_path, monkeypatch):
+    import torchdoctor.lint.program as program_model
+
+    parsed = []
+    real = program_model.parse_quietly
+    monkeypatch.setattr(program_model, "parse_quietly", lambda data, path: parsed.append(path) or real(data, path))
+    files = {f"script{i}.py": "import torch\nimport os\n" + EVALUATE + "\nacc = evaluate(m, l)\n" for i in range(3)}
+    files["uses.py"] = "from script0 import evaluate\nacc = evaluate(m, l)\n"
+    assert lint_one(tmp_path, files, "script1.py") == [("eval-without-no-grad", 10)]
+    # script1 is parsed by the run itself, script0 to resolve uses.py's call; script2 is not read as Python
+    assert sorted(p.rsplit("/", 1)[-1] for p in parsed) == ["script0.py", "uses.py"]

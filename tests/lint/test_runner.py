@@ -9,7 +9,15 @@ from conftest import ENGINE_CHECKS
 from pitfall_factory import make_pitfall
 
 from torchdoctor.findings import Severity
-from torchdoctor.lint.runner import _WORKER_STATE, _chunks, _worker_lint, check_source, lint_paths, read_source
+from torchdoctor.lint.runner import (
+    _WORKER_STATE,
+    _chunks,
+    _lint_files,
+    _worker_lint,
+    check_source,
+    lint_paths,
+    read_source,
+)
 from torchdoctor.lint.source import ProjectFacts
 
 LEAKY = textwrap.dedent("""
@@ -21,6 +29,16 @@ LEAKY = textwrap.dedent("""
             optimizer.step()
             total += loss
         return total
+""")
+
+
+USES_LEAKY = textwrap.dedent("""
+    from m0 import train
+
+
+    def main(model, loader, optimizer, criterion):
+        for epoch in range(3):
+            train(model, loader, optimizer, criterion)
 """)
 
 
@@ -50,26 +68,47 @@ def test_workers_get_whole_projects_when_a_project_boundary_is_near(tmp_path):
 
 def test_a_worker_releases_the_project_its_previous_slice_ended_in(tmp_path):
     # As a serial run does when it leaves a project: a worker whose next slice starts in another project forgets
-    # the trees of the one before (a slice that goes on in the same project keeps them).
+    # the trees of the one before (a slice that goes on in the same project keeps the modules another file read).
     files = {}
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "pyproject.toml").write_text("", encoding="utf-8")
-        files[name] = []
-        for i in range(2):
-            (tmp_path / name / f"m{i}.py").write_text(LEAKY, encoding="utf-8")
-            files[name].append((str(tmp_path / name / f"m{i}.py"), f"{name}/m{i}.py"))
+        (tmp_path / name / "m0.py").write_text(LEAKY, encoding="utf-8")
+        (tmp_path / name / "m1.py").write_text(USES_LEAKY, encoding="utf-8")
+        files[name] = [(str(tmp_path / name / f"m{i}.py"), f"{name}/m{i}.py") for i in range(2)]
     project = ProjectFacts()
     _WORKER_STATE.update(checks=ENGINE_CHECKS, project=project)
     try:
         assert all(r.findings for r in _worker_lint(files["a"][:1]))
         _worker_lint(files["a"][1:])
-        assert project.program.parsed(files["a"][0][0]) is not None  # the same project: kept
-        assert all(r.findings for r in _worker_lint(files["b"]))
+        assert project.program.parsed(files["a"][0][0]) is not None  # the same project, read by m1: kept
+        assert all(r.findings for r in _worker_lint(files["b"][:1]))
         assert all(project.program.parsed(path) is None for path, _ in files["a"])
-        assert all(project.program.parsed(path) is not None for path, _ in files["b"])
     finally:
         _WORKER_STATE.clear()
+
+
+def test_a_script_no_other_file_needs_is_forgotten_once_checked(tmp_path):
+    # A script that imports nothing of its project and lies in no package is checked and its tree freed at once
+    # (holding every such tree to the project's end made a run a sixth slower). Kept: a module another file's
+    # question read, a file importing project modules (its calls may be another file's callers), a package's
+    # module (others are likely to import it). Every finding is the one a single-file run gives.
+    (tmp_path / "pyproject.toml").write_text("", encoding="utf-8")
+    (tmp_path / "a_script.py").write_text(LEAKY, encoding="utf-8")
+    (tmp_path / "b_lib.py").write_text(LEAKY, encoding="utf-8")
+    (tmp_path / "c_user.py").write_text(USES_LEAKY.replace("m0", "b_lib"), encoding="utf-8")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("", encoding="utf-8")
+    (tmp_path / "pkg" / "steps.py").write_text(LEAKY, encoding="utf-8")
+    names = ["a_script.py", "b_lib.py", "c_user.py", "pkg/steps.py"]
+    files = [(str(tmp_path / n), n) for n in names]
+    project = ProjectFacts()
+    results = _lint_files(files, ENGINE_CHECKS, project)
+    kept = [project.program.parsed(path) is not None for path, _ in files]
+    assert kept == [False, True, True, True]
+    alone = [lint_paths([path], ENGINE_CHECKS, cwd=str(tmp_path), jobs=1).findings for path, _ in files]
+    assert [r.findings for r in results] == alone
+    assert all(r.findings for r in results)
 
 
 @pytest.mark.parametrize("collecting", [True, False])

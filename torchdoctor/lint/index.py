@@ -154,6 +154,9 @@ class ModuleIndex:
     functions: dict[str, list[FunctionScope]]
     imports: int = 0  # import statements, at any depth (the import table reads only the top level when all are)
     imported: set[str] = field(default_factory=set)  # every name an import binds, at any depth (`*` not included)
+    # the first name of every module an import names, at any depth (`torch` for `from torch.nn import Linear`;
+    # "." for a relative import): a module importing no project module cannot call another file's function
+    import_roots: set[str] = field(default_factory=set)
     # what rules and their helpers work out once per module, keyed by the question and its arguments (see flow)
     memo: dict[tuple, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -169,6 +172,7 @@ class _Indexer:
         self.classes: dict[str, list[str]] = {}
         self.imports = 0  # import statements seen, at any depth
         self.imported: set[str] = set()
+        self.import_roots: set[str] = set()
 
     def is_grad_off(self, expr: ast.expr) -> bool:
         """`torch.no_grad()`, `torch.inference_mode()`, or `set_grad_enabled(x)` unless x is literally True."""
@@ -191,7 +195,9 @@ class _Indexer:
             scope.calls.sort(key=_position)
             if scope is not module_scope:
                 functions.setdefault(scope.name, []).append(scope)
-        return ModuleIndex(self.aliases, self.scopes, self.classes, functions, self.imports, self.imported)
+        return ModuleIndex(
+            self.aliases, self.scopes, self.classes, functions, self.imports, self.imported, self.import_roots
+        )
 
     def body(self, stmts: list, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]) -> None:
         handlers = _STMT_HANDLERS
@@ -243,6 +249,7 @@ class _Indexer:
     ) -> None:
         self.imports += 1
         for a in node.names:
+            self.import_roots.add(a.name.split(".", 1)[0])
             self.imported.add(a.asname or a.name.split(".", 1)[0])
             if a.asname:
                 self.aliases[a.asname] = a.name
@@ -251,6 +258,7 @@ class _Indexer:
         self, node: ast.ImportFrom, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
     ) -> None:
         self.imports += 1
+        self.import_roots.add("." if node.level else (node.module or "").split(".", 1)[0])
         self.imported.update(a.asname or a.name for a in node.names if a.name != "*")
         if node.module and not node.level:
             for a in node.names:

@@ -14,8 +14,9 @@ import ast
 import hashlib
 import os
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, TypeVar, cast
+from typing import Callable, Iterator, Optional, TypeVar, Union, cast
 
+from torchdoctor.lint import import_roots
 from torchdoctor.lint.facts import DEPTH, Fact, Function
 from torchdoctor.lint.files import SKIPPED_DIRS
 from torchdoctor.lint.index import CallSite, FunctionScope, ModuleIndex, build_index, last, resolve
@@ -128,7 +129,14 @@ class Program:
         self._trees: dict[str, list[str]] = {}
         self._tree_stamps: dict[str, str] = {}
         self._found: dict[tuple[str, str, int], Optional[str]] = {}
-        self._callers: dict[tuple[str, str], dict[int, list[tuple[Module, FunctionScope, CallSite]]]] = {}
+        self._keys: dict[str, list[tuple]] = {}  # file -> the keys of its answers above (to forget them with it)
+        self._callers: dict[tuple[str, str], _Calls] = {}  # (root, name) -> the calls `name(...)` found there
+        self._file_ranks: dict[str, dict[str, int]] = {}
+        self._roots_of_imports: dict[str, bool] = {}  # file -> whether it may import a project module
+        self._project_names: dict[tuple[str, str], bool] = {}  # (folder, name) -> a project module may be `name`
+        self._linting: Optional[str] = None  # the file the run is checking now
+        self._packages: dict[str, bool] = {}  # folder -> whether it has an __init__.py
+        self._shared: set[str] = set()  # modules read to answer another file's question (kept to the release)
         self.touched: set[str] = set()  # modules consulted since the caller last cleared this
         self._libraries: dict[str, Optional[str]] = {}  # dotted module -> its source in site-packages
         self._library_paths: Optional[list[str]] = None
@@ -149,17 +157,47 @@ class Program:
         """Forget the modules under `root` and the answers keyed by their nodes: the run has linted that project
         and moves on, so memory holds one project's trees at a time (a later question parses them again)."""
         prefix = os.path.join(root, "")
-        gone = {path for path in self._modules if path.startswith(prefix)}
+        gone = [path for path in self._modules if path.startswith(prefix)]
         if not gone:
             return
-        for path in gone:
-            del self._modules[path]
-        self._facts = {k: v for k, v in self._facts.items() if k[0] not in gone}
-        self._fact_files = {k: v for k, v in self._fact_files.items() if k[0] not in gone}
-        self._partial = {k for k in self._partial if k[0] not in gone}
-        self._resolved = {k: v for k, v in self._resolved.items() if k[0] not in gone}
-        self._resolved_files = {k: v for k, v in self._resolved_files.items() if k[0] not in gone}
         self._callers = {}  # keyed by the ids of functions that may be among the freed ones: found again on demand
+        for path in gone:
+            self._forget(path)
+            self._shared.discard(path)
+
+    def checking(self, path: Optional[str]) -> None:
+        """The run starts checking the file at absolute `path` (None: it is done with it). A script that imports
+        nothing of its project, lies in no package and that no other file's question read is forgotten once
+        checked, its tree freed while it is still in the caches: no other file's callers can be in it, few other
+        files import it, and holding every such script's tree to the project's end made a run slower by a sixth
+        (a later question about a forgotten file parses it again)."""
+        done = self._linting
+        self._linting = path
+        if done is None or done in self._shared or self._in_package(done):
+            return
+        module = self._modules.get(done)
+        if module is None or not self._may_import_project(done, module):
+            self._forget(done)
+
+    def _in_package(self, path: str) -> bool:
+        folder = os.path.dirname(path)
+        found = self._packages.get(folder)
+        if found is None:
+            found = self._packages[folder] = os.path.isfile(os.path.join(folder, "__init__.py"))
+        return found
+
+    def _forget(self, path: str) -> None:
+        """Drop one module and every answer keyed by its nodes (their ids are free for new objects once the tree
+        is gone)."""
+        self._modules.pop(path, None)
+        for key in self._keys.pop(path, ()):
+            self._facts.pop(key, None)
+            self._fact_files.pop(key, None)
+            self._partial.discard(key)
+            self._resolved.pop(key, None)
+            self._resolved_files.pop(key, None)
+        for calls in self._callers.values():
+            calls.forget(path)
 
     def add(self, path: str, tree: ast.Module, index: ModuleIndex) -> Module:
         """Register a module already parsed by the run (so it is not parsed twice)."""
@@ -172,6 +210,8 @@ class Program:
         """The module at absolute `path` (whose bytes are `data` when the caller read them already), parsed once;
         None when it cannot be read or parsed."""
         self.touched.add(path)
+        if path != self._linting:
+            self._shared.add(path)
         if path in self._modules:
             return self._modules[path]
         module = None
@@ -525,9 +565,11 @@ class Program:
             kept = libraries.get(module.path, scope, fact, depth)
             if kept is not MISSING:
                 self._facts[key] = kept
+                self._keys.setdefault(module.path, []).append(key)
                 return cast(T, kept)
         asker, self.touched = self.touched, set()
         self._facts[key] = fact.empty  # while it is worked out
+        self._keys.setdefault(module.path, []).append(key)
         self._working.append(key)
         try:
             fn = Function(self, module, scope, depth)
@@ -569,6 +611,7 @@ class Program:
             asker, self.touched = self.touched, set()
             try:
                 found = self._resolved[key] = [(call, self.resolve_call(module, scope, call)) for call in scope.calls]
+                self._keys.setdefault(module.path, []).append(key)
             finally:
                 read, self.touched = self.touched, asker
                 asker |= read
@@ -623,42 +666,91 @@ class Program:
             ).hexdigest()
         return found
 
-    def callers(self, module: Module, scope: FunctionScope) -> Iterator[tuple[Module, FunctionScope, CallSite]]:
-        """Every call in the project that resolves to this function (files that never name it are not parsed)."""
-        yield from self._calls_named(self.root_of(module.path), scope.name).get(id(scope.node), ())
+    def callers(self, module: Module, scope: FunctionScope) -> list[tuple[Module, FunctionScope, CallSite]]:
+        """Every call in the project that resolves to this function, in the project's file order (files that never
+        name it, or import no project module and are not `module`, are not parsed)."""
+        root = self.root_of(module.path)
+        found = self._calls_named(root, scope.name, module).found.get(id(scope.node), [])
+        if len(found) < 2:
+            return found
+        rank = self._ranks(root)
+        return sorted(found, key=lambda entry: rank[entry[0].path])
 
-    def _calls_named(self, root: str, name: str) -> dict[int, list[tuple[Module, FunctionScope, CallSite]]]:
-        """Every call `name(...)` or `x.name(...)` in the project under `root`, by the function it resolves to
-        (id of its node); computed once per run and name."""
-        key = (root, name)
-        found = self._callers.get(key)
-        if found is None:
-            found = {}
+    def _calls_named(self, root: str, name: str, module: Module) -> _Calls:
+        """The calls `name(...)` or `x.name(...)` in the project under `root`, by the function each resolves to: in
+        `module` and in every file that may import a project module (a file that imports none can only call its
+        own functions); the project is searched once per run and name."""
+        calls = self._callers.get((root, name))
+        if calls is None:
+            calls = self._callers[(root, name)] = _Calls()
             word = name.encode()
             for path in self.project_files(root):
                 other = self._modules.get(path)
+                if path == module.path:
+                    continue
                 if other is None and path not in self._modules:
+                    if self._roots_of_imports.get(path) is False:
+                        continue  # (known from an earlier question: not read again)
                     try:
                         with open(path, "rb") as fh:
                             data = fh.read()
                     except OSError:
                         continue
-                    if word not in data:
+                    if word not in data or not self._may_import_project(path, data):
                         continue
                     other = self.module(path, data)
+                elif other is None or not self._may_import_project(path, other):
+                    continue
                 if other is not None:
-                    self._index_calls(other, name, found)
-            self._callers[key] = found
-        return found
+                    self._index_calls(other, name, calls)
+        if module.path not in calls.searched and module.path in self._ranks(root):
+            self._index_calls(module, name, calls)
+        return calls
 
-    def _index_calls(
-        self, module: Module, name: str, found: dict[int, list[tuple[Module, FunctionScope, CallSite]]]
-    ) -> None:
+    def _index_calls(self, module: Module, name: str, calls: _Calls) -> None:
+        calls.searched.add(module.path)
         for s in module.index.scopes:
             for call in s.calls if name in s.call_attrs else ():
                 target = self.resolve_call(module, s, call) if call.attr == name else None
                 if target is not None and not isinstance(target[1], LibraryScope):  # (a library's: never asked)
-                    found.setdefault(id(target[1].node), []).append((module, s, call))
+                    calls.found.setdefault(id(target[1].node), []).append((module, s, call))
+                    calls.owners[id(target[1].node)] = target[0].path
+
+    def _ranks(self, root: str) -> dict[str, int]:
+        """Each project file's place in the project's file order."""
+        ranks = self._file_ranks.get(root)
+        if ranks is None:
+            ranks = self._file_ranks[root] = {path: i for i, path in enumerate(self.project_files(root))}
+        return ranks
+
+    def _may_import_project(self, path: str, source: Union[bytes, Module]) -> bool:
+        """Whether the file may import a module of its project (or itself): told from its import statements'
+        first names (`from utils.io import load`: `utils`), which the project must have as a file or folder
+        where the import would look; a relative import always may. From the bytes when it is not parsed."""
+        found = self._roots_of_imports.get(path)
+        if found is None:
+            roots = import_roots.from_text(source) if isinstance(source, bytes) else source.index.import_roots
+            found = roots is None or any(self._project_name(path, name) for name in roots)
+            self._roots_of_imports[path] = found
+        return found
+
+    def _project_name(self, importer: str, name: str) -> bool:
+        """Whether an absolute import starting with `name` in the file `importer` may find a project module (where
+        `find_module` looks: the importer's folder, the project root, its `src`); a relative one always may."""
+        if name == import_roots.RELATIVE:
+            return True
+        if name in _EXTERNAL:
+            return False
+        folder = os.path.dirname(importer)
+        key = (folder, name)
+        found = self._project_names.get(key)
+        if found is None:
+            root = self.root_of(importer)
+            found = self._project_names[key] = any(
+                os.path.exists(os.path.join(base, name)) or os.path.exists(os.path.join(base, name + ".py"))
+                for base in (folder, root, os.path.join(root, "src"))
+            )
+        return found
 
     def parsed(self, path: str) -> Optional[Module]:
         """The module at `path` if this run has parsed it already (so linting it does not parse it again)."""
@@ -704,6 +796,24 @@ _HARMLESS_DECORATOR_PREFIXES = (
     "torch.cuda.amp.",
     "torch.amp.",
 )
+
+
+@dataclass
+class _Calls:
+    """The calls of one name found in a project, by the function each runs (the id of its node)."""
+
+    found: dict[int, list[tuple[Module, FunctionScope, CallSite]]] = field(default_factory=dict)
+    owners: dict[int, str] = field(default_factory=dict)  # id of a called function's node -> its file
+    searched: set[str] = field(default_factory=set)  # the files whose calls are in `found`
+
+    def forget(self, path: str) -> None:
+        """Drop what the module at `path` adds: its functions (their ids may be reused) and its calls."""
+        for key in [key for key, owner in self.owners.items() if owner == path]:
+            del self.found[key], self.owners[key]
+        if path in self.searched:
+            self.searched.discard(path)
+            for key, entries in self.found.items():
+                self.found[key] = [entry for entry in entries if entry[0].path != path]
 
 
 def _abstract(node: ast.AST) -> bool:

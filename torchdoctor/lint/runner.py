@@ -269,15 +269,20 @@ def _lint_files(
     leave it)."""
     results = []
     program = project.program
-    for path, display in files:
-        here = program.root_of(os.path.abspath(path))
-        if here != root:
-            if root is not None and not _nested(here, root) and not _nested(root, here):
-                program.release(root)  # files come folder by folder: the run has left that project for good
-            root = here
-        results.append(_check(read_source(path, display, project), checks))
-        if progress is not None:
-            progress(len(results), len(files))
+    try:
+        for path, display in files:
+            abspath = os.path.abspath(path)
+            here = program.root_of(abspath)
+            if here != root:
+                if root is not None and not _nested(here, root) and not _nested(root, here):
+                    program.release(root)  # files come folder by folder: the run has left that project for good
+                root = here
+            program.checking(abspath)
+            results.append(_check(read_source(path, display, project), checks))
+            if progress is not None:
+                progress(len(results), len(files))
+    finally:
+        program.checking(None)
     return results
 
 
