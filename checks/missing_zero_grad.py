@@ -427,11 +427,12 @@ def _steps_in_helpers(
             known[key] = is_optimizer(key, scope, index) or _made_by_helper(src, scope, key)
         return known[key]
 
+    here = _running_backward(index)
     for call in scope.calls:
         if (
             call.loop is None
             or not (call.node.args or call.node.keywords)
-            or not _may_run_backward(call.node.func, index)
+            or not _may_run_backward(call.node.func, index, here)
         ):
             continue
         loop = _repeating(call.loop)
@@ -484,15 +485,10 @@ def _steps_in_helpers(
             )
 
 
-def _may_run_backward(func: ast.expr, index: ModuleIndex) -> bool:
+def _may_run_backward(func: ast.expr, index: ModuleIndex, here: set[str]) -> bool:
     """Whether `f(...)` or `x.f(...)` may run a project function that itself runs a backward: a function of this
-    file of that name, or a name this file imports (the program model follows it); nothing else is resolved."""
-    question = ("functions running backward",)
-    here = index.memo.get(question)
-    if here is None:
-        here = index.memo[question] = {
-            s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)
-        }
+    file of that name (`here`: see `_running_backward`), or a name this file imports (the program model follows
+    it); nothing else is resolved."""
     if type(func) is ast.Name:  # `__call__`: an instance's, of a class here or imported
         return func.id in here or func.id in index.imported or "__call__" in here or func.id in _instances(index)
     if type(func) is ast.Attribute and type(func.value) is ast.Name:
@@ -500,6 +496,17 @@ def _may_run_backward(func: ast.expr, index: ModuleIndex) -> bool:
             return func.attr in here or _inherits_from_project(index)
         return func.value.id in index.imported
     return False
+
+
+def _running_backward(index: ModuleIndex) -> set[str]:
+    """The names of this file's functions that call a backward themselves (worked out once per module)."""
+    question = ("functions running backward",)
+    here = index.memo.get(question)
+    if here is None:
+        here = index.memo[question] = {
+            s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)
+        }
+    return here
 
 
 def _instances(index: ModuleIndex) -> frozenset[str]:
