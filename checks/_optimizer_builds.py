@@ -19,13 +19,13 @@ class Built:
     binding: Binding
 
 
-def optimizers_built(scope: FunctionScope, index: ModuleIndex) -> list[Built]:
-    """Every optimizer `scope` builds from `<model>.parameters()` or `<model>.named_parameters()` (worked out
-    once per function: several rules ask)."""
-    question = ("optimizers built", id(scope))
+def optimizers_built_by_function(index: ModuleIndex) -> list[tuple[FunctionScope, list[Built]]]:
+    """The functions of the module that build optimizers, with what each builds, in the module's order (worked
+    out once per module: the rules that ask go through these few functions, not every function)."""
+    question = ("optimizers built, by function",)
     found = index.memo.get(question)
     if found is None:
-        found = index.memo[question] = list(_built(scope, index))
+        found = index.memo[question] = [(s, built) for s in index.scopes if (built := list(_built(s, index)))]
     return found
 
 

@@ -19,7 +19,7 @@ from torchdoctor.sdk.source import (
     ref,
 )
 
-from ._optimizer_builds import optimizers_built, rebuilt_after
+from ._optimizer_builds import optimizers_built_by_function, rebuilt_after
 from ._user_names import name_of
 
 # An earlier run saved SGD momentum buffers (float32); this run trains the same model in bfloat16.
@@ -244,8 +244,8 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
         return
     index = src.index
     direct = "load_state_dict" in src.text  # else only a helper can load the state
-    for scope in index.scopes:
-        for built in optimizers_built(scope, index):
+    for scope, builds in optimizers_built_by_function(index):
+        for built in builds:
             after = built.binding.pos
             moved = [
                 c

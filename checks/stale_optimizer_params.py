@@ -9,7 +9,7 @@ from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import RuntimeCheck, StepEvent
 from torchdoctor.sdk.source import FunctionScope, SourceFile, is_module_ctor, literal, ref
 
-from ._optimizer_builds import optimizers_built, rebuilt_after
+from ._optimizer_builds import optimizers_built_by_function, rebuilt_after
 from ._user_names import name_of
 
 _NET = """
@@ -254,9 +254,9 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
         c.attr == "set_overwrite_module_params_on_conversion" and c.node.args and literal(c.node.args[0]) is True
         for c in index.all_calls()
     )
-    for scope in index.scopes:
+    for scope, builds in optimizers_built_by_function(index):
         arms: dict[int, set[tuple[int, int]]] = {}
-        for built in optimizers_built(scope, index):
+        for built in builds:
             for b in scope.bindings:
                 replaced = (
                     b.target == built.model

@@ -119,19 +119,12 @@ class FunctionScope:
     loops: list[Loop] = field(default_factory=list)
     returns: list[ast.Return] = field(default_factory=list)
     parent: Optional["FunctionScope"] = None  # the function (or module body) this one is defined in
+    # The last names of everything this function calls (`step` for `opt.step()`), set when the module is indexed:
+    # several rules skip a function that calls nothing they look for, asked in one set lookup.
+    call_attrs: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
     # target -> its bindings, built on the first question (and again if bindings were added since)
     _by_target: Optional[dict[str, list[Binding]]] = field(default=None, init=False, repr=False, compare=False)
     _tabled: int = field(default=0, init=False, repr=False, compare=False)
-    _attrs: Optional[frozenset[str]] = field(default=None, init=False, repr=False, compare=False)
-    _attrs_of: int = field(default=-1, init=False, repr=False, compare=False)
-
-    @property
-    def call_attrs(self) -> frozenset[str]:
-        """The last names of everything this function calls (`step` for `opt.step()`): several rules skip a
-        function that calls nothing they look for, asked in one set lookup instead of a pass over its calls."""
-        if self._attrs is None or self._attrs_of != len(self.calls):
-            self._attrs, self._attrs_of = frozenset(map(_attr, self.calls)), len(self.calls)
-        return self._attrs
 
     def bindings_of(self, target: str) -> list[Binding]:
         """The bindings of `target` in this scope, in source order."""
@@ -193,6 +186,7 @@ class _Indexer:
         functions: dict[str, list[FunctionScope]] = {}
         for scope in self.scopes:
             scope.calls.sort(key=_position)
+            scope.call_attrs = frozenset(map(_attr, scope.calls))
             if scope is not module_scope:
                 functions.setdefault(scope.name, []).append(scope)
         return ModuleIndex(
@@ -497,16 +491,23 @@ def child_fields(t: type[ast.AST]) -> tuple[str, ...]:
     return fields
 
 
-def _target_names(target: ast.expr) -> Iterator[str]:
-    if isinstance(target, (ast.Tuple, ast.List)):
-        for elt in target.elts:
-            yield from _target_names(elt)
-    elif isinstance(target, ast.Starred):
-        yield from _target_names(target.value)
-    else:
-        key = ref(target)
-        if key is not None:
-            yield key
+def _target_names(target: ast.expr) -> list[str]:
+    """The names a `for` or `with ... as` target binds, left to right (`i`, `(x, y)`, `*rest`, `self.best`)."""
+    if type(target) is _Name:  # the commonest target
+        return [target.id]
+    names = []
+    stack = [target]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Tuple, ast.List)):
+            stack.extend(reversed(node.elts))
+        elif isinstance(node, ast.Starred):
+            stack.append(node.value)
+        else:
+            key = ref(node)
+            if key is not None:
+                names.append(key)
+    return names
 
 
 def build_index(tree: ast.Module) -> ModuleIndex:

@@ -134,6 +134,7 @@ class Program:
         self._file_ranks: dict[str, dict[str, int]] = {}
         self._roots_of_imports: dict[str, bool] = {}  # file -> whether it may import a project module
         self._project_names: dict[tuple[str, str], bool] = {}  # (folder, name) -> a project module may be `name`
+        self._read: dict[str, bytes] = {}  # files the callers search read and did not parse, until linted
         self._linting: Optional[str] = None  # the file the run is checking now
         self._packages: dict[str, bool] = {}  # folder -> whether it has an __init__.py
         self._shared: set[str] = set()  # modules read to answer another file's question (kept to the release)
@@ -157,6 +158,7 @@ class Program:
         """Forget the modules under `root` and the answers keyed by their nodes: the run has linted that project
         and moves on, so memory holds one project's trees at a time (a later question parses them again)."""
         prefix = os.path.join(root, "")
+        self._read = {path: data for path, data in self._read.items() if not path.startswith(prefix)}
         gone = [path for path in self._modules if path.startswith(prefix)]
         if not gone:
             return
@@ -190,6 +192,7 @@ class Program:
         """Drop one module and every answer keyed by its nodes (their ids are free for new objects once the tree
         is gone)."""
         self._modules.pop(path, None)
+        self._read.pop(path, None)
         for key in self._keys.pop(path, ()):
             self._facts.pop(key, None)
             self._fact_files.pop(key, None)
@@ -697,6 +700,7 @@ class Program:
                     except OSError:
                         continue
                     if word not in data or not self._may_import_project(path, data):
+                        self._read[path] = data  # linting the file later needs not read it again
                         continue
                     other = self.module(path, data)
                 elif other is None or not self._may_import_project(path, other):
@@ -751,6 +755,13 @@ class Program:
                 for base in (folder, root, os.path.join(root, "src"))
             )
         return found
+
+    def take_read(self, path: str) -> Optional[bytes]:
+        """The bytes of the file at `path` if this run read them already and has not handed them over (linting
+        the file needs not read it again)."""
+        known = self._modules.get(path)
+        data = known.take_data() if known is not None else None
+        return data if data is not None else self._read.pop(path, None)
 
     def parsed(self, path: str) -> Optional[Module]:
         """The module at `path` if this run has parsed it already (so linting it does not parse it again)."""

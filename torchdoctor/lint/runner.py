@@ -49,8 +49,9 @@ class LintResult:
 def read_source(path: str, display: str, project: Optional[ProjectFacts] = None) -> SourceFile:
     """Read and parse one file; a file that cannot be read, decoded or parsed carries a `problem` instead of a tree."""
     view = ProjectView(project if project is not None else ProjectFacts(), display, os.path.abspath(path))
-    known = view.facts.program.parsed(view.abspath or "")
-    data = known.take_data() if known is not None else None  # read already to answer another file's question
+    program = view.facts.program
+    known = program.parsed(view.abspath or "")
+    data = program.take_read(view.abspath or "")  # read already to answer another file's question
     try:
         if data is None:
             with open(path, "rb") as fh:

@@ -87,10 +87,6 @@ class LibraryScope(FunctionScope):
                 self._real = FunctionScope(ast.parse(f"def {self.name}(): pass").body[0], self.name, self.class_name)  # type: ignore[arg-type]
         return module, self._real
 
-    @property
-    def call_attrs(self) -> frozenset[str]:
-        return self.real()[1].call_attrs
-
     def bindings_of(self, target: str) -> list:
         return self.real()[1].bindings_of(target)
 
