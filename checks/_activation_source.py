@@ -77,10 +77,13 @@ def _loss_built(index: ModuleIndex, classes: frozenset[str]) -> frozenset[str]:
     if found is None:
         aliases, targets = index.aliases, set()
         for s in index.scopes:
+            defaults: Optional[dict[str, ast.expr]] = None  # the parameters' defaults, read on the first name
             for b in s.bindings:
                 value = b.value
                 if type(value) is ast.Name:
-                    value = _default_if_parameter(value, s)
+                    if defaults is None:
+                        defaults = _defaults(s)
+                    value = defaults.get(value.id, value)
                 if type(value) is not ast.Call:
                     continue
                 func = value.func  # its last name first: a full resolution only for a loss class's
@@ -124,14 +127,19 @@ def _loss_name(
 
 def _default_if_parameter(value: Optional[ast.expr], scope: FunctionScope) -> Optional[ast.expr]:
     """`self.loss = loss` where `loss` is a parameter of that function: the parameter's default value."""
+    return _defaults(scope).get(value.id, value) if isinstance(value, ast.Name) else value
+
+
+def _defaults(scope: FunctionScope) -> dict[str, ast.expr]:
+    """The default values of the function's parameters, by name (none for the module body)."""
     node = scope.node
-    if not isinstance(value, ast.Name) or not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return value
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {}
     args = node.args
     positional = args.posonlyargs + args.args
     defaults = dict(zip((a.arg for a in positional[len(positional) - len(args.defaults) :]), args.defaults))
     defaults.update((a.arg, d) for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None)
-    return defaults.get(value.id, value)
+    return defaults
 
 
 def _loss_class(call: ast.Call, index: ModuleIndex, classes: frozenset[str]) -> Optional[str]:

@@ -174,7 +174,7 @@ def to_result_discarded(src: SourceFile) -> Iterator[Finding]:
         return
     index = src.index
     for scope in index.scopes:
-        for call in scope.calls:
+        for call in scope.calls if not _MOVES.isdisjoint(scope.call_attrs) else ():
             if not call.discarded or call.attr not in _MOVES or not call.receiver or "." in call.receiver:
                 continue
             bindings = [b for b in scope.bindings if b.target == call.receiver and b.pos <= call.pos]

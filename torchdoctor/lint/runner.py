@@ -145,7 +145,8 @@ def _check(src: SourceFile, checks: Sequence[registry.Pitfall]) -> FileResult:
     crashed = False
     for info in checks:
         try:
-            findings.extend(info.complete(f) for f in info.impl(registry.Scope.SOURCE)(src))
+            for found in info.impl(registry.Scope.SOURCE)(src):
+                findings.append(info.complete(found))
         except Exception as exc:
             failed = registry.internal_error(info, exc)
             failed.location = Location(file=src.path)
