@@ -29,6 +29,7 @@ from torchdoctor.sdk.source import (
     is_optimizer,
     is_optimizer_ctor,
     literal,
+    qualname,
     rebind,
     ref,
 )
@@ -427,14 +428,27 @@ def _steps_in_helpers(
             known[key] = is_optimizer(key, scope, index) or _made_by_helper(src, scope, key)
         return known[key]
 
-    here = _running_backward(index)
-    for call in scope.calls:
-        if (
-            call.loop is None
-            or not (call.node.args or call.node.keywords)
-            or not _may_run_backward(call.node.func, index, here)
-        ):
-            continue
+    names, methods, modules = _may_run_backward(index)
+    # The calls in a loop, with arguments, that may run a project function running a backward (most calls are
+    # not): tested inline, in one comprehension, as this runs over every call of every function with a loop.
+    candidates = [
+        c
+        for c in scope.calls
+        if c.loop is not None
+        and ((node := c.node).args or node.keywords)
+        and (
+            (names is None or func.id in names)
+            if type(func := node.func) is ast.Name
+            else type(func) is ast.Attribute
+            and type(value := func.value) is ast.Name
+            and (
+                (methods is None or func.attr in methods)
+                if value.id == "self" or value.id == "cls"
+                else value.id in modules
+            )
+        )
+    ]
+    for call in candidates:
         loop = _repeating(call.loop)
         if loop is None:
             continue  # a loop that runs once: one step, nothing left from before it
@@ -485,28 +499,24 @@ def _steps_in_helpers(
             )
 
 
-def _may_run_backward(func: ast.expr, index: ModuleIndex, here: set[str]) -> bool:
-    """Whether `f(...)` or `x.f(...)` may run a project function that itself runs a backward: a function of this
-    file of that name (`here`: see `_running_backward`), or a name this file imports (the program model follows
-    it); nothing else is resolved."""
-    if type(func) is ast.Name:  # `__call__`: an instance's, of a class here or imported
-        return func.id in here or func.id in index.imported or "__call__" in here or func.id in _instances(index)
-    if type(func) is ast.Attribute and type(func.value) is ast.Name:
-        if func.value.id in ("self", "cls"):  # a method of this class, or inherited from a base of another file
-            return func.attr in here or _inherits_from_project(index)
-        return func.value.id in index.imported
-    return False
-
-
-def _running_backward(index: ModuleIndex) -> set[str]:
-    """The names of this file's functions that call a backward themselves (worked out once per module)."""
-    question = ("functions running backward",)
-    here = index.memo.get(question)
-    if here is None:
-        here = index.memo[question] = {
-            s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)
-        }
-    return here
+def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Optional[frozenset[str]], frozenset[str]]:
+    """Which calls may run a project function that itself runs a backward, as three sets of names (worked out
+    once per module): `f(...)` when `f` names a function of this file that calls a backward, a name this file
+    imports (the program model follows it) or an instance of an imported class (its `__call__`), any `f(...)`
+    when a function of this file named `__call__` runs one (None: all names); `self.f(...)`/`cls.f(...)` when `f`
+    is such a function of this file, any when a class here inherits from a base of another file (None); `x.f(...)`
+    when `x` is imported. Nothing else is resolved."""
+    question = ("callees that may run backward",)
+    found = index.memo.get(question)
+    if found is None:
+        here = frozenset(s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs))
+        imported = frozenset(index.imported)
+        found = index.memo[question] = (
+            None if "__call__" in here else here | imported | _instances(index),
+            None if _inherits_from_project(index) else here,
+            imported,
+        )
+    return found
 
 
 def _instances(index: ModuleIndex) -> frozenset[str]:
@@ -577,24 +587,33 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     bound = scope.bindings_of(key)
     if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
         return False
-    if not _may_call_project(bound[0].value.func):
-        return False  # `x.to(device)`, `f()(...)`: not a call of a project function by name
+    func = bound[0].value.func
+    if not _may_call_project(func) or qualname(func, src.index).startswith(("torch.", "torchvision.", "numpy.")):
+        return False  # `x.to(device)`, `f()(...)`, `nn.Linear(...)`: not a call of a project function by name
     call = next((c for c in scope.calls if c.node is bound[0].value), None)
-    if call is None or call.qualname.startswith(("torch.", "torchvision.", "numpy.")):
+    if call is None:
         return False
     returns = src.project.fact(src.project.callee(scope, call), RETURNS_OPTIMIZER)
     return bool(returns)
 
 
-def _clears_grads(call: CallSite, optimizer: str, others: set[str], scope: FunctionScope, index: ModuleIndex) -> bool:
-    """A zero_grad that may clear `optimizer`'s gradients: its own; another optimizer's or a model's unless
-    they are known to hold other parameters (`netG.zero_grad()` does not clear an optimizer built from
-    `netD.parameters()`); any optimizer not known to be a different one (`for opt in optimizers: opt.zero_grad()`)."""
+def _clears_grads(
+    call: CallSite, optimizer: str, calls: list[CallSite], scope: FunctionScope, index: ModuleIndex
+) -> bool:
+    """A zero_grad (one of the loop's `calls`) that may clear `optimizer`'s gradients: its own; another
+    optimizer's or a model's unless they are known to hold other parameters (`netG.zero_grad()` does not clear
+    an optimizer built from `netD.parameters()`, nor does that of another optimizer the loop steps); any
+    optimizer not known to be a different one (`for opt in optimizers: opt.zero_grad()`)."""
     if call.attr == "zero_grad":
         receiver = call.receiver
         if receiver == optimizer:
             return True
-        if receiver in others or receiver is None:
+        if receiver is None or any(
+            c.attr == "step"
+            and _stepped_optimizer(c, scope, index) == receiver
+            and not _may_share_parameters(scope, index, receiver, optimizer)
+            for c in calls
+        ):
             return False
         if is_optimizer(receiver, scope, index):
             return _may_share_parameters(scope, index, receiver, optimizer)
@@ -731,14 +750,16 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
     for scope in index.scopes:
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
+        reported: set[str] = set()
+        yield from _steps_in_helpers(src, scope, index, reported)
+        if "step" not in scope.call_attrs:
+            continue
         backwards = (
             [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)]
             if not BACKWARD_METHODS.isdisjoint(scope.call_attrs)
             else []
         )
-        reported: set[str] = set()
-        yield from _steps_in_helpers(src, scope, index, reported)
-        for call in scope.calls if "step" in scope.call_attrs else ():
+        for call in scope.calls:
             optimizer = _stepped_optimizer(call, scope, index, src) if call.attr == "step" else None
             if optimizer is None or optimizer in reported:
                 continue
@@ -818,7 +839,6 @@ def _loop_clears(
     clear that runs only every k-th iteration while the step runs every one does not count, and a call outside
     the project is unknown: it neither clears nor steps anything (the verdict names it)."""
     calls = calls_in(scope, loop)
-    others: Optional[set[str]] = None
     verdict = _Verdict(False)
 
     def counts(clear: CallSite) -> bool:
@@ -829,16 +849,7 @@ def _loop_clears(
         return True
 
     for call in calls:  # first what the loop itself clears: the commonest answer, and it asks nothing of other files
-        if call.attr == "zero_grad" and call.receiver != optimizer and others is None:
-            others = {
-                o
-                for c in calls
-                if c.attr == "step"
-                and (o := _stepped_optimizer(c, scope, index))
-                and o != optimizer
-                and not _may_share_parameters(scope, index, o, optimizer)
-            }
-        if _clears_grads(call, optimizer, others or set(), scope, index) and counts(call):
+        if _clears_grads(call, optimizer, calls, scope, index) and counts(call):
             return _Verdict(True)
     step_periodic: Optional[bool] = None
     for call in calls:
@@ -894,10 +905,13 @@ def _body(loop: Loop) -> list[ast.stmt]:
 
 def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
     """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
-    clear_ifs = enclosing_ifs(_body(loop), clear)
+    body = _body(loop)
+    if any(type(s) is ast.Expr and s.value is clear for s in body):
+        return None  # the common case: a clear in the loop's own body, under no `if` (asked without a descent)
+    clear_ifs = enclosing_ifs(body, clear)
     if not clear_ifs:
-        return None  # the common case: an unconditional clear
-    step_ifs = enclosing_ifs(_body(loop), step)
+        return None  # an unconditional clear in a nested block (`with`, `try`)
+    step_ifs = enclosing_ifs(body, step)
     if any(_periodic(g.test) for g in step_ifs):
         return None  # both periodic: gradient accumulation, judged by its own clears
     return next((g for g in clear_ifs if g not in step_ifs and _periodic(g.test)), None)
