@@ -509,7 +509,7 @@ def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Opt
     question = ("callees that may run backward",)
     found = index.memo.get(question)
     if found is None:
-        here = frozenset(s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs))
+        here = frozenset([s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)])
         imported = frozenset(index.imported)
         found = index.memo[question] = (
             None if "__call__" in here else here | imported | _instances(index),
@@ -522,19 +522,18 @@ def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Opt
 def _instances(index: ModuleIndex) -> frozenset[str]:
     """Names bound to an instance of an imported class (`loss_scaler = NativeScaler()`): calling one runs its
     `__call__`, which the program model follows into the project or the installed library."""
-    question = ("instances of imported classes",)
-    found = index.memo.get(question)
-    if found is None:
-        found = index.memo[question] = frozenset(
+    imported = index.imported
+    return frozenset(
+        [
             b.target
             for s in index.scopes
             for b in s.bindings
-            if type(b.value) is ast.Call
-            and type(b.value.func) is ast.Name
-            and b.value.func.id in index.imported
-            and b.value.func.id[:1].isupper()
-        )
-    return found
+            if type(value := b.value) is ast.Call
+            and type(func := value.func) is ast.Name
+            and func.id in imported
+            and func.id[:1].isupper()
+        ]
+    )
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:
@@ -630,8 +629,17 @@ def _related(a: str, b: str) -> bool:
 def _parameter_sources(scope: FunctionScope, index: ModuleIndex, optimizer: str) -> Optional[frozenset[str]]:
     """The models an optimizer was built from (`SGD(model.parameters())` -> {model}; `Adam([{"params":
     a.parameters()}, {"params": b.parameters()}])` or `chain(a.parameters(), b.parameters())` -> {a, b});
-    an attribute's binding is looked for in every function of the file. None when unknown."""
-    scopes = index.scopes if "." in optimizer else [scope]
+    an attribute's binding is looked for in every function of the file. None when unknown (asked once per
+    module, or per function for a plain name)."""
+    question = ("parameter sources", optimizer) if "." in optimizer else ("parameter sources", id(scope), optimizer)
+    found = index.memo.get(question, ...)
+    if found is ...:
+        found = index.memo[question] = _built_from(index.scopes if "." in optimizer else [scope], optimizer)
+    return found
+
+
+def _built_from(scopes: list[FunctionScope], optimizer: str) -> Optional[frozenset[str]]:
+    """The models the one binding of `optimizer` in `scopes` builds it from (see `_parameter_sources`)."""
     built = [b.value for s in scopes for b in s.bindings if b.target == optimizer and b.value is not None]
     if len(built) != 1 or not isinstance(built[0], ast.Call) or not (built[0].args or built[0].keywords):
         return None
