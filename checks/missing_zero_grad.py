@@ -379,11 +379,10 @@ RETURNS_OPTIMIZER = Fact("returns-optimizer", _returns_optimizer, False)
 
 
 def _callee_effects(
-    src: SourceFile, scope: FunctionScope, call: CallSite, fact: Fact[frozenset[Effect]]
+    src: SourceFile, scope: FunctionScope, call: CallSite, callee: Optional[Function], fact: Fact[frozenset[Effect]]
 ) -> Optional[frozenset[Effect]]:
-    """What the function `call` runs touches, in this function's names, with the callee's own path conditions
-    (the call's place in the loop is judged by the caller); None when the call is unknown."""
-    callee = src.project.callee(scope, call)
+    """What `callee`, the function `call` runs, touches, in this function's names, with the callee's own path
+    conditions (the call's place in the loop is judged by the caller); None when the call is unknown."""
     caller = src.project.function(scope)
     if callee is None or caller is None:
         return None
@@ -462,23 +461,23 @@ def _steps_in_helpers(
             and not any(optimizer_arg(k.value) for k in call.node.keywords)
         ):
             continue
-        steps = _callee_effects(src, scope, call, STEPS) or frozenset()
+        steps = _callee_effects(src, scope, call, callee, STEPS) or frozenset()
         own: Optional[frozenset[Effect]] = None  # what the helper's own body clears (the commonest answer)
         clears: Optional[frozenset[Effect]] = None  # and through its calls: asked only when its body does not
+        caller = src.project.function(scope)
         for step in sorted(steps, key=lambda e: e.receiver):
             optimizer = step.receiver
             if optimizer in reported or not (
                 is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer)
             ):
                 continue
-            caller = src.project.function(scope)
             if own is None and caller is not None:  # (a library function not parsed: its kept CLEARS says it all)
                 own = rebind(_clears(callee), caller, call, callee) if not callee.pending else frozenset()
             mine = [c for c in own or () if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # the helper clears them itself (every step, or with its accumulation window)
             if clears is None:
-                clears = _callee_effects(src, scope, call, CLEARS) or frozenset()
+                clears = _callee_effects(src, scope, call, callee, CLEARS) or frozenset()
             mine = [c for c in clears if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # ... or through a function it calls
@@ -505,18 +504,26 @@ def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Opt
     imports (the program model follows it) or an instance of an imported class (its `__call__`), any `f(...)`
     when a function of this file named `__call__` runs one (None: all names); `self.f(...)`/`cls.f(...)` when `f`
     is such a function of this file, any when a class here inherits from a base of another file (None); `x.f(...)`
-    when `x` is imported. Nothing else is resolved."""
+    when `x` is imported, unless as (a module of) one of `_LIBRARIES`. Nothing else is resolved."""
     question = ("callees that may run backward",)
     found = index.memo.get(question)
     if found is None:
         here = frozenset([s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)])
         imported = frozenset(index.imported)
+        aliases = index.aliases
         found = index.memo[question] = (
             None if "__call__" in here else here | imported | _instances(index),
             None if _inherits_from_project(index) else here,
-            imported,
+            frozenset(
+                [m for m in imported if (alias := aliases.get(m)) is None or alias.split(".", 1)[0] not in _LIBRARIES]
+            ),
         )
     return found
+
+
+# Libraries whose functions the program model never follows (`torch.zeros(...)`, `np.mean(...)`): a call
+# through a module alias of one (`torch`, `F` for torch.nn.functional) runs no project function.
+_LIBRARIES = frozenset({"torch", "torchvision", "numpy"})
 
 
 def _instances(index: ModuleIndex) -> frozenset[str]:
@@ -596,6 +603,10 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     return bool(returns)
 
 
+# The calls that may clear gradients: `x.zero_grad()`; `p.grad.zero_()` (or `detach_`, `fill_`, `requires_grad_`).
+_CLEARING = frozenset({"zero_grad", "zero_", "detach_", "fill_", "requires_grad_"})
+
+
 def _clears_grads(
     call: CallSite, optimizer: str, calls: list[CallSite], scope: FunctionScope, index: ModuleIndex
 ) -> bool:
@@ -618,7 +629,7 @@ def _clears_grads(
             return _may_share_parameters(scope, index, receiver, optimizer)
         sources = _parameter_sources(scope, index, optimizer)
         return sources is None or any(_related(receiver, source) for source in sources)
-    return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and clears_every_grad(call.receiver)
+    return call.attr in _CLEARING and clears_every_grad(call.receiver)
 
 
 def _related(a: str, b: str) -> bool:
@@ -857,11 +868,15 @@ def _loop_clears(
         return True
 
     for call in calls:  # first what the loop itself clears: the commonest answer, and it asks nothing of other files
-        if _clears_grads(call, optimizer, calls, scope, index) and counts(call):
+        if call.attr in _CLEARING and _clears_grads(call, optimizer, calls, scope, index) and counts(call):
             return _Verdict(True)
     step_periodic: Optional[bool] = None
     for call in calls:
-        effects = _callee_effects(src, scope, call, CLEARS) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None
+        effects = (
+            _callee_effects(src, scope, call, src.project.callee(scope, call), CLEARS)
+            if call.attr not in _HARMLESS_WITH_OPTIMIZER
+            else None
+        )
         if effects is not None:  # a known function: its declared fact says whose gradients it clears, and when
             mine = [e for e in effects if _may_clear(e.receiver, optimizer, scope, index)]
             if mine and step_periodic is None:
