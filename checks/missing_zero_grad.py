@@ -343,7 +343,7 @@ def _clears(fn: Function) -> frozenset[Effect]:
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
             out.add(Effect("?", fn.condition(call.node, _periodic)))
     for b in fn.scope.bindings:
-        if clears_every_grad(b.target):
+        if b.target.endswith(".grad") and clears_every_grad(b.target):  # (the cheap half first: asked of each)
             out.add(Effect("?", fn.condition(b.node, _periodic)))
     return frozenset(out)
 
@@ -383,8 +383,10 @@ def _callee_effects(
 ) -> Optional[frozenset[Effect]]:
     """What `callee`, the function `call` runs, touches, in this function's names, with the callee's own path
     conditions (the call's place in the loop is judged by the caller); None when the call is unknown."""
+    if callee is None:
+        return None
     caller = src.project.function(scope)
-    if callee is None or caller is None:
+    if caller is None:
         return None
     return rebind(src.project.fact(callee, fact) or frozenset(), caller, call, callee)
 
@@ -696,7 +698,7 @@ def _helper_clears(call: CallSite, index: ModuleIndex) -> bool:
     local = index.functions.get(call.attr) or []
     return bool(local) and (
         any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls)
-        or any(clears_every_grad(b.target) for s in local for b in s.bindings)
+        or any(clears_every_grad(b.target) for s in local for b in s.bindings if b.target.endswith(".grad"))
     )
 
 
@@ -891,7 +893,7 @@ def _loop_clears(
             verdict.unknown = call
         if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
             return _Verdict(True)  # distributed autograd keeps gradients per context: nothing to clear
-    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings):
+    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings if b.target.endswith(".grad")):
         return _Verdict(True)
     if any(c.attr in ("zero_grad", "zero_") for s in inner_scopes(index, loop) for c in s.calls):
         return _Verdict(True)
