@@ -28,6 +28,7 @@ from torchdoctor.sdk.source import (
     is_backward,
     is_optimizer,
     is_optimizer_ctor,
+    last,
     literal,
     qualname,
     rebind,
@@ -328,7 +329,7 @@ def _steps(fn: Function) -> frozenset[Effect]:
             else None
         )
         if stepped:
-            out.add(Effect(stepped, fn.condition(call.node, _periodic)))
+            out.add(Effect(stepped, _condition(fn, call)))
     return frozenset(out)
 
 
@@ -339,13 +340,30 @@ def _clears(fn: Function) -> frozenset[Effect]:
     out = set()
     for call in fn.scope.calls:
         if call.attr == "zero_grad":
-            out.add(Effect(call.receiver or "?", fn.condition(call.node, _periodic)))
+            out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
-            out.add(Effect("?", fn.condition(call.node, _periodic)))
+            out.add(Effect("?", _condition(fn, call)))
     for b in fn.scope.bindings:
         if b.target.endswith(".grad") and clears_every_grad(b.target):  # (the cheap half first: asked of each)
             out.add(Effect("?", fn.condition(b.node, _periodic)))
     return frozenset(out)
+
+
+def _condition(fn: Function, call: CallSite) -> str:
+    """The `% k` tests of the `if`s around `call` in `fn` (see `Function.condition`): none, found without a
+    descent from the top, for a call that is a statement of its loop's own body, in loops that are statements of
+    the body around them (the commonest place of a step or a clear)."""
+    node, loop, top = call.node, call.loop, fn.scope.node.body
+    if any(
+        type(s) is ast.Expr and s.value is node for s in (getattr(loop.node, "body", ()) if loop is not None else top)
+    ):
+        while loop is not None and any(
+            s is loop.node for s in (getattr(loop.parent.node, "body", ()) if loop.parent is not None else top)
+        ):
+            loop = loop.parent
+        if loop is None:
+            return ""
+    return fn.condition(node, _periodic)
 
 
 def _returns_optimizer(fn: Function) -> bool:
@@ -432,21 +450,19 @@ def _steps_in_helpers(
     names, methods, modules = _may_run_backward(index)
     # The calls in a loop, with arguments, that may run a project function running a backward (most calls are
     # not): tested inline, in one comprehension, as this runs over every call of every function with a loop.
+    # (A call site's receiver is a plain name only for `name.f(...)`, and None for `f(...)`.)
     candidates = [
         c
         for c in scope.calls
         if c.loop is not None
         and ((node := c.node).args or node.keywords)
         and (
-            (names is None or func.id in names)
-            if type(func := node.func) is ast.Name
-            else type(func) is ast.Attribute
-            and type(value := func.value) is ast.Name
-            and (
-                (methods is None or func.attr in methods)
-                if value.id == "self" or value.id == "cls"
-                else value.id in modules
-            )
+            (methods is None or c.attr in methods)
+            if (receiver := c.receiver) == "self" or receiver == "cls"
+            else receiver in modules
+            or receiver is None
+            and type(func := node.func) is ast.Name
+            and (names is None or func.id in names)
         )
     ]
     for call in candidates:
@@ -531,11 +547,14 @@ _LIBRARIES = frozenset({"torch", "torchvision", "numpy"})
 def _instances(index: ModuleIndex) -> frozenset[str]:
     """Names bound to an instance of an imported class (`loss_scaler = NativeScaler()`): calling one runs its
     `__call__`, which the program model follows into the project or the installed library."""
-    imported = index.imported
+    imported, aliases = index.imported, index.aliases
+    # a call `Cls(...)` is among its function's calls, by the last part of the name it resolves to
+    called = frozenset([last(aliases.get(n, n)) for n in imported if n[:1].isupper()])
     return frozenset(
         [
             b.target
             for s in index.scopes
+            if not called.isdisjoint(s.call_attrs)
             for b in s.bindings
             if type(value := b.value) is ast.Call
             and type(func := value.func) is ast.Name
