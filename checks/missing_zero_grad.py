@@ -28,7 +28,6 @@ from torchdoctor.sdk.source import (
     is_backward,
     is_optimizer,
     is_optimizer_ctor,
-    last,
     literal,
     qualname,
     rebind,
@@ -547,19 +546,16 @@ _LIBRARIES = frozenset({"torch", "torchvision", "numpy"})
 def _instances(index: ModuleIndex) -> frozenset[str]:
     """Names bound to an instance of an imported class (`loss_scaler = NativeScaler()`): calling one runs its
     `__call__`, which the program model follows into the project or the installed library."""
-    imported, aliases = index.imported, index.aliases
-    # a call `Cls(...)` is among its function's calls, by the last part of the name it resolves to
-    called = frozenset([last(aliases.get(n, n)) for n in imported if n[:1].isupper()])
+    classes = frozenset([n for n in index.imported if n[:1].isupper()])
+    if not classes:
+        return classes
+    call, name = ast.Call, ast.Name
     return frozenset(
         [
             b.target
             for s in index.scopes
-            if not called.isdisjoint(s.call_attrs)
             for b in s.bindings
-            if type(value := b.value) is ast.Call
-            and type(func := value.func) is ast.Name
-            and func.id in imported
-            and func.id[:1].isupper()
+            if type(value := b.value) is call and type(func := value.func) is name and func.id in classes
         ]
     )
 
