@@ -332,12 +332,15 @@ def _steps(fn: Function) -> frozenset[Effect]:
     return frozenset(out)
 
 
+_ZEROING = frozenset({"zero_grad", "zero_"})
+
+
 def _clears(fn: Function) -> frozenset[Effect]:
     """Whose gradients the function clears: `x.zero_grad()` clears x's; `p.grad = None` or `p.grad.zero_()`
     of a loop variable clears parameters no name says ("?"); one named parameter (`model.head.weight.grad`)
     clears nothing whole."""
     out = set()
-    for call in fn.scope.calls:
+    for call in fn.scope.calls if not _ZEROING.isdisjoint(fn.scope.call_attrs) else ():
         if call.attr == "zero_grad":
             out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
@@ -438,14 +441,6 @@ def _steps_in_helpers(
 ) -> Iterator[Finding]:
     """A project function called in a loop runs backward and steps an optimizer passed to it
     (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
-    known: dict[Optional[str], bool] = {None: False}  # name -> names an optimizer (asked once per scope)
-
-    def optimizer_arg(arg: ast.expr) -> bool:
-        key = ref(arg)
-        if key not in known:
-            known[key] = is_optimizer(key, scope, index) or _made_by_helper(src, scope, key)
-        return known[key]
-
     names, methods, modules = _may_run_backward(index)
     # The calls in a loop, with arguments, that may run a project function running a backward (most calls are
     # not): tested inline, in one comprehension, as this runs over every call of every function with a loop.
@@ -464,6 +459,16 @@ def _steps_in_helpers(
             and (names is None or func.id in names)
         )
     ]
+    if not candidates:
+        return
+    known: dict[Optional[str], bool] = {None: False}  # name -> names an optimizer (asked once per scope)
+
+    def optimizer_arg(arg: ast.expr) -> bool:
+        key = ref(arg)
+        if key not in known:
+            known[key] = is_optimizer(key, scope, index) or _made_by_helper(src, scope, key)
+        return known[key]
+
     for call in candidates:
         loop = _repeating(call.loop)
         if loop is None:
@@ -795,8 +800,8 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
             if not BACKWARD_METHODS.isdisjoint(scope.call_attrs)
             else []
         )
-        for call in scope.calls:
-            optimizer = _stepped_optimizer(call, scope, index, src) if call.attr == "step" else None
+        for call in [c for c in scope.calls if c.attr == "step"]:
+            optimizer = _stepped_optimizer(call, scope, index, src)
             if optimizer is None or optimizer in reported:
                 continue
             loop = _smallest_loop_with_backward(call, backwards)
