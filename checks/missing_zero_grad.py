@@ -629,10 +629,8 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
 _CLEARING = frozenset({"zero_grad", "zero_", "detach_", "fill_", "requires_grad_"})
 
 
-def _clears_grads(
-    call: CallSite, optimizer: str, calls: list[CallSite], scope: FunctionScope, index: ModuleIndex
-) -> bool:
-    """A zero_grad (one of the loop's `calls`) that may clear `optimizer`'s gradients: its own; another
+def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionScope, index: ModuleIndex) -> bool:
+    """A zero_grad (a call in `loop`) that may clear `optimizer`'s gradients: its own; another
     optimizer's or a model's unless they are known to hold other parameters (`netG.zero_grad()` does not clear
     an optimizer built from `netD.parameters()`, nor does that of another optimizer the loop steps); any
     optimizer not known to be a different one (`for opt in optimizers: opt.zero_grad()`)."""
@@ -642,9 +640,10 @@ def _clears_grads(
             return True
         if receiver is None or any(
             c.attr == "step"
+            and loop.encloses(c.loop)
             and _stepped_optimizer(c, scope, index) == receiver
             and not _may_share_parameters(scope, index, receiver, optimizer)
-            for c in calls
+            for c in scope.calls
         ):
             return False
         if is_optimizer(receiver, scope, index):
@@ -879,7 +878,6 @@ def _loop_clears(
     """Whether something in `loop` clears `optimizer`'s gradients once per `step` (the call that steps it): a
     clear that runs only every k-th iteration while the step runs every one does not count, and a call outside
     the project is unknown: it neither clears nor steps anything (the verdict names it)."""
-    calls = calls_in(scope, loop)
     verdict = _Verdict(False)
 
     def counts(clear: CallSite) -> bool:
@@ -889,9 +887,12 @@ def _loop_clears(
             return False
         return True
 
-    for call in calls:  # first what the loop itself clears: the commonest answer, and it asks nothing of other files
-        if call.attr in _CLEARING and _clears_grads(call, optimizer, calls, scope, index) and counts(call):
+    # First what the loop itself clears: the commonest answer, and it asks nothing of other files (nor of the
+    # loop's other calls, which are gathered only after it).
+    for call in [c for c in scope.calls if c.attr in _CLEARING and loop.encloses(c.loop)]:
+        if _clears_grads(call, optimizer, loop, scope, index) and counts(call):
             return _Verdict(True)
+    calls = calls_in(scope, loop)
     step_periodic: Optional[bool] = None
     for call in calls:
         effects = (
