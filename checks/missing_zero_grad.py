@@ -29,6 +29,7 @@ from torchdoctor.sdk.source import (
     is_optimizer,
     is_optimizer_ctor,
     literal,
+    qualname,
     rebind,
     ref,
 )
@@ -327,8 +328,11 @@ def _steps(fn: Function) -> frozenset[Effect]:
             else None
         )
         if stepped:
-            out.add(Effect(stepped, fn.condition(call.node, _periodic)))
+            out.add(Effect(stepped, _condition(fn, call)))
     return frozenset(out)
+
+
+_ZEROING = frozenset({"zero_grad", "zero_"})
 
 
 def _clears(fn: Function) -> frozenset[Effect]:
@@ -336,15 +340,32 @@ def _clears(fn: Function) -> frozenset[Effect]:
     of a loop variable clears parameters no name says ("?"); one named parameter (`model.head.weight.grad`)
     clears nothing whole."""
     out = set()
-    for call in fn.scope.calls:
+    for call in fn.scope.calls if not _ZEROING.isdisjoint(fn.scope.call_attrs) else ():
         if call.attr == "zero_grad":
-            out.add(Effect(call.receiver or "?", fn.condition(call.node, _periodic)))
+            out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
-            out.add(Effect("?", fn.condition(call.node, _periodic)))
+            out.add(Effect("?", _condition(fn, call)))
     for b in fn.scope.bindings:
-        if clears_every_grad(b.target):
+        if b.target.endswith(".grad") and clears_every_grad(b.target):  # (the cheap half first: asked of each)
             out.add(Effect("?", fn.condition(b.node, _periodic)))
     return frozenset(out)
+
+
+def _condition(fn: Function, call: CallSite) -> str:
+    """The `% k` tests of the `if`s around `call` in `fn` (see `Function.condition`): none, found without a
+    descent from the top, for a call that is a statement of its loop's own body, in loops that are statements of
+    the body around them (the commonest place of a step or a clear)."""
+    node, loop, top = call.node, call.loop, fn.scope.node.body
+    if any(
+        type(s) is ast.Expr and s.value is node for s in (getattr(loop.node, "body", ()) if loop is not None else top)
+    ):
+        while loop is not None and any(
+            s is loop.node for s in (getattr(loop.parent.node, "body", ()) if loop.parent is not None else top)
+        ):
+            loop = loop.parent
+        if loop is None:
+            return ""
+    return fn.condition(node, _periodic)
 
 
 def _returns_optimizer(fn: Function) -> bool:
@@ -378,13 +399,14 @@ RETURNS_OPTIMIZER = Fact("returns-optimizer", _returns_optimizer, False)
 
 
 def _callee_effects(
-    src: SourceFile, scope: FunctionScope, call: CallSite, fact: Fact[frozenset[Effect]]
+    src: SourceFile, scope: FunctionScope, call: CallSite, callee: Optional[Function], fact: Fact[frozenset[Effect]]
 ) -> Optional[frozenset[Effect]]:
-    """What the function `call` runs touches, in this function's names, with the callee's own path conditions
-    (the call's place in the loop is judged by the caller); None when the call is unknown."""
-    callee = src.project.callee(scope, call)
+    """What `callee`, the function `call` runs, touches, in this function's names, with the callee's own path
+    conditions (the call's place in the loop is judged by the caller); None when the call is unknown."""
+    if callee is None:
+        return None
     caller = src.project.function(scope)
-    if callee is None or caller is None:
+    if caller is None:
         return None
     return rebind(src.project.fact(callee, fact) or frozenset(), caller, call, callee)
 
@@ -419,6 +441,26 @@ def _steps_in_helpers(
 ) -> Iterator[Finding]:
     """A project function called in a loop runs backward and steps an optimizer passed to it
     (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
+    names, methods, modules = _may_run_backward(index)
+    # The calls in a loop, with arguments, that may run a project function running a backward (most calls are
+    # not): tested inline, in one comprehension, as this runs over every call of every function with a loop.
+    # (A call site's receiver is a plain name only for `name.f(...)`, and None for `f(...)`.)
+    candidates = [
+        c
+        for c in scope.calls
+        if c.loop is not None
+        and ((node := c.node).args or node.keywords)
+        and (
+            (methods is None or c.attr in methods)
+            if (receiver := c.receiver) == "self" or receiver == "cls"
+            else receiver in modules
+            or receiver is None
+            and type(func := node.func) is ast.Name
+            and (names is None or func.id in names)
+        )
+    ]
+    if not candidates:
+        return
     known: dict[Optional[str], bool] = {None: False}  # name -> names an optimizer (asked once per scope)
 
     def optimizer_arg(arg: ast.expr) -> bool:
@@ -427,14 +469,7 @@ def _steps_in_helpers(
             known[key] = is_optimizer(key, scope, index) or _made_by_helper(src, scope, key)
         return known[key]
 
-    here = _running_backward(index)
-    for call in scope.calls:
-        if (
-            call.loop is None
-            or not (call.node.args or call.node.keywords)
-            or not _may_run_backward(call.node.func, index, here)
-        ):
-            continue
+    for call in candidates:
         loop = _repeating(call.loop)
         if loop is None:
             continue  # a loop that runs once: one step, nothing left from before it
@@ -448,23 +483,23 @@ def _steps_in_helpers(
             and not any(optimizer_arg(k.value) for k in call.node.keywords)
         ):
             continue
-        steps = _callee_effects(src, scope, call, STEPS) or frozenset()
+        steps = _callee_effects(src, scope, call, callee, STEPS) or frozenset()
         own: Optional[frozenset[Effect]] = None  # what the helper's own body clears (the commonest answer)
         clears: Optional[frozenset[Effect]] = None  # and through its calls: asked only when its body does not
+        caller = src.project.function(scope)
         for step in sorted(steps, key=lambda e: e.receiver):
             optimizer = step.receiver
             if optimizer in reported or not (
                 is_optimizer(optimizer, scope, index) or _made_by_helper(src, scope, optimizer)
             ):
                 continue
-            caller = src.project.function(scope)
             if own is None and caller is not None:  # (a library function not parsed: its kept CLEARS says it all)
                 own = rebind(_clears(callee), caller, call, callee) if not callee.pending else frozenset()
             mine = [c for c in own or () if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # the helper clears them itself (every step, or with its accumulation window)
             if clears is None:
-                clears = _callee_effects(src, scope, call, CLEARS) or frozenset()
+                clears = _callee_effects(src, scope, call, callee, CLEARS) or frozenset()
             mine = [c for c in clears if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # ... or through a function it calls
@@ -485,46 +520,49 @@ def _steps_in_helpers(
             )
 
 
-def _may_run_backward(func: ast.expr, index: ModuleIndex, here: set[str]) -> bool:
-    """Whether `f(...)` or `x.f(...)` may run a project function that itself runs a backward: a function of this
-    file of that name (`here`: see `_running_backward`), or a name this file imports (the program model follows
-    it); nothing else is resolved."""
-    if type(func) is ast.Name:  # `__call__`: an instance's, of a class here or imported
-        return func.id in here or func.id in index.imported or "__call__" in here or func.id in _instances(index)
-    if type(func) is ast.Attribute and type(func.value) is ast.Name:
-        if func.value.id in ("self", "cls"):  # a method of this class, or inherited from a base of another file
-            return func.attr in here or _inherits_from_project(index)
-        return func.value.id in index.imported
-    return False
+def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Optional[frozenset[str]], frozenset[str]]:
+    """Which calls may run a project function that itself runs a backward, as three sets of names (worked out
+    once per module): `f(...)` when `f` names a function of this file that calls a backward, a name this file
+    imports (the program model follows it) or an instance of an imported class (its `__call__`), any `f(...)`
+    when a function of this file named `__call__` runs one (None: all names); `self.f(...)`/`cls.f(...)` when `f`
+    is such a function of this file, any when a class here inherits from a base of another file (None); `x.f(...)`
+    when `x` is imported, unless as (a module of) one of `_LIBRARIES`. Nothing else is resolved."""
+    question = ("callees that may run backward",)
+    found = index.memo.get(question)
+    if found is None:
+        here = frozenset([s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)])
+        imported = frozenset(index.imported)
+        aliases = index.aliases
+        found = index.memo[question] = (
+            None if "__call__" in here else here | imported | _instances(index),
+            None if _inherits_from_project(index) else here,
+            frozenset(
+                [m for m in imported if (alias := aliases.get(m)) is None or alias.split(".", 1)[0] not in _LIBRARIES]
+            ),
+        )
+    return found
 
 
-def _running_backward(index: ModuleIndex) -> set[str]:
-    """The names of this file's functions that call a backward themselves (worked out once per module)."""
-    question = ("functions running backward",)
-    here = index.memo.get(question)
-    if here is None:
-        here = index.memo[question] = {
-            s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)
-        }
-    return here
+# Libraries whose functions the program model never follows (`torch.zeros(...)`, `np.mean(...)`): a call
+# through a module alias of one (`torch`, `F` for torch.nn.functional) runs no project function.
+_LIBRARIES = frozenset({"torch", "torchvision", "numpy"})
 
 
 def _instances(index: ModuleIndex) -> frozenset[str]:
     """Names bound to an instance of an imported class (`loss_scaler = NativeScaler()`): calling one runs its
     `__call__`, which the program model follows into the project or the installed library."""
-    question = ("instances of imported classes",)
-    found = index.memo.get(question)
-    if found is None:
-        found = index.memo[question] = frozenset(
+    classes = frozenset([n for n in index.imported if n[:1].isupper()])
+    if not classes:
+        return classes
+    call, name = ast.Call, ast.Name
+    return frozenset(
+        [
             b.target
             for s in index.scopes
             for b in s.bindings
-            if type(b.value) is ast.Call
-            and type(b.value.func) is ast.Name
-            and b.value.func.id in index.imported
-            and b.value.func.id[:1].isupper()
-        )
-    return found
+            if type(value := b.value) is call and type(func := value.func) is name and func.id in classes
+        ]
+    )
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:
@@ -577,30 +615,42 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     bound = scope.bindings_of(key)
     if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
         return False
-    if not _may_call_project(bound[0].value.func):
-        return False  # `x.to(device)`, `f()(...)`: not a call of a project function by name
+    func = bound[0].value.func
+    if not _may_call_project(func) or qualname(func, src.index).startswith(("torch.", "torchvision.", "numpy.")):
+        return False  # `x.to(device)`, `f()(...)`, `nn.Linear(...)`: not a call of a project function by name
     call = next((c for c in scope.calls if c.node is bound[0].value), None)
-    if call is None or call.qualname.startswith(("torch.", "torchvision.", "numpy.")):
+    if call is None:
         return False
     returns = src.project.fact(src.project.callee(scope, call), RETURNS_OPTIMIZER)
     return bool(returns)
 
 
-def _clears_grads(call: CallSite, optimizer: str, others: set[str], scope: FunctionScope, index: ModuleIndex) -> bool:
-    """A zero_grad that may clear `optimizer`'s gradients: its own; another optimizer's or a model's unless
-    they are known to hold other parameters (`netG.zero_grad()` does not clear an optimizer built from
-    `netD.parameters()`); any optimizer not known to be a different one (`for opt in optimizers: opt.zero_grad()`)."""
+# The calls that may clear gradients: `x.zero_grad()`; `p.grad.zero_()` (or `detach_`, `fill_`, `requires_grad_`).
+_CLEARING = frozenset({"zero_grad", "zero_", "detach_", "fill_", "requires_grad_"})
+
+
+def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionScope, index: ModuleIndex) -> bool:
+    """A zero_grad (a call in `loop`) that may clear `optimizer`'s gradients: its own; another
+    optimizer's or a model's unless they are known to hold other parameters (`netG.zero_grad()` does not clear
+    an optimizer built from `netD.parameters()`, nor does that of another optimizer the loop steps); any
+    optimizer not known to be a different one (`for opt in optimizers: opt.zero_grad()`)."""
     if call.attr == "zero_grad":
         receiver = call.receiver
         if receiver == optimizer:
             return True
-        if receiver in others or receiver is None:
+        if receiver is None or any(
+            c.attr == "step"
+            and loop.encloses(c.loop)
+            and _stepped_optimizer(c, scope, index) == receiver
+            and not _may_share_parameters(scope, index, receiver, optimizer)
+            for c in scope.calls
+        ):
             return False
         if is_optimizer(receiver, scope, index):
             return _may_share_parameters(scope, index, receiver, optimizer)
         sources = _parameter_sources(scope, index, optimizer)
         return sources is None or any(_related(receiver, source) for source in sources)
-    return call.attr in ("zero_", "detach_", "fill_", "requires_grad_") and clears_every_grad(call.receiver)
+    return call.attr in _CLEARING and clears_every_grad(call.receiver)
 
 
 def _related(a: str, b: str) -> bool:
@@ -611,8 +661,17 @@ def _related(a: str, b: str) -> bool:
 def _parameter_sources(scope: FunctionScope, index: ModuleIndex, optimizer: str) -> Optional[frozenset[str]]:
     """The models an optimizer was built from (`SGD(model.parameters())` -> {model}; `Adam([{"params":
     a.parameters()}, {"params": b.parameters()}])` or `chain(a.parameters(), b.parameters())` -> {a, b});
-    an attribute's binding is looked for in every function of the file. None when unknown."""
-    scopes = index.scopes if "." in optimizer else [scope]
+    an attribute's binding is looked for in every function of the file. None when unknown (asked once per
+    module, or per function for a plain name)."""
+    question = ("parameter sources", optimizer) if "." in optimizer else ("parameter sources", id(scope), optimizer)
+    found = index.memo.get(question, ...)
+    if found is ...:
+        found = index.memo[question] = _built_from(index.scopes if "." in optimizer else [scope], optimizer)
+    return found
+
+
+def _built_from(scopes: list[FunctionScope], optimizer: str) -> Optional[frozenset[str]]:
+    """The models the one binding of `optimizer` in `scopes` builds it from (see `_parameter_sources`)."""
     built = [b.value for s in scopes for b in s.bindings if b.target == optimizer and b.value is not None]
     if len(built) != 1 or not isinstance(built[0], ast.Call) or not (built[0].args or built[0].keywords):
         return None
@@ -658,7 +717,7 @@ def _helper_clears(call: CallSite, index: ModuleIndex) -> bool:
     local = index.functions.get(call.attr) or []
     return bool(local) and (
         any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls)
-        or any(clears_every_grad(b.target) for s in local for b in s.bindings)
+        or any(clears_every_grad(b.target) for s in local for b in s.bindings if b.target.endswith(".grad"))
     )
 
 
@@ -731,15 +790,17 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
     for scope in index.scopes:
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
+        reported: set[str] = set()
+        yield from _steps_in_helpers(src, scope, index, reported)
+        if "step" not in scope.call_attrs:
+            continue
         backwards = (
             [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)]
             if not BACKWARD_METHODS.isdisjoint(scope.call_attrs)
             else []
         )
-        reported: set[str] = set()
-        yield from _steps_in_helpers(src, scope, index, reported)
-        for call in scope.calls if "step" in scope.call_attrs else ():
-            optimizer = _stepped_optimizer(call, scope, index, src) if call.attr == "step" else None
+        for call in [c for c in scope.calls if c.attr == "step"]:
+            optimizer = _stepped_optimizer(call, scope, index, src)
             if optimizer is None or optimizer in reported:
                 continue
             loop = _smallest_loop_with_backward(call, backwards)
@@ -817,8 +878,6 @@ def _loop_clears(
     """Whether something in `loop` clears `optimizer`'s gradients once per `step` (the call that steps it): a
     clear that runs only every k-th iteration while the step runs every one does not count, and a call outside
     the project is unknown: it neither clears nor steps anything (the verdict names it)."""
-    calls = calls_in(scope, loop)
-    others: Optional[set[str]] = None
     verdict = _Verdict(False)
 
     def counts(clear: CallSite) -> bool:
@@ -828,21 +887,19 @@ def _loop_clears(
             return False
         return True
 
-    for call in calls:  # first what the loop itself clears: the commonest answer, and it asks nothing of other files
-        if call.attr == "zero_grad" and call.receiver != optimizer and others is None:
-            others = {
-                o
-                for c in calls
-                if c.attr == "step"
-                and (o := _stepped_optimizer(c, scope, index))
-                and o != optimizer
-                and not _may_share_parameters(scope, index, o, optimizer)
-            }
-        if _clears_grads(call, optimizer, others or set(), scope, index) and counts(call):
+    # First what the loop itself clears: the commonest answer, and it asks nothing of other files (nor of the
+    # loop's other calls, which are gathered only after it).
+    for call in [c for c in scope.calls if c.attr in _CLEARING and loop.encloses(c.loop)]:
+        if _clears_grads(call, optimizer, loop, scope, index) and counts(call):
             return _Verdict(True)
+    calls = calls_in(scope, loop)
     step_periodic: Optional[bool] = None
     for call in calls:
-        effects = _callee_effects(src, scope, call, CLEARS) if call.attr not in _HARMLESS_WITH_OPTIMIZER else None
+        effects = (
+            _callee_effects(src, scope, call, src.project.callee(scope, call), CLEARS)
+            if call.attr not in _HARMLESS_WITH_OPTIMIZER
+            else None
+        )
         if effects is not None:  # a known function: its declared fact says whose gradients it clears, and when
             mine = [e for e in effects if _may_clear(e.receiver, optimizer, scope, index)]
             if mine and step_periodic is None:
@@ -857,7 +914,7 @@ def _loop_clears(
             verdict.unknown = call
         if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
             return _Verdict(True)  # distributed autograd keeps gradients per context: nothing to clear
-    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings):
+    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings if b.target.endswith(".grad")):
         return _Verdict(True)
     if any(c.attr in ("zero_grad", "zero_") for s in inner_scopes(index, loop) for c in s.calls):
         return _Verdict(True)
@@ -894,10 +951,13 @@ def _body(loop: Loop) -> list[ast.stmt]:
 
 def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
     """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
-    clear_ifs = enclosing_ifs(_body(loop), clear)
+    body = _body(loop)
+    if any(type(s) is ast.Expr and s.value is clear for s in body):
+        return None  # the common case: a clear in the loop's own body, under no `if` (asked without a descent)
+    clear_ifs = enclosing_ifs(body, clear)
     if not clear_ifs:
-        return None  # the common case: an unconditional clear
-    step_ifs = enclosing_ifs(_body(loop), step)
+        return None  # an unconditional clear in a nested block (`with`, `try`)
+    step_ifs = enclosing_ifs(body, step)
     if any(_periodic(g.test) for g in step_ifs):
         return None  # both periodic: gradient accumulation, judged by its own clears
     return next((g for g in clear_ifs if g not in step_ifs and _periodic(g.test)), None)
