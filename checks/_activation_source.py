@@ -71,30 +71,34 @@ def loss_calls(
 
 def _loss_built(index: ModuleIndex, classes: frozenset[str]) -> frozenset[str]:
     """The names some binding of the file (a parameter's default included) sets to an `nn.<Loss>(...)` of
-    `classes`: a call through any other name is no loss call, whatever its bindings (asked once per file)."""
+    `classes`: a call through any other name is no loss call, whatever its bindings (asked once per file). Only
+    the functions that call such a class, or take one as a parameter's default, are read."""
     question = ("names bound to a loss", classes)
     found = index.memo.get(question)
     if found is None:
         aliases, targets = index.aliases, set()
+
+        def named(value: Optional[ast.expr]) -> str:
+            """The last name of the class a call builds (the full resolution only for a loss class's)."""
+            if type(value) is not ast.Call:
+                return ""
+            func = value.func
+            if type(func) is ast.Attribute:
+                return func.attr
+            return last(aliases.get(func.id, func.id)) if type(func) is ast.Name else ""
+
         for s in index.scopes:
-            defaults: Optional[dict[str, ast.expr]] = None  # the parameters' defaults, read on the first name
+            args = getattr(s.node, "args", None)  # (the module body has none)
+            if classes.isdisjoint(s.call_attrs) and (
+                args is None or not any(named(d) in classes for d in (*args.defaults, *args.kw_defaults))
+            ):
+                continue  # (a binding's call is one of the function's calls: its class name is a call name)
+            defaults = _defaults(s)
             for b in s.bindings:
                 value = b.value
                 if type(value) is ast.Name:
-                    if defaults is None:
-                        defaults = _defaults(s)
                     value = defaults.get(value.id, value)
-                if type(value) is not ast.Call:
-                    continue
-                func = value.func  # its last name first: a full resolution only for a loss class's
-                named = (
-                    func.attr
-                    if type(func) is ast.Attribute
-                    else last(aliases.get(func.id, func.id))
-                    if type(func) is ast.Name
-                    else ""
-                )
-                if named in classes and _loss_class(value, index, classes):
+                if type(value) is ast.Call and named(value) in classes and _loss_class(value, index, classes):
                     targets.add(b.target)
         found = index.memo[question] = frozenset(targets)
     return found

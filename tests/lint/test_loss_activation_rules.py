@@ -238,3 +238,22 @@ for x, y in loader:
     # the same calls through names no binding sets to a loss class: only the inline construction is a loss
     quiet = lint(code.replace("crit = CE()", "crit = make()").replace("trainer.bce = BCE()", "trainer.bce = b"))
     assert [f.location.line for f in quiet if f.name in (SOFTMAX, SIGMOID)] == [14]
+
+
+@pytest.mark.parametrize("default, fires", [("nn.CrossEntropyLoss()", True), ("nn.MSELoss()", False)])
+def test_a_loss_given_as_a_parameter_default_is_a_loss_call(lint, fired, default, fires):
+    # `self.criterion = criterion` where the parameter defaults to `nn.CrossEntropyLoss()`: calls through
+    # `self.criterion` are loss calls (the function building the trainer calls no loss class itself).
+    code = (
+        HEAD
+        + f"""
+class Trainer:
+    def __init__(self, model, criterion={default}):
+        self.model = model
+        self.criterion = criterion
+
+    def step(self, x, y):
+        return self.criterion(F.softmax(self.model(x), dim=1), y)
+"""
+    )
+    assert len(fired(lint(code), SOFTMAX)) == (1 if fires else 0)
