@@ -420,6 +420,8 @@ def _leaked_name(
     The last assignment of the name in the loop before `pos` decides: `loss = loss.item()` or
     `loss = float(loss)` leaves a number there, and then nothing is kept.
     """
+    if type(value) is ast.Name and value.id not in trained or type(value) is ast.Constant:
+        return None  # (the commonest arguments: what they read is themselves, or nothing)
     for name in sorted(graph_refs(value)):
         if not any(loop.encloses(other) or other.encloses(loop) for other, _ in trained.get(name, ())):
             continue
