@@ -1,6 +1,7 @@
 """The top-level names a module's imports start from (`torch` for `from torch.nn import Linear`), read from its
-bytes or its tree without resolving anything: a file that imports no project module cannot call another file's
-function, so the callers search needs neither to parse it nor to keep it."""
+bytes without parsing or resolving anything (the index records the same for a parsed module): a file that imports
+no project module cannot call another file's function, so the callers search needs neither to parse it nor to
+keep it."""
 
 from __future__ import annotations
 
