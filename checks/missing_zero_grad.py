@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
@@ -346,7 +346,7 @@ def _clears(fn: Function) -> frozenset[Effect]:
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
             out.add(Effect("?", _condition(fn, call)))
     for b in fn.scope.bindings:
-        if b.target.endswith(".grad") and clears_every_grad(b.target):  # (the cheap half first: asked of each)
+        if clears_every_grad(b.target):
             out.add(Effect("?", fn.condition(b.node, _periodic)))
     return frozenset(out)
 
@@ -356,9 +356,7 @@ def _condition(fn: Function, call: CallSite) -> str:
     descent from the top, for a call that is a statement of its loop's own body, in loops that are statements of
     the body around them (the commonest place of a step or a clear)."""
     node, loop, top = call.node, call.loop, fn.scope.node.body
-    if any(
-        type(s) is ast.Expr and s.value is node for s in (getattr(loop.node, "body", ()) if loop is not None else top)
-    ):
+    if _is_statement_of(node, getattr(loop.node, "body", ()) if loop is not None else top):
         while loop is not None and any(
             s is loop.node for s in (getattr(loop.parent.node, "body", ()) if loop.parent is not None else top)
         ):
@@ -366,6 +364,11 @@ def _condition(fn: Function, call: CallSite) -> str:
         if loop is None:
             return ""
     return fn.condition(node, _periodic)
+
+
+def _is_statement_of(call: ast.Call, body: Iterable[ast.stmt]) -> bool:
+    """The call is a whole statement of `body` itself (not of a block nested in it): no `if` of `body` guards it."""
+    return any(type(s) is ast.Expr and s.value is call for s in body)
 
 
 def _returns_optimizer(fn: Function) -> bool:
@@ -546,6 +549,7 @@ def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Opt
 # Libraries whose functions the program model never follows (`torch.zeros(...)`, `np.mean(...)`): a call
 # through a module alias of one (`torch`, `F` for torch.nn.functional) runs no project function.
 _LIBRARIES = frozenset({"torch", "torchvision", "numpy"})
+_LIBRARY_PREFIXES = tuple(f"{name}." for name in sorted(_LIBRARIES))
 
 
 def _instances(index: ModuleIndex) -> frozenset[str]:
@@ -616,7 +620,7 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
         return False
     func = bound[0].value.func
-    if not _may_call_project(func) or qualname(func, src.index).startswith(("torch.", "torchvision.", "numpy.")):
+    if not _may_call_project(func) or qualname(func, src.index).startswith(_LIBRARY_PREFIXES):
         return False  # `x.to(device)`, `f()(...)`, `nn.Linear(...)`: not a call of a project function by name
     call = next((c for c in scope.calls if c.node is bound[0].value), None)
     if call is None:
@@ -716,8 +720,8 @@ def _helper_clears(call: CallSite, index: ModuleIndex) -> bool:
     e.g. `self.reset()` of another class)."""
     local = index.functions.get(call.attr) or []
     return bool(local) and (
-        any(c.attr in ("zero_grad", "zero_") for s in local for c in s.calls)
-        or any(clears_every_grad(b.target) for s in local for b in s.bindings if b.target.endswith(".grad"))
+        any(c.attr in _ZEROING for s in local for c in s.calls)
+        or any(clears_every_grad(b.target) for s in local for b in s.bindings)
     )
 
 
@@ -914,9 +918,9 @@ def _loop_clears(
             verdict.unknown = call
         if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
             return _Verdict(True)  # distributed autograd keeps gradients per context: nothing to clear
-    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings if b.target.endswith(".grad")):
+    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings):
         return _Verdict(True)
-    if any(c.attr in ("zero_grad", "zero_") for s in inner_scopes(index, loop) for c in s.calls):
+    if any(c.attr in _ZEROING for s in inner_scopes(index, loop) for c in s.calls):
         return _Verdict(True)
     verdict.after = _cleared_after(loop, optimizer, scope, index)
     return verdict
@@ -952,7 +956,7 @@ def _body(loop: Loop) -> list[ast.stmt]:
 def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
     """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
     body = _body(loop)
-    if any(type(s) is ast.Expr and s.value is clear for s in body):
+    if _is_statement_of(clear, body):
         return None  # the common case: a clear in the loop's own body, under no `if` (asked without a descent)
     clear_ifs = enclosing_ifs(body, clear)
     if not clear_ifs:

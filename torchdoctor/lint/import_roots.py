@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-# The root given for a relative import (`from . import x`, `from ..pkg import y`), as the index gives it.
+# The root given for a relative import (`from . import x`, `from ..pkg import y`), here and in the index.
 RELATIVE = "."
 
 _FROM = re.compile(rb"[ \t]*from[ \t]+(\.*)[ \t]*([A-Za-z_][\w.]*)?[ \t]+import\b")

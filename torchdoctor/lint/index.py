@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Callable, Iterator, Optional, Union
 
+from torchdoctor.lint.import_roots import RELATIVE
+
 Pos = tuple  # (line, col): source order stands in for statement order inside one function
 # The records are made by the hundred thousand in a run: without a __dict__ (Python 3.10+) they are built and
 # freed faster and take less memory.
@@ -252,7 +254,7 @@ class _Indexer:
         self, node: ast.ImportFrom, scope: FunctionScope, loop: Optional[Loop], off: bool, cls: Optional[str]
     ) -> None:
         self.imports += 1
-        self.import_roots.add("." if node.level else (node.module or "").split(".", 1)[0])
+        self.import_roots.add(RELATIVE if node.level else (node.module or "").split(".", 1)[0])
         self.imported.update(a.asname or a.name for a in node.names if a.name != "*")
         if node.module and not node.level:
             for a in node.names:

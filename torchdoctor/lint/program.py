@@ -281,8 +281,7 @@ class Program:
                 base = os.path.dirname(base)
             bases = [base]
         else:
-            root = self.root_of(importer)
-            bases = [os.path.dirname(importer), root, os.path.join(root, "src")]
+            bases = self._import_bases(importer)
         for base in bases:
             target = os.path.join(base, *parts)
             for candidate in (target + ".py", os.path.join(target, "__init__.py")):
@@ -745,16 +744,20 @@ class Program:
             return True
         if name in _EXTERNAL:
             return False
-        folder = os.path.dirname(importer)
-        key = (folder, name)
+        key = (os.path.dirname(importer), name)
         found = self._project_names.get(key)
         if found is None:
-            root = self.root_of(importer)
             found = self._project_names[key] = any(
                 os.path.exists(os.path.join(base, name)) or os.path.exists(os.path.join(base, name + ".py"))
-                for base in (folder, root, os.path.join(root, "src"))
+                for base in self._import_bases(importer)
             )
         return found
+
+    def _import_bases(self, importer: str) -> list[str]:
+        """The folders an absolute import in the file `importer` is looked for in: its own folder (a script's is
+        first on sys.path), the project root and the root's `src`."""
+        root = self.root_of(importer)
+        return [os.path.dirname(importer), root, os.path.join(root, "src")]
 
     def take_read(self, path: str) -> Optional[bytes]:
         """The bytes of the file at `path` if this run read them already and has not handed them over (linting
