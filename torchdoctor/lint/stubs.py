@@ -10,9 +10,9 @@ then, transparently, and reads the real one: a stub never answers a question wit
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from torchdoctor.lint.index import FunctionScope
+from torchdoctor.lint.index import CallSite, FunctionScope
 
 if TYPE_CHECKING:
     from torchdoctor.lint.program import Module, Program
@@ -89,6 +89,9 @@ class LibraryScope(FunctionScope):
 
     def bindings_of(self, target: str) -> list:
         return self.real()[1].bindings_of(target)
+
+    def calls_named(self, *names: str) -> Sequence[CallSite]:
+        return self.real()[1].calls_named(*names)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
