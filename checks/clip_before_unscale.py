@@ -138,16 +138,19 @@ def clip_before_unscale(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "clip_grad_" not in src.text or ".scale(" not in src.text:
         return
     for scope in src.index.scopes:
-        scalers = {c.receiver for c in scope.calls if c.attr == "scale" and c.receiver} & {
-            c.receiver for c in scope.calls if c.attr == "step" and c.receiver and c.node.args
+        attrs = scope.call_attrs
+        if "scale" not in attrs or "step" not in attrs:
+            continue
+        scalers = {c.receiver for c in scope.calls_named("scale") if c.receiver} & {
+            c.receiver for c in scope.calls_named("step") if c.receiver and c.node.args
         }
         for scaler in sorted(s for s in scalers if s is not None):
-            scaled = [c.pos for c in scope.calls if c.receiver == scaler and c.attr == "scale"]
-            step_calls = [c for c in scope.calls if c.receiver == scaler and c.attr == "step"]
+            scaled = [c.pos for c in scope.calls_named("scale") if c.receiver == scaler]
+            step_calls = [c for c in scope.calls_named("step") if c.receiver == scaler]
             steps = [c.pos for c in step_calls]
-            unscales = [c.pos for c in scope.calls if c.receiver == scaler and c.attr == "unscale_"]
-            for clip in scope.calls:
-                if clip.attr not in _CLIPS or not (clip.receiver is None or "torch" in clip.qualname):
+            unscales = [c.pos for c in scope.calls_named("unscale_") if c.receiver == scaler]
+            for clip in scope.calls_named(*_CLIPS):
+                if not (clip.receiver is None or "torch" in clip.qualname):
                     continue
                 if (
                     any(p < clip.pos for p in scaled)

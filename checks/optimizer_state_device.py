@@ -163,26 +163,25 @@ def _moved_before(scope: FunctionScope, model: str, pos: tuple) -> bool:
     """The model was moved before `pos` (`model = Net().to(device)`, `model.cuda()`): a later move may be a no-op."""
     return any(
         c.pos < pos
-        and c.attr in ("to", "cuda")
         and (
             c.receiver == model
             or any(b.target == model and b.value is not None and c.node in ast.walk(b.value) for b in scope.bindings)
         )
-        for c in scope.calls
+        for c in scope.calls_named("to", "cuda")
     )
 
 
 def _loads_state(fn: Function) -> frozenset[Effect]:
     """What the function loads a state dict into (`x.load_state_dict(...)`)."""
-    return frozenset(Effect(c.receiver) for c in fn.scope.calls if c.attr == "load_state_dict" and c.receiver)
+    return frozenset(Effect(c.receiver) for c in fn.scope.calls_named("load_state_dict") if c.receiver)
 
 
 def _moves(fn: Function) -> frozenset[Effect]:
     """What the function moves off the CPU or casts (`x.cuda()`, `x.to("cuda")`, `x.to(torch.bfloat16)`)."""
     return frozenset(
         Effect(c.receiver)
-        for c in fn.scope.calls
-        if c.receiver and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
+        for c in fn.scope.calls_named("cuda", "to")
+        if c.receiver and (c.attr == "cuda" or _moves_off_cpu(c.node))
     )
 
 
@@ -249,17 +248,11 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
             after = built.binding.pos
             moved = [
                 c
-                for c in scope.calls
-                if c.pos > after
-                and c.receiver == built.model
-                and (c.attr == "cuda" or c.attr == "to" and _moves_off_cpu(c.node))
+                for c in scope.calls_named("cuda", "to")
+                if c.pos > after and c.receiver == built.model and (c.attr == "cuda" or _moves_off_cpu(c.node))
             ]
             loaded = (
-                [
-                    c
-                    for c in scope.calls
-                    if c.pos > after and c.receiver == built.optimizer and c.attr == "load_state_dict"
-                ]
+                [c for c in scope.calls_named("load_state_dict") if c.pos > after and c.receiver == built.optimizer]
                 if direct
                 else []
             )
@@ -283,8 +276,7 @@ def optimizer_state_device(src: SourceFile) -> Iterator[Finding]:
                     or _moved_before(scope, built.model, load.pos)
                     or rebuilt_after(scope, built, move.pos)
                     or any(
-                        c.receiver == built.optimizer and c.attr == "load_state_dict" and c.pos > move.pos
-                        for c in scope.calls
+                        c.receiver == built.optimizer and c.pos > move.pos for c in scope.calls_named("load_state_dict")
                     )
                 ):
                     continue

@@ -257,12 +257,13 @@ def stale_optimizer_params(src: SourceFile) -> Iterator[Finding]:
     for scope, builds in optimizers_built_by_function(index):
         arms: dict[int, set[tuple[int, int]]] = {}
         for built in builds:
+            model = built.model
+            inside = model + "."  # a part of the model: `model.fc`
+            # what holds the model: `self` for `self.model` (every target `model` starts with, up to a dot)
+            holders = {model[:i] for i, char in enumerate(model) if char == "."}
             for b in scope.bindings:
-                replaced = (
-                    b.target == built.model
-                    or b.target.startswith(built.model + ".")
-                    or built.model.startswith(b.target + ".")
-                )
+                target = b.target
+                replaced = target == model or target in holders or target.startswith(inside)
                 if not replaced or b.pos <= built.binding.pos or b.augmented or rebuilt_after(scope, built, b.pos):
                     continue
                 arms = arms or _branch_arms(scope)  # built once per function, and only when needed

@@ -413,11 +413,23 @@ class _Indexer:
             scope.bindings.append(Binding(key, value, node, loop, off, (node.lineno, node.col_offset)))
         self.expr(target, scope, loop, off)
 
-    def expr(self, node: ast.expr, scope: FunctionScope, loop: Optional[Loop], off: bool) -> None:
+    def expr(
+        self,
+        node: ast.expr,
+        scope: FunctionScope,
+        loop: Optional[Loop],
+        off: bool,
+        Name: type = ast.Name,
+        Constant: type = ast.Constant,
+        Attribute: type = ast.Attribute,
+        Call: type = ast.Call,
+        keyword: type = ast.keyword,
+        Lambda: type = ast.Lambda,
+    ) -> None:
         """Record the calls in `node` (callee resolved, method name, receiver): pre-order, a node's children
-        from its last field to its first."""
+        from its last field to its first. (The node types are defaults, so local names at no cost per call: this
+        runs once per statement's expression, tens of thousands of times a run.)"""
         calls, aliases = scope.calls, self.aliases
-        Name, Constant, Attribute, Call, keyword, Lambda = _Name, _Constant, _Attribute, _Call, _keyword, _Lambda
         fields_of = _CHILD_FIELDS
         stack: list = [node]
         pop, push, extend = stack.pop, stack.append, stack.extend
@@ -482,7 +494,6 @@ _position = attrgetter("pos")
 _NONE: Sequence[CallSite] = ()
 _attr = attrgetter("attr")
 _Name, _Constant, _Attribute, _Call = ast.Name, ast.Constant, ast.Attribute, ast.Call
-_keyword, _Lambda = ast.keyword, ast.Lambda
 _STMT_HANDLERS: dict[type, Callable[..., None]] = {
     ast.Assign: _Indexer.assign,
     ast.Expr: _Indexer.expression,

@@ -124,7 +124,7 @@ class Program:
         self._fact_files: dict[tuple[str, int, Fact], frozenset[str]] = {}  # the modules each answer read
         self._working: list[tuple[str, int, Fact]] = []  # the facts being worked out, outermost first
         self._partial: set[tuple[str, int, Fact]] = set()  # answers that met a recursive call (order-dependent)
-        self._resolved: dict[tuple[str, int], list[tuple[CallSite, Optional[tuple[Module, FunctionScope]]]]] = {}
+        self._resolved: dict[tuple[str, int], list[tuple[CallSite, tuple[Module, FunctionScope]]]] = {}
         self._resolved_files: dict[tuple[str, int], frozenset[str]] = {}
         self._trees: dict[str, list[str]] = {}
         self._tree_stamps: dict[str, str] = {}
@@ -579,8 +579,6 @@ class Program:
             join, final = fact.join, fact.final
             if join is not None and depth < DEPTH and not (final is not None and final(value)):
                 for call, found in self._resolved_calls(module, scope):
-                    if found is None or found[1] is scope:
-                        continue
                     callee = Function(self, found[0], found[1], depth + 1)
                     got = callee.fact(fact)
                     if fact.through is not None:
@@ -604,15 +602,21 @@ class Program:
 
     def _resolved_calls(
         self, module: Module, scope: FunctionScope
-    ) -> list[tuple[CallSite, Optional[tuple[Module, FunctionScope]]]]:
-        """The function's calls with what each runs (None: unknown), resolved once for all the facts that follow
-        them; the modules the resolution read are recorded with it, as a fact's are."""
+    ) -> list[tuple[CallSite, tuple[Module, FunctionScope]]]:
+        """The function's calls that run a known function other than itself, with that function, resolved once for
+        all the facts that follow them (an unknown call adds nothing to a fact, nor does recursion into itself); the
+        modules the resolution read are recorded with it, as a fact's are."""
         key = (module.path, id(scope.node))
         found = self._resolved.get(key)
         if found is None:
             asker, self.touched = self.touched, set()
             try:
-                found = self._resolved[key] = [(call, self.resolve_call(module, scope, call)) for call in scope.calls]
+                resolve = self.resolve_call
+                found = self._resolved[key] = [
+                    (call, target)
+                    for call in scope.calls
+                    if (target := resolve(module, scope, call)) is not None and target[1] is not scope
+                ]
                 self._keys.setdefault(module.path, []).append(key)
             finally:
                 read, self.touched = self.touched, asker
