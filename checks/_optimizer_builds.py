@@ -7,7 +7,7 @@ import ast
 from dataclasses import dataclass
 from typing import Iterator
 
-from torchdoctor.sdk.source import Binding, FunctionScope, ModuleIndex, optimizer_bindings, ref
+from torchdoctor.sdk.source import Binding, FunctionScope, ModuleIndex, first_method_call, optimizer_bindings, ref
 
 
 @dataclass
@@ -33,16 +33,13 @@ def _built(scope: FunctionScope, index: ModuleIndex) -> Iterator[Built]:
     for b in optimizer_bindings(scope, index):
         if b.augmented or type(b.value) is not ast.Call:
             continue
-        for node in ast.walk(b.value):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("parameters", "named_parameters")
-            ):
-                model = ref(node.func.value)
-                if model:
-                    yield Built(b.target, model, b)
-                break
+        found = first_method_call(b.value, _PARAMETERS)
+        model = ref(found.func.value) if found is not None and isinstance(found.func, ast.Attribute) else None
+        if model:
+            yield Built(b.target, model, b)
+
+
+_PARAMETERS = frozenset({"parameters", "named_parameters"})
 
 
 def rebuilt_after(scope: FunctionScope, built: Built, pos: tuple) -> bool:

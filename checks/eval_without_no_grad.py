@@ -385,7 +385,7 @@ def eval_without_no_grad(src: SourceFile) -> Iterator[Finding]:
     for scope in index.scopes:
         if scope.grad_off or "eval" not in scope.call_attrs:
             continue
-        if any(c.attr == "set_grad_enabled" for c in scope.calls):
+        if "set_grad_enabled" in scope.call_attrs:
             continue
         fed = _feeding_backward(scope) if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else set()
         if "volatile" in src.text and any(_volatile(c) for c in scope.calls):
@@ -453,7 +453,7 @@ def _forwarded(
 def _feeding_backward(scope: FunctionScope) -> set[int]:
     """ids of the expressions whose value reaches a backward of the function (through the names it binds):
     a forward among them is needed for that backward. Empty when the function runs no backward."""
-    backwards = [c for c in scope.calls if is_backward(c)]
+    backwards = [c for c in scope.calls_named(*BACKWARD_METHODS) if is_backward(c)]
     if not backwards:
         return set()
     names = backprop_names(scope)

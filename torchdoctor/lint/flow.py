@@ -134,18 +134,21 @@ def optimizer_bindings(scope: FunctionScope, index: ModuleIndex) -> list[Binding
     found = index.memo.get(question)
     if found is None:
         found = index.memo[question] = []
-        if _OPTIMIZER_CALLS.isdisjoint(scope.call_attrs) and "torch.optim." not in "\n".join(
-            map(_qualname, scope.calls)
-        ):
-            return found  # no call here can build one: the commonest answer, found by loops that run in C
-        ctors = {
-            id(c.node)
-            for c in scope.calls  # the same test, call by call, where some call may
-            if c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.")
-        }
+        named = _OPTIMIZER_CALLS.intersection(scope.call_attrs)
+        if "torch.optim." in "\n".join(map(_qualname, scope.calls)):  # (tests run in C: most functions build none)
+            ctors = {
+                id(c.node)
+                for c in scope.calls  # the same test, call by call, where some call may
+                if c.attr in _OPTIMIZER_CALLS or c.qualname.startswith("torch.optim.")
+            }
+        elif named:  # no callee from torch.optim: only a call named like an optimizer class may build one
+            ctors = {id(c.node) for c in scope.calls_named(*named)}
+        else:
+            return found  # no call here can build one: the commonest answer
+        subscript = ast.Subscript
         for b in scope.bindings:
             value = b.value
-            while type(value) is ast.Subscript:  # `self.optimizers()[0]`, as is_optimizer_ctor reads it
+            while type(value) is subscript:  # `self.optimizers()[0]`, as is_optimizer_ctor reads it
                 value = value.value
             if id(value) in ctors and is_optimizer_ctor(b.value, index):
                 found.append(b)
@@ -245,7 +248,7 @@ def is_backward(call: CallSite) -> bool:
 def backprop_names(scope: FunctionScope) -> set[str]:
     """Names whose value reaches a backward call in `scope` (directly or through assignments)."""
     names: set[str] = set()
-    for call in scope.calls:
+    for call in scope.calls_named(*BACKWARD_METHODS):
         if is_backward(call):
             for target in backward_targets(call):
                 names |= graph_refs(target)
@@ -288,6 +291,26 @@ def literal(expr: Optional[ast.expr]) -> object:
     if isinstance(expr, ast.Constant):
         return expr.value
     return ...
+
+
+def first_method_call(expr: ast.expr, names: frozenset[str]) -> Optional[ast.Call]:
+    """The first call `x.<name>(...)` with a name among `names` in `expr`, in `ast.walk`'s order (breadth first,
+    fields in order), found without ast.walk's generators: the optimizer rules ask it of every optimizer built."""
+    name, constant, call, attribute = ast.Name, ast.Constant, ast.Call, ast.Attribute
+    queue: list = [expr]  # read while it grows: a first-in, first-out walk (untyped: dispatched on exact types)
+    for node in queue:
+        t = type(node)
+        if t is name or t is constant or node is None:  # (leaves; None is a `**mapping` entry's key in a dict)
+            continue
+        if t is call and type(node.func) is attribute and node.func.attr in names:
+            return node
+        for field in child_fields(t):
+            value = getattr(node, field, None)
+            if type(value) is list:
+                queue.extend(value)
+            elif value is not None:
+                queue.append(value)
+    return None
 
 
 def iter_names(iterable: ast.expr) -> Iterable[str]:
