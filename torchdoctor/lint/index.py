@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import sys
 from dataclasses import dataclass, field
+from itertools import groupby
 from operator import attrgetter
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -134,14 +135,8 @@ class FunctionScope:
         """The calls whose last name (`attr`) is one of `names`, in source order: one table lookup a name instead of a
         pass over every call, for the rules that ask a function about a few names (do not modify the answer)."""
         table = self._by_attr
-        if table is None:
-            table = self._by_attr = {}
-            for c in self.calls:
-                found = table.get(c.attr)
-                if found is None:
-                    table[c.attr] = [c]
-                else:
-                    found.append(c)
+        if table is None:  # grouped in C: a stable sort by name keeps each name's calls in source order
+            table = self._by_attr = {name: list(calls) for name, calls in groupby(sorted(self.calls, key=_attr), _attr)}
         if len(names) == 1:
             return table.get(names[0], _NONE)
         lists = [found for name in names if (found := table.get(name))]
