@@ -46,9 +46,12 @@ class LintResult:
         }
 
 
-def read_source(path: str, display: str, project: Optional[ProjectFacts] = None) -> SourceFile:
-    """Read and parse one file; a file that cannot be read, decoded or parsed carries a `problem` instead of a tree."""
-    view = ProjectView(project if project is not None else ProjectFacts(), display, os.path.abspath(path))
+def read_source(
+    path: str, display: str, project: Optional[ProjectFacts] = None, abspath: Optional[str] = None
+) -> SourceFile:
+    """Read and parse one file; a file that cannot be read, decoded or parsed carries a `problem` instead of a tree.
+    (`abspath`: the path made absolute, when the caller has it already.)"""
+    view = ProjectView(project if project is not None else ProjectFacts(), display, abspath or os.path.abspath(path))
     program = view.facts.program
     known = program.parsed(view.abspath or "")
     data = program.take_read(view.abspath or "")  # read already to answer another file's question
@@ -137,15 +140,23 @@ def _is_silenced(f: Finding, silenced: dict[int, set[str]]) -> bool:
 
 def check_source(src: SourceFile, checks: Sequence[registry.Pitfall]) -> list[Finding]:
     """Run the source checks on one file; a crashing check becomes one internal-error finding for this file."""
-    return _check(src, checks).findings
+    return _check(src, _detectors(checks)).findings
 
 
-def _check(src: SourceFile, checks: Sequence[registry.Pitfall]) -> FileResult:
+Detectors = list[tuple[registry.Pitfall, Callable[[SourceFile], Iterable[Finding]]]]
+
+
+def _detectors(checks: Sequence[registry.Pitfall]) -> Detectors:
+    """Each check with its source detector, looked up once per run rather than once per file."""
+    return [(info, info.impl(registry.Scope.SOURCE)) for info in checks]
+
+
+def _check(src: SourceFile, detectors: Detectors) -> FileResult:
     findings: list[Finding] = []
     crashed = False
-    for info in checks:
+    for info, detect in detectors:
         try:
-            for found in info.impl(registry.Scope.SOURCE)(src):
+            for found in detect(src):
                 findings.append(info.complete(found))
         except Exception as exc:
             failed = registry.internal_error(info, exc)
@@ -271,6 +282,7 @@ def _lint_files(
     leave it)."""
     results = []
     program = project.program
+    detectors = _detectors(checks)
     try:
         for path, display in files:
             abspath = os.path.abspath(path)
@@ -280,7 +292,7 @@ def _lint_files(
                     program.release(root)  # files come folder by folder: the run has left that project for good
                 root = here
             program.checking(abspath)
-            results.append(_check(read_source(path, display, project), checks))
+            results.append(_check(read_source(path, display, project, abspath), detectors))
             if progress is not None:
                 progress(len(results), len(files))
     finally:
