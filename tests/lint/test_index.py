@@ -28,7 +28,6 @@ def test_calls_named_answers_as_a_pass_over_every_call_would():
     for names in [("step",), ("zero_grad",), ("backward",), ("zero_grad", "step"), ("step", "nothing"), ("nothing",)]:
         expected = [c for c in scope.calls if c.attr in names]
         assert list(scope.calls_named(*names)) == expected
-        assert list(scope.calls_named(*names)) == expected  # (again, from the table)
     assert [c.pos[0] for c in scope.calls_named("zero_grad", "step")] == [4, 7, 8, 9]
     assert [c.receiver for c in scope.calls_named("step")] == ["opt", "sched"]
     assert scope.calls_named() == ()

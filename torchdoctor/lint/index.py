@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import sys
 from dataclasses import dataclass, field
-from itertools import groupby
 from operator import attrgetter
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -128,21 +127,14 @@ class FunctionScope:
     # target -> its bindings, built on the first question (and again if bindings were added since)
     _by_target: Optional[dict[str, list[Binding]]] = field(default=None, init=False, repr=False, compare=False)
     _tabled: int = field(default=0, init=False, repr=False, compare=False)
-    # last name -> its calls, built on the first question (calls are fixed once the module is indexed)
-    _by_attr: Optional[dict[str, list[CallSite]]] = field(default=None, init=False, repr=False, compare=False)
 
     def calls_named(self, *names: str) -> Sequence[CallSite]:
-        """The calls whose last name (`attr`) is one of `names`, in source order: one table lookup a name instead of a
-        pass over every call, for the rules that ask a function about a few names (do not modify the answer)."""
-        table = self._by_attr
-        if table is None:  # grouped in C: a stable sort by name keeps each name's calls in source order
-            table = self._by_attr = {name: list(calls) for name, calls in groupby(sorted(self.calls, key=_attr), _attr)}
+        """The calls whose last name (`attr`) is one of `names`, in source order. Most functions call none of the
+        names a rule asks about: that answer comes from `call_attrs` alone, without a pass over the calls."""
         if len(names) == 1:
-            return table.get(names[0], _NONE)
-        lists = [found for name in names if (found := table.get(name))]
-        if len(lists) < 2:
-            return lists[0] if lists else _NONE
-        return sorted([c for found in lists for c in found], key=_position)
+            name = names[0]
+            return [c for c in self.calls if c.attr == name] if name in self.call_attrs else _NONE
+        return [c for c in self.calls if c.attr in names] if not self.call_attrs.isdisjoint(names) else _NONE
 
     def bindings_of(self, target: str) -> list[Binding]:
         """The bindings of `target` in this scope, in source order."""
