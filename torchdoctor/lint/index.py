@@ -433,34 +433,24 @@ class _Indexer:
                 func = n.func
                 ft = type(func)
                 # A callee `name` or `name.attr` holds no call: it is not walked.
+                # (`rpartition(".")[2]` is `last()` without a Python call; a node's fields are read once each)
                 if ft is Attribute:
-                    value = func.value
+                    value, attr = func.value, func.attr
                     if type(value) is Name:  # `name.attr(...)`, by far the commonest callee
                         vid = value.id
-                        calls.append(
-                            CallSite(
-                                n,
-                                f"{aliases.get(vid, vid)}.{func.attr}",
-                                func.attr,
-                                vid,
-                                loop,
-                                off,
-                                (n.lineno, n.col_offset),
-                            )
-                        )
+                        qual = f"{aliases.get(vid, vid)}.{attr}"
+                        calls.append(CallSite(n, qual, attr, vid, loop, off, (n.lineno, n.col_offset)))
                     else:
-                        calls.append(
-                            CallSite(
-                                n, resolve(func, aliases), func.attr, ref(value), loop, off, (n.lineno, n.col_offset)
-                            )
-                        )
+                        qual = resolve(func, aliases)
+                        calls.append(CallSite(n, qual, attr, ref(value), loop, off, (n.lineno, n.col_offset)))
                         push(value)
                 elif ft is Name:
-                    qual = aliases.get(func.id, func.id)
-                    calls.append(CallSite(n, qual, last(qual), None, loop, off, (n.lineno, n.col_offset)))
+                    fid = func.id
+                    qual = aliases.get(fid, fid)
+                    calls.append(CallSite(n, qual, qual.rpartition(".")[2], None, loop, off, (n.lineno, n.col_offset)))
                 else:
                     qual = resolve(func, aliases)
-                    calls.append(CallSite(n, qual, last(qual), None, loop, off, (n.lineno, n.col_offset)))
+                    calls.append(CallSite(n, qual, qual.rpartition(".")[2], None, loop, off, (n.lineno, n.col_offset)))
                     push(func)
                 extend(n.args)
                 extend(n.keywords)
