@@ -188,6 +188,13 @@ class Finding:
         if not self.key:
             self.key = _built_at()
 
+    def copy(self) -> "Finding":
+        """A shallow copy, of a subclass too: the fields as they are, without `dataclasses.replace`'s generic pass
+        over them and a new `__init__` (lint copies every finding of every file)."""
+        done = object.__new__(type(self))
+        done.__dict__.update(self.__dict__)
+        return done
+
     def fold_key(self) -> tuple:
         """Identity of the problem, to fold its repeats (other steps, other ranks) into one finding with a count.
 
@@ -249,7 +256,7 @@ def fold(findings: "list[Finding]") -> "list[Finding]":
         if k in merged:
             merged[k].count += f.count
         else:
-            merged[k] = replace(f)
+            merged[k] = f.copy()
     return list(merged.values())
 
 

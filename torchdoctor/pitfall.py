@@ -204,10 +204,8 @@ class Pitfall:
 
     def complete(self, finding: Finding) -> Finding:
         """Fill in code, name and (unless the detector chose one) the default severity, on a copy (a detector may
-        keep its finding). A shallow copy of the instance's fields, not `dataclasses.replace`: lint completes
-        every finding of every file, and replace's generic walk over the fields cost as much as some checks."""
-        done = object.__new__(type(finding))
-        done.__dict__.update(finding.__dict__)
+        keep its finding)."""
+        done = finding.copy()
         done.code, done.name = self.code, self.name
         if done.severity is None:
             done.severity = self.severity

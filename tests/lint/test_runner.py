@@ -1,5 +1,6 @@
 """The lint engine: worker processes give the same findings as a serial run; a crashing check is contained."""
 
+import ast
 import gc
 import textwrap
 import warnings
@@ -19,6 +20,7 @@ from torchdoctor.lint.runner import (
     read_source,
 )
 from torchdoctor.lint.source import ProjectFacts
+from torchdoctor.pysource import parse_quietly, quiet_parsing
 
 LEAKY = textwrap.dedent("""
     def train(model, loader, optimizer, criterion):
@@ -168,3 +170,22 @@ def test_a_file_with_an_invalid_escape_is_linted_quietly_even_when_warnings_are_
         "graph-retention-leak",
         "missing-zero-grad",
     }
+
+
+def test_quiet_parsing_silences_the_parser_once_for_a_block_and_restores_the_filters():
+    """A lint run changes the warning filters once (`quiet_parsing`), not once per file; `parse_quietly` stays
+    quiet on its own outside such a block, and the user's filters are as they were afterwards."""
+    escape = 'DIGITS = "\\d"\n'
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        before = list(warnings.filters)
+        ast.parse(escape)  # the control: this parse warns
+        assert len(caught) == 1
+        with quiet_parsing():
+            inside = list(warnings.filters)
+            parse_quietly(escape)
+            assert warnings.filters == inside  # no filter change per parse
+        assert warnings.filters == before
+        parse_quietly(escape)
+        assert warnings.filters == before
+    assert len(caught) == 1

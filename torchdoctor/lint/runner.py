@@ -18,7 +18,7 @@ from torchdoctor.lint.cache import FileResult, LintCache, library_fingerprint
 from torchdoctor.lint.files import Pattern, discover, display_path
 from torchdoctor.lint.libraries import LibraryFacts
 from torchdoctor.lint.source import ProjectFacts, ProjectView, SourceFile
-from torchdoctor.pysource import parse_quietly
+from torchdoctor.pysource import parse_quietly, quiet_parsing
 
 MAX_FILE_BYTES = 2_000_000  # a larger .py file is generated data, not a training script: skipped with a finding
 _IGNORE = re.compile(r"#\s*torchdoctor:\s*ignore(?:\[([^\]]*)\])?")
@@ -284,17 +284,18 @@ def _lint_files(
     program = project.program
     detectors = _detectors(checks)
     try:
-        for path, display in files:
-            abspath = os.path.abspath(path)
-            here = program.root_of(abspath)
-            if here != root:
-                if root is not None and not _nested(here, root) and not _nested(root, here):
-                    program.release(root)  # files come folder by folder: the run has left that project for good
-                root = here
-            program.checking(abspath)
-            results.append(_check(read_source(path, display, project, abspath), detectors))
-            if progress is not None:
-                progress(len(results), len(files))
+        with quiet_parsing():
+            for path, display in files:
+                abspath = os.path.abspath(path)
+                here = program.root_of(abspath)
+                if here != root:
+                    if root is not None and not _nested(here, root) and not _nested(root, here):
+                        program.release(root)  # files come folder by folder: the run has left that project for good
+                    root = here
+                program.checking(abspath)
+                results.append(_check(read_source(path, display, project, abspath), detectors))
+                if progress is not None:
+                    progress(len(results), len(files))
     finally:
         program.checking(None)
     return results
