@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from torchdoctor.sdk.source import CallSite, FunctionScope, ModuleIndex, SourceFile, last, qualname, ref
 
@@ -51,9 +51,16 @@ def loss_calls(
     wanted = losses | built_last | {""}
     every = not built_last.isdisjoint(index.aliases)
     for scope in index.scopes:
-        if not every and wanted.isdisjoint(scope.call_attrs):
-            continue
-        for call in scope.calls:
+        if every:
+            calls: Sequence[CallSite] = scope.calls
+        else:
+            hits = wanted.intersection(scope.call_attrs)
+            if not hits:
+                continue
+            # Only calls named in `wanted` pass the test below (a callee name that is no alias is its own last name;
+            # an expression callee has none, ''); calls_named keeps the source order of the calls of one name.
+            calls = scope.calls_named(*hits) if len(hits) == 1 else scope.calls
+        for call in calls:
             func = call.node.func
             if call.attr not in losses and (
                 (type(func) is ast.Name and func.id not in built_last)
@@ -89,19 +96,30 @@ def _loss_built(index: ModuleIndex, classes: frozenset[str]) -> frozenset[str]:
 
         for s in index.scopes:
             args = getattr(s.node, "args", None)  # (the module body has none)
-            if classes.isdisjoint(s.call_attrs) and (
-                args is None or not any(named(d) in classes for d in (*args.defaults, *args.kw_defaults))
-            ):
-                continue  # (a binding's call is one of the function's calls: its class name is a call name)
-            defaults = _defaults(s)
-            for b in s.bindings:
-                value = b.value
-                if type(value) is ast.Name:
-                    value = defaults.get(value.id, value)
-                if type(value) is ast.Call and named(value) in classes and _loss_class(value, index, classes):
-                    targets.add(b.target)
+            if args is not None and (args.defaults or args.kw_defaults) and _default_built(args, classes, named):
+                defaults = _defaults(s)  # `self.loss = loss` binds a parameter's default
+                for b in s.bindings:
+                    value = b.value
+                    if type(value) is ast.Name:
+                        value = defaults.get(value.id, value)
+                    if type(value) is ast.Call and named(value) in classes and _loss_class(value, index, classes):
+                        targets.add(b.target)
+            elif not classes.isdisjoint(s.call_attrs):
+                # A binding's value that is a call is one of the function's calls, whose last name (`attr`) is what
+                # `named` reads of its node: the function's calls of these names are all the candidates.
+                built = {c.node for c in s.calls_named(*classes) if _loss_class(c.node, index, classes)}
+                if built:
+                    targets.update(b.target for b in s.bindings if b.value in built)
         found = index.memo[question] = frozenset(targets)
     return found
+
+
+def _default_built(args: ast.arguments, classes: frozenset[str], named: Callable[[ast.expr], str]) -> bool:
+    """Some parameter's default is a call of one of `classes` (by its last name)."""
+    for d in (*args.defaults, *args.kw_defaults):
+        if type(d) is ast.Call and named(d) in classes:
+            return True
+    return False
 
 
 def _loss_name(
