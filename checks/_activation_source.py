@@ -58,8 +58,8 @@ def loss_calls(
             if not hits:
                 continue
             # Only calls named in `wanted` pass the test below (a callee name that is no alias is its own last name;
-            # an expression callee has none, ''); calls_named keeps the source order of the calls of one name.
-            calls = scope.calls_named(*hits) if len(hits) == 1 else scope.calls
+            # an expression callee has none, '').
+            calls = [c for c in scope.calls if c.attr in hits]
         for call in calls:
             func = call.node.func
             if call.attr not in losses and (
@@ -107,7 +107,7 @@ def _loss_built(index: ModuleIndex, classes: frozenset[str]) -> frozenset[str]:
             elif not classes.isdisjoint(s.call_attrs):
                 # A binding's value that is a call is one of the function's calls, whose last name (`attr`) is what
                 # `named` reads of its node: the function's calls of these names are all the candidates.
-                built = {c.node for c in s.calls_named(*classes) if _loss_class(c.node, index, classes)}
+                built = {c.node for c in s.calls if c.attr in classes and _loss_class(c.node, index, classes)}
                 if built:
                     targets.update(b.target for b in s.bindings if b.value in built)
         found = index.memo[question] = frozenset(targets)

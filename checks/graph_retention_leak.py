@@ -6,7 +6,7 @@ import ast
 import inspect
 import linecache
 import re
-from typing import TYPE_CHECKING, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, byte_size
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, frame_variables, user_frames
@@ -411,12 +411,7 @@ class _Backpropagated:
 def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, ast.AST]]]:
     """name -> [(loop, backward node)] for every name a backward call in a loop differentiates."""
     out: dict[str, list[tuple[Loop, ast.AST]]] = {}
-    attrs = scope.call_attrs
-    if "manual_backward" in attrs:
-        calls: Sequence[CallSite] = scope.calls
-    else:  # the calls of one name, in source order
-        calls = scope.calls_named("backward") if "backward" in attrs else ()
-    for call in calls:
+    for call in scope.calls if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else ():
         if call.attr in BACKWARD_METHODS and call.loop is not None and is_backward(call):
             for target in backward_targets(call):
                 for name in graph_refs(target):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 from operator import attrgetter
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent
@@ -243,8 +243,7 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
         reported: set[str] = set()
         for loop in _outermost_loops(scope):
             calls = calls_in(scope, loop)
-            backwards = [c for c in scope.calls_named(*BACKWARD_METHODS) if loop.encloses(c.loop)]
-            if not _trains(calls, functions, backwards):
+            if not _trains(calls, functions):
                 continue
             reach: Optional[list[CallSite]] = None
             for call, model in _evals(calls, functions):
@@ -379,24 +378,20 @@ def _outermost_loops(scope: FunctionScope) -> list[Loop]:
 
 def _trains_before(calls: list[CallSite], switch: CallSite, functions: dict[str, list[FunctionScope]]) -> bool:
     """Whether the loop trains (a backward, a step, or a local function doing both) before `switch` in its body."""
-    return any(
-        c.pos < switch.pos and (c.attr == "step" or is_backward(c) or _trains([c], functions, ()))  # (c: no backward)
-        for c in calls
-    )
+    return any(c.pos < switch.pos and (c.attr == "step" or is_backward(c) or _trains([c], functions)) for c in calls)
 
 
-def _trains(calls: list[CallSite], functions: dict[str, list[FunctionScope]], backwards: Sequence[CallSite]) -> bool:
+def _trains(calls: list[CallSite], functions: dict[str, list[FunctionScope]]) -> bool:
     """Whether these calls, with those of the functions of this file they call (by name), run backward and an
-    optimizer step (`backwards`: those of `calls` named as a backward); their last names answer first, without a
-    pass in Python over the calls."""
+    optimizer step; their last names answer first, in one pass."""
     attrs = set(map(_ATTR, calls))
     local = [f for name in attrs.intersection(functions) for f in functions[name]]
     for f in local:
         attrs |= f.call_attrs
     if "step" not in attrs or attrs.isdisjoint(BACKWARD_METHODS):
         return False
-    return any(is_backward(c) for c in backwards) or any(
-        is_backward(c) for f in local for c in f.calls_named(*BACKWARD_METHODS)
+    return any(is_backward(c) for c in calls if c.attr in BACKWARD_METHODS) or any(
+        is_backward(c) for f in local for c in f.calls if c.attr in BACKWARD_METHODS
     )
 
 
@@ -413,8 +408,8 @@ def _evals(calls: list[CallSite], functions: dict[str, list[FunctionScope]]) -> 
             if _SWITCHES.isdisjoint(function.call_attrs):
                 continue
             params: Optional[list[str]] = None
-            for inner in function.calls_named(*_SWITCHES):  # (no two switches share a position: in source order)
-                if not _switches_to_eval(inner):
+            for inner in function.calls:
+                if inner.attr not in _SWITCHES or not _switches_to_eval(inner):
                     continue
                 if params is None:
                     params = _params(function)
