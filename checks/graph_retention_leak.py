@@ -385,6 +385,8 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
                 for a in args:  # the first argument holding a leaked name (a name not trained, a constant: none)
                     if type(a) is ast.Name and a.id not in trained or type(a) is ast.Constant:
                         continue
+                    if not _assigned(call.receiver, scope, src.index.scopes[0]):
+                        break  # no instance whose method could keep it (`torch.cat(...)`, `self.log(...)`)
                     leaked = _leaked_name(a, call.loop, call.pos, trained, scope)
                     if leaked:
                         break
@@ -392,6 +394,16 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
                 attr = _accumulated_attribute(method, call, leaked) if method is not None and leaked else None
                 if leaked and attr:
                     yield _leak_finding(src, call.node, f"{call.receiver}.{attr}", leaked, trained)
+
+
+def _assigned(receiver: str, scope: FunctionScope, top: FunctionScope) -> bool:
+    """Some binding gives `receiver` a value in this function or at module level: instance_method answers only
+    for such a receiver (bound to `Cls(...)` there), so only then is an argument worth reading."""
+    for where in (scope, top):
+        for b in where.bindings_of(receiver):
+            if b.value is not None:
+                return True
+    return False
 
 
 class _Backpropagated:
