@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from torchdoctor.sdk.source import CallSite, FunctionScope, ModuleIndex, SourceFile, last, qualname, ref
 
@@ -50,6 +50,7 @@ def loss_calls(
     # is also an import alias would hide under the alias's name: then no function is skipped.
     wanted = losses | built_last | {""}
     every = not built_last.isdisjoint(index.aliases)
+    known: dict[tuple[Union[str, int], str], Optional[str]] = {}
     for scope in index.scopes:
         if every:
             calls: Sequence[CallSite] = scope.calls
@@ -67,7 +68,7 @@ def loss_calls(
                 or (type(func) is ast.Attribute and func.attr not in built_last)
             ):
                 continue  # neither `F.<loss>(...)` nor a call through a name bound to a loss
-            name = _loss_name(call, scope, index, losses, classes, built)
+            name = _loss_name(call, scope, index, losses, classes, built, known)
             if name is None:
                 continue
             node = call.node
@@ -129,7 +130,9 @@ def _loss_name(
     losses: frozenset[str],
     classes: frozenset[str],
     built: frozenset[str],
+    known: dict[tuple[Union[str, int], str], Optional[str]],
 ) -> Optional[str]:
+    """The loss `call` runs, if any (`known`: the answers for the names bound to a loss, by where they are bound)."""
     func = call.node.func
     if call.qualname.startswith(_FUNCTIONAL) and call.attr in losses:
         return call.attr
@@ -138,13 +141,16 @@ def _loss_name(
     target = ref(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
     if target is None or target not in built:
         return None
+    # The answer depends on where the name may be bound (see _scopes_binding): the class, else the function.
+    key = (scope.class_name if target.startswith("self.") and scope.class_name is not None else id(scope), target)
+    if key in known:
+        return known[key]
     values = [
         _default_if_parameter(b.value, s) for s in _scopes_binding(target, scope, index) for b in s.bindings_of(target)
     ]
-    if not values or len(values) > _MAX_BINDINGS:
-        return None
     names = {_loss_class(v, index, classes) if isinstance(v, ast.Call) else None for v in values}
-    return names.pop() if len(names) == 1 else None
+    answer = known[key] = names.pop() if values and len(values) <= _MAX_BINDINGS and len(names) == 1 else None
+    return answer
 
 
 def _default_if_parameter(value: Optional[ast.expr], scope: FunctionScope) -> Optional[ast.expr]:
