@@ -17,7 +17,6 @@ from torchdoctor.sdk.source import (
     FunctionScope,
     Loop,
     SourceFile,
-    calls_in,
     is_backward,
     qualname,
     rebind,
@@ -241,8 +240,7 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
         if ("eval" not in attrs and "train" not in attrs) or "step" not in attrs or attrs.isdisjoint(BACKWARD_METHODS):
             continue  # nothing here switches a model to eval() (`.eval()`, `.train(False)`), or nothing trains
         reported: set[str] = set()
-        for loop in _outermost_loops(scope):
-            calls = calls_in(scope, loop)
+        for loop, calls in _outermost_loops(scope):
             if not _trains(calls, functions):
                 continue
             reach: Optional[list[CallSite]] = None
@@ -371,9 +369,21 @@ def _mode_free_class(src: SourceFile, name: str, seen: set[str]) -> bool:
     return True
 
 
-def _outermost_loops(scope: FunctionScope) -> list[Loop]:
-    """Loops not nested in another loop of the same function (epoch loops)."""
-    return [loop for loop in scope.loops if loop.parent is None and not isinstance(loop.node, ast.FunctionDef)]
+def _outermost_loops(scope: FunctionScope) -> list[tuple[Loop, list[CallSite]]]:
+    """Loops not nested in another loop of the same function (epoch loops), each with the calls inside it (at any
+    depth), in source order: one pass over the function's calls for all of them."""
+    roots = [loop for loop in scope.loops if loop.parent is None]
+    if len(roots) == 1:  # every call in a loop is in this one
+        inside = {id(roots[0]): [c for c in scope.calls if c.loop is not None]}
+    else:
+        inside = {id(loop): [] for loop in roots}
+        for call in scope.calls:
+            at = call.loop
+            if at is not None:
+                while at.parent is not None:
+                    at = at.parent
+                inside[id(at)].append(call)
+    return [(loop, inside[id(loop)]) for loop in roots if not isinstance(loop.node, ast.FunctionDef)]
 
 
 def _trains_before(calls: list[CallSite], switch: CallSite, functions: dict[str, list[FunctionScope]]) -> bool:
