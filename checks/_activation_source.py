@@ -95,9 +95,9 @@ def _loss_built(index: ModuleIndex, classes: frozenset[str]) -> frozenset[str]:
                 return func.attr
             return last(aliases.get(func.id, func.id)) if type(func) is ast.Name else ""
 
-        for s in index.scopes:
-            args = getattr(s.node, "args", None)  # (the module body has none)
-            if args is not None and (args.defaults or args.kw_defaults) and _default_built(args, classes, named):
+        for s in index.scopes[1:]:  # the functions (the module body, first, takes no parameters: below)
+            args = s.node.args  # type: ignore[union-attr]
+            if (args.defaults or args.kw_defaults) and _default_built(args, classes, named):
                 defaults = _defaults(s)  # `self.loss = loss` binds a parameter's default
                 for b in s.bindings:
                     value = b.value
@@ -106,13 +106,19 @@ def _loss_built(index: ModuleIndex, classes: frozenset[str]) -> frozenset[str]:
                     if type(value) is ast.Call and named(value) in classes and _loss_class(value, index, classes):
                         targets.add(b.target)
             elif not classes.isdisjoint(s.call_attrs):
-                # A binding's value that is a call is one of the function's calls, whose last name (`attr`) is what
-                # `named` reads of its node: the function's calls of these names are all the candidates.
-                built = {c.node for c in s.calls if c.attr in classes and _loss_class(c.node, index, classes)}
-                if built:
-                    targets.update(b.target for b in s.bindings if b.value in built)
+                targets |= _bound_to_class(s, index, classes)
+        if not classes.isdisjoint(index.scopes[0].call_attrs):
+            targets |= _bound_to_class(index.scopes[0], index, classes)
         found = index.memo[question] = frozenset(targets)
     return found
+
+
+def _bound_to_class(scope: FunctionScope, index: ModuleIndex, classes: frozenset[str]) -> set[str]:
+    """The names the function (no parameter's default of which builds a loss) binds to an `nn.<Loss>(...)`: a
+    binding's value that is a call is one of the function's calls, whose last name (`attr`) is the one `named`
+    reads of its node, so the function's calls of these names are all the candidates."""
+    built = {c.node for c in scope.calls if c.attr in classes and _loss_class(c.node, index, classes)}
+    return {b.target for b in scope.bindings if b.value in built} if built else set()
 
 
 def _default_built(args: ast.arguments, classes: frozenset[str], named: Callable[[ast.expr], str]) -> bool:
