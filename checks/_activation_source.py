@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from torchdoctor.sdk.source import CallSite, FunctionScope, ModuleIndex, SourceFile, last, qualname, ref
 
@@ -51,17 +51,10 @@ def loss_calls(
     wanted = losses | built_last | {""}
     every = not built_last.isdisjoint(index.aliases)
     known: dict[tuple[Union[str, int], str], Optional[str]] = {}
-    for scope in index.scopes:
-        if every:
-            calls: Sequence[CallSite] = scope.calls
-        else:
-            hits = wanted.intersection(scope.call_attrs)
-            if not hits:
-                continue
-            # Only calls named in `wanted` pass the test below (a callee name that is no alias is its own last name;
-            # an expression callee has none, '').
-            calls = [c for c in scope.calls if c.attr in hits]
-        for call in calls:
+    for scope in index.scopes if every else [s for s in index.scopes if not wanted.isdisjoint(s.call_attrs)]:
+        # Only calls named in `wanted` pass the test below (a callee name that is no alias is its own last name;
+        # an expression callee has none, '').
+        for call in scope.calls if every else [c for c in scope.calls if c.attr in wanted]:
             func = call.node.func
             if call.attr not in losses and (
                 (type(func) is ast.Name and func.id not in built_last)
