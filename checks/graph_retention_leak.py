@@ -426,7 +426,8 @@ def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, a
     for call in scope.calls if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else ():
         if call.attr in BACKWARD_METHODS and call.loop is not None and is_backward(call):
             for target in backward_targets(call):
-                for name in graph_refs(target):
+                # (`loss.backward()`: what a name reads is the name itself, asked without a walk)
+                for name in (target.id,) if type(target) is ast.Name else graph_refs(target):
                     out.setdefault(name, []).append((call.loop, call.node))
     if scope.class_name and getattr(scope.node, "name", "") == "training_step" and scope.loops:
         for ret in scope.returns:
