@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 from torchdoctor.sdk.source import CallSite, FunctionScope, ModuleIndex, SourceFile, last, qualname, ref
 
@@ -50,17 +50,18 @@ def loss_calls(
     # is also an import alias would hide under the alias's name: then no function is skipped.
     wanted = losses | built_last | {""}
     every = not built_last.isdisjoint(index.aliases)
-    for scope in index.scopes:
-        if not every and wanted.isdisjoint(scope.call_attrs):
-            continue
-        for call in scope.calls:
+    known: dict[tuple[Union[str, int], str], Optional[str]] = {}
+    for scope in index.scopes if every else [s for s in index.scopes if not wanted.isdisjoint(s.call_attrs)]:
+        # Only calls named in `wanted` pass the test below (a callee name that is no alias is its own last name;
+        # an expression callee has none, '').
+        for call in scope.calls if every else [c for c in scope.calls if c.attr in wanted]:
             func = call.node.func
             if call.attr not in losses and (
                 (type(func) is ast.Name and func.id not in built_last)
                 or (type(func) is ast.Attribute and func.attr not in built_last)
             ):
                 continue  # neither `F.<loss>(...)` nor a call through a name bound to a loss
-            name = _loss_name(call, scope, index, losses, classes, built)
+            name = _loss_name(call, scope, index, losses, classes, built, known)
             if name is None:
                 continue
             node = call.node
@@ -87,21 +88,38 @@ def _loss_built(index: ModuleIndex, classes: frozenset[str]) -> frozenset[str]:
                 return func.attr
             return last(aliases.get(func.id, func.id)) if type(func) is ast.Name else ""
 
-        for s in index.scopes:
-            args = getattr(s.node, "args", None)  # (the module body has none)
-            if classes.isdisjoint(s.call_attrs) and (
-                args is None or not any(named(d) in classes for d in (*args.defaults, *args.kw_defaults))
-            ):
-                continue  # (a binding's call is one of the function's calls: its class name is a call name)
-            defaults = _defaults(s)
-            for b in s.bindings:
-                value = b.value
-                if type(value) is ast.Name:
-                    value = defaults.get(value.id, value)
-                if type(value) is ast.Call and named(value) in classes and _loss_class(value, index, classes):
-                    targets.add(b.target)
+        for s in index.scopes[1:]:  # the functions (the module body, first, takes no parameters: below)
+            args = s.node.args  # type: ignore[union-attr]
+            if (args.defaults or args.kw_defaults) and _default_built(args, classes, named):
+                defaults = _defaults(s)  # `self.loss = loss` binds a parameter's default
+                for b in s.bindings:
+                    value = b.value
+                    if type(value) is ast.Name:
+                        value = defaults.get(value.id, value)
+                    if type(value) is ast.Call and named(value) in classes and _loss_class(value, index, classes):
+                        targets.add(b.target)
+            elif not classes.isdisjoint(s.call_attrs):
+                targets |= _bound_to_class(s, index, classes)
+        if not classes.isdisjoint(index.scopes[0].call_attrs):
+            targets |= _bound_to_class(index.scopes[0], index, classes)
         found = index.memo[question] = frozenset(targets)
     return found
+
+
+def _bound_to_class(scope: FunctionScope, index: ModuleIndex, classes: frozenset[str]) -> set[str]:
+    """The names the function (no parameter's default of which builds a loss) binds to an `nn.<Loss>(...)`: a
+    binding's value that is a call is one of the function's calls, whose last name (`attr`) is the one `named`
+    reads of its node, so the function's calls of these names are all the candidates."""
+    built = {c.node for c in scope.calls if c.attr in classes and _loss_class(c.node, index, classes)}
+    return {b.target for b in scope.bindings if b.value in built} if built else set()
+
+
+def _default_built(args: ast.arguments, classes: frozenset[str], named: Callable[[ast.expr], str]) -> bool:
+    """Some parameter's default is a call of one of `classes` (by its last name)."""
+    for d in (*args.defaults, *args.kw_defaults):
+        if type(d) is ast.Call and named(d) in classes:
+            return True
+    return False
 
 
 def _loss_name(
@@ -111,7 +129,9 @@ def _loss_name(
     losses: frozenset[str],
     classes: frozenset[str],
     built: frozenset[str],
+    known: dict[tuple[Union[str, int], str], Optional[str]],
 ) -> Optional[str]:
+    """The loss `call` runs, if any (`known`: the answers for the names bound to a loss, by where they are bound)."""
     func = call.node.func
     if call.qualname.startswith(_FUNCTIONAL) and call.attr in losses:
         return call.attr
@@ -120,13 +140,16 @@ def _loss_name(
     target = ref(func) if isinstance(func, (ast.Name, ast.Attribute)) else None
     if target is None or target not in built:
         return None
+    # The answer depends on where the name may be bound (see _scopes_binding): the class, else the function.
+    key = (scope.class_name if target.startswith("self.") and scope.class_name is not None else id(scope), target)
+    if key in known:
+        return known[key]
     values = [
         _default_if_parameter(b.value, s) for s in _scopes_binding(target, scope, index) for b in s.bindings_of(target)
     ]
-    if not values or len(values) > _MAX_BINDINGS:
-        return None
     names = {_loss_class(v, index, classes) if isinstance(v, ast.Call) else None for v in values}
-    return names.pop() if len(names) == 1 else None
+    answer = known[key] = names.pop() if values and len(values) <= _MAX_BINDINGS and len(names) == 1 else None
+    return answer
 
 
 def _default_if_parameter(value: Optional[ast.expr], scope: FunctionScope) -> Optional[ast.expr]:

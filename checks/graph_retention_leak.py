@@ -357,30 +357,53 @@ def graph_retention_leak(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or "backward" not in src.text and "training_step" not in src.text:
         return
     for scope in src.index.scopes:
-        trained = _trained_names_by_loop(scope) if scope.loops else None  # a backward in a loop needs a loop
+        if not scope.loops or BACKWARD_METHODS.isdisjoint(scope.call_attrs) and not scope.class_name:
+            continue  # a backward in a loop needs a loop and a backward (a training_step, a class)
+        trained = _trained_names_by_loop(scope)
         if not trained:
             continue
         kept = _Backpropagated(scope)
         for b in scope.bindings:
-            if b.loop is not None and not b.grad_off and (b.augmented or _accumulates(b)):
+            if b.loop is None or b.grad_off:
+                continue
+            if b.augmented or type(b.value) is ast.BinOp and _accumulates(b):
                 leaked = _leaked_name(b.value, b.loop, b.pos, trained, scope)
                 if leaked and b.target not in kept and not _reset_in_loop(scope, b.target, b.loop, b.node):
                     yield _leak_finding(src, b.node, b.target, leaked, trained)
         for call in scope.calls:
-            if call.loop is None or call.grad_off or not call.receiver or not call.node.args:
+            if call.loop is None or call.grad_off or not call.receiver:
                 continue
-            if call.attr == "append" and len(call.node.args) == 1:
-                leaked = _leaked_name(call.node.args[0], call.loop, call.pos, trained, scope)
+            args = call.node.args
+            if not args:
+                continue
+            if call.attr == "append" and len(args) == 1:
+                leaked = _leaked_name(args[0], call.loop, call.pos, trained, scope)
                 if leaked and call.receiver not in kept and not _reset_in_loop(scope, call.receiver, call.loop, None):
                     yield _leak_finding(src, call.node, call.receiver, leaked, trained)
             elif "." not in call.receiver and call.receiver not in trained:
-                leaked = next(
-                    (n for a in call.node.args if (n := _leaked_name(a, call.loop, call.pos, trained, scope))), None
-                )
+                leaked = None
+                for a in args:  # the first argument holding a leaked name (a name not trained, a constant: none)
+                    if type(a) is ast.Name and a.id not in trained or type(a) is ast.Constant:
+                        continue
+                    if not _assigned(call.receiver, scope, src.index.scopes[0]):
+                        break  # no instance whose method could keep it (`torch.cat(...)`, `self.log(...)`)
+                    leaked = _leaked_name(a, call.loop, call.pos, trained, scope)
+                    if leaked:
+                        break
                 method = src.project.instance_method(scope, call.receiver, call.attr) if leaked else None
                 attr = _accumulated_attribute(method, call, leaked) if method is not None and leaked else None
                 if leaked and attr:
                     yield _leak_finding(src, call.node, f"{call.receiver}.{attr}", leaked, trained)
+
+
+def _assigned(receiver: str, scope: FunctionScope, top: FunctionScope) -> bool:
+    """Some binding gives `receiver` a value in this function or at module level: instance_method answers only
+    for such a receiver (bound to `Cls(...)` there), so only then is an argument worth reading."""
+    for where in (scope, top):
+        for b in where.bindings_of(receiver):
+            if b.value is not None:
+                return True
+    return False
 
 
 class _Backpropagated:
@@ -403,7 +426,8 @@ def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, a
     for call in scope.calls if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else ():
         if call.attr in BACKWARD_METHODS and call.loop is not None and is_backward(call):
             for target in backward_targets(call):
-                for name in graph_refs(target):
+                # (`loss.backward()`: what a name reads is the name itself, asked without a walk)
+                for name in (target.id,) if type(target) is ast.Name else graph_refs(target):
                     out.setdefault(name, []).append((call.loop, call.node))
     if scope.class_name and getattr(scope.node, "name", "") == "training_step" and scope.loops:
         for ret in scope.returns:
@@ -423,7 +447,8 @@ def _leaked_name(
     if type(value) is ast.Name and value.id not in trained or type(value) is ast.Constant:
         return None  # (the commonest arguments: what they read is themselves, or nothing)
     for name in sorted(graph_refs(value)):
-        if not any(loop.encloses(other) or other.encloses(loop) for other, _ in trained.get(name, ())):
+        backwards = trained.get(name)
+        if not backwards or not any(loop.encloses(other) or other.encloses(loop) for other, _ in backwards):
             continue
         before = [
             b for b in scope.bindings if b.target == name and not b.augmented and b.pos < pos and loop.encloses(b.loop)

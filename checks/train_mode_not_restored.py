@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from operator import attrgetter
 from typing import Any, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall
@@ -15,9 +16,7 @@ from torchdoctor.sdk.source import (
     Function,
     FunctionScope,
     Loop,
-    ModuleIndex,
     SourceFile,
-    calls_in,
     is_backward,
     qualname,
     rebind,
@@ -230,20 +229,29 @@ def train_mode_not_restored(src: SourceFile) -> Iterator[Finding]:
     if src.tree is None or ".eval()" not in src.text or "backward" not in src.text:
         return
     index = src.index
+    functions = index.functions
     for scope in index.scopes:
+        if not scope.loops:
+            continue
         attrs = scope.call_attrs
-        if "eval" not in attrs and "train" not in attrs and attrs.isdisjoint(index.functions):
-            continue  # nothing here switches a model to eval(), itself or through a function of this file
+        local = attrs.intersection(functions)
+        if local:  # with the calls of the functions of this file it calls (a superset of what any loop reaches)
+            attrs = attrs.union(*[f.call_attrs for name in local for f in functions[name]])
+        if ("eval" not in attrs and "train" not in attrs) or "step" not in attrs or attrs.isdisjoint(BACKWARD_METHODS):
+            continue  # nothing here switches a model to eval() (`.eval()`, `.train(False)`), or nothing trains
         reported: set[str] = set()
-        for loop in _outermost_loops(scope):
-            calls = calls_in(scope, loop)
-            reach = [*calls, *(c for call in calls for f in _local(call, index) for c in f.calls)]
-            if not _trains(reach):
+        for loop, calls in _outermost_loops(scope):
+            if not _trains(calls, functions):
                 continue
-            for call, model in _evals(calls, index):
-                if model in reported or _may_restore(calls, model, index) or not _called_as_model(reach, model):
+            reach: Optional[list[CallSite]] = None
+            for call, model in _evals(calls, functions):
+                if model in reported or _may_restore(calls, model, functions):
                     continue
-                if not _trains_before(calls, call, index):
+                if reach is None:
+                    reach = [*calls, *(c for site in calls for f in functions.get(site.attr, ()) for c in f.calls)]
+                if not _called_as_model(reach, model):
+                    continue
+                if not _trains_before(calls, call, functions):
                     continue  # eval() before the iteration's training: every step, the first too, trains so on purpose
                 if _training_sets_eval(src, scope, calls, model):
                     continue  # the training function puts the model in eval() itself: frozen BN on purpose
@@ -361,40 +369,60 @@ def _mode_free_class(src: SourceFile, name: str, seen: set[str]) -> bool:
     return True
 
 
-def _outermost_loops(scope: FunctionScope) -> list[Loop]:
-    """Loops not nested in another loop of the same function (epoch loops)."""
-    return [loop for loop in scope.loops if loop.parent is None and not isinstance(loop.node, ast.FunctionDef)]
+def _outermost_loops(scope: FunctionScope) -> list[tuple[Loop, list[CallSite]]]:
+    """Loops not nested in another loop of the same function (epoch loops), each with the calls inside it (at any
+    depth), in source order: one pass over the function's calls for all of them."""
+    roots = [loop for loop in scope.loops if loop.parent is None]
+    if len(roots) == 1:  # every call in a loop is in this one
+        inside = {id(roots[0]): [c for c in scope.calls if c.loop is not None]}
+    else:
+        inside = {id(loop): [] for loop in roots}
+        for call in scope.calls:
+            at = call.loop
+            if at is not None:
+                while at.parent is not None:
+                    at = at.parent
+                inside[id(at)].append(call)
+    return [(loop, inside[id(loop)]) for loop in roots if not isinstance(loop.node, ast.FunctionDef)]
 
 
-def _local(call: CallSite, index: ModuleIndex) -> list[FunctionScope]:
-    """The functions defined in this file that `call` may run (by name)."""
-    return index.functions.get(call.attr, []) if call.attr else []
-
-
-def _trains_before(calls: list[CallSite], switch: CallSite, index: ModuleIndex) -> bool:
+def _trains_before(calls: list[CallSite], switch: CallSite, functions: dict[str, list[FunctionScope]]) -> bool:
     """Whether the loop trains (a backward, a step, or a local function doing both) before `switch` in its body."""
-    return any(
-        c.pos < switch.pos
-        and (c.attr == "step" or is_backward(c) or _trains([c, *(i for f in _local(c, index) for i in f.calls)]))
-        for c in calls
+    return any(c.pos < switch.pos and (c.attr == "step" or is_backward(c) or _trains([c], functions)) for c in calls)
+
+
+def _trains(calls: list[CallSite], functions: dict[str, list[FunctionScope]]) -> bool:
+    """Whether these calls, with those of the functions of this file they call (by name), run backward and an
+    optimizer step; their last names answer first, in one pass."""
+    attrs = set(map(_ATTR, calls))
+    local = [f for name in attrs.intersection(functions) for f in functions[name]]
+    for f in local:
+        attrs |= f.call_attrs
+    if "step" not in attrs or attrs.isdisjoint(BACKWARD_METHODS):
+        return False
+    return any(is_backward(c) for c in calls if c.attr in BACKWARD_METHODS) or any(
+        is_backward(c) for f in local for c in f.calls if c.attr in BACKWARD_METHODS
     )
 
 
-def _trains(reach: list[CallSite]) -> bool:
-    """Whether a loop's calls (with those of the local functions it calls) run backward and an optimizer step."""
-    return any(c.attr == "step" for c in reach) and any(is_backward(c) for c in reach if c.attr in BACKWARD_METHODS)
-
-
-def _evals(calls: list[CallSite], index: ModuleIndex) -> Iterator[tuple[CallSite, str]]:
+def _evals(calls: list[CallSite], functions: dict[str, list[FunctionScope]]) -> Iterator[tuple[CallSite, str]]:
     """`model.eval()` calls in the loop, also through a local function given the model as an argument."""
+    names = _SWITCHES.union(set(map(_ATTR, calls)).intersection(functions))
     for call in calls:
-        if _switches_to_eval(call):
+        attr = call.attr
+        if attr not in names:
+            continue
+        if (attr == "eval" or attr == "train") and _switches_to_eval(call):
             yield call, str(call.receiver)
-        for function in _local(call, index):
-            params = _params(function)
+        for function in functions.get(attr, ()):
+            if _SWITCHES.isdisjoint(function.call_attrs):
+                continue
+            params: Optional[list[str]] = None
             for inner in function.calls:
-                if not _switches_to_eval(inner):
+                if inner.attr not in _SWITCHES or not _switches_to_eval(inner):
                     continue
+                if params is None:
+                    params = _params(function)
                 if inner.receiver in params:
                     argument = _argument(call, params.index(inner.receiver))
                     if argument:
@@ -403,18 +431,18 @@ def _evals(calls: list[CallSite], index: ModuleIndex) -> Iterator[tuple[CallSite
                     yield call, str(inner.receiver)  # a global or enclosing model (`def test(): net.eval()`)
 
 
-def _may_restore(calls: list[CallSite], model: str, index: ModuleIndex) -> bool:
+def _may_restore(calls: list[CallSite], model: str, functions: dict[str, list[FunctionScope]]) -> bool:
     """A `.train()` in the loop or in a local function it calls, or the model handed to unseen code."""
     for call in calls:
         if _switches_to_train(call):
             return True
-        functions = _local(call, index)
-        if any(_switches_to_train(c) for f in functions for c in f.calls):
+        local = functions.get(call.attr, ())
+        if any(_switches_to_train(c) for f in local for c in f.calls):
             return True
         passes_model = any(ref(a) == model for a in call.node.args) or any(
             ref(k.value) == model for k in call.node.keywords
         )
-        if passes_model and not functions and call.attr not in _HARMLESS:
+        if passes_model and not local and call.attr not in _HARMLESS:
             return True
     return False
 
@@ -461,4 +489,6 @@ def _is_false(call: CallSite) -> bool:
     return isinstance(arg, ast.Constant) and arg.value is False
 
 
+_ATTR = attrgetter("attr")
+_SWITCHES = frozenset({"eval", "train"})  # the last names of the calls that switch a model's mode
 _HARMLESS = frozenset({"print", "len", "isinstance", "getattr", "hasattr", "id", "type", "str", "repr"})
