@@ -38,7 +38,7 @@ def _quiet_filters() -> list:
     """The first filters while the parser's warnings are ignored, as `warnings` records them."""
     with warnings.catch_warnings():
         _ignore_parser_warnings()
-        return warnings.filters[:2]
+        return list(warnings.filters[:2])
 
 
 _QUIET = _quiet_filters()

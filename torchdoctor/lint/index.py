@@ -406,12 +406,12 @@ class _Indexer:
         scope: FunctionScope,
         loop: Optional[Loop],
         off: bool,
-        Name: type = ast.Name,
-        Constant: type = ast.Constant,
-        Attribute: type = ast.Attribute,
-        Call: type = ast.Call,
-        keyword: type = ast.keyword,
-        Lambda: type = ast.Lambda,
+        Name: type[ast.Name] = ast.Name,
+        Constant: type[ast.Constant] = ast.Constant,
+        Attribute: type[ast.Attribute] = ast.Attribute,
+        Call: type[ast.Call] = ast.Call,
+        keyword: type[ast.keyword] = ast.keyword,
+        Lambda: type[ast.Lambda] = ast.Lambda,
     ) -> None:
         """Record the calls in `node` (callee resolved, method name, receiver): pre-order, a node's children
         from its last field to its first. (The node types are defaults, so local names at no cost per call: this
