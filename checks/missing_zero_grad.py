@@ -7,6 +7,8 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
+from itertools import chain, compress
+from operator import attrgetter, not_
 from typing import Any, Iterable, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
@@ -28,6 +30,7 @@ from torchdoctor.sdk.source import (
     is_backward,
     is_optimizer,
     is_optimizer_ctor,
+    last,
     literal,
     qualname,
     rebind,
@@ -562,11 +565,34 @@ def _instances(index: ModuleIndex) -> frozenset[str]:
     return frozenset(
         [
             b.target
-            for s in index.scopes
+            for s in _may_call_classes(index, classes)
             for b in s.bindings
             if type(value := b.value) is call and type(func := value.func) is name and func.id in classes
         ]
     )
+
+
+def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[FunctionScope]:
+    """The functions that may call one of `classes` by its name: a binding's value `C(...)` is a call of the
+    function holding the binding, recorded under the last name of what `C` meant at that point of the file (`C`
+    itself, or what an import binding `C` named). When every import is at the top level, those are known, and
+    only the functions calling one of them by that name are kept (most call none); else all of them."""
+    scopes = index.scopes
+    body = scopes[0].node.body
+    top = list(compress(body, map(_IMPORTS.__contains__, map(type, body))))
+    if len(top) != index.imports:
+        return scopes
+    aliases = list(chain.from_iterable(map(_NAMES, top)))
+    called = (
+        classes
+        if classes.isdisjoint(map(_ASNAME, aliases))  # `import a as C` / `from a import B as C`: rare
+        else classes | {last(a.name) for a in aliases if a.asname in classes}
+    )
+    return list(compress(scopes, map(not_, map(called.isdisjoint, map(_CALL_ATTRS, scopes)))))
+
+
+_IMPORTS = frozenset({ast.Import, ast.ImportFrom})
+_NAMES, _ASNAME, _CALL_ATTRS = attrgetter("names"), attrgetter("asname"), attrgetter("call_attrs")
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:
