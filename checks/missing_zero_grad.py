@@ -7,8 +7,8 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
-from itertools import chain, compress
-from operator import attrgetter, not_
+from itertools import chain, compress, repeat
+from operator import attrgetter, is_not, itemgetter, methodcaller, not_, or_
 from typing import Any, Iterable, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
@@ -449,19 +449,20 @@ def _steps_in_helpers(
     (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
     names, methods, modules = _may_run_backward(index)
     # The calls in a loop, with arguments, that may run a project function running a backward (most calls are
-    # not): tested inline, in one comprehension, as this runs over every call of every function with a loop.
+    # not): this runs over every call of every function with a loop, so the calls in a loop with arguments are
+    # picked without a bytecode per call (map and compress), and the rest are tested inline, in one comprehension.
     # (A call site's receiver is a plain name only for `name.f(...)`, and None for `f(...)`.)
+    calls = scope.calls
+    calls = list(compress(calls, map(is_not, map(_LOOP, calls), _NONES)))
     candidates = [
         c
-        for c in scope.calls
-        if c.loop is not None
-        and ((node := c.node).args or node.keywords)
-        and (
+        for c in compress(calls, map(any, zip(map(_ARGS, calls), map(_KEYWORDS, calls))))
+        if (
             (methods is None or c.attr in methods)
             if (receiver := c.receiver) == "self" or receiver == "cls"
             else receiver in modules
             or receiver is None
-            and type(func := node.func) is ast.Name
+            and type(func := c.node.func) is ast.Name
             and (names is None or func.id in names)
         )
     ]
@@ -536,15 +537,21 @@ def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Opt
     question = ("callees that may run backward",)
     found = index.memo.get(question)
     if found is None:
-        here = frozenset([s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)])
-        imported = frozenset(index.imported)
-        aliases = index.aliases
+        # (written as map and compress over the functions and the imported names: no bytecode per item)
+        functions = index.scopes[1:]
+        backward = map(not_, map(BACKWARD_METHODS.isdisjoint, map(_CALL_ATTRS, functions)))
+        here = frozenset(map(_NAME, compress(functions, backward)))
+        imported = list(index.imported)
+        # what an imported name stands for, "" when nothing; a library's module or one of its modules is followed
+        # by nothing (`alias.split(".", 1)[0] in _LIBRARIES`, written as two tests)
+        alias = list(map(index.aliases.get, imported, repeat("")))
+        library = map(
+            or_, map(_LIBRARIES.__contains__, alias), map(methodcaller("startswith", _LIBRARY_PREFIXES), alias)
+        )
         found = index.memo[question] = (
-            None if "__call__" in here else here | imported | _instances(index),
+            None if "__call__" in here else here.union(imported, _instances(index)),
             None if _inherits_from_project(index) else here,
-            frozenset(
-                [m for m in imported if (alias := aliases.get(m)) is None or alias.split(".", 1)[0] not in _LIBRARIES]
-            ),
+            frozenset(compress(imported, map(not_, library))),
         )
     return found
 
@@ -558,7 +565,8 @@ _LIBRARY_PREFIXES = tuple(f"{name}." for name in sorted(_LIBRARIES))
 def _instances(index: ModuleIndex) -> frozenset[str]:
     """Names bound to an instance of an imported class (`loss_scaler = NativeScaler()`): calling one runs its
     `__call__`, which the program model follows into the project or the installed library."""
-    classes = frozenset([n for n in index.imported if n[:1].isupper()])
+    imported = list(index.imported)  # names, never empty: `n[0]` is `n[:1]`
+    classes = frozenset(compress(imported, map(str.isupper, map(itemgetter(0), imported))))
     if not classes:
         return classes
     call, name = ast.Call, ast.Name
@@ -586,13 +594,20 @@ def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[Funct
     called = (
         classes
         if classes.isdisjoint(map(_ASNAME, aliases))  # `import a as C` / `from a import B as C`: rare
-        else classes | {last(a.name) for a in aliases if a.asname in classes}
+        else classes.union([last(a.name) for a in compress(aliases, map(classes.__contains__, map(_ASNAME, aliases)))])
     )
     return list(compress(scopes, map(not_, map(called.isdisjoint, map(_CALL_ATTRS, scopes)))))
 
 
 _IMPORTS = frozenset({ast.Import, ast.ImportFrom})
 _NAMES, _ASNAME, _CALL_ATTRS = attrgetter("names"), attrgetter("asname"), attrgetter("call_attrs")
+_NAME, _LOOP, _ARGS, _KEYWORDS = (
+    attrgetter("name"),
+    attrgetter("loop"),
+    attrgetter("node.args"),
+    attrgetter("node.keywords"),
+)
+_NONES = repeat(None)
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:
