@@ -9,7 +9,7 @@ import weakref
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import attrgetter, is_not, itemgetter, methodcaller, not_, or_
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
@@ -319,8 +319,8 @@ def _runs_backward(fn: Function) -> bool:
 def _steps(fn: Function) -> frozenset[Effect]:
     """The optimizers the function steps (`opt.step()`, `scaler.step(opt)`), under its `% k` conditions."""
     out = set()
-    for call in fn.scope.calls:
-        if call.attr != "step" or call.node.keywords:
+    for call in _calls_of(fn.scope, _STEP):
+        if call.node.keywords:
             continue
         args = call.node.args
         stepped = (
@@ -343,7 +343,7 @@ def _clears(fn: Function) -> frozenset[Effect]:
     of a loop variable clears parameters no name says ("?"); one named parameter (`model.head.weight.grad`)
     clears nothing whole."""
     out = set()
-    for call in fn.scope.calls if not _ZEROING.isdisjoint(fn.scope.call_attrs) else ():
+    for call in _calls_of(fn.scope, _ZEROING):
         if call.attr == "zero_grad":
             out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
@@ -608,6 +608,8 @@ _NAME, _LOOP, _ARGS, _KEYWORDS = (
     attrgetter("node.keywords"),
 )
 _NONES = repeat(None)
+_ATTR = attrgetter("attr")
+_STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:
@@ -684,11 +686,10 @@ def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionSco
         if receiver == optimizer:
             return True
         if receiver is None or any(
-            c.attr == "step"
-            and loop.encloses(c.loop)
+            loop.encloses(c.loop)
             and _stepped_optimizer(c, scope, index) == receiver
             and not _may_share_parameters(scope, index, receiver, optimizer)
-            for c in scope.calls
+            for c in _calls_of(scope, _STEP)
         ):
             return False
         if is_optimizer(receiver, scope, index):
@@ -696,6 +697,17 @@ def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionSco
         sources = _parameter_sources(scope, index, optimizer)
         return sources is None or any(_related(receiver, source) for source in sources)
     return call.attr in _CLEARING and clears_every_grad(call.receiver)
+
+
+def _calls_of(scope: FunctionScope, names: frozenset[str]) -> Sequence[CallSite]:
+    """The calls of `scope` named one of `names`, in source order: none without a pass when it calls none of
+    them, else picked by compress over map (no bytecode per call; a table of the calls by name costs more to
+    build than the few questions this rule asks of one function)."""
+    called = names & scope.call_attrs
+    if not called:
+        return ()
+    calls = scope.calls
+    return list(compress(calls, map(called.__contains__, map(_ATTR, calls))))
 
 
 def _related(a: str, b: str) -> bool:
@@ -840,11 +852,11 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
         if "step" not in scope.call_attrs:
             continue
         backwards = (
-            [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)]
+            [c for c in _calls_of(scope, BACKWARD_METHODS) if c.loop is not None and is_backward(c)]
             if not BACKWARD_METHODS.isdisjoint(scope.call_attrs)
             else []
         )
-        for call in [c for c in scope.calls if c.attr == "step"]:
+        for call in _calls_of(scope, _STEP):
             optimizer = _stepped_optimizer(call, scope, index, src)
             if optimizer is None or optimizer in reported:
                 continue
@@ -934,7 +946,7 @@ def _loop_clears(
 
     # First what the loop itself clears: the commonest answer, and it asks nothing of other files (nor of the
     # loop's other calls, which are gathered only after it).
-    for call in [c for c in scope.calls if c.attr in _CLEARING and loop.encloses(c.loop)]:
+    for call in [c for c in _calls_of(scope, _CLEARING) if loop.encloses(c.loop)]:
         if _clears_grads(call, optimizer, loop, scope, index) and counts(call):
             return _Verdict(True)
     calls = calls_in(scope, loop)
@@ -973,10 +985,9 @@ def _cleared_after(loop: Loop, optimizer: str, scope: FunctionScope, index: Modu
     if not isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While)):
         return None
     end = (getattr(loop.node, "end_lineno", None) or loop.node.lineno, 1 << 30)
-    for call in scope.calls:
+    for call in _calls_of(scope, _ZERO_GRAD):
         if (
-            call.attr == "zero_grad"
-            and call.loop is loop.parent
+            call.loop is loop.parent
             and call.pos > end
             and call.receiver == optimizer
             and not enclosing_ifs(_body(loop.parent) if loop.parent is not None else _function_body(scope), call.node)
