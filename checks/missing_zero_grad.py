@@ -359,9 +359,10 @@ def _condition(fn: Function, call: CallSite) -> str:
     descent from the top, for a call that is a statement of its loop's own body, in loops that are statements of
     the body around them (the commonest place of a step or a clear)."""
     node, loop, top = call.node, call.loop, fn.scope.node.body
-    if _is_statement_of(node, getattr(loop.node, "body", ()) if loop is not None else top):
-        while loop is not None and any(
-            s is loop.node for s in (getattr(loop.parent.node, "body", ()) if loop.parent is not None else top)
+    if _is_statement_of(call, getattr(loop.node, "body", ()) if loop is not None else top):
+        # (`in` finds a statement by identity: ast nodes compare by identity)
+        while loop is not None and loop.node in (
+            getattr(loop.parent.node, "body", ()) if loop.parent is not None else top
         ):
             loop = loop.parent
         if loop is None:
@@ -369,9 +370,11 @@ def _condition(fn: Function, call: CallSite) -> str:
     return fn.condition(node, _periodic)
 
 
-def _is_statement_of(call: ast.Call, body: Iterable[ast.stmt]) -> bool:
-    """The call is a whole statement of `body` itself (not of a block nested in it): no `if` of `body` guards it."""
-    return any(type(s) is ast.Expr and s.value is call for s in body)
+def _is_statement_of(call: CallSite, body: Iterable[ast.stmt]) -> bool:
+    """The call is a whole statement of `body` itself (not of a block nested in it): no `if` of `body` guards it.
+    A discarded call is the value of an expression statement, its only parent: that statement is in `body` when
+    one of `body`'s values is the call (`in` compares ast nodes by identity; no bytecode per statement)."""
+    return call.discarded and call.node in map(getattr, body, _VALUE, _NONES)
 
 
 def _returns_optimizer(fn: Function) -> bool:
@@ -609,6 +612,7 @@ _NAME, _LOOP, _ARGS, _KEYWORDS = (
 )
 _NONES = repeat(None)
 _ATTR = attrgetter("attr")
+_VALUE = repeat("value")
 _STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
 
 
@@ -938,7 +942,7 @@ def _loop_clears(
     verdict = _Verdict(False)
 
     def counts(clear: CallSite) -> bool:
-        guard = _only_every_kth(loop, clear.node, step) if step is not None else None
+        guard = _only_every_kth(loop, clear, step) if step is not None else None
         if guard is not None:
             verdict.every_kth = verdict.every_kth or (clear, src.snippet(guard.test), "")
             return False
@@ -1005,12 +1009,12 @@ def _body(loop: Loop) -> list[ast.stmt]:
     return list(getattr(loop.node, "body", []))
 
 
-def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
+def _only_every_kth(loop: Loop, clear: CallSite, step: ast.Call) -> Optional[ast.If]:
     """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
     body = _body(loop)
     if _is_statement_of(clear, body):
         return None  # the common case: a clear in the loop's own body, under no `if` (asked without a descent)
-    clear_ifs = enclosing_ifs(body, clear)
+    clear_ifs = enclosing_ifs(body, clear.node)
     if not clear_ifs:
         return None  # an unconditional clear in a nested block (`with`, `try`)
     step_ifs = enclosing_ifs(body, step)
