@@ -348,7 +348,8 @@ def _clears(fn: Function) -> frozenset[Effect]:
             out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
             out.add(Effect("?", _condition(fn, call)))
-    for b in fn.scope.bindings:
+    bindings = fn.scope.bindings
+    for b in compress(bindings, map(_ENDS_GRAD, map(_TARGET, bindings))):  # (clears_every_grad's first test, in C)
         if clears_every_grad(b.target):
             out.add(Effect("?", fn.condition(b.node, _periodic)))
     return frozenset(out)
@@ -613,6 +614,8 @@ _NAME, _LOOP, _ARGS, _KEYWORDS = (
 _NONES = repeat(None)
 _ATTR = attrgetter("attr")
 _VALUE = repeat("value")
+_TARGET, _NODE, _BINDINGS = attrgetter("target"), attrgetter("node"), attrgetter("bindings")
+_ENDS_GRAD = methodcaller("endswith", ".grad")
 _STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
 
 
@@ -663,15 +666,22 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     (`solver = make_optimizer(cfg, model)`, in this file or an imported one)."""
     if src is None or key is None or "." in key:
         return False
-    bound = scope.bindings_of(key)
-    if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
+    # (`scope.bindings_of(key)` and the search of the value's call site, by list methods: no bytecode per item)
+    bindings = scope.bindings
+    targets = list(map(_TARGET, bindings))
+    if targets.count(key) != 1:
         return False
-    func = bound[0].value.func
+    value = bindings[targets.index(key)].value
+    if type(value) is not ast.Call:
+        return False
+    func = value.func
     if not _may_call_project(func) or qualname(func, src.index).startswith(_LIBRARY_PREFIXES):
         return False  # `x.to(device)`, `f()(...)`, `nn.Linear(...)`: not a call of a project function by name
-    call = next((c for c in scope.calls if c.node is bound[0].value), None)
-    if call is None:
+    calls = scope.calls
+    nodes = list(map(_NODE, calls))
+    if value not in nodes:  # (ast nodes compare by identity)
         return False
+    call = calls[nodes.index(value)]
     returns = src.project.fact(src.project.callee(scope, call), RETURNS_OPTIMIZER)
     return bool(returns)
 
@@ -733,12 +743,23 @@ def _parameter_sources(scope: FunctionScope, index: ModuleIndex, optimizer: str)
 
 def _built_from(scopes: list[FunctionScope], optimizer: str) -> Optional[frozenset[str]]:
     """The models the one binding of `optimizer` in `scopes` builds it from (see `_parameter_sources`)."""
-    built = [b.value for s in scopes for b in s.bindings if b.target == optimizer and b.value is not None]
+    bindings = list(chain.from_iterable(map(_BINDINGS, scopes)))
+    named = compress(bindings, map(optimizer.__eq__, map(_TARGET, bindings)))  # (no bytecode per binding)
+    built = [b.value for b in named if b.value is not None]
     if len(built) != 1 or not isinstance(built[0], ast.Call) or not (built[0].args or built[0].keywords):
         return None
     first = built[0].args[0] if built[0].args else next((k.value for k in built[0].keywords if k.arg == "params"), None)
     if first is None or isinstance(first, ast.Name):
         return None  # parameters gathered elsewhere: unknown
+    if (
+        type(first) is ast.Call
+        and type(first.func) is ast.Attribute
+        and first.func.attr in ("parameters", "named_parameters")
+        and not first.args
+        and not first.keywords
+    ):  # `model.parameters()`, the commonest: below, nothing but the owner (a name chain when `ref` names it)
+        owner = ref(first.func.value)
+        return frozenset([owner]) if owner is not None else None
     found: set[str] = set()
     for node in ast.walk(first):
         if (
@@ -802,22 +823,29 @@ def _repeating(loop: Optional[Loop]) -> Optional[Loop]:
 
 def _runs_once(node: ast.AST) -> bool:
     """The loop's body runs at most once: it iterates over `range(1)` or a one-element literal, or its body
-    ends in an unconditional `break`/`return`/`raise` and never `continue`s (a `continue` could go round again)."""
-    if isinstance(node, (ast.For, ast.AsyncFor)):
-        it = node.iter
-        if isinstance(it, (ast.List, ast.Tuple)) and len(it.elts) == 1 and not isinstance(it.elts[0], ast.Starred):
+    ends in an unconditional `break`/`return`/`raise` and never `continue`s (a `continue` could go round again).
+    (Node types tested exactly: `ast.parse` makes no subclasses.)"""
+    kind = type(node)
+    if kind is ast.For or kind is ast.AsyncFor:
+        it = node.iter  # type: ignore[attr-defined]
+        of = type(it)
+        if (of is ast.List or of is ast.Tuple) and len(it.elts) == 1 and type(it.elts[0]) is not ast.Starred:
             return True
         if (
-            isinstance(it, ast.Call)
-            and isinstance(it.func, ast.Name)
+            of is ast.Call
+            and type(it.func) is ast.Name
             and it.func.id == "range"
             and not it.keywords
             and [literal(a) for a in it.args] in ([1], [0, 1])
         ):
             return True
-    if not isinstance(node, (ast.For, ast.AsyncFor, ast.While)) or not node.body:
+    elif kind is not ast.While:
         return False
-    return isinstance(node.body[-1], (ast.Break, ast.Return, ast.Raise)) and not _continues(node.body)
+    body = node.body  # type: ignore[attr-defined]
+    return bool(body) and type(body[-1]) in _EXITS and not _continues(body)
+
+
+_EXITS = frozenset({ast.Break, ast.Return, ast.Raise})
 
 
 def _continues(body: list[ast.stmt]) -> bool:
@@ -975,7 +1003,9 @@ def _loop_clears(
             verdict.unknown = call
         if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
             return _Verdict(True)  # distributed autograd keeps gradients per context: nothing to clear
-    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings):
+    bindings = scope.bindings
+    grads = compress(bindings, map(_ENDS_GRAD, map(_TARGET, bindings)))  # (clears_every_grad's first test, in C)
+    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in grads):
         return _Verdict(True)
     if any(c.attr in _ZEROING for s in inner_scopes(index, loop) for c in s.calls):
         return _Verdict(True)
