@@ -8,7 +8,7 @@ import functools
 import weakref
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import attrgetter, is_not, itemgetter, methodcaller, not_, or_
+from operator import and_, attrgetter, is_not, itemgetter, methodcaller, not_, or_
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
@@ -451,25 +451,7 @@ def _steps_in_helpers(
 ) -> Iterator[Finding]:
     """A project function called in a loop runs backward and steps an optimizer passed to it
     (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
-    names, methods, modules = _may_run_backward(index)
-    # The calls in a loop, with arguments, that may run a project function running a backward (most calls are
-    # not): this runs over every call of every function with a loop, so the calls in a loop with arguments are
-    # picked without a bytecode per call (map and compress), and the rest are tested inline, in one comprehension.
-    # (A call site's receiver is a plain name only for `name.f(...)`, and None for `f(...)`.)
-    calls = scope.calls
-    calls = list(compress(calls, map(is_not, map(_LOOP, calls), _NONES)))
-    candidates = [
-        c
-        for c in compress(calls, map(any, zip(map(_ARGS, calls), map(_KEYWORDS, calls))))
-        if (
-            (methods is None or c.attr in methods)
-            if (receiver := c.receiver) == "self" or receiver == "cls"
-            else receiver in modules
-            or receiver is None
-            and type(func := c.node.func) is ast.Name
-            and (names is None or func.id in names)
-        )
-    ]
+    candidates = _candidates(scope, index)
     if not candidates:
         return
     known: dict[Optional[str], bool] = {None: False}  # name -> names an optimizer (asked once per scope)
@@ -529,6 +511,30 @@ def _steps_in_helpers(
                 location=src.location(call.node),
                 severity=verdict.severity(),
             )
+
+
+def _candidates(scope: FunctionScope, index: ModuleIndex) -> list[CallSite]:
+    """The calls in a loop, with arguments, that may run a project function running a backward (most calls are
+    not; see `_may_run_backward`), in source order. This runs over every call of every function with a loop, so
+    each test is a map over the calls and the selection a compress: no bytecode per call. A call site's receiver
+    is a plain name only for `name.f(...)` (`self.f(...)`: the methods test, never the modules one), and None
+    for `f(...)`; only a Name callee has an `id`."""
+    names, methods, modules = _may_run_backward(index)
+    calls = scope.calls
+    calls = list(compress(calls, map(is_not, map(_LOOP, calls), _NONES)))
+    calls = list(compress(calls, map(any, zip(map(_ARGS, calls), map(_KEYWORDS, calls)))))
+    receivers = list(map(_RECEIVER, calls))
+    ids = map(getattr, map(_FUNC, calls), _ID, _NONES)
+    named = map(is_not, ids, _NONES) if names is None else map(names.__contains__, ids)
+    own = map(_SELF.__contains__, receivers)
+    if methods is not None:
+        own = map(and_, own, map(methods.__contains__, map(_ATTR, calls)))
+    imported = map((modules - _SELF).__contains__, receivers)
+    return list(compress(calls, map(or_, map(or_, own, imported), named)))
+
+
+_SELF = frozenset({"self", "cls"})
+_RECEIVER, _FUNC, _ID = attrgetter("receiver"), attrgetter("node.func"), repeat("id")
 
 
 def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Optional[frozenset[str]], frozenset[str]]:
