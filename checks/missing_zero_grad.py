@@ -8,7 +8,7 @@ import functools
 import weakref
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
-from operator import and_, attrgetter, is_not, itemgetter, methodcaller, not_, or_
+from operator import and_, attrgetter, is_, is_not, itemgetter, methodcaller, not_, or_
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
@@ -521,16 +521,15 @@ def _candidates(scope: FunctionScope, index: ModuleIndex) -> list[CallSite]:
     for `f(...)`; only a Name callee has an `id`."""
     names, methods, modules = _may_run_backward(index)
     calls = scope.calls
-    calls = list(compress(calls, map(is_not, map(_LOOP, calls), _NONES)))
-    calls = list(compress(calls, map(any, zip(map(_ARGS, calls), map(_KEYWORDS, calls)))))
+    in_loop = map(is_not, map(_LOOP, calls), _NONES)
+    calls = list(compress(calls, map(and_, in_loop, map(any, zip(map(_ARGS, calls), map(_KEYWORDS, calls))))))
     receivers = list(map(_RECEIVER, calls))
     ids = map(getattr, map(_FUNC, calls), _ID, _NONES)
     named = map(is_not, ids, _NONES) if names is None else map(names.__contains__, ids)
     own = map(_SELF.__contains__, receivers)
     if methods is not None:
         own = map(and_, own, map(methods.__contains__, map(_ATTR, calls)))
-    imported = map((modules - _SELF).__contains__, receivers)
-    return list(compress(calls, map(or_, map(or_, own, imported), named)))
+    return list(compress(calls, map(or_, map(or_, own, map(modules.__contains__, receivers)), named)))
 
 
 _SELF = frozenset({"self", "cls"})
@@ -543,7 +542,8 @@ def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Opt
     imports (the program model follows it) or an instance of an imported class (its `__call__`), any `f(...)`
     when a function of this file named `__call__` runs one (None: all names); `self.f(...)`/`cls.f(...)` when `f`
     is such a function of this file, any when a class here inherits from a base of another file (None); `x.f(...)`
-    when `x` is imported, unless as (a module of) one of `_LIBRARIES`. Nothing else is resolved."""
+    when `x` is imported (not as `self` or `cls`: those calls get the test of methods), unless as (a module of)
+    one of `_LIBRARIES`. Nothing else is resolved."""
     question = ("callees that may run backward",)
     found = index.memo.get(question)
     if found is None:
@@ -561,7 +561,7 @@ def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Opt
         found = index.memo[question] = (
             None if "__call__" in here else here.union(imported, _instances(index)),
             None if _inherits_from_project(index) else here,
-            frozenset(compress(imported, map(not_, library))),
+            frozenset(compress(imported, map(not_, library))) - _SELF,
         )
     return found
 
@@ -579,15 +579,13 @@ def _instances(index: ModuleIndex) -> frozenset[str]:
     classes = frozenset(compress(imported, map(str.isupper, map(itemgetter(0), imported))))
     if not classes:
         return classes
-    call, name = ast.Call, ast.Name
-    return frozenset(
-        [
-            b.target
-            for s in _may_call_classes(index, classes)
-            for b in s.bindings
-            if type(value := b.value) is call and type(func := value.func) is name and func.id in classes
-        ]
-    )
+    # `type(b.value) is ast.Call and type(b.value.func) is ast.Name and b.value.func.id in classes`, as maps over
+    # the bindings (only a Name callee has an `id`): no bytecode per binding
+    bindings = list(chain.from_iterable(map(_BINDINGS, _may_call_classes(index, classes))))
+    values = list(map(_VALUE_OF, bindings))
+    called = list(map(is_, map(type, values), repeat(ast.Call)))
+    ids = map(getattr, map(_FUNC_OF, compress(values, called)), _ID, _NONES)
+    return frozenset(map(_TARGET, compress(compress(bindings, called), map(classes.__contains__, ids))))
 
 
 def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[FunctionScope]:
@@ -621,6 +619,7 @@ _NONES = repeat(None)
 _ATTR = attrgetter("attr")
 _VALUE = repeat("value")
 _TARGET, _NODE, _BINDINGS = attrgetter("target"), attrgetter("node"), attrgetter("bindings")
+_VALUE_OF, _FUNC_OF = attrgetter("value"), attrgetter("func")
 _ENDS_GRAD = methodcaller("endswith", ".grad")
 _STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
 
@@ -842,6 +841,8 @@ def _runs_once(node: ast.AST) -> bool:
             and type(it.func) is ast.Name
             and it.func.id == "range"
             and not it.keywords
+            and it.args
+            and type(it.args[-1]) is ast.Constant  # (a last argument that is no literal is no 1)
             and [literal(a) for a in it.args] in ([1], [0, 1])
         ):
             return True
@@ -1060,6 +1061,5 @@ def _only_every_kth(loop: Loop, clear: CallSite, step: ast.Call) -> Optional[ast
 
 
 def _receives(call: CallSite, optimizer: str) -> bool:
-    return any(ref(a) == optimizer for a in call.node.args) or any(
-        ref(k.value) == optimizer for k in call.node.keywords
-    )
+    node = call.node
+    return optimizer in map(ref, node.args) or optimizer in map(ref, map(_VALUE_OF, node.keywords))
