@@ -7,7 +7,7 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import accumulate, chain, compress, repeat
 from operator import and_, attrgetter, is_, is_not, itemgetter, methodcaller, not_, or_
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
@@ -447,13 +447,11 @@ def _stepped_optimizer(
 
 
 def _steps_in_helpers(
-    src: SourceFile, scope: FunctionScope, index: ModuleIndex, reported: set[str]
+    src: SourceFile, scope: FunctionScope, index: ModuleIndex, reported: set[str], candidates: list[CallSite]
 ) -> Iterator[Finding]:
     """A project function called in a loop runs backward and steps an optimizer passed to it
-    (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
-    candidates = _candidates(scope, index)
-    if not candidates:
-        return
+    (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients.
+    `candidates`: the calls of `scope` that may be such a call (see `_candidates`)."""
     known: dict[Optional[str], bool] = {None: False}  # name -> names an optimizer (asked once per scope)
 
     def optimizer_arg(arg: ast.expr) -> bool:
@@ -513,23 +511,25 @@ def _steps_in_helpers(
             )
 
 
-def _candidates(scope: FunctionScope, index: ModuleIndex) -> list[CallSite]:
-    """The calls in a loop, with arguments, that may run a project function running a backward (most calls are
-    not; see `_may_run_backward`), in source order. This runs over every call of every function with a loop, so
-    each test is a map over the calls and the selection a compress: no bytecode per call. A call site's receiver
-    is a plain name only for `name.f(...)` (`self.f(...)`: the methods test, never the modules one), and None
-    for `f(...)`; only a Name callee has an `id`."""
+def _candidates(index: ModuleIndex) -> tuple[list[bool], Iterator[int]]:
+    """Which calls of the module, its functions' calls one after the other, are in a loop, with arguments, and may
+    run a project function running a backward (most are not; see `_may_run_backward`), and where each function's
+    calls start. Worked out for the whole module at once, each test a map over the calls: no bytecode per call or
+    function. A call site's receiver is a plain name only for `name.f(...)` (`self.f(...)`: the methods test,
+    never the modules one), and None for `f(...)`; only a Name callee has an `id`."""
     names, methods, modules = _may_run_backward(index)
-    calls = scope.calls
+    calls = list(chain.from_iterable(map(_CALLS, index.scopes)))
     in_loop = map(is_not, map(_LOOP, calls), _NONES)
-    calls = list(compress(calls, map(and_, in_loop, map(any, zip(map(_ARGS, calls), map(_KEYWORDS, calls))))))
     receivers = list(map(_RECEIVER, calls))
     ids = map(getattr, map(_FUNC, calls), _ID, _NONES)
     named = map(is_not, ids, _NONES) if names is None else map(names.__contains__, ids)
     own = map(_SELF.__contains__, receivers)
     if methods is not None:
         own = map(and_, own, map(methods.__contains__, map(_ATTR, calls)))
-    return list(compress(calls, map(or_, map(or_, own, map(modules.__contains__, receivers)), named)))
+    may = map(or_, map(or_, own, map(modules.__contains__, receivers)), named)
+    with_args = map(any, zip(map(_ARGS, calls), map(_KEYWORDS, calls)))
+    chosen = list(map(and_, map(and_, in_loop, with_args), may))
+    return chosen, accumulate(map(len, map(_CALLS, index.scopes)), initial=0)
 
 
 _SELF = frozenset({"self", "cls"})
@@ -619,7 +619,7 @@ _NONES = repeat(None)
 _ATTR = attrgetter("attr")
 _VALUE = repeat("value")
 _TARGET, _NODE, _BINDINGS = attrgetter("target"), attrgetter("node"), attrgetter("bindings")
-_VALUE_OF, _FUNC_OF = attrgetter("value"), attrgetter("func")
+_VALUE_OF, _FUNC_OF, _CALLS = attrgetter("value"), attrgetter("func"), attrgetter("calls")
 _ENDS_GRAD = methodcaller("endswith", ".grad")
 _STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
 
@@ -883,11 +883,15 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
     ):
         return  # neither a backward and a step here, nor an optimizer that a helper (or a base class) might step
     index = src.index
-    for scope in index.scopes:
+    chosen, starts = _candidates(index)
+    for scope, start in zip(index.scopes, starts):
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
         reported: set[str] = set()
-        yield from _steps_in_helpers(src, scope, index, reported)
+        calls = scope.calls
+        candidates = list(compress(calls, chosen[start : start + len(calls)]))
+        if candidates:
+            yield from _steps_in_helpers(src, scope, index, reported, candidates)
         if "step" not in scope.call_attrs:
             continue
         backwards = (
