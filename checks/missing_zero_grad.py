@@ -8,7 +8,7 @@ import functools
 import weakref
 from dataclasses import dataclass
 from itertools import accumulate, chain, compress, repeat
-from operator import and_, attrgetter, is_, is_not, itemgetter, methodcaller, not_, or_
+from operator import and_, attrgetter, is_, is_not, itemgetter, methodcaller, not_, or_, truth
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
@@ -318,8 +318,11 @@ def _runs_backward(fn: Function) -> bool:
 
 def _steps(fn: Function) -> frozenset[Effect]:
     """The optimizers the function steps (`opt.step()`, `scaler.step(opt)`), under its `% k` conditions."""
+    scope = fn.scope
+    if "step" not in scope.call_attrs:  # most functions (asked first, without a call)
+        return _NOTHING
     out = set()
-    for call in _calls_of(fn.scope, _STEP):
+    for call in _calls_of(scope, _STEP):
         if call.node.keywords:
             continue
         args = call.node.args
@@ -336,19 +339,21 @@ def _steps(fn: Function) -> frozenset[Effect]:
 
 
 _ZEROING = frozenset({"zero_grad", "zero_"})
+_NOTHING: frozenset[Effect] = frozenset()
 
 
 def _clears(fn: Function) -> frozenset[Effect]:
     """Whose gradients the function clears: `x.zero_grad()` clears x's; `p.grad = None` or `p.grad.zero_()`
     of a loop variable clears parameters no name says ("?"); one named parameter (`model.head.weight.grad`)
     clears nothing whole."""
+    scope = fn.scope
     out = set()
-    for call in _calls_of(fn.scope, _ZEROING):
+    for call in _calls_of(scope, _ZEROING) if not _ZEROING.isdisjoint(scope.call_attrs) else ():
         if call.attr == "zero_grad":
             out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
             out.add(Effect("?", _condition(fn, call)))
-    bindings = fn.scope.bindings
+    bindings = scope.bindings
     for b in compress(bindings, map(_ENDS_GRAD, map(_TARGET, bindings))):  # (clears_every_grad's first test, in C)
         if clears_every_grad(b.target):
             out.add(Effect("?", fn.condition(b.node, _periodic)))
@@ -619,7 +624,7 @@ _NONES = repeat(None)
 _ATTR = attrgetter("attr")
 _VALUE = repeat("value")
 _TARGET, _NODE, _BINDINGS = attrgetter("target"), attrgetter("node"), attrgetter("bindings")
-_VALUE_OF, _FUNC_OF, _CALLS = attrgetter("value"), attrgetter("func"), attrgetter("calls")
+_VALUE_OF, _FUNC_OF, _CALLS, _LOOPS = attrgetter("value"), attrgetter("func"), attrgetter("calls"), attrgetter("loops")
 _ENDS_GRAD = methodcaller("endswith", ".grad")
 _STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
 
@@ -884,9 +889,9 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
         return  # neither a backward and a step here, nor an optimizer that a helper (or a base class) might step
     index = src.index
     chosen, starts = _candidates(index)
-    for scope, start in zip(index.scopes, starts):
-        if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
-            continue
+    scopes = index.scopes
+    # a call in a loop (a backward, a helper's) needs a loop in its function: the others are left out in C
+    for scope, start in compress(zip(scopes, starts), map(truth, map(_LOOPS, scopes))):
         reported: set[str] = set()
         calls = scope.calls
         candidates = list(compress(calls, chosen[start : start + len(calls)]))
