@@ -414,14 +414,16 @@ RETURNS_OPTIMIZER = Fact("returns-optimizer", _returns_optimizer, False)
 
 
 def _callee_effects(
-    src: SourceFile, scope: FunctionScope, call: CallSite, callee: Optional[Function], fact: Fact[frozenset[Effect]]
+    src: SourceFile,
+    caller: Optional[Function],
+    call: CallSite,
+    callee: Optional[Function],
+    fact: Fact[frozenset[Effect]],
 ) -> Optional[frozenset[Effect]]:
-    """What `callee`, the function `call` runs, touches, in this function's names, with the callee's own path
-    conditions (the call's place in the loop is judged by the caller); None when the call is unknown."""
-    if callee is None:
-        return None
-    caller = src.project.function(scope)
-    if caller is None:
+    """What `callee`, the function `call` (of `caller`, as `src.project.function` gives it: asked once by the
+    callers) runs, touches, in the caller's names, with the callee's own path conditions (the call's place in the
+    loop is judged by the caller); None when the call is unknown."""
+    if callee is None or caller is None:
         return None
     return rebind(src.project.fact(callee, fact) or frozenset(), caller, call, callee)
 
@@ -479,10 +481,10 @@ def _steps_in_helpers(
             and not any(optimizer_arg(k.value) for k in call.node.keywords)
         ):
             continue
-        steps = _callee_effects(src, scope, call, callee, STEPS) or frozenset()
+        caller = src.project.function(scope)
+        steps = _callee_effects(src, caller, call, callee, STEPS) or frozenset()
         own: Optional[frozenset[Effect]] = None  # what the helper's own body clears (the commonest answer)
         clears: Optional[frozenset[Effect]] = None  # and through its calls: asked only when its body does not
-        caller = src.project.function(scope)
         for step in sorted(steps, key=lambda e: e.receiver):
             optimizer = step.receiver
             if optimizer in reported or not (
@@ -495,7 +497,7 @@ def _steps_in_helpers(
             if any(not c.condition or step.condition for c in mine):
                 continue  # the helper clears them itself (every step, or with its accumulation window)
             if clears is None:
-                clears = _callee_effects(src, scope, call, callee, CLEARS) or frozenset()
+                clears = _callee_effects(src, caller, call, callee, CLEARS) or frozenset()
             mine = [c for c in clears if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # ... or through a function it calls
@@ -999,12 +1001,14 @@ def _loop_clears(
             return _Verdict(True)
     calls = calls_in(scope, loop)
     step_periodic: Optional[bool] = None
+    caller: Optional[Function] = None  # asked at the first call that runs a known function
     for call in calls:
-        effects = (
-            _callee_effects(src, scope, call, src.project.callee(scope, call), CLEARS)
-            if call.attr not in _HARMLESS_WITH_OPTIMIZER
-            else None
-        )
+        effects = None
+        if call.attr not in _HARMLESS_WITH_OPTIMIZER:
+            callee = src.project.callee(scope, call)
+            if callee is not None and caller is None:
+                caller = src.project.function(scope)
+            effects = _callee_effects(src, caller, call, callee, CLEARS)
         if effects is not None:  # a known function: its declared fact says whose gradients it clears, and when
             mine = [e for e in effects if _may_clear(e.receiver, optimizer, scope, index)]
             if mine and step_periodic is None:
