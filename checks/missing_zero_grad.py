@@ -467,8 +467,11 @@ def _steps_in_helpers(
             known[key] = is_optimizer(key, scope, index) or _made_by_helper(src, scope, key)
         return known[key]
 
+    seen: Optional[Loop] = None  # the loop of the previous candidate (most share one) and its repeating loop
+    loop: Optional[Loop] = None
     for call in candidates:
-        loop = _repeating(call.loop)
+        if call.loop is not seen:
+            seen, loop = call.loop, _repeating(call.loop)
         if loop is None:
             continue  # a loop that runs once: one step, nothing left from before it
         callee = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
