@@ -7,8 +7,7 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
-from itertools import accumulate, chain, compress, repeat
-from operator import and_, attrgetter, is_, is_not, itemgetter, methodcaller, not_, or_, truth
+from operator import attrgetter
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
@@ -353,9 +352,8 @@ def _clears(fn: Function) -> frozenset[Effect]:
             out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
             out.add(Effect("?", _condition(fn, call)))
-    bindings = scope.bindings
-    for b in compress(bindings, map(_ENDS_GRAD, map(_TARGET, bindings))):  # (clears_every_grad's first test, in C)
-        if clears_every_grad(b.target):
+    for b in scope.bindings:
+        if b.target.endswith(".grad") and clears_every_grad(b.target):  # (its first test, without a call)
             out.add(Effect("?", fn.condition(b.node, _periodic)))
     return frozenset(out)
 
@@ -378,9 +376,14 @@ def _condition(fn: Function, call: CallSite) -> str:
 
 def _is_statement_of(call: CallSite, body: Iterable[ast.stmt]) -> bool:
     """The call is a whole statement of `body` itself (not of a block nested in it): no `if` of `body` guards it.
-    A discarded call is the value of an expression statement, its only parent: that statement is in `body` when
-    one of `body`'s values is the call (`in` compares ast nodes by identity; no bytecode per statement)."""
-    return call.discarded and call.node in map(getattr, body, _VALUE, _NONES)
+    Only a discarded call is the value of an expression statement: no other is looked for."""
+    if not call.discarded:
+        return False
+    node = call.node
+    for s in body:
+        if type(s) is ast.Expr and s.value is node:
+            return True
+    return False
 
 
 def _returns_optimizer(fn: Function) -> bool:
@@ -521,29 +524,25 @@ def _steps_in_helpers(
             )
 
 
-def _candidates(index: ModuleIndex) -> tuple[list[bool], Iterator[int]]:
-    """Which calls of the module, its functions' calls one after the other, are in a loop, with arguments, and may
-    run a project function running a backward (most are not; see `_may_run_backward`), and where each function's
-    calls start. Worked out for the whole module at once, each test a map over the calls: no bytecode per call or
-    function. A call site's receiver is a plain name only for `name.f(...)` (`self.f(...)`: the methods test,
-    never the modules one), and None for `f(...)`; only a Name callee has an `id`."""
+def _candidates(scope: FunctionScope, index: ModuleIndex) -> list[CallSite]:
+    """The calls in a loop, with arguments, that may run a project function running a backward (most calls are
+    not; see `_may_run_backward`): tested inline, in one comprehension, as this runs over every call of every
+    function with a loop. (A call site's receiver is a plain name only for `name.f(...)`, and None for `f(...)`.)"""
     names, methods, modules = _may_run_backward(index)
-    calls = list(chain.from_iterable(map(_CALLS, index.scopes)))
-    in_loop = map(is_not, map(_LOOP, calls), _NONES)
-    receivers = list(map(_RECEIVER, calls))
-    ids = map(getattr, map(_FUNC, calls), _ID, _NONES)
-    named = map(is_not, ids, _NONES) if names is None else map(names.__contains__, ids)
-    own = map(_SELF.__contains__, receivers)
-    if methods is not None:
-        own = map(and_, own, map(methods.__contains__, map(_ATTR, calls)))
-    may = map(or_, map(or_, own, map(modules.__contains__, receivers)), named)
-    with_args = map(any, zip(map(_ARGS, calls), map(_KEYWORDS, calls)))
-    chosen = list(map(and_, map(and_, in_loop, with_args), may))
-    return chosen, accumulate(map(len, map(_CALLS, index.scopes)), initial=0)
-
-
-_SELF = frozenset({"self", "cls"})
-_RECEIVER, _FUNC, _ID = attrgetter("receiver"), attrgetter("node.func"), repeat("id")
+    return [
+        c
+        for c in scope.calls
+        if c.loop is not None
+        and ((node := c.node).args or node.keywords)
+        and (
+            (methods is None or c.attr in methods)
+            if (receiver := c.receiver) == "self" or receiver == "cls"
+            else receiver in modules
+            or receiver is None
+            and type(func := node.func) is ast.Name
+            and (names is None or func.id in names)
+        )
+    ]
 
 
 def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Optional[frozenset[str]], frozenset[str]]:
@@ -552,26 +551,19 @@ def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Opt
     imports (the program model follows it) or an instance of an imported class (its `__call__`), any `f(...)`
     when a function of this file named `__call__` runs one (None: all names); `self.f(...)`/`cls.f(...)` when `f`
     is such a function of this file, any when a class here inherits from a base of another file (None); `x.f(...)`
-    when `x` is imported (not as `self` or `cls`: those calls get the test of methods), unless as (a module of)
-    one of `_LIBRARIES`. Nothing else is resolved."""
+    when `x` is imported, unless as (a module of) one of `_LIBRARIES`. Nothing else is resolved."""
     question = ("callees that may run backward",)
     found = index.memo.get(question)
     if found is None:
-        # (written as map and compress over the functions and the imported names: no bytecode per item)
-        functions = index.scopes[1:]
-        backward = map(not_, map(BACKWARD_METHODS.isdisjoint, map(_CALL_ATTRS, functions)))
-        here = frozenset(map(_NAME, compress(functions, backward)))
-        imported = list(index.imported)
-        # what an imported name stands for, "" when nothing; a library's module or one of its modules is followed
-        # by nothing (`alias.split(".", 1)[0] in _LIBRARIES`, written as two tests)
-        alias = list(map(index.aliases.get, imported, repeat("")))
-        library = map(
-            or_, map(_LIBRARIES.__contains__, alias), map(methodcaller("startswith", _LIBRARY_PREFIXES), alias)
-        )
+        here = frozenset([s.name for s in index.scopes[1:] if not BACKWARD_METHODS.isdisjoint(s.call_attrs)])
+        imported = frozenset(index.imported)
+        aliases = index.aliases
         found = index.memo[question] = (
-            None if "__call__" in here else here.union(imported, _instances(index)),
+            None if "__call__" in here else here | imported | _instances(index),
             None if _inherits_from_project(index) else here,
-            frozenset(compress(imported, map(not_, library))) - _SELF,
+            frozenset(
+                [m for m in imported if (alias := aliases.get(m)) is None or alias.split(".", 1)[0] not in _LIBRARIES]
+            ),
         )
     return found
 
@@ -585,17 +577,18 @@ _LIBRARY_PREFIXES = tuple(f"{name}." for name in sorted(_LIBRARIES))
 def _instances(index: ModuleIndex) -> frozenset[str]:
     """Names bound to an instance of an imported class (`loss_scaler = NativeScaler()`): calling one runs its
     `__call__`, which the program model follows into the project or the installed library."""
-    imported = list(index.imported)  # names, never empty: `n[0]` is `n[:1]`
-    classes = frozenset(compress(imported, map(str.isupper, map(itemgetter(0), imported))))
+    classes = frozenset([n for n in index.imported if n[:1].isupper()])
     if not classes:
         return classes
-    # `type(b.value) is ast.Call and type(b.value.func) is ast.Name and b.value.func.id in classes`, as maps over
-    # the bindings (only a Name callee has an `id`): no bytecode per binding
-    bindings = list(chain.from_iterable(map(_BINDINGS, _may_call_classes(index, classes))))
-    values = list(map(_VALUE_OF, bindings))
-    called = list(map(is_, map(type, values), repeat(ast.Call)))
-    ids = map(getattr, map(_FUNC_OF, compress(values, called)), _ID, _NONES)
-    return frozenset(map(_TARGET, compress(compress(bindings, called), map(classes.__contains__, ids))))
+    call, name = ast.Call, ast.Name
+    return frozenset(
+        [
+            b.target
+            for s in _may_call_classes(index, classes)
+            for b in s.bindings
+            if type(value := b.value) is call and type(func := value.func) is name and func.id in classes
+        ]
+    )
 
 
 def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[FunctionScope]:
@@ -605,33 +598,19 @@ def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[Funct
     only the functions calling one of them by that name are kept (most call none); else all of them."""
     scopes = index.scopes
     body = scopes[0].node.body
-    top = list(compress(body, map(_IMPORTS.__contains__, map(type, body))))
+    top = [stmt for stmt in body if type(stmt) is ast.Import or type(stmt) is ast.ImportFrom]
     if len(top) != index.imports:
         return scopes
-    aliases = list(chain.from_iterable(map(_NAMES, top)))
-    called = (
-        classes
-        if classes.isdisjoint(map(_ASNAME, aliases))  # `import a as C` / `from a import B as C`: rare
-        else classes.union([last(a.name) for a in compress(aliases, map(classes.__contains__, map(_ASNAME, aliases)))])
-    )
-    return list(compress(scopes, map(not_, map(called.isdisjoint, map(_CALL_ATTRS, scopes)))))
+    called = set(classes)
+    for stmt in top:
+        for a in stmt.names:
+            if a.asname in classes:  # `import a as C` / `from a import B as C`
+                called.add(last(a.name))
+    return [s for s in scopes if not s.call_attrs.isdisjoint(called)]
 
 
-_IMPORTS = frozenset({ast.Import, ast.ImportFrom})
-_NAMES, _ASNAME, _CALL_ATTRS = attrgetter("names"), attrgetter("asname"), attrgetter("call_attrs")
-_NAME, _LOOP, _ARGS, _KEYWORDS = (
-    attrgetter("name"),
-    attrgetter("loop"),
-    attrgetter("node.args"),
-    attrgetter("node.keywords"),
-)
-_NONES = repeat(None)
-_ATTR = attrgetter("attr")
-_VALUE = repeat("value")
-_TARGET, _NODE, _BINDINGS = attrgetter("target"), attrgetter("node"), attrgetter("bindings")
-_VALUE_OF, _FUNC_OF, _CALLS, _LOOPS = attrgetter("value"), attrgetter("func"), attrgetter("calls"), attrgetter("loops")
-_ENDS_GRAD = methodcaller("endswith", ".grad")
 _STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
+_TARGET, _NODE = attrgetter("target"), attrgetter("node")
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:
@@ -729,14 +708,13 @@ def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionSco
 
 
 def _calls_of(scope: FunctionScope, names: frozenset[str]) -> Sequence[CallSite]:
-    """The calls of `scope` named one of `names`, in source order: none without a pass when it calls none of
-    them, else picked by compress over map (no bytecode per call; a table of the calls by name costs more to
-    build than the few questions this rule asks of one function)."""
+    """The calls of `scope` named one of `names`, in source order: none, without a pass, when it calls none of
+    them (most functions), else by one pass (a table of the calls by name costs more to build than the few
+    questions this rule asks of one function)."""
     called = names & scope.call_attrs
     if not called:
         return ()
-    calls = scope.calls
-    return list(compress(calls, map(called.__contains__, map(_ATTR, calls))))
+    return [c for c in scope.calls if c.attr in called]
 
 
 def _related(a: str, b: str) -> bool:
@@ -758,9 +736,7 @@ def _parameter_sources(scope: FunctionScope, index: ModuleIndex, optimizer: str)
 
 def _built_from(scopes: list[FunctionScope], optimizer: str) -> Optional[frozenset[str]]:
     """The models the one binding of `optimizer` in `scopes` builds it from (see `_parameter_sources`)."""
-    bindings = list(chain.from_iterable(map(_BINDINGS, scopes)))
-    named = compress(bindings, map(optimizer.__eq__, map(_TARGET, bindings)))  # (no bytecode per binding)
-    built = [b.value for b in named if b.value is not None]
+    built = [b.value for s in scopes for b in s.bindings if b.target == optimizer and b.value is not None]
     if len(built) != 1 or not isinstance(built[0], ast.Call) or not (built[0].args or built[0].keywords):
         return None
     first = built[0].args[0] if built[0].args else next((k.value for k in built[0].keywords if k.arg == "params"), None)
@@ -893,13 +869,11 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
     ):
         return  # neither a backward and a step here, nor an optimizer that a helper (or a base class) might step
     index = src.index
-    chosen, starts = _candidates(index)
-    scopes = index.scopes
-    # a call in a loop (a backward, a helper's) needs a loop in its function: the others are left out in C
-    for scope, start in compress(zip(scopes, starts), map(truth, map(_LOOPS, scopes))):
+    for scope in index.scopes:
+        if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
+            continue
         reported: set[str] = set()
-        calls = scope.calls
-        candidates = list(compress(calls, chosen[start : start + len(calls)]))
+        candidates = _candidates(scope, index)
         if candidates:
             yield from _steps_in_helpers(src, scope, index, reported, candidates)
         if "step" not in scope.call_attrs:
@@ -1026,9 +1000,7 @@ def _loop_clears(
             verdict.unknown = call
         if "autograd.context" in call.qualname or "dist_autograd" in call.qualname:
             return _Verdict(True)  # distributed autograd keeps gradients per context: nothing to clear
-    bindings = scope.bindings
-    grads = compress(bindings, map(_ENDS_GRAD, map(_TARGET, bindings)))  # (clears_every_grad's first test, in C)
-    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in grads):
+    if any(clears_every_grad(b.target) and loop.encloses(b.loop) for b in scope.bindings):
         return _Verdict(True)
     if any(c.attr in _ZEROING for s in inner_scopes(index, loop) for c in s.calls):
         return _Verdict(True)
@@ -1078,4 +1050,4 @@ def _only_every_kth(loop: Loop, clear: CallSite, step: ast.Call) -> Optional[ast
 
 def _receives(call: CallSite, optimizer: str) -> bool:
     node = call.node
-    return optimizer in map(ref, node.args) or optimizer in map(ref, map(_VALUE_OF, node.keywords))
+    return optimizer in map(ref, node.args) or any(ref(k.value) == optimizer for k in node.keywords)
