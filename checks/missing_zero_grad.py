@@ -598,7 +598,7 @@ def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[Funct
     only the functions calling one of them by that name are kept (most call none); else all of them."""
     scopes = index.scopes
     body = scopes[0].node.body
-    top = [stmt for stmt in body if type(stmt) is ast.Import or type(stmt) is ast.ImportFrom]
+    top = [stmt for stmt in body if type(stmt) in _IMPORTS]
     if len(top) != index.imports:
         return scopes
     called = set(classes)
@@ -609,6 +609,7 @@ def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[Funct
     return [s for s in scopes if not s.call_attrs.isdisjoint(called)]
 
 
+_IMPORTS = frozenset({ast.Import, ast.ImportFrom})
 _STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
 _TARGET, _NODE = attrgetter("target"), attrgetter("node")
 
