@@ -603,7 +603,7 @@ def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[Funct
         return scopes
     called = set(classes)
     for stmt in top:
-        for a in stmt.names:
+        for a in stmt.names:  # type: ignore[attr-defined]  # (an Import or ImportFrom)
             if a.asname in classes:  # `import a as C` / `from a import B as C`
                 called.add(last(a.name))
     return [s for s in scopes if not s.call_attrs.isdisjoint(called)]
