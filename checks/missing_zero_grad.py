@@ -7,7 +7,8 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional
+from operator import attrgetter
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
@@ -28,6 +29,7 @@ from torchdoctor.sdk.source import (
     is_backward,
     is_optimizer,
     is_optimizer_ctor,
+    last,
     literal,
     qualname,
     rebind,
@@ -315,9 +317,12 @@ def _runs_backward(fn: Function) -> bool:
 
 def _steps(fn: Function) -> frozenset[Effect]:
     """The optimizers the function steps (`opt.step()`, `scaler.step(opt)`), under its `% k` conditions."""
+    scope = fn.scope
+    if "step" not in scope.call_attrs:  # most functions (asked first, without a call)
+        return _NOTHING
     out = set()
-    for call in fn.scope.calls:
-        if call.attr != "step" or call.node.keywords:
+    for call in _calls_of(scope, _STEP):
+        if call.node.keywords:
             continue
         args = call.node.args
         stepped = (
@@ -333,20 +338,22 @@ def _steps(fn: Function) -> frozenset[Effect]:
 
 
 _ZEROING = frozenset({"zero_grad", "zero_"})
+_NOTHING: frozenset[Effect] = frozenset()
 
 
 def _clears(fn: Function) -> frozenset[Effect]:
     """Whose gradients the function clears: `x.zero_grad()` clears x's; `p.grad = None` or `p.grad.zero_()`
     of a loop variable clears parameters no name says ("?"); one named parameter (`model.head.weight.grad`)
     clears nothing whole."""
+    scope = fn.scope
     out = set()
-    for call in fn.scope.calls if not _ZEROING.isdisjoint(fn.scope.call_attrs) else ():
+    for call in _calls_of(scope, _ZEROING) if not _ZEROING.isdisjoint(scope.call_attrs) else ():
         if call.attr == "zero_grad":
             out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
             out.add(Effect("?", _condition(fn, call)))
-    for b in fn.scope.bindings:
-        if clears_every_grad(b.target):
+    for b in scope.bindings:
+        if b.target.endswith(".grad") and clears_every_grad(b.target):  # (its first test, without a call)
             out.add(Effect("?", fn.condition(b.node, _periodic)))
     return frozenset(out)
 
@@ -356,9 +363,10 @@ def _condition(fn: Function, call: CallSite) -> str:
     descent from the top, for a call that is a statement of its loop's own body, in loops that are statements of
     the body around them (the commonest place of a step or a clear)."""
     node, loop, top = call.node, call.loop, fn.scope.node.body
-    if _is_statement_of(node, getattr(loop.node, "body", ()) if loop is not None else top):
-        while loop is not None and any(
-            s is loop.node for s in (getattr(loop.parent.node, "body", ()) if loop.parent is not None else top)
+    if _is_statement_of(call, getattr(loop.node, "body", ()) if loop is not None else top):
+        # (`in` finds a statement by identity: ast nodes compare by identity)
+        while loop is not None and loop.node in (
+            getattr(loop.parent.node, "body", ()) if loop.parent is not None else top
         ):
             loop = loop.parent
         if loop is None:
@@ -366,9 +374,16 @@ def _condition(fn: Function, call: CallSite) -> str:
     return fn.condition(node, _periodic)
 
 
-def _is_statement_of(call: ast.Call, body: Iterable[ast.stmt]) -> bool:
-    """The call is a whole statement of `body` itself (not of a block nested in it): no `if` of `body` guards it."""
-    return any(type(s) is ast.Expr and s.value is call for s in body)
+def _is_statement_of(call: CallSite, body: Iterable[ast.stmt]) -> bool:
+    """The call is a whole statement of `body` itself (not of a block nested in it): no `if` of `body` guards it.
+    Only a discarded call is the value of an expression statement: no other is looked for."""
+    if not call.discarded:
+        return False
+    node = call.node
+    for s in body:
+        if type(s) is ast.Expr and s.value is node:
+            return True
+    return False
 
 
 def _returns_optimizer(fn: Function) -> bool:
@@ -402,14 +417,16 @@ RETURNS_OPTIMIZER = Fact("returns-optimizer", _returns_optimizer, False)
 
 
 def _callee_effects(
-    src: SourceFile, scope: FunctionScope, call: CallSite, callee: Optional[Function], fact: Fact[frozenset[Effect]]
+    src: SourceFile,
+    caller: Optional[Function],
+    call: CallSite,
+    callee: Optional[Function],
+    fact: Fact[frozenset[Effect]],
 ) -> Optional[frozenset[Effect]]:
-    """What `callee`, the function `call` runs, touches, in this function's names, with the callee's own path
-    conditions (the call's place in the loop is judged by the caller); None when the call is unknown."""
-    if callee is None:
-        return None
-    caller = src.project.function(scope)
-    if caller is None:
+    """What `callee`, the function `call` (of `caller`, as `src.project.function` gives it: asked once by the
+    callers) runs, touches, in the caller's names, with the callee's own path conditions (the call's place in the
+    loop is judged by the caller); None when the call is unknown."""
+    if callee is None or caller is None:
         return None
     return rebind(src.project.fact(callee, fact) or frozenset(), caller, call, callee)
 
@@ -440,30 +457,11 @@ def _stepped_optimizer(
 
 
 def _steps_in_helpers(
-    src: SourceFile, scope: FunctionScope, index: ModuleIndex, reported: set[str]
+    src: SourceFile, scope: FunctionScope, index: ModuleIndex, reported: set[str], candidates: list[CallSite]
 ) -> Iterator[Finding]:
     """A project function called in a loop runs backward and steps an optimizer passed to it
-    (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients."""
-    names, methods, modules = _may_run_backward(index)
-    # The calls in a loop, with arguments, that may run a project function running a backward (most calls are
-    # not): tested inline, in one comprehension, as this runs over every call of every function with a loop.
-    # (A call site's receiver is a plain name only for `name.f(...)`, and None for `f(...)`.)
-    candidates = [
-        c
-        for c in scope.calls
-        if c.loop is not None
-        and ((node := c.node).args or node.keywords)
-        and (
-            (methods is None or c.attr in methods)
-            if (receiver := c.receiver) == "self" or receiver == "cls"
-            else receiver in modules
-            or receiver is None
-            and type(func := node.func) is ast.Name
-            and (names is None or func.id in names)
-        )
-    ]
-    if not candidates:
-        return
+    (`train_step(model, batch, optimizer)`, `loss_scaler(loss, optimizer)`), and nothing clears its gradients.
+    `candidates`: the calls of `scope` that may be such a call (see `_candidates`)."""
     known: dict[Optional[str], bool] = {None: False}  # name -> names an optimizer (asked once per scope)
 
     def optimizer_arg(arg: ast.expr) -> bool:
@@ -472,8 +470,11 @@ def _steps_in_helpers(
             known[key] = is_optimizer(key, scope, index) or _made_by_helper(src, scope, key)
         return known[key]
 
+    seen: Optional[Loop] = None  # the loop of the previous candidate (most share one) and its repeating loop
+    loop: Optional[Loop] = None
     for call in candidates:
-        loop = _repeating(call.loop)
+        if call.loop is not seen:
+            seen, loop = call.loop, _repeating(call.loop)
         if loop is None:
             continue  # a loop that runs once: one step, nothing left from before it
         callee = src.project.callee(scope, call)  # first: cheaper than the arguments' question, and memoised
@@ -486,10 +487,10 @@ def _steps_in_helpers(
             and not any(optimizer_arg(k.value) for k in call.node.keywords)
         ):
             continue
-        steps = _callee_effects(src, scope, call, callee, STEPS) or frozenset()
+        caller = src.project.function(scope)
+        steps = _callee_effects(src, caller, call, callee, STEPS) or frozenset()
         own: Optional[frozenset[Effect]] = None  # what the helper's own body clears (the commonest answer)
         clears: Optional[frozenset[Effect]] = None  # and through its calls: asked only when its body does not
-        caller = src.project.function(scope)
         for step in sorted(steps, key=lambda e: e.receiver):
             optimizer = step.receiver
             if optimizer in reported or not (
@@ -502,7 +503,7 @@ def _steps_in_helpers(
             if any(not c.condition or step.condition for c in mine):
                 continue  # the helper clears them itself (every step, or with its accumulation window)
             if clears is None:
-                clears = _callee_effects(src, scope, call, callee, CLEARS) or frozenset()
+                clears = _callee_effects(src, caller, call, callee, CLEARS) or frozenset()
             mine = [c for c in clears if _may_clear(c.receiver, optimizer, scope, index)]
             if any(not c.condition or step.condition for c in mine):
                 continue  # ... or through a function it calls
@@ -521,6 +522,27 @@ def _steps_in_helpers(
                 location=src.location(call.node),
                 severity=verdict.severity(),
             )
+
+
+def _candidates(scope: FunctionScope, index: ModuleIndex) -> list[CallSite]:
+    """The calls in a loop, with arguments, that may run a project function running a backward (most calls are
+    not; see `_may_run_backward`): tested inline, in one comprehension, as this runs over every call of every
+    function with a loop. (A call site's receiver is a plain name only for `name.f(...)`, and None for `f(...)`.)"""
+    names, methods, modules = _may_run_backward(index)
+    return [
+        c
+        for c in scope.calls
+        if c.loop is not None
+        and ((node := c.node).args or node.keywords)
+        and (
+            (methods is None or c.attr in methods)
+            if (receiver := c.receiver) == "self" or receiver == "cls"
+            else receiver in modules
+            or receiver is None
+            and type(func := node.func) is ast.Name
+            and (names is None or func.id in names)
+        )
+    ]
 
 
 def _may_run_backward(index: ModuleIndex) -> tuple[Optional[frozenset[str]], Optional[frozenset[str]], frozenset[str]]:
@@ -562,11 +584,34 @@ def _instances(index: ModuleIndex) -> frozenset[str]:
     return frozenset(
         [
             b.target
-            for s in index.scopes
+            for s in _may_call_classes(index, classes)
             for b in s.bindings
             if type(value := b.value) is call and type(func := value.func) is name and func.id in classes
         ]
     )
+
+
+def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[FunctionScope]:
+    """The functions that may call one of `classes` by its name: a binding's value `C(...)` is a call of the
+    function holding the binding, recorded under the last name of what `C` meant at that point of the file (`C`
+    itself, or what an import binding `C` named). When every import is at the top level, those are known, and
+    only the functions calling one of them by that name are kept (most call none); else all of them."""
+    scopes = index.scopes
+    body = scopes[0].node.body
+    top = [stmt for stmt in body if type(stmt) in _IMPORTS]
+    if len(top) != index.imports:
+        return scopes
+    called = set(classes)
+    for stmt in top:
+        for a in stmt.names:  # type: ignore[attr-defined]  # (an Import or ImportFrom)
+            if a.asname in classes:  # `import a as C` / `from a import B as C`
+                called.add(last(a.name))
+    return [s for s in scopes if not s.call_attrs.isdisjoint(called)]
+
+
+_IMPORTS = frozenset({ast.Import, ast.ImportFrom})
+_STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
+_TARGET, _NODE = attrgetter("target"), attrgetter("node")
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:
@@ -616,15 +661,22 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     (`solver = make_optimizer(cfg, model)`, in this file or an imported one)."""
     if src is None or key is None or "." in key:
         return False
-    bound = scope.bindings_of(key)
-    if len(bound) != 1 or not isinstance(bound[0].value, ast.Call):
+    # (`scope.bindings_of(key)` and the search of the value's call site, by list methods: no bytecode per item)
+    bindings = scope.bindings
+    targets = list(map(_TARGET, bindings))
+    if targets.count(key) != 1:
         return False
-    func = bound[0].value.func
+    value = bindings[targets.index(key)].value
+    if type(value) is not ast.Call:
+        return False
+    func = value.func
     if not _may_call_project(func) or qualname(func, src.index).startswith(_LIBRARY_PREFIXES):
         return False  # `x.to(device)`, `f()(...)`, `nn.Linear(...)`: not a call of a project function by name
-    call = next((c for c in scope.calls if c.node is bound[0].value), None)
-    if call is None:
+    calls = scope.calls
+    nodes = list(map(_NODE, calls))
+    if value not in nodes:  # (ast nodes compare by identity)
         return False
+    call = calls[nodes.index(value)]
     returns = src.project.fact(src.project.callee(scope, call), RETURNS_OPTIMIZER)
     return bool(returns)
 
@@ -643,11 +695,10 @@ def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionSco
         if receiver == optimizer:
             return True
         if receiver is None or any(
-            c.attr == "step"
-            and loop.encloses(c.loop)
+            loop.encloses(c.loop)
             and _stepped_optimizer(c, scope, index) == receiver
             and not _may_share_parameters(scope, index, receiver, optimizer)
-            for c in scope.calls
+            for c in _calls_of(scope, _STEP)
         ):
             return False
         if is_optimizer(receiver, scope, index):
@@ -655,6 +706,16 @@ def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionSco
         sources = _parameter_sources(scope, index, optimizer)
         return sources is None or any(_related(receiver, source) for source in sources)
     return call.attr in _CLEARING and clears_every_grad(call.receiver)
+
+
+def _calls_of(scope: FunctionScope, names: frozenset[str]) -> Sequence[CallSite]:
+    """The calls of `scope` named one of `names`, in source order: none, without a pass, when it calls none of
+    them (most functions), else by one pass (a table of the calls by name costs more to build than the few
+    questions this rule asks of one function)."""
+    called = names & scope.call_attrs
+    if not called:
+        return ()
+    return [c for c in scope.calls if c.attr in called]
 
 
 def _related(a: str, b: str) -> bool:
@@ -682,6 +743,15 @@ def _built_from(scopes: list[FunctionScope], optimizer: str) -> Optional[frozens
     first = built[0].args[0] if built[0].args else next((k.value for k in built[0].keywords if k.arg == "params"), None)
     if first is None or isinstance(first, ast.Name):
         return None  # parameters gathered elsewhere: unknown
+    if (
+        type(first) is ast.Call
+        and type(first.func) is ast.Attribute
+        and first.func.attr in ("parameters", "named_parameters")
+        and not first.args
+        and not first.keywords
+    ):  # `model.parameters()`, the commonest: below, nothing but the owner (a name chain when `ref` names it)
+        owner = ref(first.func.value)
+        return frozenset([owner]) if owner is not None else None
     found: set[str] = set()
     for node in ast.walk(first):
         if (
@@ -745,22 +815,31 @@ def _repeating(loop: Optional[Loop]) -> Optional[Loop]:
 
 def _runs_once(node: ast.AST) -> bool:
     """The loop's body runs at most once: it iterates over `range(1)` or a one-element literal, or its body
-    ends in an unconditional `break`/`return`/`raise` and never `continue`s (a `continue` could go round again)."""
-    if isinstance(node, (ast.For, ast.AsyncFor)):
-        it = node.iter
-        if isinstance(it, (ast.List, ast.Tuple)) and len(it.elts) == 1 and not isinstance(it.elts[0], ast.Starred):
+    ends in an unconditional `break`/`return`/`raise` and never `continue`s (a `continue` could go round again).
+    (Node types tested exactly: `ast.parse` makes no subclasses.)"""
+    kind = type(node)
+    if kind is ast.For or kind is ast.AsyncFor:
+        it = node.iter  # type: ignore[attr-defined]
+        of = type(it)
+        if (of is ast.List or of is ast.Tuple) and len(it.elts) == 1 and type(it.elts[0]) is not ast.Starred:
             return True
         if (
-            isinstance(it, ast.Call)
-            and isinstance(it.func, ast.Name)
+            of is ast.Call
+            and type(it.func) is ast.Name
             and it.func.id == "range"
             and not it.keywords
+            and it.args
+            and type(it.args[-1]) is ast.Constant  # (a last argument that is no literal is no 1)
             and [literal(a) for a in it.args] in ([1], [0, 1])
         ):
             return True
-    if not isinstance(node, (ast.For, ast.AsyncFor, ast.While)) or not node.body:
+    elif kind is not ast.While:
         return False
-    return isinstance(node.body[-1], (ast.Break, ast.Return, ast.Raise)) and not _continues(node.body)
+    body = node.body  # type: ignore[attr-defined]
+    return bool(body) and type(body[-1]) in _EXITS and not _continues(body)
+
+
+_EXITS = frozenset({ast.Break, ast.Return, ast.Raise})
 
 
 def _continues(body: list[ast.stmt]) -> bool:
@@ -795,15 +874,17 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
         if not scope.loops:  # a call in a loop (a backward, a helper's) needs a loop in its function
             continue
         reported: set[str] = set()
-        yield from _steps_in_helpers(src, scope, index, reported)
+        candidates = _candidates(scope, index)
+        if candidates:
+            yield from _steps_in_helpers(src, scope, index, reported, candidates)
         if "step" not in scope.call_attrs:
             continue
         backwards = (
-            [c for c in scope.calls if c.loop is not None and c.attr in BACKWARD_METHODS and is_backward(c)]
+            [c for c in _calls_of(scope, BACKWARD_METHODS) if c.loop is not None and is_backward(c)]
             if not BACKWARD_METHODS.isdisjoint(scope.call_attrs)
             else []
         )
-        for call in [c for c in scope.calls if c.attr == "step"]:
+        for call in _calls_of(scope, _STEP):
             optimizer = _stepped_optimizer(call, scope, index, src)
             if optimizer is None or optimizer in reported:
                 continue
@@ -885,7 +966,7 @@ def _loop_clears(
     verdict = _Verdict(False)
 
     def counts(clear: CallSite) -> bool:
-        guard = _only_every_kth(loop, clear.node, step) if step is not None else None
+        guard = _only_every_kth(loop, clear, step) if step is not None else None
         if guard is not None:
             verdict.every_kth = verdict.every_kth or (clear, src.snippet(guard.test), "")
             return False
@@ -893,17 +974,19 @@ def _loop_clears(
 
     # First what the loop itself clears: the commonest answer, and it asks nothing of other files (nor of the
     # loop's other calls, which are gathered only after it).
-    for call in [c for c in scope.calls if c.attr in _CLEARING and loop.encloses(c.loop)]:
+    for call in [c for c in _calls_of(scope, _CLEARING) if loop.encloses(c.loop)]:
         if _clears_grads(call, optimizer, loop, scope, index) and counts(call):
             return _Verdict(True)
     calls = calls_in(scope, loop)
     step_periodic: Optional[bool] = None
+    caller: Optional[Function] = None  # asked at the first call that runs a known function
     for call in calls:
-        effects = (
-            _callee_effects(src, scope, call, src.project.callee(scope, call), CLEARS)
-            if call.attr not in _HARMLESS_WITH_OPTIMIZER
-            else None
-        )
+        effects = None
+        if call.attr not in _HARMLESS_WITH_OPTIMIZER:
+            callee = src.project.callee(scope, call)
+            if callee is not None and caller is None:
+                caller = src.project.function(scope)
+            effects = _callee_effects(src, caller, call, callee, CLEARS)
         if effects is not None:  # a known function: its declared fact says whose gradients it clears, and when
             mine = [e for e in effects if _may_clear(e.receiver, optimizer, scope, index)]
             if mine and step_periodic is None:
@@ -932,10 +1015,9 @@ def _cleared_after(loop: Loop, optimizer: str, scope: FunctionScope, index: Modu
     if not isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While)):
         return None
     end = (getattr(loop.node, "end_lineno", None) or loop.node.lineno, 1 << 30)
-    for call in scope.calls:
+    for call in _calls_of(scope, _ZERO_GRAD):
         if (
-            call.attr == "zero_grad"
-            and call.loop is loop.parent
+            call.loop is loop.parent
             and call.pos > end
             and call.receiver == optimizer
             and not enclosing_ifs(_body(loop.parent) if loop.parent is not None else _function_body(scope), call.node)
@@ -953,12 +1035,12 @@ def _body(loop: Loop) -> list[ast.stmt]:
     return list(getattr(loop.node, "body", []))
 
 
-def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast.If]:
+def _only_every_kth(loop: Loop, clear: CallSite, step: ast.Call) -> Optional[ast.If]:
     """The `if ... % k ...` that guards `clear` but not `step`, when the step itself runs every iteration."""
     body = _body(loop)
     if _is_statement_of(clear, body):
         return None  # the common case: a clear in the loop's own body, under no `if` (asked without a descent)
-    clear_ifs = enclosing_ifs(body, clear)
+    clear_ifs = enclosing_ifs(body, clear.node)
     if not clear_ifs:
         return None  # an unconditional clear in a nested block (`with`, `try`)
     step_ifs = enclosing_ifs(body, step)
@@ -968,6 +1050,5 @@ def _only_every_kth(loop: Loop, clear: ast.Call, step: ast.Call) -> Optional[ast
 
 
 def _receives(call: CallSite, optimizer: str) -> bool:
-    return any(ref(a) == optimizer for a in call.node.args) or any(
-        ref(k.value) == optimizer for k in call.node.keywords
-    )
+    node = call.node
+    return optimizer in map(ref, node.args) or any(ref(k.value) == optimizer for k in node.keywords)
