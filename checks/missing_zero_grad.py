@@ -8,7 +8,7 @@ import functools
 import weakref
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
 from torchdoctor.sdk.runtime import ForwardEvent, RuntimeCheck, StepEvent, ZeroGradEvent
@@ -321,7 +321,7 @@ def _steps(fn: Function) -> frozenset[Effect]:
     if "step" not in scope.call_attrs:  # most functions (asked first, without a call)
         return _NOTHING
     out = set()
-    for call in _calls_of(scope, _STEP):
+    for call in scope.calls_named("step"):
         if call.node.keywords:
             continue
         args = call.node.args
@@ -347,7 +347,7 @@ def _clears(fn: Function) -> frozenset[Effect]:
     clears nothing whole."""
     scope = fn.scope
     out = set()
-    for call in _calls_of(scope, _ZEROING) if not _ZEROING.isdisjoint(scope.call_attrs) else ():
+    for call in scope.calls_named(*_ZEROING):
         if call.attr == "zero_grad":
             out.add(Effect(call.receiver or "?", _condition(fn, call)))
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
@@ -610,7 +610,6 @@ def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[Funct
 
 
 _IMPORTS = frozenset({ast.Import, ast.ImportFrom})
-_STEP, _ZERO_GRAD = frozenset({"step"}), frozenset({"zero_grad"})
 _TARGET, _NODE = attrgetter("target"), attrgetter("node")
 
 
@@ -698,7 +697,7 @@ def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionSco
             loop.encloses(c.loop)
             and _stepped_optimizer(c, scope, index) == receiver
             and not _may_share_parameters(scope, index, receiver, optimizer)
-            for c in _calls_of(scope, _STEP)
+            for c in scope.calls_named("step")
         ):
             return False
         if is_optimizer(receiver, scope, index):
@@ -706,16 +705,6 @@ def _clears_grads(call: CallSite, optimizer: str, loop: Loop, scope: FunctionSco
         sources = _parameter_sources(scope, index, optimizer)
         return sources is None or any(_related(receiver, source) for source in sources)
     return call.attr in _CLEARING and clears_every_grad(call.receiver)
-
-
-def _calls_of(scope: FunctionScope, names: frozenset[str]) -> Sequence[CallSite]:
-    """The calls of `scope` named one of `names`, in source order: none, without a pass, when it calls none of
-    them (most functions), else by one pass (a table of the calls by name costs more to build than the few
-    questions this rule asks of one function)."""
-    called = names & scope.call_attrs
-    if not called:
-        return ()
-    return [c for c in scope.calls if c.attr in called]
 
 
 def _related(a: str, b: str) -> bool:
@@ -880,11 +869,11 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
         if "step" not in scope.call_attrs:
             continue
         backwards = (
-            [c for c in _calls_of(scope, BACKWARD_METHODS) if c.loop is not None and is_backward(c)]
+            [c for c in scope.calls_named(*BACKWARD_METHODS) if c.loop is not None and is_backward(c)]
             if not BACKWARD_METHODS.isdisjoint(scope.call_attrs)
             else []
         )
-        for call in _calls_of(scope, _STEP):
+        for call in scope.calls_named("step"):
             optimizer = _stepped_optimizer(call, scope, index, src)
             if optimizer is None or optimizer in reported:
                 continue
@@ -974,7 +963,7 @@ def _loop_clears(
 
     # First what the loop itself clears: the commonest answer, and it asks nothing of other files (nor of the
     # loop's other calls, which are gathered only after it).
-    for call in [c for c in _calls_of(scope, _CLEARING) if loop.encloses(c.loop)]:
+    for call in [c for c in scope.calls_named(*_CLEARING) if loop.encloses(c.loop)]:
         if _clears_grads(call, optimizer, loop, scope, index) and counts(call):
             return _Verdict(True)
     calls = calls_in(scope, loop)
@@ -1015,7 +1004,7 @@ def _cleared_after(loop: Loop, optimizer: str, scope: FunctionScope, index: Modu
     if not isinstance(loop.node, (ast.For, ast.AsyncFor, ast.While)):
         return None
     end = (getattr(loop.node, "end_lineno", None) or loop.node.lineno, 1 << 30)
-    for call in _calls_of(scope, _ZERO_GRAD):
+    for call in scope.calls_named("zero_grad"):
         if (
             call.loop is loop.parent
             and call.pos > end
