@@ -423,11 +423,10 @@ class _Backpropagated:
 def _trained_names_by_loop(scope: FunctionScope) -> dict[str, list[tuple[Loop, ast.AST]]]:
     """name -> [(loop, backward node)] for every name a backward call in a loop differentiates."""
     out: dict[str, list[tuple[Loop, ast.AST]]] = {}
-    for call in scope.calls if not BACKWARD_METHODS.isdisjoint(scope.call_attrs) else ():
-        if call.attr in BACKWARD_METHODS and call.loop is not None and is_backward(call):
+    for call in scope.calls_named(*BACKWARD_METHODS):
+        if call.loop is not None and is_backward(call):
             for target in backward_targets(call):
-                # (`loss.backward()`: what a name reads is the name itself, asked without a walk)
-                for name in (target.id,) if type(target) is ast.Name else graph_refs(target):
+                for name in graph_refs(target):
                     out.setdefault(name, []).append((call.loop, call.node))
     if scope.class_name and getattr(scope.node, "name", "") == "training_step" and scope.loops:
         for ret in scope.returns:

@@ -7,7 +7,6 @@ import dataclasses
 import functools
 import weakref
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, Iterable, Iterator, Optional
 
 from torchdoctor.sdk import Example, Finding, Fix, Location, Pitfall, Severity
@@ -317,11 +316,8 @@ def _runs_backward(fn: Function) -> bool:
 
 def _steps(fn: Function) -> frozenset[Effect]:
     """The optimizers the function steps (`opt.step()`, `scaler.step(opt)`), under its `% k` conditions."""
-    scope = fn.scope
-    if "step" not in scope.call_attrs:  # most functions (asked first, without a call)
-        return _NOTHING
     out = set()
-    for call in scope.calls_named("step"):
+    for call in fn.scope.calls_named("step"):
         if call.node.keywords:
             continue
         args = call.node.args
@@ -338,7 +334,6 @@ def _steps(fn: Function) -> frozenset[Effect]:
 
 
 _ZEROING = frozenset({"zero_grad", "zero_"})
-_NOTHING: frozenset[Effect] = frozenset()
 
 
 def _clears(fn: Function) -> frozenset[Effect]:
@@ -353,7 +348,7 @@ def _clears(fn: Function) -> frozenset[Effect]:
         elif call.attr == "zero_" and clears_every_grad(call.receiver):
             out.add(Effect("?", _condition(fn, call)))
     for b in scope.bindings:
-        if b.target.endswith(".grad") and clears_every_grad(b.target):  # (its first test, without a call)
+        if clears_every_grad(b.target):
             out.add(Effect("?", fn.condition(b.node, _periodic)))
     return frozenset(out)
 
@@ -610,7 +605,6 @@ def _may_call_classes(index: ModuleIndex, classes: frozenset[str]) -> list[Funct
 
 
 _IMPORTS = frozenset({ast.Import, ast.ImportFrom})
-_TARGET, _NODE = attrgetter("target"), attrgetter("node")
 
 
 def _inherits_from_project(index: ModuleIndex) -> bool:
@@ -660,22 +654,16 @@ def _made_by_helper(src: Optional[SourceFile], scope: FunctionScope, key: Option
     (`solver = make_optimizer(cfg, model)`, in this file or an imported one)."""
     if src is None or key is None or "." in key:
         return False
-    # (`scope.bindings_of(key)` and the search of the value's call site, by list methods: no bytecode per item)
-    bindings = scope.bindings
-    targets = list(map(_TARGET, bindings))
-    if targets.count(key) != 1:
+    bound = scope.bindings_of(key)
+    if len(bound) != 1 or type(bound[0].value) is not ast.Call:
         return False
-    value = bindings[targets.index(key)].value
-    if type(value) is not ast.Call:
-        return False
+    value = bound[0].value
     func = value.func
     if not _may_call_project(func) or qualname(func, src.index).startswith(_LIBRARY_PREFIXES):
         return False  # `x.to(device)`, `f()(...)`, `nn.Linear(...)`: not a call of a project function by name
-    calls = scope.calls
-    nodes = list(map(_NODE, calls))
-    if value not in nodes:  # (ast nodes compare by identity)
+    call = next((c for c in scope.calls if c.node is value), None)
+    if call is None:
         return False
-    call = calls[nodes.index(value)]
     returns = src.project.fact(src.project.callee(scope, call), RETURNS_OPTIMIZER)
     return bool(returns)
 
@@ -868,11 +856,7 @@ def missing_zero_grad(src: SourceFile) -> Iterator[Finding]:
             yield from _steps_in_helpers(src, scope, index, reported, candidates)
         if "step" not in scope.call_attrs:
             continue
-        backwards = (
-            [c for c in scope.calls_named(*BACKWARD_METHODS) if c.loop is not None and is_backward(c)]
-            if not BACKWARD_METHODS.isdisjoint(scope.call_attrs)
-            else []
-        )
+        backwards = [c for c in scope.calls_named(*BACKWARD_METHODS) if c.loop is not None and is_backward(c)]
         for call in scope.calls_named("step"):
             optimizer = _stepped_optimizer(call, scope, index, src)
             if optimizer is None or optimizer in reported:

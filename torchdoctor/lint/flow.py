@@ -177,6 +177,8 @@ def is_module_ctor(value: Optional[ast.expr], index: ModuleIndex) -> bool:
 
 def graph_refs(expr: Optional[ast.AST]) -> set[str]:
     """Names read by `expr` outside `.item()`/`.detach()`/`float()`/`.data`: the values whose history it keeps."""
+    if type(expr) is ast.Name:  # (`loss.backward()`: the commonest, a name reads itself)
+        return {expr.id}
     out: set[str] = set()
     stack: list = [expr]  # untyped: the walk below dispatches on exact node types, which mypy cannot narrow
     pop, push, extend = stack.pop, stack.append, stack.extend
